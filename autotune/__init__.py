@@ -1,0 +1,48 @@
+"""autotune: generate, tune and train MONAI 3D segmentation bundles for the GPU you have.
+
+The public API is what ``__all__`` lists; names are loaded lazily so that importing
+``autotune`` (and running ``autotune --help``) does not import torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it
+_EXPORTS: dict[str, str] = {
+    # errors
+    "AutotuneError": "autotune.errors",
+    "InputError": "autotune.errors",
+    "DataError": "autotune.errors",
+    "ConfigError": "autotune.errors",
+    "SpecError": "autotune.errors",
+    "ProbeError": "autotune.errors",
+    "StorageError": "autotune.errors",
+    # data
+    "load_data_source": "autotune.data.datalist",
+    "DataSource": "autotune.data.datalist",
+    "analyze": "autotune.data.analyze",
+    "make_demo_dataset": "autotune.data.synthetic",
+    # bundles
+    "BundleGen": "autotune.bundles.bundlegen",
+    "load_bundle_config": "autotune.bundles.config",
+    "list_templates": "autotune.bundles.templates",
+}
+
+__all__ = ["__version__", *_EXPORTS]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'autotune' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

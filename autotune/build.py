@@ -1,0 +1,341 @@
+"""One place that turns a bundle config into network, loss, optimizer, schedule and transforms.
+
+The probe, the estimator and the trainer all build through these functions, so
+what is measured is what trains. Everything here reads plain data from the
+bundle's ``hyper_parameters.yaml`` (see ``autotune.bundles.config``); nothing is
+evaluated. torch and monai are imported inside the functions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from autotune.errors import ConfigError
+from autotune.utils import look_up_option
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+    from monai.transforms import Compose
+
+__all__ = [
+    "NETWORKS",
+    "LOSSES",
+    "OPTIMIZERS",
+    "SCHEDULERS",
+    "build_network",
+    "build_loss",
+    "build_optimizer",
+    "build_lr_scheduler",
+    "build_transforms",
+    "amp_dtype",
+    "roi_divisor",
+]
+
+NETWORKS = ("SegResNet", "UNet", "DiNTS")
+LOSSES = ("DiceCELoss", "DiceFocalLoss", "DiceLoss")
+OPTIMIZERS = ("AdamW", "Adam", "SGD", "Novograd")
+SCHEDULERS = ("WarmupCosineSchedule", "PolynomialLR", "CosineAnnealingLR", "none")
+
+
+def _as_tuple_args(value: Any) -> Any:
+    """YAML has no tuples: MONAI's ``("GROUP", {...})`` layer specs arrive as lists."""
+    if (
+        isinstance(value, list)
+        and len(value) == 2
+        and isinstance(value[0], str)
+        and isinstance(value[1], dict)
+    ):
+        return (value[0], dict(value[1]))
+    return value
+
+
+def _section(cfg: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+    section = cfg.get(key)
+    if not isinstance(section, Mapping) or not isinstance(section.get("name"), str):
+        raise ConfigError(f"bundle config key {key!r} must be a mapping with a 'name'; regenerate the bundle")
+    args = section.get("args", {}) or {}
+    if not isinstance(args, Mapping):
+        raise ConfigError(f"bundle config key '{key}.args' must be a mapping")
+    return section
+
+
+def roi_divisor(cfg: Mapping[str, Any]) -> int:
+    """The factor every roi dimension must be a multiple of for this network."""
+    net = _section(cfg, "network")
+    name = look_up_option(net["name"], NETWORKS, "network")
+    args = net.get("args", {}) or {}
+    if name == "SegResNet":
+        return int(2 ** (len(args.get("blocks_down", (1, 2, 2, 4))) - 1))
+    if name == "UNet":
+        divisor = 1
+        for stride in args.get("strides", ()):
+            divisor *= int(stride)
+        return divisor
+    topo = net.get("topology", {}) or {}
+    return int(2 ** (int(topo.get("num_depths", 3)) + int(bool(topo.get("use_downsample", True)))))
+
+
+def _static_topology_class() -> type:
+    """A ``TopologyInstance`` whose active paths are plain Python values.
+
+    MONAI's instance tests tensor values (``if activation:``) in ``forward``; with the
+    architecture fixed as data that test is a constant, and as plain values it also
+    runs under ``FakeTensorMode`` (the estimator) and avoids a device sync per path.
+    """
+    import torch
+    from monai.networks.nets import TopologyInstance
+
+    class StaticTopologyInstance(TopologyInstance):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.active_paths: list[list[int]] = [
+                [int(v) for v in row] for row in self.arch_code_a.detach().cpu().tolist()
+            ]
+
+        def forward(self, x: list[torch.Tensor]) -> list[torch.Tensor]:  # noqa: D102
+            inputs = x
+            for blk_idx in range(self.num_blocks):
+                outputs: list[torch.Tensor | None] = [None] * self.num_depths
+                for res_idx, active in enumerate(self.active_paths[blk_idx]):
+                    if active:
+                        out = self.cell_tree[str((blk_idx, res_idx))](
+                            inputs[self.arch_code2in[res_idx]], None
+                        )
+                        dst = self.arch_code2out[res_idx]
+                        outputs[dst] = out if outputs[dst] is None else outputs[dst] + out
+                inputs = [
+                    o if o is not None else torch.zeros((), dtype=x[0].dtype, device=x[0].device)
+                    for o in outputs
+                ]
+            return inputs
+
+    return StaticTopologyInstance
+
+
+def _build_dints(net: Mapping[str, Any], in_channels: int, out_channels: int) -> torch.nn.Module:
+    import numpy as np
+    from monai.networks.nets import DiNTS
+
+    topo = net.get("topology")
+    if not isinstance(topo, Mapping):
+        raise ConfigError("bundle config 'network.topology' is missing; DiNTS needs its architecture code")
+    try:
+        num_blocks = int(topo.get("num_blocks", 6))
+        num_depths = int(topo.get("num_depths", 3))
+        arch_a = np.asarray(topo["arch_code_a"], dtype=np.float32)
+        arch_c = np.asarray(topo["arch_code_c"], dtype=np.int64)
+        node_a = [[int(v) for v in row] for row in topo["node_a"]]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(
+            f"bundle config 'network.topology' is malformed ({exc}); regenerate the bundle"
+        ) from exc
+    num_paths = 3 * num_depths - 2
+    if arch_a.shape != (num_blocks, num_paths) or arch_c.shape != (num_blocks, num_paths):
+        raise ConfigError(
+            f"network.topology: arch_code_a/arch_code_c must be {num_blocks}x{num_paths} for "
+            f"num_blocks={num_blocks}, num_depths={num_depths}; got {arch_a.shape} and {arch_c.shape}"
+        )
+    if len(node_a) != num_blocks + 1 or any(len(row) != num_depths for row in node_a):
+        raise ConfigError(f"network.topology.node_a must be {num_blocks + 1}x{num_depths}")
+    if arch_c.min() < 0 or arch_c.max() > 4:
+        raise ConfigError("network.topology.arch_code_c holds operation indices 0-4 only")
+    args = {k: _as_tuple_args(v) for k, v in (net.get("args") or {}).items()}
+    use_downsample = bool(topo.get("use_downsample", True))
+    # MONAI prints a roi hint on every construction; the roi is already checked at generation.
+    with contextlib.redirect_stdout(io.StringIO()):
+        space = _static_topology_class()(
+            arch_code=[arch_a, arch_c],
+            channel_mul=float(topo.get("channel_mul", 1.0)),
+            num_blocks=num_blocks,
+            num_depths=num_depths,
+            use_downsample=use_downsample,
+            act_name=args.get("act_name", "RELU"),
+            norm_name=args.get("norm_name", ("INSTANCE", {"affine": True})),
+        )
+    return DiNTS(
+        dints_space=space,
+        in_channels=in_channels,
+        num_classes=out_channels,
+        use_downsample=use_downsample,
+        node_a=node_a,
+        **args,
+    )
+
+
+def build_network(cfg: Mapping[str, Any]) -> torch.nn.Module:
+    """Build the network named in ``cfg['network']`` with the data's channels and classes.
+
+    Raises:
+        ConfigError: unknown network name or arguments MONAI rejects.
+    """
+    from monai.networks.nets import SegResNet, UNet
+
+    net = _section(cfg, "network")
+    name = look_up_option(net["name"], NETWORKS, "network")
+    in_channels = int(cfg.get("input_channels", 1))
+    out_channels = int(cfg.get("output_classes", 2))
+    args = {k: _as_tuple_args(v) for k, v in (net.get("args") or {}).items()}
+    try:
+        if name == "SegResNet":
+            return SegResNet(spatial_dims=3, in_channels=in_channels, out_channels=out_channels, **args)
+        if name == "UNet":
+            return UNet(spatial_dims=3, in_channels=in_channels, out_channels=out_channels, **args)
+        return _build_dints(net, in_channels, out_channels)
+    except (TypeError, ValueError, KeyError) as exc:
+        raise ConfigError(f"bundle config 'network' ({name}) is invalid: {exc}") from exc
+
+
+def build_loss(cfg: Mapping[str, Any]) -> torch.nn.Module:
+    """Build the loss named in ``cfg['loss']``; sigmoid bundles switch softmax for sigmoid."""
+    from monai import losses
+
+    loss = _section(cfg, "loss")
+    name = look_up_option(loss["name"], LOSSES, "loss")
+    args = dict(loss.get("args") or {})
+    if cfg.get("sigmoid"):
+        args.update(softmax=False, sigmoid=True, to_onehot_y=False)
+    try:
+        return getattr(losses, name)(**args)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"bundle config 'loss' ({name}) is invalid: {exc}") from exc
+
+
+def build_optimizer(cfg: Mapping[str, Any], params: Iterable[Any]) -> torch.optim.Optimizer:
+    """Build the optimizer named in ``cfg['optimizer']`` with ``cfg['learning_rate']``."""
+    import torch
+
+    opt = _section(cfg, "optimizer")
+    name = look_up_option(opt["name"], OPTIMIZERS, "optimizer")
+    args = dict(opt.get("args") or {})
+    lr = float(cfg.get("learning_rate", args.pop("lr", 1e-3)))
+    args.pop("lr", None)
+    try:
+        if name == "Novograd":
+            from monai.optimizers import Novograd
+
+            return Novograd(params, lr=lr, **args)
+        return getattr(torch.optim, name)(params, lr=lr, **args)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"bundle config 'optimizer' ({name}) is invalid: {exc}") from exc
+
+
+def build_lr_scheduler(
+    cfg: Mapping[str, Any], optimizer: torch.optim.Optimizer, total_steps: int
+) -> torch.optim.lr_scheduler.LRScheduler | None:
+    """Build the schedule in ``cfg['lr_scheduler']``, stepped ``total_steps`` times in all."""
+    import torch
+
+    section = cfg.get("lr_scheduler") or {"name": "none"}
+    name = look_up_option(str(section.get("name", "none")), SCHEDULERS, "lr_scheduler")
+    args = dict(section.get("args") or {})
+    total_steps = max(1, int(total_steps))
+    if name == "none":
+        return None
+    if name == "WarmupCosineSchedule":
+        from monai.optimizers import WarmupCosineSchedule
+
+        warmup = int(round(float(args.pop("warmup_fraction", 0.03)) * total_steps))
+        return WarmupCosineSchedule(optimizer, warmup_steps=warmup, t_total=total_steps, **args)
+    if name == "PolynomialLR":
+        return torch.optim.lr_scheduler.PolynomialLR(optimizer, total_iters=total_steps, **args)
+    return torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=total_steps, **args)
+
+
+def amp_dtype(cfg: Mapping[str, Any], device: str | torch.device) -> torch.dtype | None:
+    """Autocast dtype for this bundle on ``device``: fp16 on CUDA, bf16 on CPU, None when AMP is off."""
+    import torch
+
+    if not cfg.get("amp", False):
+        return None
+    return torch.float16 if torch.device(device).type == "cuda" else torch.bfloat16
+
+
+def _intensity_transform(cfg: Mapping[str, Any]) -> Any:
+    from monai.transforms import NormalizeIntensityd, ScaleIntensityRanged
+
+    norm = cfg.get("intensity_normalization") or {"mode": "zscore"}
+    mode = look_up_option(str(norm.get("mode")), ("zscore", "clip"), "intensity_normalization.mode")
+    if mode == "zscore":
+        return NormalizeIntensityd(keys="image", nonzero=True, channel_wise=True)
+    return ScaleIntensityRanged(
+        keys="image",
+        a_min=float(norm["a_min"]),
+        a_max=float(norm["a_max"]),
+        b_min=float(norm.get("b_min", 0.0)),
+        b_max=float(norm.get("b_max", 1.0)),
+        clip=True,
+    )
+
+
+def build_transforms(cfg: Mapping[str, Any], stage: str, device: str | torch.device | None = None) -> Compose:
+    """Transforms for ``stage`` in ``train``, ``val``, ``infer``.
+
+    The deterministic part (load, orient, resample, normalise, crop foreground, and
+    for training the foreground/background indices) comes first, so ``CacheDataset``
+    caches it. With ``device`` set for training, the cached tensors move there just
+    before the first random transform, so random crops and flips run on the device.
+    """
+    import torch
+    from monai.transforms import (
+        Compose,
+        CropForegroundd,
+        EnsureChannelFirstd,
+        EnsureTyped,
+        FgBgToIndicesd,
+        LoadImaged,
+        Orientationd,
+        RandCropByPosNegLabeld,
+        RandFlipd,
+        RandScaleIntensityd,
+        RandShiftIntensityd,
+        Spacingd,
+        SpatialPadd,
+    )
+
+    stage = look_up_option(stage, ("train", "val", "infer"), "transform stage")
+    keys = ["image"] if stage == "infer" else ["image", "label"]
+    pixdim = [float(v) for v in cfg["resample_resolution"]]
+    roi = [int(v) for v in cfg["roi_size"]]
+    modes = ["bilinear"] if stage == "infer" else ["bilinear", "nearest"]
+    xforms: list[Any] = [
+        LoadImaged(keys=keys, image_only=True),
+        EnsureChannelFirstd(keys=keys),
+        EnsureTyped(keys=keys, dtype=torch.float32),
+        Orientationd(keys=keys, axcodes="RAS"),
+        Spacingd(keys=keys, pixdim=pixdim, mode=modes),
+        _intensity_transform(cfg),
+    ]
+    if stage == "infer":
+        return Compose(xforms)
+    if cfg.get("crop_foreground", True):
+        xforms.append(CropForegroundd(keys=keys, source_key="image", allow_smaller=True))
+    if stage == "val":
+        return Compose(xforms)
+    xforms += [
+        SpatialPadd(keys=keys, spatial_size=roi),
+        FgBgToIndicesd(keys="label", fg_postfix="_fg", bg_postfix="_bg", image_key="image"),
+    ]
+    if device is not None:
+        xforms.append(EnsureTyped(keys=keys, device=device, track_meta=False))
+    pos, neg = (cfg.get("pos_neg_ratio") or [1, 1])[:2]
+    xforms += [
+        RandCropByPosNegLabeld(
+            keys=keys,
+            label_key="label",
+            spatial_size=roi,
+            pos=float(pos),
+            neg=float(neg),
+            num_samples=int(cfg.get("num_crops_per_image", 1)),
+            fg_indices_key="label_fg",
+            bg_indices_key="label_bg",
+        ),
+        RandFlipd(keys=keys, prob=0.5, spatial_axis=0),
+        RandFlipd(keys=keys, prob=0.5, spatial_axis=1),
+        RandFlipd(keys=keys, prob=0.5, spatial_axis=2),
+        RandScaleIntensityd(keys="image", factors=0.1, prob=0.5),
+        RandShiftIntensityd(keys="image", offsets=0.1, prob=0.5),
+    ]
+    return Compose(xforms)

@@ -1,0 +1,1 @@
+"""Bundles: algorithm templates (plain data) filled from data stats into training configs."""

@@ -1,0 +1,203 @@
+"""``BundleGen``: from data stats and a data source config to one bundle per (algorithm, fold).
+
+Shaped like MONAI's ``monai.apps.auto3dseg.BundleGen``:
+
+    gen = BundleGen(work_dir, algos=["segresnet", "dints"], data_stats_filename=..., data_src_cfg_name=...)
+    gen.generate(work_dir, num_fold=5, gpu_customization=True, gpu_customization_specs={...})
+    gen.get_bundles()
+
+A bundle is a folder ``<algo>_<fold>/`` holding ``configs/hyper_parameters.yaml``
+(plain data, filled from the stats) and ``bundle.json`` (template name and version,
+the datastats hash, the fold). Training outputs inside an existing bundle are kept
+when it is regenerated; the two generated files are replaced atomically.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from autotune import __version__
+from autotune.bundles.config import CONFIG_RELPATH, check_bundle_config
+from autotune.bundles.render import render_config
+from autotune.bundles.templates import list_templates, load_template
+from autotune.errors import ConfigError
+from autotune.utils import atomic_write_json, atomic_write_yaml, look_up_option, read_yaml
+
+__all__ = ["BundleGen", "BUNDLE_META", "parse_algos"]
+
+log = logging.getLogger(__name__)
+BUNDLE_META = "bundle.json"
+
+
+def parse_algos(algos: str | Sequence[str] | None, valid: Sequence[str]) -> list[str]:
+    """``None`` (all), a name, a comma-separated string or a list -> checked list of names."""
+    if algos is None:
+        return list(valid)
+    names = [a.strip() for a in algos.split(",")] if isinstance(algos, str) else [str(a).strip() for a in algos]
+    names = [n for n in names if n]
+    if not names:
+        raise ConfigError(f"no algorithm named; valid: {', '.join(valid)}")
+    return [look_up_option(n, valid, "algorithm") for n in dict.fromkeys(names)]
+
+
+def _file_hash(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+class BundleGen:
+    """Generate bundles for the named algorithms from data stats.
+
+    Args:
+        algo_path: the work folder (where ``datastats.yaml`` and ``data_src.yaml`` live by default).
+        algos: ``None`` for every template, a name, a comma-separated string or a list.
+        templates_path: folder of ``<algo>/template.yaml``; default the shipped ``algorithm_templates/``.
+        data_stats_filename: the ``datastats.yaml`` written by ``autotune analyze``.
+        data_src_cfg_name: the data source config (``data_src.yaml`` from ``analyze``, or an
+            Auto3DSeg ``input.yaml``).
+
+    Raises:
+        ConfigError: an unknown algorithm (the valid names are listed) or a missing file.
+    """
+
+    def __init__(
+        self,
+        algo_path: str | os.PathLike[str] = ".",
+        algos: str | Sequence[str] | None = None,
+        templates_path: str | os.PathLike[str] | None = None,
+        data_stats_filename: str | os.PathLike[str] | None = None,
+        data_src_cfg_name: str | os.PathLike[str] | None = None,
+    ) -> None:
+        self.algo_path = Path(algo_path).expanduser().resolve()
+        self.templates_path = templates_path
+        self.algos = parse_algos(algos, list_templates(templates_path))
+        self.data_stats_filename = Path(data_stats_filename or self.algo_path / "datastats.yaml").expanduser().resolve()
+        self.data_src_cfg_name = Path(data_src_cfg_name or self.algo_path / "data_src.yaml").expanduser().resolve()
+        self._bundles: list[dict[str, Any]] = []
+
+    def _data_src(self, num_fold: int) -> dict[str, Any]:
+        from autotune.data.datalist import load_data_source
+
+        source = load_data_source(self.data_src_cfg_name, num_fold=num_fold)
+        folds = {int(item["fold"]) for item in source.training}
+        if num_fold < 1:
+            raise ConfigError(f"num_fold must be at least 1, got {num_fold}")
+        if num_fold > 1 and max(folds) + 1 < num_fold:
+            raise ConfigError(
+                f"{self.data_src_cfg_name}: the datalist holds {max(folds) + 1} folds but num_fold is {num_fold}; "
+                f"re-run 'autotune analyze --num-fold {num_fold} --force' or lower --num-fold"
+            )
+        # The bundles point at one resolved datalist (absolute paths, folds fixed).
+        from autotune.data.datalist import write_datalist
+
+        datalist = write_datalist(source, self.algo_path / "datalist.json")
+        return {
+            "name": source.name,
+            "modality": source.modality,
+            "datalist": str(datalist),
+            "dataroot": str(source.dataroot),
+            "class_names": source.class_names,
+            "sigmoid": source.sigmoid,
+        }
+
+    def generate(
+        self,
+        output_folder: str | os.PathLike[str] | None = None,
+        num_fold: int = 5,
+        gpu_customization: bool = False,
+        gpu_customization_specs: Mapping[str, Any] | None = None,
+        overrides: Mapping[str, Any] | None = None,
+        **tune_kwargs: Any,
+    ) -> list[dict[str, Any]]:
+        """Write ``<output_folder>/<algo>_<fold>/`` for every algorithm and fold; tune them if asked.
+
+        Args:
+            output_folder: where bundles go (default ``algo_path``).
+            num_fold: folds 0..num_fold-1 get a bundle each.
+            gpu_customization: run the tuner on the generated bundles (one study per
+                tuning key, so folds share one search).
+            gpu_customization_specs: Auto3DSeg-style specs (``universal`` or per algorithm:
+                ``num_trials``, ``range_num_images_per_batch``, ``range_num_sw_batch_size``).
+            overrides: plain data merged into every config; a key naming an algorithm
+                (e.g. ``{"dints": {...}}``) applies to that algorithm only.
+            **tune_kwargs: passed to ``autotune.search.tune_bundles`` (device, memory_limit,
+                storage, strategy, ...).
+
+        Returns:
+            The generated bundles, as ``get_bundles()`` returns them.
+        """
+        if not isinstance(num_fold, int) or isinstance(num_fold, bool) or num_fold < 1:
+            raise ConfigError(f"num_fold must be a positive integer, got {num_fold!r}")
+        out = Path(output_folder).expanduser().resolve() if output_folder else self.algo_path
+        stats = read_yaml(self.data_stats_filename, ConfigError)
+        if not isinstance(stats, dict):
+            raise ConfigError(f"{self.data_stats_filename}: not a datastats file; run 'autotune analyze' first")
+        stats_hash = str((stats.get("autotune") or {}).get("content_hash") or _file_hash(self.data_stats_filename))
+        data_src = self._data_src(num_fold)
+        overrides = dict(overrides or {})
+        common = {k: v for k, v in overrides.items() if k not in self.algos and k not in list_templates(self.templates_path)}
+        self._bundles = []
+        for algo in self.algos:
+            template = load_template(algo, self.templates_path)
+            per_algo = dict(common)
+            if isinstance(overrides.get(algo), Mapping):
+                from autotune.bundles.render import deep_merge
+
+                per_algo = deep_merge(per_algo, overrides[algo])
+            for fold in range(num_fold):
+                cfg = render_config(
+                    template, stats, data_src, fold, num_fold, per_algo, datastats_path=str(self.data_stats_filename)
+                )
+                name = f"{algo}_{fold}"
+                check_bundle_config(cfg, f"{name} (generated)")
+                meta = {
+                    "identifier": name,
+                    "template": algo,
+                    "template_version": template["version"],
+                    "template_path": template["path"],
+                    "datastats_hash": stats_hash,
+                    "fold": fold,
+                    "num_fold": num_fold,
+                    "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                    "autotune_version": __version__,
+                }
+                path = self._write_bundle(out / name, cfg, meta)
+                self._bundles.append({"identifier": name, "algo": algo, "fold": fold, "path": str(path)})
+                log.info("generated %s", path)
+        if gpu_customization:
+            from autotune.search.tune import tune_bundles
+
+            tune_bundles([b["path"] for b in self._bundles], specs=gpu_customization_specs, **tune_kwargs)
+        return self.get_bundles()
+
+    @staticmethod
+    def _write_bundle(target: Path, cfg: dict[str, Any], meta: dict[str, Any]) -> Path:
+        """Write a new bundle by renaming a finished temp folder into place; for an existing
+        bundle replace the two generated files atomically and keep everything else."""
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if target.is_dir():
+            atomic_write_yaml(target / CONFIG_RELPATH, cfg)
+            atomic_write_json(target / BUNDLE_META, meta)
+            return target
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+        try:
+            atomic_write_yaml(tmp / CONFIG_RELPATH, cfg)
+            atomic_write_json(tmp / BUNDLE_META, meta)
+            os.replace(tmp, target)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return target
+
+    def get_bundles(self) -> list[dict[str, Any]]:
+        """The bundles of the last ``generate``: dicts with identifier, algo, fold and path."""
+        return [dict(b) for b in self._bundles]
+
+    get_history = get_bundles

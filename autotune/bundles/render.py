@@ -1,0 +1,163 @@
+"""Fill a template's ``auto`` values from ``datastats.yaml`` into a bundle config.
+
+The rules (all per axis, in voxels at the training spacing):
+- ``resample_resolution``: the dataset's median spacing (unless the template fixes it);
+- ``roi_size``: the median image size at that spacing, rounded up to the network's
+  divisor and clamped to the template's ``roi.min``/``roi.max``;
+- ``infer_volume_shape``: the 99.5th-percentile image size at that spacing (what the
+  sliding-window probe runs over);
+- intensity: CT clips to the foreground 0.5-99.5 percentiles and scales to [0, 1];
+  MRI uses z-score normalisation over non-zero voxels, per channel;
+- ``input_channels`` from the image channels, ``output_classes`` from the labels.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from autotune.errors import ConfigError
+
+__all__ = ["stat", "render_config", "deep_merge"]
+
+
+def stat(datastats: Mapping[str, Any], dotted: str, source: str = "datastats.yaml") -> Any:
+    """Look up ``stats_summary`` key ``a.b.c``; a missing key raises ConfigError naming it."""
+    node: Any = datastats.get("stats_summary") if isinstance(datastats, Mapping) else None
+    for part in dotted.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            raise ConfigError(
+                f"{source}: key 'stats_summary#{dotted.replace('.', '#')}' is missing; re-run 'autotune analyze --force'"
+            )
+        node = node[part]
+    return node
+
+
+def _xyz(value: Any, key: str, source: str) -> list[float]:
+    """A per-axis statistic; multi-channel stats nest one list per channel (take the first)."""
+    if isinstance(value, list) and value and isinstance(value[0], list):
+        value = value[0]
+    if not (isinstance(value, list) and len(value) >= 3 and all(isinstance(v, (int, float)) for v in value[:3])):
+        raise ConfigError(f"{source}: key 'stats_summary#{key}' must be three numbers, got {value!r}")
+    return [float(v) for v in value[:3]]
+
+
+def deep_merge(base: dict[str, Any], updates: Mapping[str, Any]) -> dict[str, Any]:
+    """Merge ``updates`` into a copy of ``base``; nested mappings merge, other values replace."""
+    merged = copy.deepcopy(base)
+    for key, value in updates.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), dict):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+def _round_roi(size: list[float], divisor: int, lo: list[int], hi: list[int]) -> list[int]:
+    roi = []
+    for axis, voxels in enumerate(size):
+        value = int(math.ceil(voxels / divisor)) * divisor
+        low = int(math.ceil(lo[axis] / divisor)) * divisor
+        high = max(low, int(hi[axis]) // divisor * divisor)
+        roi.append(int(min(max(value, low), high)))
+    return roi
+
+
+def _output_classes(labels: list[int], sigmoid: bool) -> int:
+    foreground = [v for v in labels if v != 0]
+    if sigmoid:
+        return max(1, len(foreground))
+    return int(max(labels)) + 1 if labels else 2
+
+
+def render_config(
+    template: Mapping[str, Any],
+    datastats: Mapping[str, Any],
+    data_src: Mapping[str, Any],
+    fold: int,
+    num_fold: int,
+    overrides: Mapping[str, Any] | None = None,
+    datastats_path: str = "datastats.yaml",
+) -> dict[str, Any]:
+    """Return the bundle config for one fold: the template's values with ``auto`` filled in.
+
+    ``overrides`` (plain data) is merged last, before the roi is re-rounded, so a
+    test or a user can shrink the network or fix the roi.
+
+    Raises:
+        ConfigError: a statistic the rules need is missing or malformed.
+    """
+    src = datastats_path
+    training = dict(template["training"])
+    modality = str(data_src.get("modality", "MRI")).upper()
+    spacing_median = _xyz(stat(datastats, "image_stats.spacing.median", src), "image_stats#spacing#median", src)
+    shape_median = _xyz(stat(datastats, "image_stats.shape.median", src), "image_stats#shape#median", src)
+    sizemm_p995 = _xyz(stat(datastats, "image_stats.sizemm.percentile_99_5", src), "image_stats#sizemm#percentile_99_5", src)
+    channels = stat(datastats, "image_stats.channels.max", src)
+    labels = stat(datastats, "label_stats.labels", src)
+    if not isinstance(labels, list) or not all(isinstance(v, int) for v in labels):
+        raise ConfigError(f"{src}: key 'stats_summary#label_stats#labels' must be a list of integers")
+    sigmoid = bool(data_src.get("sigmoid", False))
+
+    resolution = training.get("resample_resolution", "auto")
+    resolution = [round(v, 4) for v in spacing_median] if resolution == "auto" else [float(v) for v in resolution]
+    size_at_res = [shape_median[i] * spacing_median[i] / resolution[i] for i in range(3)]
+    infer_shape = [int(math.ceil(sizemm_p995[i] / resolution[i])) for i in range(3)]
+
+    norm = training.get("intensity_normalization", "auto")
+    if norm == "auto":
+        if modality == "CT":
+            lo = float(stat(datastats, "image_foreground_stats.intensity.percentile_00_5", src))
+            hi = float(stat(datastats, "image_foreground_stats.intensity.percentile_99_5", src))
+            norm = {"mode": "clip", "a_min": lo, "a_max": hi, "b_min": 0.0, "b_max": 1.0}
+        else:
+            norm = {"mode": "zscore"}
+
+    cfg: dict[str, Any] = {
+        "algo": template["name"],
+        "template_version": template["version"],
+        "fold": int(fold),
+        "num_fold": int(num_fold),
+        "name": data_src.get("name", ""),
+        "modality": modality,
+        "datalist": data_src.get("datalist"),
+        "dataroot": data_src.get("dataroot"),
+        "datastats": datastats_path,
+        "class_names": data_src.get("class_names"),
+        "sigmoid": sigmoid,
+        "input_channels": int(channels),
+        "output_classes": _output_classes(labels, sigmoid),
+        "network": copy.deepcopy(template["network"]),
+        "loss": copy.deepcopy(template["loss"]),
+        "optimizer": copy.deepcopy(template["optimizer"]),
+        "lr_scheduler": copy.deepcopy(template.get("lr_scheduler") or {"name": "none"}),
+        **{k: v for k, v in training.items() if k not in ("roi_size", "resample_resolution", "intensity_normalization")},
+        "roi_size": training.get("roi_size"),
+        "resample_resolution": resolution,
+        "intensity_normalization": norm,
+        "infer_volume_shape": infer_shape,
+        "tuning_supported": bool((template.get("tuning") or {}).get("supported", False)),
+        "tuning_ranges": copy.deepcopy((template.get("tuning") or {}).get("ranges", {})),
+        "tuning_validation_devices": list((template.get("tuning") or {}).get("validation_devices", ["device", "cpu"])),
+    }
+    if overrides:
+        cfg = deep_merge(cfg, overrides)
+
+    from autotune.build import roi_divisor
+
+    divisor = roi_divisor(cfg)
+    roi_rule = template["roi"]
+    if cfg.get("roi_size") in (None, "auto"):
+        cfg["roi_size"] = _round_roi(size_at_res, divisor, list(roi_rule["min"]), list(roi_rule["max"]))
+    else:
+        roi = cfg["roi_size"]
+        if not (isinstance(roi, list) and len(roi) == 3 and all(isinstance(v, int) and v > 0 for v in roi)):
+            raise ConfigError(f"roi_size must be three positive integers, got {roi!r}")
+        if any(v % divisor for v in roi):
+            raise ConfigError(
+                f"roi_size {roi} does not suit {cfg['network']['name']}: each size must be a multiple of {divisor}"
+            )
+    cfg["infer_volume_shape"] = [max(int(a), int(b)) for a, b in zip(cfg["infer_volume_shape"], cfg["roi_size"], strict=True)]
+    return cfg

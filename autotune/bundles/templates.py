@@ -1,0 +1,128 @@
+"""The registry of algorithm templates: ``algorithm_templates/<algo>/template.yaml``.
+
+Templates are plain data read with ``yaml.safe_load``. A value that looks like a
+MONAI bundle expression (a string starting with ``$``) is refused: nothing in a
+template is ever evaluated.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from autotune.errors import ConfigError
+from autotune.utils import look_up_option, read_yaml
+
+__all__ = [
+    "TEMPLATE_FILE",
+    "REQUIRED_TRAINING_KEYS",
+    "default_templates_path",
+    "list_templates",
+    "load_template",
+    "reject_expressions",
+    "list_presets",
+    "preset_path",
+]
+
+TEMPLATE_FILE = "template.yaml"
+REQUIRED_TRAINING_KEYS = (
+    "roi_size",
+    "resample_resolution",
+    "intensity_normalization",
+    "num_images_per_batch",
+    "num_crops_per_image",
+    "num_patches_per_iter",
+    "num_sw_batch_size",
+    "sw_input_on_cpu",
+    "amp",
+    "learning_rate",
+    "num_epochs",
+    "cache_rate",
+)
+
+
+def default_templates_path() -> Path:
+    """``$AUTOTUNE_TEMPLATES`` if set, else the ``algorithm_templates/`` folder beside the package."""
+    env = os.environ.get("AUTOTUNE_TEMPLATES")
+    if env:
+        return Path(env).expanduser().resolve()
+    return Path(__file__).resolve().parents[2] / "algorithm_templates"
+
+
+def _root(templates_path: str | os.PathLike[str] | None) -> Path:
+    root = Path(templates_path).expanduser().resolve() if templates_path else default_templates_path()
+    if not root.is_dir():
+        raise ConfigError(
+            f"templates folder {root} not found; pass templates_path or set AUTOTUNE_TEMPLATES to the "
+            "algorithm_templates/ folder of an autotune checkout"
+        )
+    return root
+
+
+def list_templates(templates_path: str | os.PathLike[str] | None = None) -> list[str]:
+    """Names of the templates found (folders holding a ``template.yaml``), sorted."""
+    root = _root(templates_path)
+    return sorted(p.parent.name for p in root.glob(f"*/{TEMPLATE_FILE}"))
+
+
+def list_presets(templates_path: str | os.PathLike[str] | None = None) -> list[str]:
+    """Names of the override presets shipped in ``algorithm_templates/presets/``."""
+    return sorted(p.stem for p in (_root(templates_path) / "presets").glob("*.yaml"))
+
+
+def preset_path(name_or_path: str | os.PathLike[str], templates_path: str | os.PathLike[str] | None = None) -> Path:
+    """A preset name (``tiny``) -> its shipped YAML; anything else is taken as a path."""
+    text = str(name_or_path)
+    if os.sep not in text and not text.endswith((".yaml", ".yml")):
+        look_up_option(text, list_presets(templates_path), "overrides preset")
+        return _root(templates_path) / "presets" / f"{text}.yaml"
+    return Path(text).expanduser()
+
+
+def reject_expressions(value: Any, where: str) -> None:
+    """Raise ConfigError if any string in ``value`` is a ``$`` expression."""
+    if isinstance(value, str) and value.lstrip().startswith("$"):
+        raise ConfigError(f"{where}: {value!r} looks like an expression; templates are plain data, write the value")
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            reject_expressions(item, f"{where}.{key}")
+    elif isinstance(value, list):
+        for idx, item in enumerate(value):
+            reject_expressions(item, f"{where}[{idx}]")
+
+
+def load_template(name: str, templates_path: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+    """Load and check one template.
+
+    Raises:
+        ConfigError: unknown name (listing the valid ones), unreadable YAML, a missing
+            section or key, or an expression string.
+    """
+    root = _root(templates_path)
+    look_up_option(name, list_templates(root), "algorithm")
+    path = root / name / TEMPLATE_FILE
+    data = read_yaml(path, ConfigError)
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping")
+    reject_expressions(data, str(path))
+    version = data.get("version")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise ConfigError(f"{path}: key 'version' must be a positive integer")
+    for section in ("network", "loss", "optimizer"):
+        if not isinstance(data.get(section), Mapping) or not isinstance(data[section].get("name"), str):
+            raise ConfigError(f"{path}: key {section!r} must be a mapping with a 'name'")
+    roi = data.get("roi")
+    if not isinstance(roi, Mapping) or not {"divisor", "min", "max"} <= set(roi):
+        raise ConfigError(f"{path}: key 'roi' must hold 'divisor', 'min' and 'max'")
+    training = data.get("training")
+    if not isinstance(training, Mapping):
+        raise ConfigError(f"{path}: key 'training' must be a mapping")
+    missing = [key for key in REQUIRED_TRAINING_KEYS if key not in training]
+    if missing:
+        raise ConfigError(f"{path}: 'training' lacks {', '.join(missing)}; add them")
+    data.setdefault("name", name)
+    data.setdefault("tuning", {"supported": False})
+    data["path"] = str(path)
+    return data

@@ -1,0 +1,86 @@
+"""The ``autotune`` command line: a thin shim over the library.
+
+Each stage's subcommands live in ``autotune/commands/<stage>.py`` and register
+themselves here. Nothing heavy (torch, monai, optuna) is imported until a
+subcommand runs, so ``autotune --help`` answers at once. An ``AutotuneError``
+becomes one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+
+from autotune import __version__
+from autotune.errors import AutotuneError
+
+# Stage modules, in the order their subcommands are listed in --help.
+_COMMAND_MODULES = (
+    "autotune.commands.data",
+    "autotune.commands.bundles",
+    "autotune.commands.probe",
+    "autotune.commands.search",
+    "autotune.commands.train",
+)
+
+EXIT_USAGE = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that exits with code 2 and one line, like every other input error."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Build the full parser with every stage's subcommands."""
+    parser = _Parser(
+        prog="autotune",
+        description=(
+            "Generate MONAI training bundles (SegResNet, DiNTS, UNet) from a dataset, tune their batch and "
+            "sliding-window sizes to the GPU's memory with measured trials, and train them fast."
+        ),
+    )
+    parser.add_argument("--version", action="version", version=f"autotune {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="show debug logging")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for name in _COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:  # a stage not built yet in a partial checkout
+            if exc.name != name:
+                raise
+            continue
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the exit code (0 ok, 2 bad input, 1 failure, 130 interrupted)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if getattr(args, "verbose", False) else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    func = getattr(args, "func", None)
+    if func is None:
+        parser.print_help()
+        return EXIT_USAGE
+    try:
+        return int(func(args) or 0)
+    except AutotuneError as exc:
+        print(f"autotune {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print(f"autotune {args.command}: interrupted; finished work is saved, run the same command to resume",
+              file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

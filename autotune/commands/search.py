@@ -1,0 +1,179 @@
+"""``autotune tune``, ``autotune run`` and ``autotune dashboard``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def add_tuning_args(p: argparse.ArgumentParser) -> None:
+    """Options shared by ``tune`` and ``run``."""
+    g = p.add_argument_group("tuning")
+    g.add_argument("--device", default="cpu", help="where probes run: cpu or cuda:N (default cpu)")
+    g.add_argument("--memory-limit", default=None, help="e.g. 8GiB; default the device's total memory")
+    g.add_argument("--storage", default=None, help="SQLAlchemy URL of the Optuna storage (default sqlite under studies/)")
+    g.add_argument("--strategy", default="fast", help="fast (default), tpe (Auto3DSeg baseline) or estimate (no probes)")
+    g.add_argument("--margin", type=float, default=0.10, help="share of the limit kept free (default 0.10)")
+    g.add_argument("--specs", default=None, help="YAML of Auto3DSeg gpu_customization_specs")
+    g.add_argument("--num-trials", type=int, default=None, help="trial budget of the tpe strategy (default 20)")
+    g.add_argument("--range-num-images-per-batch", type=int, nargs=2, metavar=("MIN", "MAX"), default=None,
+                   help="range of patches per forward pass to search")
+    g.add_argument("--range-num-sw-batch-size", type=int, nargs=2, metavar=("MIN", "MAX"), default=None,
+                   help="range of sliding-window batch sizes to search")
+    g.add_argument("--validation-devices", default=None, help="comma-separated from device,cpu (default both)")
+    g.add_argument("--timeout", type=float, default=300.0, help="seconds before a probe is killed (default 300)")
+    g.add_argument("--target-gpu", default=None, help="with --strategy estimate: a catalogue GPU, e.g. a100-80gb")
+    g.add_argument("--target-memory", default=None, help="with --strategy estimate: memory of a GPU not in the catalogue")
+
+
+def specs_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """Specs from --specs merged with the command-line ranges (which win, under ``universal``)."""
+    from autotune.errors import SpecError
+    from autotune.utils import read_yaml
+
+    specs: dict[str, Any] = {}
+    if args.specs:
+        loaded = read_yaml(args.specs, SpecError)
+        if loaded is not None and not isinstance(loaded, dict):
+            raise SpecError(f"{args.specs}: specs must be a mapping of 'universal' or algorithm names")
+        specs = dict(loaded or {})
+    universal = dict(specs.get("universal") or {})
+    if args.num_trials is not None:
+        universal["num_trials"] = args.num_trials
+    if args.range_num_images_per_batch is not None:
+        universal["range_num_images_per_batch"] = list(args.range_num_images_per_batch)
+    if args.range_num_sw_batch_size is not None:
+        universal["range_num_sw_batch_size"] = list(args.range_num_sw_batch_size)
+    if args.validation_devices:
+        universal["validation_devices"] = [v.strip() for v in args.validation_devices.split(",") if v.strip()]
+    if universal:
+        specs["universal"] = universal
+    return specs
+
+
+def tune_from_args(bundles: list[str], args: argparse.Namespace, summary_path: Path | None) -> list[dict[str, Any]]:
+    """Run the tuner with the command-line options; prints progress and the table."""
+    from autotune.search.report import format_results
+    from autotune.search.targets import resolve_target
+    from autotune.search.tune import tune_bundles
+
+    target = resolve_target(args.strategy, args.target_gpu, args.target_memory, args.device)
+    results = tune_bundles(
+        bundles,
+        specs_from_args(args),
+        device=args.device,
+        memory_limit=args.memory_limit,
+        storage=args.storage,
+        strategy=args.strategy,
+        margin=args.margin,
+        timeout=args.timeout,
+        target=target,
+        summary_path=summary_path,
+        progress=None if getattr(args, "quiet", False) else lambda line: print(line, file=sys.stderr, flush=True),
+    )
+    print(format_results(results))
+    if summary_path:
+        print(f"summary: {summary_path}")
+    return results
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``tune``, ``run`` and ``dashboard``."""
+    p = sub.add_parser(
+        "tune",
+        help="tune bundles' patches per iteration, sw batch size and validation device",
+        description="Find, for each bundle, the largest patches per iteration and sliding-window batch size that fit "
+        "the memory limit (less a margin) and run fastest; write them back with provenance. Folds share one search.",
+    )
+    p.add_argument("bundles", nargs="+", help="bundle folders made by 'autotune generate'")
+    add_tuning_args(p)
+    p.add_argument("--summary", default=None, help="write the JSON summary here")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.set_defaults(func=run_tune)
+
+    r = sub.add_parser(
+        "run",
+        help="analyse, generate, tune (and with --train, train) in one go",
+        description="The whole job: analyse INPUT, generate bundles for --algos, tune them, write WORK_DIR/"
+        "autotune_summary.json; with --train, train the tuned bundles. Rerunning resumes from the storage.",
+    )
+    r.add_argument("--input", required=True, help="input.yaml, a datalist .json, or a Decathlon task folder")
+    r.add_argument("--work-dir", required=True, help="where datastats, bundles and the summary go")
+    r.add_argument("--algos", default=None, help="comma-separated: segresnet,dints,unet (default: all)")
+    r.add_argument("--num-fold", type=int, default=5, help="folds to generate (default 5)")
+    r.add_argument("--templates", default=None, help="folder of <algo>/template.yaml")
+    r.add_argument("--overrides", default=None, help="a preset name (tiny) or a YAML merged into every config")
+    add_tuning_args(r)
+    t = r.add_argument_group("training (with --train)")
+    t.add_argument("--train", action="store_true", help="train the tuned bundles afterwards")
+    t.add_argument("--epochs", type=int, default=None, help="epochs per bundle (default the config's)")
+    t.add_argument("--max-time", default=None, help="time budget per bundle, e.g. 30m")
+    t.add_argument("--folds", default=None, help="comma-separated folds to train (default all generated)")
+    r.add_argument("--quiet", action="store_true", help="no progress lines")
+    r.set_defaults(func=run_run)
+
+    d = sub.add_parser(
+        "dashboard",
+        help="serve optuna-dashboard on the tuning storage",
+        description="Start optuna-dashboard on the same storage the tuner writes (default the SQLite file under "
+        "studies/); bound to 127.0.0.1 unless --host says otherwise.",
+    )
+    d.add_argument("--storage", default=None, help="SQLAlchemy URL (default sqlite under studies/)")
+    d.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    d.add_argument("--port", type=int, default=8080, help="port (default 8080)")
+    d.set_defaults(func=run_dashboard)
+
+
+def run_tune(args: argparse.Namespace) -> int:
+    """Handler of ``autotune tune``."""
+    results = tune_from_args(list(args.bundles), args, Path(args.summary) if args.summary else None)
+    return 0 if all(r.get("status") in ("tuned", "unsupported") for r in results) else 1
+
+
+def run_run(args: argparse.Namespace) -> int:
+    """Handler of ``autotune run``."""
+    from autotune.commands.bundles import generate_bundles
+    from autotune.errors import SpecError
+
+    work = Path(args.work_dir)
+    say = (lambda line: None) if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
+    folds = None
+    if args.folds:
+        try:
+            folds = {int(f) for f in args.folds.split(",") if f.strip()}
+        except ValueError as exc:
+            raise SpecError(f"--folds must be comma-separated integers, got {args.folds!r}") from exc
+    say(f"[1/3] analysing {args.input}")
+    bundles = generate_bundles(args)
+    say(f"[2/3] generated {len(bundles)} bundles in {work.resolve()}; tuning")
+    results = tune_from_args([b["path"] for b in bundles], args, work / "autotune_summary.json")
+    ok = all(r.get("status") in ("tuned", "unsupported") for r in results)
+    if args.train:
+        from autotune.train.runner import parse_duration, train
+
+        max_time = parse_duration(args.max_time) if args.max_time else None
+        say("[3/3] training the tuned bundles")
+        for b in bundles:
+            if folds is not None and b["fold"] not in folds:
+                continue
+            summary = train(b["path"], device=args.device, epochs=args.epochs, max_time=max_time)
+            say(f"  {b['identifier']}: best mean Dice {summary.get('best_metric')}")
+    return 0 if ok else 1
+
+
+def run_dashboard(args: argparse.Namespace) -> int:
+    """Handler of ``autotune dashboard``."""
+    from autotune.errors import AutotuneError
+    from autotune.search.study import default_storage_url, open_storage, redact_url
+
+    try:
+        import optuna_dashboard
+    except ModuleNotFoundError as exc:
+        raise AutotuneError("optuna-dashboard is not installed; pip install 'autotune[dashboard]'") from exc
+    url = args.storage or default_storage_url()
+    storage = open_storage(url, heartbeat=False)
+    print(f"optuna-dashboard on {redact_url(url)}: http://{args.host}:{args.port}/dashboard/", flush=True)
+    optuna_dashboard.run_server(storage, host=args.host, port=args.port)
+    return 0

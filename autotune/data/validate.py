@@ -1,0 +1,177 @@
+"""Per-case checks of the image and label files, with nibabel, before any statistics are computed.
+
+Each problem raises ``DataError`` naming the file and saying what to do. What is
+accepted on purpose (real datasets have these): uint8 or float images, float
+labels that hold whole numbers, shapes that vary from case to case, 4D images
+whose last axis holds the channels.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from autotune.data.datalist import DataSource
+from autotune.errors import DataError
+
+__all__ = ["CaseInfo", "check_cases", "check_case"]
+
+AFFINE_ATOL = 1e-3  # mm; scanners and converters round affines differently
+_MAX_REASON = 200
+
+
+@dataclass
+class CaseInfo:
+    """What one checked training case holds.
+
+    Attributes:
+        image: Absolute image paths (one per modality file).
+        label: Absolute label path.
+        shape: Spatial shape in voxels.
+        spacing: Voxel size in mm, from the image header.
+        channels: Image channels in all (files times channels per file).
+    """
+
+    image: list[str]
+    label: str
+    shape: tuple[int, int, int]
+    spacing: tuple[float, float, float]
+    channels: int
+
+
+def check_cases(source: DataSource, progress: bool = True) -> list[CaseInfo]:
+    """Check every training case of ``source`` (see ``check_case``) and that all have the same channels.
+
+    Args:
+        source: The data source to check.
+        progress: Show a tqdm bar on stderr.
+
+    Returns:
+        One ``CaseInfo`` per training case, in datalist order.
+
+    Raises:
+        DataError: A file is missing, unreadable or inconsistent; the message names it.
+    """
+    from tqdm import tqdm
+
+    infos: list[CaseInfo] = []
+    for entry in tqdm(source.training, desc="checking cases", unit="case", file=sys.stderr,
+                      disable=not progress, leave=False):
+        info = check_case(entry, known_labels=source.labels)
+        if infos and info.channels != infos[0].channels:
+            raise DataError(f"{info.image[0]}: image has {info.channels} channel(s) but {infos[0].image[0]} has "
+                            f"{infos[0].channels}; every case needs the same channels")
+        infos.append(info)
+    return infos
+
+
+def check_case(entry: dict[str, Any], known_labels: list[int] | None = None) -> CaseInfo:
+    """Check one ``{"image", "label"}`` case: readable, 3D, aligned, integer labels.
+
+    Args:
+        entry: A training entry with absolute paths.
+        known_labels: Label values the dataset declares; a label holding a larger value is an error.
+
+    Returns:
+        What the case holds.
+
+    Raises:
+        DataError: The first problem found, naming the file.
+    """
+    import nibabel as nib
+
+    images = entry["image"] if isinstance(entry["image"], list) else [entry["image"]]
+    label_path = entry["label"]
+    first = _open(nib, images[0])
+    shape, channels = _image_shape(first, images[0])
+    affine = first.affine
+    _read(first, images[0])
+    for path in images[1:]:
+        image = _open(nib, path)
+        other_shape, other_channels = _image_shape(image, path)
+        if other_shape != shape:
+            raise DataError(f"{path}: image shape {other_shape} differs from {images[0]} {shape}; all modality "
+                            "files of a case must share one grid")
+        if not np.allclose(image.affine, affine, atol=AFFINE_ATOL):
+            raise DataError(f"{path}: image does not align with {images[0]} (affines differ); resample it onto "
+                            "one grid")
+        _read(image, path)
+        channels += other_channels
+
+    label = _open(nib, label_path)
+    label_shape = tuple(int(n) for n in label.shape)
+    if len(label_shape) == 4 and label_shape[3] == 1:
+        label_shape = label_shape[:3]
+    if len(label_shape) != 3:
+        raise DataError(f"{label_path}: label has shape {tuple(label.shape)}; a label must be a 3D volume of class "
+                        "indices")
+    if label_shape != shape:
+        raise DataError(f"{label_path}: label shape {label_shape} differs from image {images[0]} shape {shape}; "
+                        "re-export the label on the image grid")
+    if not np.allclose(label.affine, affine, atol=AFFINE_ATOL):
+        difference = float(np.max(np.abs(np.asarray(label.affine) - np.asarray(affine))))
+        raise DataError(f"{label_path}: the label does not align with image {images[0]} (affines differ by up to "
+                        f"{difference:.3g}); resample the label onto the image grid")
+    _check_label_values(_read(label, label_path), label_path, known_labels)
+    zooms = first.header.get_zooms()
+    spacing = (float(zooms[0]), float(zooms[1]), float(zooms[2]))
+    return CaseInfo(image=list(images), label=label_path, shape=shape, spacing=spacing, channels=channels)
+
+
+def _open(nib: Any, path: str) -> Any:
+    if not os.path.isfile(path):
+        raise DataError(f"{path}: file not found; fix the path in the datalist or remove the case")
+    try:
+        return nib.load(path)
+    except Exception as exc:  # nibabel raises many types for a bad file; all mean "cannot read"
+        raise DataError(f"cannot read {path}: {_reason(exc, path)}; re-export or remove it from the datalist") from exc
+
+
+def _read(image: Any, path: str) -> np.ndarray:
+    """Read the voxel data (which catches truncated gzip streams), without float64 conversion."""
+    try:
+        return np.asanyarray(image.dataobj)
+    except Exception as exc:
+        raise DataError(f"cannot read {path}: {_reason(exc, path)}; re-export or remove it from the datalist") from exc
+
+
+def _image_shape(image: Any, path: str) -> tuple[tuple[int, int, int], int]:
+    shape = tuple(int(n) for n in image.shape)
+    if len(shape) == 3:
+        return (shape[0], shape[1], shape[2]), 1
+    if len(shape) == 4:
+        return (shape[0], shape[1], shape[2]), shape[3]
+    raise DataError(f"{path}: image has shape {shape}; autotune needs a 3D volume (or 4D with the channels last)")
+
+
+def _check_label_values(data: np.ndarray, path: str, known_labels: list[int] | None) -> None:
+    if data.dtype.kind == "b":
+        return
+    if data.dtype.kind == "f":
+        if not np.all(np.isfinite(data)):
+            raise DataError(f"{path}: label holds NaN or infinite values; labels must be class indices 0, 1, 2, ...")
+        fractional = data != np.round(data)
+        if np.any(fractional):
+            example = float(data[fractional].flat[0])
+            raise DataError(f"{path}: label holds non-integer values (e.g. {example:g}); labels must be class "
+                            "indices 0, 1, 2, ... (was the label resampled with linear interpolation?)")
+    elif data.dtype.kind not in "iu":
+        raise DataError(f"{path}: label data type {data.dtype} is not numeric; save labels as integers")
+    if data.size == 0:
+        raise DataError(f"{path}: label is empty; re-export it")
+    low, high = float(data.min()), float(data.max())
+    if low < 0:
+        raise DataError(f"{path}: label holds the negative value {low:g}; labels must be class indices 0, 1, 2, ...")
+    if known_labels and high > max(known_labels):
+        raise DataError(f"{path}: label holds the value {high:g}, which is not among the dataset's labels "
+                        f"{known_labels}; fix the label or the labels list")
+
+
+def _reason(exc: BaseException, path: str) -> str:
+    # nibabel repeats the full path in its messages; the error already starts with it.
+    text = " ".join(str(exc).replace(path, os.path.basename(path)).split()) or type(exc).__name__
+    return text if len(text) <= _MAX_REASON else text[: _MAX_REASON - 3] + "..."

@@ -1,0 +1,292 @@
+"""Measuring memory: the lean tensor tracker, peak RSS, CUDA allocator peaks, OOM classification.
+
+``MemoryTracker`` is a ``TorchDispatchMode`` that adds the bytes of every new output
+storage (rounded up to 512, the CUDA caching allocator's block size) to a running total,
+subtracts them when the storage is freed, and keeps the peak. The CPU probe runs real
+steps under it and the estimator runs fake steps under it, so both count the same way.
+It relies on two PyTorch internals, each pinned by ``tests/test_memory.py``: a storage's
+Python object is preserved while the storage lives (so a weak reference to it fires when
+the storage is freed), and the autograd engine carries dispatch modes into backward.
+
+torch is imported inside the functions; ``MemoryTracker`` is created by ``make_tracker``
+so that importing this module stays cheap.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import resource
+import weakref
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+__all__ = [
+    "GRANULARITY",
+    "round_up",
+    "make_tracker",
+    "tensors_of",
+    "is_oom_error",
+    "reset_peak_rss",
+    "peak_rss_bytes",
+    "total_ram_bytes",
+    "device_total_memory",
+    "device_name",
+    "cuda_reset_peaks",
+    "cuda_peaks",
+    "cuda_set_memory_limit",
+]
+
+GRANULARITY = 512  # bytes; the CUDA caching allocator rounds every block up to this
+
+# Narrow message checks for allocation failures that do not raise torch.OutOfMemoryError.
+_OOM_MESSAGES = re.compile(
+    r"out of memory|DefaultCPUAllocator: (?:can't|not enough memory)|CUDNN_STATUS_ALLOC_FAILED|"
+    r"CUBLAS_STATUS_ALLOC_FAILED|Cannot allocate memory",
+    re.IGNORECASE,
+)
+
+
+def round_up(nbytes: int, granularity: int = GRANULARITY) -> int:
+    """``nbytes`` rounded up to a multiple of ``granularity`` (0 stays 0)."""
+    return -(-int(nbytes) // granularity) * granularity
+
+
+def tensors_of(*objects: Any) -> list[torch.Tensor]:
+    """Every tensor in ``objects``: modules (parameters, gradients, buffers), optimizers (state),
+    tensors, and lists, tuples or dicts of these."""
+    import torch
+
+    found: list[torch.Tensor] = []
+    stack = list(objects)
+    while stack:
+        obj = stack.pop()
+        if isinstance(obj, torch.Tensor):
+            found.append(obj)
+            if obj.is_leaf and obj.grad is not None:
+                found.append(obj.grad)
+        elif isinstance(obj, torch.nn.Module):
+            stack.extend(obj.parameters())
+            stack.extend(obj.buffers())
+        elif isinstance(obj, torch.optim.Optimizer):
+            stack.extend(obj.state.values())
+        elif isinstance(obj, dict):
+            stack.extend(obj.values())
+        elif isinstance(obj, (list, tuple)):
+            stack.extend(obj)
+    return found
+
+
+def make_tracker(device_type: str | None = None, limit_bytes: int | None = None) -> Any:
+    """A new ``MemoryTracker`` (see the class docstring); torch is imported here.
+
+    Args:
+        device_type: count only storages on this device type (``"cpu"``, ``"cuda"``); None: all.
+        limit_bytes: raise ``torch.OutOfMemoryError`` the moment the running total exceeds it.
+    """
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    class MemoryTracker(TorchDispatchMode):
+        """Counts live tensor storage bytes (each rounded up to 512) and the peak.
+
+        Enter it (``with tracker:``) around the work to measure; storages that exist
+        before, such as parameters and inputs, are added with ``track``. A storage is
+        counted once, however many views share it; a storage that grows (``resize_``)
+        adds the difference. Frees are seen through a weak reference to the storage, so
+        they are counted even after the mode is left, until ``stop`` is called.
+
+        Raises:
+            torch.OutOfMemoryError: from inside the op that makes the total exceed ``limit_bytes``.
+        """
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.device_type = device_type
+            self.limit_bytes = limit_bytes
+            self.current_bytes = 0
+            self.peak_bytes = 0
+            self._live: dict[int, tuple[weakref.ref, int]] = {}
+
+        def track(self, tensors: Iterable[torch.Tensor]) -> int:
+            """Count storages that already exist (parameters, gradients, state, inputs); returns the new total."""
+            for tensor in tensors:
+                self._add(tensor)
+            return self.current_bytes
+
+        def reset_peak(self) -> None:
+            """Start a new peak from the current total."""
+            self.peak_bytes = self.current_bytes
+
+        def stop(self) -> None:
+            """Forget every storage: later frees no longer change the totals."""
+            self._live.clear()
+
+        def _freed(self, key: int) -> None:
+            entry = self._live.pop(key, None)
+            if entry is not None:
+                self.current_bytes -= entry[1]
+
+        def _add(self, tensor: torch.Tensor) -> None:
+            if self.device_type is not None and tensor.device.type != self.device_type:
+                return
+            storage = tensor.untyped_storage()
+            key = id(storage)
+            nbytes = round_up(storage.nbytes())
+            entry = self._live.get(key)
+            if entry is not None:
+                if nbytes <= entry[1]:
+                    return
+                self._live[key] = (entry[0], nbytes)
+                self.current_bytes += nbytes - entry[1]
+            else:
+                ref = weakref.ref(storage, lambda _ref, key=key: self._freed(key))
+                self._live[key] = (ref, nbytes)
+                self.current_bytes += nbytes
+            if self.current_bytes > self.peak_bytes:
+                self.peak_bytes = self.current_bytes
+                if self.limit_bytes is not None and self.current_bytes > self.limit_bytes:
+                    raise torch.OutOfMemoryError(
+                        f"tracked tensor memory {self.current_bytes} bytes exceeds the memory limit "
+                        f"{self.limit_bytes} bytes"
+                    )
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            out = func(*args, **(kwargs or {}))
+            for leaf in tree_leaves(out):
+                if isinstance(leaf, torch.Tensor):
+                    self._add(leaf)
+            return out
+
+    return MemoryTracker()
+
+
+def is_oom_error(exc: BaseException) -> bool:
+    """True if ``exc`` is an out-of-memory failure: the type first, then a narrow message check.
+
+    ``torch.OutOfMemoryError`` (CUDA allocator, the tracker's limit) and Python's
+    ``MemoryError`` count by type; a ``RuntimeError`` counts only when its message is one
+    of the allocator failure messages (CPU allocator, cuDNN/cuBLAS workspace). Anything
+    else is an error, not an OOM.
+    """
+    try:
+        import torch
+
+        if isinstance(exc, torch.OutOfMemoryError):
+            return True
+    except ImportError:  # pragma: no cover - torch is a dependency
+        pass
+    if isinstance(exc, MemoryError):
+        return True
+    return isinstance(exc, RuntimeError) and bool(_OOM_MESSAGES.search(str(exc)))
+
+
+def reset_peak_rss() -> bool:
+    """Reset this process's peak RSS (Linux ``clear_refs``); False where that is not possible."""
+    try:
+        with open("/proc/self/clear_refs", "w", encoding="ascii") as handle:
+            handle.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident set size of this process since start or the last ``reset_peak_rss``, bytes."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # KiB on Linux
+
+
+def total_ram_bytes() -> int | None:
+    """Physical memory of this machine, bytes (None if unknown)."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine() or "cpu"
+
+
+def device_name(device: str) -> str:
+    """A readable name of ``device``: the GPU's name, or the CPU model."""
+    import torch
+
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        return str(torch.cuda.get_device_name(dev))
+    return _cpu_name()
+
+
+def device_total_memory(device: str) -> int | None:
+    """Total memory of ``device``: NVML where present, else torch, for CUDA; physical RAM for CPU."""
+    import torch
+
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return total_ram_bytes()
+    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            # NVML numbers devices physically; map through CUDA_VISIBLE_DEVICES when it lists indices.
+            visible = [v for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+            physical = int(visible[index]) if index < len(visible) and visible[index].strip().isdigit() else index
+            handle = pynvml.nvmlDeviceGetHandleByIndex(physical)
+            return int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # noqa: BLE001 - NVML is optional; torch knows the total too
+        return int(torch.cuda.get_device_properties(index).total_memory)
+
+
+def cuda_set_memory_limit(device: str, limit_bytes: int) -> float:
+    """Cap the caching allocator of ``device`` at ``limit_bytes``; returns the fraction set (at most 1)."""
+    import torch
+
+    dev = torch.device(device)
+    total = int(torch.cuda.get_device_properties(dev).total_memory)
+    fraction = min(1.0, max(0.0, float(limit_bytes) / total))
+    torch.cuda.set_per_process_memory_fraction(fraction, dev)
+    return fraction
+
+
+def cuda_reset_peaks(device: str) -> None:
+    """Synchronise and reset the CUDA allocator's peak statistics before a phase."""
+    import torch
+
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+
+
+def cuda_peaks(device: str) -> dict[str, int]:
+    """Peak reserved and allocated bytes of ``device`` since the last ``cuda_reset_peaks``."""
+    import torch
+
+    torch.cuda.synchronize(device)
+    return {
+        "cuda_max_memory_reserved": int(torch.cuda.max_memory_reserved(device)),
+        "cuda_max_memory_allocated": int(torch.cuda.max_memory_allocated(device)),
+    }

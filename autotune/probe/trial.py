@@ -1,0 +1,319 @@
+"""What runs in the probe's child process: build the bundle's model, run a few real steps, measure.
+
+Run as ``python -m autotune.probe.trial REQUEST.json``. The request (written by
+``autotune.probe.runner``) holds the bundle config and the trial's settings; the result
+is written as JSON to ``request["result_path"]`` and the exit code says how it went:
+0 ok, 3 out of memory, 1 any other error. While it runs, the child writes what it is
+doing (device facts, current phase) to ``request["state_path"]`` so the parent can say
+which phase a killed or timed-out child was in.
+
+The helpers that make the inputs and the training state (``make_batch``,
+``make_volume``, ``ensure_training_state``) are shared with the estimator, so a probe
+and an estimate allocate the same tensors. torch is imported inside the functions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import statistics
+import sys
+import time
+import traceback
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+__all__ = [
+    "EXIT_OK",
+    "EXIT_ERROR",
+    "EXIT_OOM",
+    "FAULT_ENV",
+    "FAULTS",
+    "parse_fault_rules",
+    "make_batch",
+    "make_volume",
+    "ensure_training_state",
+    "run_trial",
+    "main",
+]
+
+EXIT_OK, EXIT_ERROR, EXIT_OOM = 0, 1, 3
+FAULT_ENV = "AUTOTUNE_PROBE_FAULT"
+FAULTS = ("oom", "segfault", "sigkill", "hang", "raise")
+_TAIL_LINES = 15
+
+
+def parse_fault_rules(spec: str | None) -> list[tuple[str, dict[str, str]]]:
+    """Parse ``AUTOTUNE_PROBE_FAULT``: comma-separated rules ``fault`` or ``fault@key=value[&key=value]``.
+
+    Raises:
+        ValueError: an unknown fault name or a condition without ``=``.
+    """
+    rules: list[tuple[str, dict[str, str]]] = []
+    for raw in (spec or "").split(","):
+        raw = raw.strip()
+        if not raw:
+            continue
+        fault, _, cond_text = raw.partition("@")
+        fault = fault.strip()
+        if fault not in FAULTS:
+            raise ValueError(f"{FAULT_ENV}: unknown fault {fault!r}; valid: {', '.join(FAULTS)}")
+        conditions: dict[str, str] = {}
+        for cond in filter(None, (c.strip() for c in cond_text.split("&"))):
+            key, sep, value = cond.partition("=")
+            if not sep:
+                raise ValueError(f"{FAULT_ENV}: condition {cond!r} must be key=value")
+            conditions[key.strip()] = value.strip()
+        rules.append((fault, conditions))
+    return rules
+
+
+def _inject_fault(rules: list[tuple[str, dict[str, str]]], context: Mapping[str, Any], first_phase: bool) -> None:
+    """Fire the first matching rule; a rule without a ``phase`` condition fires in the first phase only."""
+    import torch
+
+    for fault, conditions in rules:
+        if "phase" not in conditions and not first_phase:
+            continue
+        if all(str(context.get(key)) == value for key, value in conditions.items()):
+            if fault == "oom":
+                raise torch.OutOfMemoryError("injected fault: out of memory")
+            if fault == "raise":
+                raise ValueError("injected fault: raise")
+            if fault == "segfault":
+                os.kill(os.getpid(), signal.SIGSEGV)
+            if fault == "sigkill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            while True:  # "hang", and a fallback should a signal above be caught
+                time.sleep(3600)
+
+
+def make_batch(cfg: Mapping[str, Any], num_patches: int, device: str | torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Images (N, C, *roi) and labels as the training loader gives them: class indices (N, 1, *roi)
+    as float, or for sigmoid bundles one binary channel per class."""
+    import torch
+
+    roi = [int(v) for v in cfg["roi_size"]]
+    channels, classes = int(cfg["input_channels"]), int(cfg["output_classes"])
+    images = torch.randn(num_patches, channels, *roi, device=device)
+    if cfg.get("sigmoid"):
+        labels = torch.randint(0, 2, (num_patches, classes, *roi), device=device).float()
+    else:
+        labels = torch.randint(0, classes, (num_patches, 1, *roi), device=device).float()
+    return images, labels
+
+
+def make_volume(cfg: Mapping[str, Any], device: str | torch.device) -> torch.Tensor:
+    """One validation volume (1, C, *infer_volume_shape); the roi when the shape is not recorded."""
+    import torch
+
+    shape = [int(v) for v in (cfg.get("infer_volume_shape") or cfg["roi_size"])]
+    return torch.randn(1, int(cfg["input_channels"]), *shape, device=device)
+
+
+def ensure_training_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Give every parameter a gradient and the optimizer its state, as after a training step.
+
+    Validation in training runs with both alive, so the infer phase is measured with them,
+    whether or not the train phase ran first.
+    """
+    import torch
+
+    if not optimizer.state:
+        for param in model.parameters():
+            if param.requires_grad and param.grad is None:
+                param.grad = torch.zeros_like(param)
+        optimizer.step()
+    for param in model.parameters():
+        if param.requires_grad and param.grad is None:
+            param.grad = torch.zeros_like(param)
+
+
+def _sync(device: torch.device) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _train_phase(req: Mapping[str, Any], parts: dict[str, Any], result: dict[str, Any]) -> None:
+    from autotune.step import train_step
+
+    cfg, device = req["config"], parts["device"]
+    images, labels = make_batch(cfg, int(req["num_patches_per_iter"]), device)
+    parts["model"].train()
+    times = _measured_loop(
+        req, parts, result, "train", (parts["model"], parts["optimizer"], images, labels),
+        lambda: train_step(parts["model"], parts["loss_fn"], parts["optimizer"], images, labels,
+                           parts["amp_dtype"], parts["scaler"]),
+    )
+    result["step_seconds_median"] = statistics.median(times)
+    result["samples_per_s"] = int(req["num_patches_per_iter"]) / max(result["step_seconds_median"], 1e-12)
+    del images, labels
+
+
+def _infer_phase(req: Mapping[str, Any], parts: dict[str, Any], result: dict[str, Any]) -> None:
+    from autotune.step import sliding_window_predict
+
+    cfg, device = req["config"], parts["device"]
+    model, optimizer = parts["model"], parts["optimizer"]
+    ensure_training_state(model, optimizer)
+    model.eval()
+    volume_device = "cpu" if req["validation_device"] == "cpu" else device
+    volume = make_volume(cfg, volume_device)
+    times = _measured_loop(
+        req, parts, result, "infer", (model, optimizer, volume),
+        lambda: sliding_window_predict(model, volume, cfg["roi_size"], int(req["num_sw_batch_size"]), device,
+                                       float(cfg.get("sw_overlap", 0.5)), parts["amp_dtype"]),
+    )
+    result["sw_seconds_per_volume"] = statistics.median(times)
+
+
+def _measured_loop(req: Mapping[str, Any], parts: dict[str, Any], result: dict[str, Any], phase: str,
+                   existing: Sequence[Any], step: Any) -> list[float]:
+    """Run ``step`` warm-up + measured times under the phase's memory measurement; returns measured times."""
+    import contextlib
+
+    from autotune.probe import memory
+
+    device = parts["device"]
+    warmup, measure = int(req["warmup_steps"]), int(req["measure_steps"])
+    times: list[float] = []
+    if device.type == "cuda":
+        memory.cuda_reset_peaks(str(device))
+        tracker = None
+    else:
+        memory.reset_peak_rss()
+        tracker = memory.make_tracker("cpu", req.get("memory_limit"))
+        tracker.track(memory.tensors_of(*existing))
+    try:
+        with tracker if tracker is not None else contextlib.nullcontext():
+            for index in range(warmup + measure):
+                start = time.perf_counter()
+                out = step()
+                _sync(device)
+                del out
+                if index >= warmup:
+                    times.append(time.perf_counter() - start)
+    finally:
+        if tracker is not None:
+            result[f"{phase}_peak_bytes"] = tracker.peak_bytes
+            result[f"{phase}_peak_rss_bytes"] = memory.peak_rss_bytes()
+            tracker.stop()
+        else:
+            peaks = memory.cuda_peaks(str(device))
+            result[f"{phase}_cuda_max_memory_reserved"] = peaks["cuda_max_memory_reserved"]
+            result[f"{phase}_cuda_max_memory_allocated"] = peaks["cuda_max_memory_allocated"]
+            result[f"{phase}_peak_bytes"] = peaks["cuda_max_memory_reserved"]
+    return times
+
+
+def _build(req: Mapping[str, Any]) -> dict[str, Any]:
+    import torch
+
+    from autotune.build import amp_dtype, build_loss, build_network, build_optimizer
+    from autotune.probe import memory
+    from autotune.step import make_grad_scaler
+
+    cfg = req["config"]
+    device = torch.device(req["device"])
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        if req.get("memory_limit"):
+            memory.cuda_set_memory_limit(str(device), int(req["memory_limit"]))
+    torch.manual_seed(int(cfg.get("seed", 0)))
+    model = build_network(cfg).to(device)
+    dtype = amp_dtype(cfg, device)
+    return {
+        "device": device,
+        "model": model,
+        "loss_fn": build_loss(cfg),
+        "optimizer": build_optimizer(cfg, model.parameters()),
+        "amp_dtype": dtype,
+        "scaler": make_grad_scaler(device, dtype),
+    }
+
+
+def base_result(req: Mapping[str, Any]) -> dict[str, Any]:
+    """The result keys known before anything runs (shared by probe and estimate)."""
+    cfg = req["config"]
+    return {
+        "status": None, "phase_failed": None,
+        "num_patches_per_iter": int(req["num_patches_per_iter"]), "num_sw_batch_size": int(req["num_sw_batch_size"]),
+        "validation_device": req["validation_device"], "device": req["device"], "device_name": None,
+        "device_total_memory": None, "memory_limit": req.get("memory_limit"),
+        "train_peak_bytes": None, "infer_peak_bytes": None, "peak_bytes": None,
+        "step_seconds_median": None, "samples_per_s": None, "sw_seconds_per_volume": None,
+        "roi_size": list(cfg["roi_size"]), "infer_volume_shape": list(cfg.get("infer_volume_shape") or cfg["roi_size"]),
+        "amp": bool(cfg.get("amp", False)), "algo": cfg.get("algo"), "phases": list(req["phases"]),
+        "torch_version": None, "monai_version": None, "error_type": None, "error_tail": None,
+    }
+
+
+def run_trial(req: Mapping[str, Any]) -> dict[str, Any]:
+    """Run the trial described by ``req`` in this process and return its result (never raises for
+    failures of the trial itself: they become ``status`` ``oom`` or ``error``)."""
+    import monai
+    import torch
+
+    from autotune.probe import memory
+
+    result = base_result(req)
+    result.update(torch_version=torch.__version__, monai_version=monai.__version__)
+    result.update(device_name=memory.device_name(req["device"]), device_total_memory=memory.device_total_memory(req["device"]))
+    state_path = req.get("state_path")
+    _write_state(state_path, {**result, "phase": "build"})
+    rules = parse_fault_rules(os.environ.get(FAULT_ENV))
+    context = {k: req[k] for k in ("num_patches_per_iter", "num_sw_batch_size", "validation_device", "device")}
+    phase = "build"
+    try:
+        parts = _build(req)
+        for index, phase in enumerate(req["phases"]):
+            _write_state(state_path, {**result, "phase": phase})
+            _inject_fault(rules, {**context, "phase": phase}, first_phase=index == 0)
+            if phase == "train":
+                _train_phase(req, parts, result)
+            else:
+                if parts["device"].type == "cuda":
+                    torch.cuda.empty_cache()  # the infer peak is its own, not the train phase's cache
+                _infer_phase(req, parts, result)
+        result["status"] = "ok"
+    except Exception as exc:  # noqa: BLE001 - every failure of the trial is reported, none is fatal here
+        result["status"] = "oom" if memory.is_oom_error(exc) else "error"
+        result["phase_failed"] = phase if phase in ("train", "infer") else "train"
+        result["error_type"] = type(exc).__name__
+        result["error_tail"] = "".join(traceback.format_exc().splitlines(keepends=True)[-_TAIL_LINES:])
+    peaks = [result[f"{p}_peak_bytes"] for p in ("train", "infer") if result.get(f"{p}_peak_bytes") is not None]
+    result["peak_bytes"] = max(peaks) if peaks else None
+    result["measured"] = True
+    return result
+
+
+def _write_state(path: str | None, state: Mapping[str, Any]) -> None:
+    if path:
+        from autotune.utils import atomic_write_json
+
+        atomic_write_json(path, dict(state))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Child entry point: read the request, run the trial, write the result; returns the exit code."""
+    from autotune.utils import atomic_write_json
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) != 1:
+        print("usage: python -m autotune.probe.trial REQUEST.json", file=sys.stderr)
+        return EXIT_ERROR
+    req = json.loads(Path(args[0]).read_text(encoding="utf-8"))
+    result = run_trial(req)
+    atomic_write_json(req["result_path"], result)
+    return {"ok": EXIT_OK, "oom": EXIT_OOM}.get(result["status"], EXIT_ERROR)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

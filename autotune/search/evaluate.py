@@ -1,0 +1,253 @@
+"""Evaluate one point of the search space as an Optuna trial.
+
+Every point a strategy looks at becomes a trial carrying its parameters and the
+measurement as user attributes, so the dashboard tells the whole story:
+- a point that fits or that ran out of memory is a COMPLETE trial whose ``memory``
+  constraint is ``peak - budget`` (positive = infeasible; samplers learn where memory ends);
+- a crash, kill or timeout is a FAIL trial with ``fail_reason``.
+A point already measured in the study is answered from it (resume, folds, reruns);
+a point that failed twice is taken as infeasible without a third try.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from autotune.search.study import owner_tag
+
+if TYPE_CHECKING:  # pragma: no cover
+    import optuna
+
+__all__ = ["Prober", "Evaluation", "Evaluator", "point_id", "MAX_FAILURES"]
+
+MAX_FAILURES = 2
+# user attributes copied from a probe result onto its trial
+_RESULT_ATTRS = (
+    "status",
+    "phase_failed",
+    "train_peak_bytes",
+    "infer_peak_bytes",
+    "peak_bytes",
+    "train_peak_rss_bytes",
+    "infer_peak_rss_bytes",
+    "cuda_train_max_memory_reserved",
+    "cuda_train_max_memory_allocated",
+    "cuda_infer_max_memory_reserved",
+    "cuda_infer_max_memory_allocated",
+    "step_seconds_median",
+    "samples_per_s",
+    "sw_seconds_per_volume",
+    "wall_seconds",
+    "seconds",
+    "measured",
+    "device_name",
+    "error_type",
+    "signal",
+    "allowance_bytes",
+)
+
+
+class Prober(Protocol):
+    """What a strategy asks for points: a real probe or an estimate, and a memory model."""
+
+    measured: bool
+
+    def probe(self, point: Mapping[str, Any], phases: tuple[str, ...]) -> dict[str, Any]:
+        """Evaluate ``point`` (num_patches_per_iter, num_sw_batch_size, validation_device)."""
+
+    def memory_model(self, phase: str, point: Mapping[str, Any]) -> Any:
+        """An affine model ``peak(n)`` with ``predict(n)`` and ``max_fitting(limit)``, or None."""
+
+
+def point_id(point: Mapping[str, Any], phases: tuple[str, ...]) -> str:
+    """A canonical string naming a point and the phases it ran, to find it again."""
+    parts = [f"{k}={point[k]}" for k in sorted(point)]
+    return "+".join(phases) + "|" + ",".join(parts)
+
+
+@dataclass
+class Evaluation:
+    """The outcome of one point."""
+
+    point: dict[str, Any]
+    phases: tuple[str, ...]
+    status: str
+    feasible: bool
+    peak_bytes: int | None
+    value: float
+    trial_number: int | None
+    reused: bool
+    result: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def failed(self) -> bool:
+        return self.status in ("error", "timeout", "killed")
+
+
+def _throughput(result: Mapping[str, Any], phases: tuple[str, ...]) -> float:
+    if "train" in phases:
+        return float(result.get("samples_per_s") or 0.0)
+    seconds = result.get("sw_seconds_per_volume")
+    return 1.0 / float(seconds) if seconds else 0.0
+
+
+class Evaluator:
+    """Runs points through a prober and records each as a trial of ``study``.
+
+    Args:
+        study: the key's study.
+        prober: real probes or estimates.
+        budget_bytes: the usable memory: the limit less the margin (and allowances).
+        distributions: Optuna distributions of the parameters (for the dashboard's plots).
+        progress: called with one line per evaluated point.
+    """
+
+    def __init__(
+        self,
+        study: optuna.Study,
+        prober: Prober,
+        budget_bytes: int,
+        distributions: Mapping[str, Any],
+        progress: Callable[[str], None] | None = None,
+        label: str = "",
+    ) -> None:
+        self.study = study
+        self.prober = prober
+        self.budget_bytes = int(budget_bytes)
+        self.distributions = dict(distributions)
+        self.progress = progress or (lambda _line: None)
+        self.label = label
+        self.probes = 0
+        self.reused = 0
+        self.trial_numbers: list[int] = []
+
+    # -- lookup ------------------------------------------------------------------------
+    def _previous(self, pid: str) -> tuple[optuna.trial.FrozenTrial | None, int]:
+        from optuna.trial import TrialState
+
+        done = None
+        failures = 0
+        for trial in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)):
+            if trial.user_attrs.get("point_id") != pid:
+                continue
+            if trial.state == TrialState.COMPLETE and done is None:
+                done = trial
+            elif trial.state == TrialState.FAIL:
+                failures += 1
+        return done, failures
+
+    def _from_trial(self, trial: optuna.trial.FrozenTrial, point: dict[str, Any], phases: tuple[str, ...]) -> Evaluation:
+        attrs = trial.user_attrs
+        feasible = all(v <= 0 for v in trial.constraints.values()) and attrs.get("status") == "ok"
+        return Evaluation(
+            point=point,
+            phases=phases,
+            status=str(attrs.get("status")),
+            feasible=feasible,
+            peak_bytes=attrs.get("peak_bytes"),
+            value=float(trial.value or 0.0),
+            trial_number=trial.number,
+            reused=True,
+            result=dict(attrs),
+        )
+
+    # -- evaluation --------------------------------------------------------------------
+    def evaluate(self, point: Mapping[str, Any], phases: tuple[str, ...], trial: Any = None) -> Evaluation:
+        """Evaluate ``point``: from the study when it is there, else with the prober.
+
+        ``trial`` may be a trial already asked (the TPE strategy); otherwise one is made.
+        """
+
+        point = dict(point)
+        pid = point_id(point, phases)
+        previous, failures = self._previous(pid)
+        if previous is not None or failures >= MAX_FAILURES:
+            if previous is not None:
+                evaluation = self._from_trial(previous, point, phases)
+            else:
+                evaluation = Evaluation(point, phases, "error", False, None, 0.0, None, True)
+            if trial is not None:  # a sampler asked for a point we know: record the answer, no probe
+                self._tell(trial, evaluation.result or {"status": evaluation.status}, phases, point, reused_from=evaluation)
+            self.reused += 1
+            self._report(evaluation, phases, reused=True)
+            return evaluation
+
+        if trial is None:
+            trial = self.study.ask()
+            storage = self.study._storage
+            for name, value in point.items():
+                dist = self.distributions[name]
+                storage.set_trial_param(trial._trial_id, name, dist.to_internal_repr(value), dist)
+        trial.set_user_attr("point_id", pid)
+        trial.set_user_attr("phases", list(phases))
+        trial.set_user_attr("owner", owner_tag())
+        trial.set_user_attr("kind", "probe" if self.prober.measured else "estimate")
+        trial.set_user_attr("budget_bytes", self.budget_bytes)
+        started = time.perf_counter()
+        result = self.prober.probe(point, phases)
+        result.setdefault("wall_seconds", time.perf_counter() - started)
+        if self.prober.measured:
+            self.probes += 1
+        evaluation = self._tell(trial, result, phases, point)
+        self._report(evaluation, phases, reused=False)
+        return evaluation
+
+    def _tell(
+        self,
+        trial: Any,
+        result: Mapping[str, Any],
+        phases: tuple[str, ...],
+        point: dict[str, Any],
+        reused_from: Evaluation | None = None,
+    ) -> Evaluation:
+        from optuna.trial import TrialState
+
+        status = str(result.get("status", "error"))
+        for name in _RESULT_ATTRS:
+            if result.get(name) is not None:
+                trial.set_user_attr(name, result[name])
+        if reused_from is not None:
+            trial.set_user_attr("reused_trial", reused_from.trial_number)
+            trial.set_user_attr("point_id", point_id(reused_from.point, phases))
+        self.trial_numbers.append(trial.number)
+        if status in ("ok", "oom"):
+            peak = result.get("peak_bytes")
+            if status == "oom" or peak is None:
+                over = max(int(peak or 0) - self.budget_bytes, 1)
+            else:
+                over = int(peak) - self.budget_bytes
+            trial.set_constraint("memory", float(over))
+            value = _throughput(result, phases) if status == "ok" else 0.0
+            self.study.tell(trial, value)
+            feasible = status == "ok" and over <= 0
+            return Evaluation(point, phases, status, feasible, peak, value, trial.number, reused_from is not None,
+                              dict(result))
+        reason = f"{status}: {result.get('error_type') or ''} {result.get('error_tail') or ''}".strip()
+        if result.get("signal"):
+            reason = f"{status}: signal {result['signal']}"
+        trial.set_user_attr("fail_reason", reason[-500:])
+        self.study.tell(trial, state=TrialState.FAIL)
+        return Evaluation(point, phases, status, False, None, 0.0, trial.number, reused_from is not None, dict(result))
+
+    def _report(self, evaluation: Evaluation, phases: tuple[str, ...], reused: bool) -> None:
+        from autotune.utils import format_bytes
+
+        point = " ".join(f"{k}={v}" for k, v in evaluation.point.items())
+        where = "from study" if reused else ("probe" if self.prober.measured else "estimate")
+        share = ""
+        if evaluation.peak_bytes:
+            share = f" ({100.0 * evaluation.peak_bytes / max(self.budget_bytes, 1):.0f}% of budget)"
+        value = ""
+        if evaluation.status == "ok" and evaluation.value and not math.isnan(evaluation.value):
+            unit = "samples/s" if "train" in phases else "volumes/s"
+            value = f", {evaluation.value:.3g} {unit}" if self.prober.measured else ""
+        trial = f"#{evaluation.trial_number}" if evaluation.trial_number is not None else "-"
+        verdict = "fits" if evaluation.feasible else "does not fit" if evaluation.status in ("ok", "oom") else "failed"
+        self.progress(
+            f"  [{self.label}] trial {trial} {where} {'+'.join(phases)} {point}: {evaluation.status}, "
+            f"peak {format_bytes(evaluation.peak_bytes)}{share}{value} -> {verdict}"
+        )

@@ -1,0 +1,107 @@
+"""Probers: how the searcher gets a point evaluated.
+
+``ProbeProber`` runs a real, isolated trial (``autotune.probe``); ``EstimateProber``
+answers from the FakeTensor estimator alone (plans for a GPU you do not have). Both
+give the strategies an affine memory model from two estimator passes.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+__all__ = ["ProbeProber", "EstimateProber"]
+
+log = logging.getLogger(__name__)
+
+
+def _point_kwargs(point: Mapping[str, Any]) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {}
+    for key in ("num_patches_per_iter", "num_sw_batch_size", "validation_device"):
+        if point.get(key) is not None:
+            kwargs[key] = point[key]
+    return kwargs
+
+
+class _ModelMixin:
+    bundle: str
+    device: str
+    allowance_bytes: int
+
+    def memory_model(self, phase: str, point: Mapping[str, Any]) -> Any:
+        """Affine model of the peak (plus the device allowance) from two estimates; None if it fails."""
+        from autotune.probe.estimate import fit_memory_model
+        from autotune.search.strategy import LinearModel
+
+        kwargs = _point_kwargs(point)
+        kwargs.pop("num_sw_batch_size", None)
+        if phase == "train":
+            kwargs.pop("validation_device", None)
+            kwargs.pop("num_patches_per_iter", None)
+        try:
+            model = fit_memory_model(self.bundle, phase=phase, device=self.device, **kwargs)
+        except Exception as exc:  # the estimator is an aid: fall back to bisection without it
+            log.warning("estimate for %s (%s) failed, bisecting without it: %s", Path(self.bundle).name, phase, exc)
+            return None
+        return LinearModel(float(model.intercept) + self.allowance_bytes, float(model.slope))
+
+
+class ProbeProber(_ModelMixin):
+    """Real trials in an isolated child process."""
+
+    measured = True
+
+    def __init__(
+        self,
+        bundle: str | Path,
+        device: str,
+        memory_limit: int,
+        timeout: float = 300.0,
+        env: Mapping[str, str] | None = None,
+        allowance_bytes: int = 0,
+    ) -> None:
+        self.bundle = str(bundle)
+        self.device = device
+        self.memory_limit = int(memory_limit)
+        self.timeout = float(timeout)
+        self.env = dict(env or {})
+        self.allowance_bytes = int(allowance_bytes)
+
+    def probe(self, point: Mapping[str, Any], phases: tuple[str, ...]) -> dict[str, Any]:
+        from autotune.probe.runner import run_probe
+
+        return run_probe(
+            self.bundle,
+            device=self.device,
+            memory_limit=self.memory_limit,
+            timeout=self.timeout,
+            phases=tuple(phases),
+            env=self.env or None,
+            **_point_kwargs(point),
+        )
+
+
+class EstimateProber(_ModelMixin):
+    """Answers from the estimator: no compute, no real memory, any machine."""
+
+    measured = False
+
+    def __init__(self, bundle: str | Path, device: str, memory_limit: int, allowance_bytes: int = 0) -> None:
+        self.bundle = str(bundle)
+        self.device = device
+        self.memory_limit = int(memory_limit)
+        self.allowance_bytes = int(allowance_bytes)
+
+    def probe(self, point: Mapping[str, Any], phases: tuple[str, ...]) -> dict[str, Any]:
+        from autotune.probe.estimate import estimate
+
+        result = dict(estimate(self.bundle, device=self.device, phases=tuple(phases), **_point_kwargs(point)))
+        raw = int(result.get("peak_bytes") or 0)
+        result["raw_peak_bytes"] = raw
+        result["allowance_bytes"] = self.allowance_bytes
+        result["peak_bytes"] = raw + self.allowance_bytes
+        result["status"] = "ok" if result["peak_bytes"] <= self.memory_limit else "oom"
+        result["measured"] = False
+        return result

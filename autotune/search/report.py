@@ -1,0 +1,38 @@
+"""The table of tuned values that ``tune`` and ``run`` print."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from autotune.utils import format_bytes
+
+__all__ = ["format_results"]
+
+
+def format_results(results: Sequence[Mapping[str, Any]]) -> str:
+    """One row per bundle: tuned values, measured peak against the limit, throughput, source."""
+    header = (
+        f"{'bundle':<14} {'status':<10} {'patches/iter':>12} {'images x crops':>14} {'sw batch':>8} "
+        f"{'val on':>6} {'peak':>10} {'limit':>10} {'samples/s':>9} {'method':<9} {'probes':>6} source"
+    )
+    lines = [header, "-" * len(header)]
+    for r in results:
+        name = Path(str(r.get("bundle", "?"))).name
+        if r.get("status") != "tuned":
+            lines.append(f"{name:<14} {str(r.get('status')):<10} {r.get('reason', '')}")
+            continue
+        loader = f"{r.get('num_images_per_batch', '-')} x {r.get('num_crops_per_image', '-')}"
+        sps = r.get("samples_per_s")
+        method = str(r.get("method", "measured"))
+        if method == "estimated":
+            method = "ESTIMATED"
+        source = "storage" if r.get("from_storage") else "searched"
+        lines.append(
+            f"{name:<14} {'tuned':<10} {r['num_patches_per_iter']:>12} {loader:>14} {r['num_sw_batch_size']:>8} "
+            f"{('cpu' if r.get('sw_input_on_cpu') else 'device'):>6} {format_bytes(r.get('peak_bytes')):>10} "
+            f"{format_bytes(r.get('memory_limit')):>10} {(f'{sps:.2f}' if sps else '-'):>9} {method:<9} "
+            f"{r.get('probes', 0):>6} {source}"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,141 @@
+"""Tuning specs, compatible with MONAI Auto3DSeg's ``gpu_customization_specs``.
+
+Specs map ``universal`` or an algorithm name to a mapping with:
+    num_trials                  trials for the ``tpe`` strategy (Auto3DSeg's budget)
+    range_num_images_per_batch  [min, max] patches per forward pass (see below)
+    range_num_sw_batch_size     [min, max] sliding-window batch size
+    validation_devices          which places to try for the validation volume: device, cpu
+An algorithm's own entry overrides ``universal`` key by key.
+
+Auto3DSeg's DiNTS tunes ``num_images_per_batch``, but training splits each loader batch
+into chunks of ``num_patches_per_iter``, so memory per forward pass is set by the
+latter. autotune tunes patches per forward pass and reads ``range_num_images_per_batch``
+as its range (``range_num_patches_per_iter`` is accepted as the clearer name); the
+loader settings that produce the tuned value are written back with it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from autotune.errors import SpecError
+from autotune.utils import look_up_option
+
+__all__ = ["AlgoSpec", "SPEC_KEYS", "VALIDATION_DEVICES", "parse_specs", "spec_for"]
+
+SPEC_KEYS = (
+    "num_trials",
+    "range_num_images_per_batch",
+    "range_num_patches_per_iter",
+    "range_num_sw_batch_size",
+    "validation_devices",
+)
+VALIDATION_DEVICES = ("device", "cpu")
+
+
+@dataclass(frozen=True)
+class AlgoSpec:
+    """The search space and budget for one algorithm."""
+
+    num_trials: int = 20
+    patches_range: tuple[int, int] = (1, 64)
+    sw_range: tuple[int, int] = (1, 64)
+    validation_devices: tuple[str, ...] = VALIDATION_DEVICES
+    given: frozenset[str] = field(default_factory=frozenset)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "num_trials": self.num_trials,
+            "range_num_patches_per_iter": list(self.patches_range),
+            "range_num_sw_batch_size": list(self.sw_range),
+            "validation_devices": list(self.validation_devices),
+        }
+
+
+def _int_range(value: Any, where: str) -> tuple[int, int]:
+    if not isinstance(value, Sequence) or isinstance(value, str) or len(value) != 2:
+        raise SpecError(f"{where} must be [min, max] with two integers, got {value!r}")
+    lo, hi = value
+    for v in (lo, hi):
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise SpecError(f"{where} must hold integers, got {value!r}")
+    if lo < 1:
+        raise SpecError(f"{where}: minimum must be at least 1, got {lo}")
+    if lo > hi:
+        raise SpecError(f"{where}: minimum {lo} is above maximum {hi}; swap them")
+    return int(lo), int(hi)
+
+
+def _check_entry(entry: Any, where: str) -> dict[str, Any]:
+    if entry is None:
+        return {}
+    if not isinstance(entry, Mapping):
+        raise SpecError(f"{where} must be a mapping of {', '.join(SPEC_KEYS)}")
+    out: dict[str, Any] = {}
+    for key, value in entry.items():
+        look_up_option(str(key), SPEC_KEYS, f"spec key in {where}", SpecError)
+        if key == "num_trials":
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise SpecError(f"{where}.num_trials must be a positive integer, got {value!r}")
+            out[key] = int(value)
+        elif key == "validation_devices":
+            if isinstance(value, str):
+                value = [value]
+            if not isinstance(value, Sequence) or not value:
+                raise SpecError(f"{where}.validation_devices must be a list from {', '.join(VALIDATION_DEVICES)}")
+            out[key] = tuple(
+                dict.fromkeys(look_up_option(str(v), VALIDATION_DEVICES, "validation device", SpecError) for v in value)
+            )
+        else:
+            name = "range_num_patches_per_iter" if key == "range_num_images_per_batch" else key
+            if name in out and key == "range_num_images_per_batch":
+                raise SpecError(f"{where}: give range_num_patches_per_iter or range_num_images_per_batch, not both")
+            out[name] = _int_range(value, f"{where}.{key}")
+    return out
+
+
+def parse_specs(specs: Mapping[str, Any] | None, algos: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Check specs and return the explicit values per algorithm (``universal`` merged in).
+
+    Raises:
+        SpecError: unknown top-level or inner keys (valid ones listed), non-integer or
+            empty ranges, min > max, values below 1, bad validation devices.
+    """
+    if specs is None:
+        specs = {}
+    if not isinstance(specs, Mapping):
+        raise SpecError(f"gpu_customization_specs must be a mapping of 'universal' or algorithm names, got {specs!r}")
+    valid_top = ("universal", *algos)
+    universal: dict[str, Any] = {}
+    per_algo: dict[str, dict[str, Any]] = {}
+    for key, entry in specs.items():
+        name = look_up_option(str(key), valid_top, "specs key", SpecError)
+        checked = _check_entry(entry, f"specs.{name}")
+        if name == "universal":
+            universal = checked
+        else:
+            per_algo[name] = checked
+    return {algo: {**universal, **per_algo.get(algo, {})} for algo in algos}
+
+
+def spec_for(explicit: Mapping[str, Any], bundle_cfg: Mapping[str, Any]) -> AlgoSpec:
+    """Combine explicit specs with the bundle's default ranges (``tuning_ranges``)."""
+    ranges = bundle_cfg.get("tuning_ranges") or {}
+    patches = explicit.get("range_num_patches_per_iter") or _int_range(
+        ranges.get("num_patches_per_iter", [1, 64]), "bundle tuning_ranges.num_patches_per_iter"
+    )
+    sw = explicit.get("range_num_sw_batch_size") or _int_range(
+        ranges.get("num_sw_batch_size", [1, 64]), "bundle tuning_ranges.num_sw_batch_size"
+    )
+    devices = explicit.get("validation_devices") or tuple(
+        bundle_cfg.get("tuning_validation_devices") or VALIDATION_DEVICES
+    )
+    return AlgoSpec(
+        num_trials=int(explicit.get("num_trials", 20)),
+        patches_range=tuple(patches),  # type: ignore[arg-type]
+        sw_range=tuple(sw),  # type: ignore[arg-type]
+        validation_devices=tuple(devices),
+        given=frozenset(explicit),
+    )

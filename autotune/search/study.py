@@ -1,0 +1,247 @@
+"""Optuna storage, tuning keys and studies.
+
+One study per tuning key: what makes a measurement reusable. Folds of one algorithm
+share a key, so fold 1..4 reuse fold 0's result with no new trials. The default
+storage is an SQLite file under ``studies/`` (no server); any SQLAlchemy URL works
+(PostgreSQL for many workers). Passwords in URLs are never printed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from autotune.errors import StorageError
+
+if TYPE_CHECKING:  # pragma: no cover
+    import optuna
+
+__all__ = [
+    "STORAGE_ENV",
+    "TuningKey",
+    "default_storage_url",
+    "redact_url",
+    "open_storage",
+    "device_info",
+    "make_key",
+    "open_study",
+    "fail_stale_trials",
+    "owner_tag",
+]
+
+STORAGE_ENV = "AUTOTUNE_STORAGE"
+HEARTBEAT_INTERVAL = 10
+GRACE_PERIOD = 30
+
+
+def default_storage_url() -> str:
+    """``$AUTOTUNE_STORAGE``, else ``sqlite:///<cwd>/studies/autotune.db``."""
+    env = os.environ.get(STORAGE_ENV)
+    if env:
+        return env
+    return f"sqlite:///{(Path.cwd() / 'studies' / 'autotune.db').resolve()}"
+
+
+def redact_url(url: str) -> str:
+    """The URL with any password replaced by ``***``; safe to print and log."""
+    try:
+        from sqlalchemy.engine import make_url
+
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # not a URL sqlalchemy can parse: strip anything between ':' and '@'
+        head, sep, tail = url.rpartition("@")
+        if not sep:
+            return url
+        scheme, _, creds = head.partition("://")
+        user = creds.split(":", 1)[0]
+        return f"{scheme}://{user}:***@{tail}"
+
+
+def open_storage(url: str | None = None, heartbeat: bool = True) -> optuna.storages.BaseStorage:
+    """Open (and create) the Optuna RDB storage at ``url`` with trial heartbeats.
+
+    Raises:
+        StorageError: the URL is malformed, its driver is missing, or the database is
+            unreachable (the message holds the redacted URL).
+    """
+    import optuna
+    import sqlalchemy.exc
+
+    url = url or default_storage_url()
+    shown = redact_url(url)
+    engine_kwargs: dict[str, Any] = {}
+    if url.startswith("sqlite:///"):
+        path = Path(url[len("sqlite:///") :])
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StorageError(f"storage {shown}: cannot create {path.parent} ({exc.strerror}); pass --storage") from exc
+        engine_kwargs = {"connect_args": {"timeout": 60}}
+    elif url.startswith(("postgresql", "mysql")):
+        engine_kwargs = {"pool_pre_ping": True, "connect_args": {"connect_timeout": 10}}
+    try:
+        return optuna.storages.RDBStorage(
+            url,
+            engine_kwargs=engine_kwargs,
+            heartbeat_interval=HEARTBEAT_INTERVAL if heartbeat else None,
+            grace_period=GRACE_PERIOD if heartbeat else None,
+        )
+    except (sqlalchemy.exc.ArgumentError, ValueError) as exc:
+        raise StorageError(f"storage {shown}: not a valid SQLAlchemy URL; e.g. sqlite:///studies/autotune.db") from exc
+    except ModuleNotFoundError as exc:
+        raise StorageError(f"storage {shown}: driver {exc.name!r} is not installed; pip install it") from exc
+    except (sqlalchemy.exc.OperationalError, sqlalchemy.exc.DBAPIError) as exc:
+        reason = str(getattr(exc, "orig", exc)).strip().splitlines()[0] if str(getattr(exc, "orig", exc)).strip() else ""
+        reason = reason.replace(url, shown)
+        raise StorageError(f"storage {shown}: cannot connect ({reason[:160]}); check the server and the URL") from exc
+
+
+def device_info(device: str) -> dict[str, Any]:
+    """Name and total memory (bytes) of ``device`` (``cpu`` or ``cuda:N``)."""
+    import torch
+
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            from autotune.errors import SpecError
+
+            raise SpecError(f"device {device!r}: CUDA is not available here; use --device cpu")
+        index = dev.index or 0
+        props = torch.cuda.get_device_properties(index)
+        return {"device": f"cuda:{index}", "device_name": props.name, "device_total_memory": int(props.total_memory)}
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return {"device": "cpu", "device_name": "cpu", "device_total_memory": int(total)}
+
+
+@dataclass(frozen=True)
+class TuningKey:
+    """Everything a measurement depends on; equal keys share one study."""
+
+    algo: str
+    template_version: int
+    roi_size: tuple[int, ...]
+    infer_volume_shape: tuple[int, ...]
+    input_channels: int
+    output_classes: int
+    amp: bool
+    network_hash: str
+    device_name: str
+    device_total_memory: int
+    memory_limit: int
+    torch_version: str
+    monai_version: str
+    strategy: str
+
+    def as_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["roi_size"] = list(self.roi_size)
+        data["infer_volume_shape"] = list(self.infer_volume_shape)
+        return data
+
+    @property
+    def digest(self) -> str:
+        return hashlib.sha256(json.dumps(self.as_dict(), sort_keys=True).encode()).hexdigest()[:12]
+
+    @property
+    def study_name(self) -> str:
+        return f"autotune-{self.algo}-{self.strategy}-{self.digest}"
+
+
+def _section_hash(cfg: Mapping[str, Any]) -> str:
+    """Network, loss and optimizer settings change memory: hash them into the key."""
+    parts = {k: cfg.get(k) for k in ("network", "loss", "optimizer", "num_crops_per_image")}
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def make_key(cfg: Mapping[str, Any], device: Mapping[str, Any], memory_limit: int, strategy: str) -> TuningKey:
+    """The tuning key of a bundle config on a device under a memory limit."""
+    import monai
+    import torch
+
+    return TuningKey(
+        algo=str(cfg["algo"]),
+        template_version=int(cfg.get("template_version", 0)),
+        roi_size=tuple(int(v) for v in cfg["roi_size"]),
+        infer_volume_shape=tuple(int(v) for v in cfg.get("infer_volume_shape", cfg["roi_size"])),
+        input_channels=int(cfg["input_channels"]),
+        output_classes=int(cfg["output_classes"]),
+        amp=bool(cfg.get("amp", False)),
+        network_hash=_section_hash(cfg),
+        device_name=str(device["device_name"]),
+        device_total_memory=int(device["device_total_memory"]),
+        memory_limit=int(memory_limit),
+        torch_version=torch.__version__,
+        monai_version=monai.__version__,
+        strategy=strategy,
+    )
+
+
+def open_study(
+    storage: optuna.storages.BaseStorage, key: TuningKey, sampler: optuna.samplers.BaseSampler | None = None
+) -> optuna.Study:
+    """Create or load the study of ``key``; the key's fields are stored as study attributes."""
+    import optuna
+
+    study = optuna.create_study(
+        storage=storage,
+        study_name=key.study_name,
+        direction="maximize",
+        sampler=sampler,
+        load_if_exists=True,
+    )
+    if "tuning_key" not in study.user_attrs:
+        study.set_user_attr("tuning_key", key.as_dict())
+        for name, value in key.as_dict().items():
+            study.set_user_attr(f"key.{name}", value)
+    return study
+
+
+def owner_tag() -> str:
+    """``host:pid`` of this process, recorded on each trial it runs."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def fail_stale_trials(study: optuna.Study) -> list[int]:
+    """Mark RUNNING trials whose worker is gone as FAIL; return their numbers.
+
+    A trial is stale when its heartbeat expired (RDB heartbeat), or when it was run by
+    a process on this host that no longer exists (a killed single-process run).
+    """
+    import optuna
+    from optuna.trial import TrialState
+
+    storage = study._storage
+    failed: list[int] = []
+    try:
+        optuna.storages.fail_stale_trials(study)
+    except Exception:  # storages without heartbeat support
+        pass
+    host = socket.gethostname()
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        owner = str(trial.user_attrs.get("owner", ""))
+        owner_host, _, pid = owner.rpartition(":")
+        if owner_host == host and pid.isdigit() and not _pid_alive(int(pid)) and int(pid) != os.getpid():
+            storage.set_trial_user_attr(trial._trial_id, "fail_reason", f"stale: worker {owner} is gone")
+            if storage.set_trial_state_values(trial._trial_id, TrialState.FAIL):
+                failed.append(trial.number)
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.FAIL,)):
+        if "fail_reason" not in trial.user_attrs and trial.number not in failed:
+            storage.set_trial_user_attr(trial._trial_id, "fail_reason", "stale: heartbeat expired")
+            failed.append(trial.number)
+    return failed

@@ -1,0 +1,291 @@
+"""Tune bundles: group them by tuning key, search each key once, write the values back.
+
+    tune_bundles(["work/dints_0", "work/dints_1"], device="cuda:0", memory_limit="8GiB")
+
+Folds of one algorithm share a key, so one search serves them all. Each key's study
+keeps every evaluated point; a rerun after an interruption resumes from it, and a
+finished key answers from storage with no new trial.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from autotune.bundles.config import load_bundle_config, update_bundle_config
+from autotune.errors import SpecError
+from autotune.search.space import AlgoSpec, parse_specs, spec_for
+from autotune.utils import atomic_write_json, format_bytes, look_up_option, parse_bytes
+
+__all__ = ["STRATEGIES", "tune_bundles", "loader_settings", "DEFAULT_MARGIN"]
+
+STRATEGIES = ("fast", "tpe", "estimate")
+DEFAULT_MARGIN = 0.10
+
+
+def loader_settings(num_patches_per_iter: int, num_crops_per_image: int) -> dict[str, int]:
+    """Loader batch that splits into whole forward passes of N patches: images x crops = lcm(N, crops)."""
+    n, crops = int(num_patches_per_iter), max(1, int(num_crops_per_image))
+    images = math.lcm(n, crops) // crops
+    return {"num_patches_per_iter": n, "num_images_per_batch": images, "num_crops_per_image": crops}
+
+
+def _print(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _result_tag(strategy: str, margin: float, spec: AlgoSpec, devices: tuple[str, ...]) -> str:
+    blob = json.dumps({"strategy": strategy, "margin": margin, "spec": spec.as_dict(), "devices": devices}, sort_keys=True)
+    return "result:" + hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def _validation_devices(spec: AlgoSpec, device: str) -> tuple[str, ...]:
+    """On the CPU the volume is on the compute device either way: one search, not two."""
+    if not device.startswith("cuda"):
+        return ("device",)
+    return spec.validation_devices
+
+
+def tune_bundles(
+    bundles: Sequence[str | os.PathLike[str]],
+    specs: Mapping[str, Any] | None = None,
+    *,
+    device: str = "cpu",
+    memory_limit: int | str | None = None,
+    storage: str | None = None,
+    strategy: str = "fast",
+    margin: float = DEFAULT_MARGIN,
+    timeout: float = 300.0,
+    target: Mapping[str, Any] | None = None,
+    probe_env: Mapping[str, str] | None = None,
+    summary_path: str | os.PathLike[str] | None = None,
+    progress: Callable[[str], None] | None = _print,
+    write_back: bool = True,
+) -> list[dict[str, Any]]:
+    """Tune ``bundles`` and write the tuned values (with provenance) into each.
+
+    Args:
+        bundles: bundle folders made by ``BundleGen``.
+        specs: Auto3DSeg-style ``gpu_customization_specs`` (see ``autotune.search.space``).
+        device: ``cpu`` or ``cuda:N``; where probes run.
+        memory_limit: bytes or a size such as ``"8GiB"``; default the device's total memory.
+        storage: SQLAlchemy URL of the Optuna storage; default SQLite under ``studies/``.
+        strategy: ``fast`` (default), ``tpe`` (Auto3DSeg baseline) or ``estimate`` (no probes).
+        margin: share of the limit kept free (default 10%).
+        timeout: seconds before a probe is killed.
+        target: for ``estimate``: ``{"name", "memory", "allowance_bytes"}`` of the GPU planned for.
+        probe_env: extra environment for probe children (tests inject faults through it).
+        summary_path: where to write the JSON summary.
+        progress: called with one line per step; None for silence.
+        write_back: write the tuned values into the bundles.
+
+    Returns:
+        One result per bundle (dicts; ``status`` is ``tuned``, ``infeasible`` or ``unsupported``).
+
+    Raises:
+        SpecError: bad specs, strategy, margin or memory limit.
+        StorageError: the storage cannot be opened.
+    """
+    from autotune.search.study import (
+        default_storage_url,
+        device_info,
+        make_key,
+        open_storage,
+        open_study,
+        redact_url,
+    )
+
+    say = progress or (lambda _line: None)
+    strategy = look_up_option(strategy, STRATEGIES, "strategy", SpecError)
+    if not isinstance(margin, (int, float)) or not 0.0 <= float(margin) < 1.0:
+        raise SpecError(f"margin must be in [0, 1), got {margin!r}")
+    if not bundles:
+        raise SpecError("no bundle to tune; run 'autotune generate' first")
+    configs = {str(Path(b)): load_bundle_config(b) for b in bundles}
+    algos = sorted({cfg["algo"] for cfg in configs.values()})
+    explicit = parse_specs(specs, algos)
+    if target is not None:
+        device = str(target.get("device", "cuda:0"))
+        info = {"device": device, "device_name": str(target["name"]), "device_total_memory": int(target["memory"])}
+    else:
+        info = device_info(device)
+    limit = parse_bytes(memory_limit, "memory limit") if memory_limit is not None else info["device_total_memory"]
+    if limit > info["device_total_memory"]:
+        raise SpecError(
+            f"memory limit {format_bytes(limit)} is above the {info['device_name']}'s {format_bytes(info['device_total_memory'])}"
+        )
+    allowance = int((target or {}).get("allowance_bytes", 0))
+    budget = int(limit * (1.0 - float(margin))) - allowance
+    if budget <= 0:
+        raise SpecError(f"memory limit {format_bytes(limit)} leaves nothing after the margin and allowances")
+    storage_url = storage or default_storage_url()
+    store = open_storage(storage_url)
+    shown_storage = redact_url(storage_url)
+
+    groups: dict[str, list[str]] = {}
+    keys: dict[str, Any] = {}
+    for path, cfg in configs.items():
+        key = make_key(cfg, info, limit, strategy)
+        groups.setdefault(key.study_name, []).append(path)
+        keys[key.study_name] = key
+
+    results: list[dict[str, Any]] = []
+    for study_name, paths in groups.items():
+        cfg = configs[paths[0]]
+        algo = cfg["algo"]
+        label = f"{algo} ({len(paths)} bundle{'s' if len(paths) > 1 else ''})"
+        if not cfg.get("tuning_supported", True):
+            say(f"[{algo}] this template does not support tuning; bundles left as generated")
+            results += [{"bundle": p, "algo": algo, "status": "unsupported"} for p in paths]
+            continue
+        spec = spec_for(explicit[algo], cfg)
+        devices = _validation_devices(spec, device)
+        tag = _result_tag(strategy, float(margin), spec, devices)
+        sampler = None
+        if strategy == "tpe":
+            import optuna
+
+            sampler = optuna.samplers.TPESampler(seed=int(cfg.get("seed", 0)), n_startup_trials=min(10, spec.num_trials))
+        study = open_study(store, keys[study_name], sampler=sampler)
+        from autotune.search.study import fail_stale_trials
+
+        stale = fail_stale_trials(study)
+        if stale:
+            say(f"[{algo}] marked stale RUNNING trials {stale} as failed (their worker is gone)")
+        started = time.perf_counter()
+        outcome_record = study.user_attrs.get(tag)
+        if outcome_record is not None:
+            say(f"[{algo}] answered from storage ({study_name}); no new trial")
+            record = dict(outcome_record, from_storage=True, probes=0)
+        else:
+            say(
+                f"[{algo}] tuning {study_name} on {info['device_name']} with strategy {strategy}: limit "
+                f"{format_bytes(limit)}, budget {format_bytes(budget)} (margin {margin:.0%}), "
+                f"patches/iter {spec.patches_range}, sw batch {spec.sw_range}"
+            )
+            record = _search(study, cfg, paths[0], spec, devices, strategy, device, limit, budget, timeout,
+                             allowance, probe_env, say, label)
+            record.update(
+                study_name=study_name,
+                storage=shown_storage,
+                strategy=strategy,
+                memory_limit=limit,
+                margin=float(margin),
+                budget_bytes=budget,
+                device=info["device"],
+                device_name=info["device_name"],
+                device_total_memory=info["device_total_memory"],
+                wall_seconds=round(time.perf_counter() - started, 3),
+                date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                key=keys[study_name].as_dict(),
+                from_storage=False,
+            )
+            if target is not None:
+                record["target"] = dict(target)
+            if record["status"] == "tuned":
+                study.set_user_attr(tag, {k: v for k, v in record.items() if k != "from_storage"})
+        for path in paths:
+            results.append(_write_back(path, configs[path], record, write_back, say))
+    if summary_path:
+        atomic_write_json(summary_path, {"results": results})
+    return results
+
+
+def _search(
+    study: Any,
+    cfg: Mapping[str, Any],
+    bundle: str,
+    spec: AlgoSpec,
+    devices: tuple[str, ...],
+    strategy: str,
+    device: str,
+    limit: int,
+    budget: int,
+    timeout: float,
+    allowance: int,
+    probe_env: Mapping[str, str] | None,
+    say: Callable[[str], None],
+    label: str,
+) -> dict[str, Any]:
+    from autotune.search.evaluate import Evaluator
+    from autotune.search.probers import EstimateProber, ProbeProber
+    from autotune.search.strategy import distributions, run_fast, run_tpe
+
+    if strategy == "estimate":
+        prober: Any = EstimateProber(bundle, device, limit, allowance_bytes=allowance)
+    else:
+        prober = ProbeProber(bundle, device, limit, timeout=timeout, env=probe_env, allowance_bytes=allowance)
+    evaluator = Evaluator(study, prober, budget, distributions(spec, devices), progress=say, label=cfg["algo"])
+    if strategy == "tpe":
+        outcome = run_tpe(evaluator, spec, devices, seed=int(cfg.get("seed", 0)))
+    else:
+        train_model = prober.memory_model("train", {})
+        outcome = run_fast(
+            evaluator,
+            spec,
+            devices,
+            train_model,
+            lambda n, vd: prober.memory_model("infer", {"num_patches_per_iter": n, "validation_device": vd}),
+        )
+    record: dict[str, Any] = {
+        "algo": cfg["algo"],
+        "method": "measured" if prober.measured else "estimated",
+        "probes": evaluator.probes,
+        "reused_points": evaluator.reused,
+        "trials": evaluator.trial_numbers,
+    }
+    if outcome.num_patches_per_iter is None:
+        record.update(status="infeasible", reason=(
+            f"even {spec.patches_range[0]} patch(es) per iteration does not fit in the budget; "
+            "raise --memory-limit, lower the roi or use a smaller network"))
+        return record
+    if outcome.num_sw_batch_size is None:
+        record.update(status="infeasible", reason=(
+            f"training fits with {outcome.num_patches_per_iter} patches per iteration but no sliding-window "
+            "batch size fits on any validation device; raise --memory-limit"))
+        return record
+    train_res = outcome.train.result if outcome.train else {}
+    infer_res = outcome.infer.result if outcome.infer else {}
+    record.update(
+        status="tuned",
+        num_patches_per_iter=outcome.num_patches_per_iter,
+        max_num_patches_per_iter=outcome.max_num_patches_per_iter,
+        num_sw_batch_size=outcome.num_sw_batch_size,
+        validation_device=outcome.validation_device,
+        sw_input_on_cpu=bool(device.startswith("cuda") and outcome.validation_device == "cpu"),
+        train_trial=outcome.train.trial_number if outcome.train else None,
+        infer_trial=outcome.infer.trial_number if outcome.infer else None,
+        train_peak_bytes=train_res.get("train_peak_bytes") or train_res.get("peak_bytes"),
+        peak_bytes=infer_res.get("peak_bytes"),
+        samples_per_s=train_res.get("samples_per_s"),
+        sw_seconds_per_volume=infer_res.get("sw_seconds_per_volume"),
+    )
+    if not prober.measured and allowance:
+        record["allowance_bytes"] = allowance
+    return record
+
+
+def _write_back(
+    path: str, cfg: Mapping[str, Any], record: Mapping[str, Any], write_back: bool, say: Callable[[str], None]
+) -> dict[str, Any]:
+    result = {"bundle": path, **record}
+    if record.get("status") != "tuned":
+        say(f"[{record.get('algo')}] {Path(path).name}: not tuned: {record.get('reason', record.get('status'))}")
+        return result
+    updates: dict[str, Any] = loader_settings(record["num_patches_per_iter"], cfg.get("num_crops_per_image", 1))
+    updates["num_sw_batch_size"] = int(record["num_sw_batch_size"])
+    updates["sw_input_on_cpu"] = bool(record["sw_input_on_cpu"])
+    provenance = {k: v for k, v in record.items() if k not in ("from_storage",)}
+    updates["tuning"] = provenance
+    result.update(updates)
+    if write_back:
+        update_bundle_config(path, updates)
+    return result

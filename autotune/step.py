@@ -1,0 +1,91 @@
+"""The training step and the sliding-window pass, shared by probe, estimator and trainer.
+
+Keeping these in one place is what makes a probe measure what training runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+__all__ = ["train_step", "split_patches", "sliding_window_predict", "make_grad_scaler"]
+
+
+def make_grad_scaler(device: str | torch.device, amp_dtype: torch.dtype | None) -> Any:
+    """A GradScaler for fp16 autocast on CUDA; None otherwise (bf16 and fp32 need none)."""
+    import torch
+
+    if amp_dtype is torch.float16 and torch.device(device).type == "cuda":
+        return torch.amp.GradScaler("cuda")
+    return None
+
+
+def train_step(
+    model: torch.nn.Module,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    optimizer: torch.optim.Optimizer,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    amp_dtype: torch.dtype | None = None,
+    scaler: Any = None,
+) -> torch.Tensor:
+    """One optimizer step on one forward pass of ``images`` (N patches); returns the detached loss."""
+    import torch
+
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autocast(device_type=images.device.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
+        logits = model(images)
+        loss = loss_fn(logits, labels)
+    if scaler is not None:
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        loss.backward()
+        optimizer.step()
+    return loss.detach()
+
+
+def split_patches(
+    images: torch.Tensor, labels: torch.Tensor, num_patches_per_iter: int
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Split a loader batch (images x crops patches) into forward passes of at most N patches."""
+    step = max(1, int(num_patches_per_iter))
+    for start in range(0, images.shape[0], step):
+        yield images[start : start + step], labels[start : start + step]
+
+
+def sliding_window_predict(
+    model: torch.nn.Module,
+    image: torch.Tensor,
+    roi_size: list[int],
+    sw_batch_size: int,
+    device: str | torch.device,
+    overlap: float = 0.5,
+    amp_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """Sliding-window logits for ``image`` (1, C, H, W, D).
+
+    The image stays where it is (the "validation device": CPU when ``sw_input_on_cpu``),
+    windows run on ``device`` and the output is stitched where the image lives, as
+    MONAI's ``sliding_window_inference`` does with ``sw_device``/``device``.
+    """
+    import torch
+    from monai.inferers import sliding_window_inference
+
+    with torch.no_grad(), torch.autocast(
+        device_type=torch.device(device).type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None
+    ):
+        return sliding_window_inference(
+            image,
+            roi_size=list(roi_size),
+            sw_batch_size=int(sw_batch_size),
+            predictor=model,
+            overlap=overlap,
+            mode="gaussian",
+            sw_device=torch.device(device),
+            device=image.device,
+        )

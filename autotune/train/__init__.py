@@ -1,0 +1,30 @@
+"""Fast training of a bundle: cached data, thread loader, AMP, DDP, profiling, checkpoints.
+
+``train(bundle, ...)`` trains (``autotune train``), ``infer(bundle, images, out)``
+predicts (``autotune infer``). Importing this package does not import torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__all__ = ["train", "infer", "evaluate", "parse_duration"]
+
+_EXPORTS = {
+    "train": "autotune.train.runner",
+    "parse_duration": "autotune.train.runner",
+    "infer": "autotune.train.infer",
+    "evaluate": "autotune.train.infer",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'autotune.train' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

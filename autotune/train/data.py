@@ -1,0 +1,278 @@
+"""Training data: the fold split, the fast-mode switches, cached datasets and loaders.
+
+Fast mode caches the deterministic transforms (``CacheDataset`` in RAM, on the GPU
+when ``cache_on_device``, or ``PersistentDataset`` on disk when asked or when RAM
+would not hold it) and reads the cache with a ``ThreadDataLoader`` (no worker
+processes). Regular mode is the seed's baseline: a plain ``Dataset`` read by a
+``DataLoader`` with worker processes, every transform run every epoch.
+
+With several ranks, each rank builds its datasets from its own shard only
+(``monai.data.partition_dataset``), so each caches only its part.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from autotune.errors import ConfigError, DataError
+from autotune.utils import look_up_option, read_json
+
+__all__ = [
+    "MODES",
+    "VALIDATION_SPLIT",
+    "TrainOptions",
+    "resolve_options",
+    "split_datalist",
+    "shard",
+    "estimate_cache_bytes",
+    "available_ram_bytes",
+    "make_dataset",
+    "make_loader",
+]
+
+log = logging.getLogger(__name__)
+
+MODES = ("fast", "regular")
+VALIDATION_SPLIT = 0.2  # share of cases held out when the datalist has a single fold
+_FAST_DEFAULTS: dict[str, Any] = {
+    "cache": True,            # cache deterministic transforms (CacheDataset / PersistentDataset)
+    "thread_loader": True,    # ThreadDataLoader over the cache instead of worker processes
+    "nvtx": True,             # NVTX ranges (CUDA only)
+    "gpu_monitor": True,      # NVML sampler writing gpu_monitor.csv (GPU only)
+    "gpu_monitor_interval_s": 1.0,
+    "ram_fraction": 0.5,      # cache in RAM only if it fits in this share of the available RAM
+    "cache_dir": None,        # PersistentDataset folder; default BUNDLE/cache
+}
+# Bytes per voxel held by the cache for one image channel, the label and the fg/bg indices (int64).
+_CACHE_BYTES_PER_VOXEL_LABEL = 4 + 8
+
+
+@dataclass
+class TrainOptions:
+    """What one run does, resolved from the bundle config, the mode and the device.
+
+    Attributes:
+        mode: ``fast`` or ``regular``.
+        cache: cache the deterministic transforms.
+        persistent: cache on disk (``PersistentDataset``) instead of RAM.
+        cache_on_device: hold the cache on the training device (CUDA only).
+        thread_loader: read with ``ThreadDataLoader`` (no worker processes).
+        num_workers: worker processes for the regular ``DataLoader`` and for building the cache.
+        amp: use autocast (fp16 + GradScaler on CUDA, bf16 on CPU).
+        template_recipe: use the template's loss, optimizer and schedule (else Adam 1e-4, DiceLoss).
+        cache_rate: share of the cases cached.
+        cache_dir: folder of the persistent cache.
+        nvtx: emit NVTX ranges.
+        gpu_monitor: sample the GPU with NVML.
+        gpu_monitor_interval_s: seconds between samples.
+        why_persistent: why the disk cache was chosen, for the log.
+    """
+
+    mode: str
+    cache: bool
+    persistent: bool
+    cache_on_device: bool
+    thread_loader: bool
+    num_workers: int
+    amp: bool
+    template_recipe: bool
+    cache_rate: float
+    cache_dir: Path
+    nvtx: bool
+    gpu_monitor: bool
+    gpu_monitor_interval_s: float
+    why_persistent: str = ""
+
+
+def resolve_options(
+    cfg: Mapping[str, Any], mode: str, device: str, cache_bytes: int | None = None
+) -> TrainOptions:
+    """Resolve the fast-mode switches from ``cfg['fast_training']`` and the top-level keys.
+
+    Args:
+        cfg: the bundle config.
+        mode: ``fast`` (each technique on where it applies) or ``regular`` (the seed's baseline).
+        device: the training device, e.g. ``cpu`` or ``cuda:0``.
+        cache_bytes: estimated size of the cache, to decide between RAM and disk.
+
+    Raises:
+        ConfigError: an unknown mode or a ``fast_training`` value of the wrong type.
+    """
+    mode = look_up_option(mode, MODES, "training mode")
+    fast = dict(_FAST_DEFAULTS)
+    section = cfg.get("fast_training") or {}
+    if not isinstance(section, Mapping):
+        raise ConfigError("bundle config key 'fast_training' must be a mapping of switches, e.g. {cache: true}")
+    unknown = set(section) - set(_FAST_DEFAULTS)
+    if unknown:
+        look_up_option(sorted(unknown)[0], list(_FAST_DEFAULTS), "fast_training key")
+    fast.update(section)
+    for key in ("cache", "thread_loader", "nvtx", "gpu_monitor"):
+        if not isinstance(fast[key], bool):
+            raise ConfigError(f"bundle config key 'fast_training.{key}' must be true or false, got {fast[key]!r}")
+    num_workers = int(cfg.get("num_workers", 2) or 0)
+    cache_dir = Path(fast["cache_dir"] or Path(cfg["bundle_root"]) / "cache")
+    on_cuda = str(device).startswith("cuda")
+    if mode == "regular":
+        return TrainOptions(
+            mode=mode, cache=False, persistent=False, cache_on_device=False, thread_loader=False,
+            num_workers=num_workers, amp=False, template_recipe=False, cache_rate=0.0, cache_dir=cache_dir,
+            nvtx=on_cuda and fast["nvtx"], gpu_monitor=fast["gpu_monitor"],
+            gpu_monitor_interval_s=float(fast["gpu_monitor_interval_s"]),
+        )
+    persistent = bool(cfg.get("persistent_cache", False)) and fast["cache"]
+    why = "persistent_cache: true" if persistent else ""
+    if fast["cache"] and not persistent and cache_bytes is not None:
+        limit = float(fast["ram_fraction"]) * available_ram_bytes()
+        if cache_bytes * float(cfg.get("cache_rate", 1.0)) > limit:
+            persistent, why = True, f"cache of about {cache_bytes / 2**30:.1f} GiB would not fit in RAM"
+    return TrainOptions(
+        mode=mode,
+        cache=fast["cache"],
+        persistent=persistent,
+        # Disk-cached items are re-read each epoch; they move to the device per batch instead.
+        cache_on_device=on_cuda and fast["cache"] and not persistent and bool(cfg.get("cache_on_device", True)),
+        thread_loader=fast["thread_loader"] and fast["cache"],
+        num_workers=num_workers,
+        amp=bool(cfg.get("amp", True)),
+        template_recipe=True,
+        cache_rate=float(cfg.get("cache_rate", 1.0)),
+        cache_dir=cache_dir,
+        nvtx=on_cuda and fast["nvtx"],
+        gpu_monitor=fast["gpu_monitor"],
+        gpu_monitor_interval_s=float(fast["gpu_monitor_interval_s"]),
+        why_persistent=why,
+    )
+
+
+def split_datalist(cfg: Mapping[str, Any]) -> tuple[list[dict], list[dict], str]:
+    """Training and validation cases of the bundle's fold.
+
+    Validation is the cases whose ``fold`` equals ``cfg['fold']``; training is every
+    other case. When the bundle has ``num_fold: 1`` or the datalist holds a single
+    fold, a deterministic 20% of the cases (shuffled with ``cfg['seed']``) is held out.
+
+    Returns:
+        (training cases, validation cases, a one-line note of how they were split).
+
+    Raises:
+        ConfigError: no datalist in the config.
+        InputError: the datalist is missing or not JSON.
+        DataError: the datalist has no training cases, or the fold has none.
+    """
+    path = cfg.get("datalist")
+    if not path:
+        raise ConfigError("bundle config has no 'datalist'; regenerate the bundle with 'autotune generate'")
+    datalist = read_json(path, DataError)
+    cases = datalist.get("training") if isinstance(datalist, dict) else None
+    if not isinstance(cases, list) or not cases:
+        raise DataError(f"{path}: no 'training' cases; give an Auto3DSeg datalist with training cases")
+    fold = int(cfg.get("fold", 0))
+    folds = {int(c.get("fold", 0)) for c in cases}
+    if int(cfg.get("num_fold", 1)) > 1 and len(folds) > 1:
+        val = [c for c in cases if int(c.get("fold", 0)) == fold]
+        train = [c for c in cases if int(c.get("fold", 0)) != fold]
+        if not val:
+            raise DataError(f"{path}: fold {fold} has no cases; folds present: {sorted(folds)}")
+        return train, val, f"fold {fold}: {len(train)} training, {len(val)} validation cases"
+    order = list(range(len(cases)))
+    random.Random(int(cfg.get("seed", 0))).shuffle(order)
+    n_val = max(1, round(VALIDATION_SPLIT * len(cases))) if len(cases) > 1 else 0
+    val_idx = set(order[:n_val])
+    val = [c for i, c in enumerate(cases) if i in val_idx]
+    train = [c for i, c in enumerate(cases) if i not in val_idx] or list(cases)
+    return train, val or list(cases), f"single fold: held out {len(val)} of {len(cases)} cases (seeded 20%)"
+
+
+def shard(items: Sequence[dict], rank: int, world_size: int, seed: int, even: bool) -> list[dict]:
+    """This rank's part of ``items`` (``even``: same length on every rank, for equal step counts)."""
+    if world_size <= 1:
+        return list(items)
+    from monai.data import partition_dataset
+
+    if even and len(items) < world_size:
+        raise DataError(f"{len(items)} training cases cannot be shared by {world_size} processes; use fewer")
+    return list(partition_dataset(list(items), num_partitions=world_size, shuffle=even, seed=seed,
+                                  even_divisible=even)[rank])
+
+
+def available_ram_bytes() -> int:
+    """Available RAM (``MemAvailable`` on Linux; total physical memory elsewhere)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def estimate_cache_bytes(cases: Sequence[dict], cfg: Mapping[str, Any]) -> int:
+    """Bytes the training cache would hold: resampled voxels x (channels x 4 + label 4 + indices 8).
+
+    Read from the NIfTI headers only (shape and spacing); unknown formats count as 0.
+    """
+    import nibabel as nib
+
+    pixdim = [float(v) for v in cfg["resample_resolution"]]
+    channels = int(cfg.get("input_channels", 1))
+    total = 0
+    for case in cases:
+        image = case["image"][0] if isinstance(case["image"], list) else case["image"]
+        try:
+            header = nib.load(image).header
+        except Exception:  # noqa: BLE001 - an estimate; loading reports real problems later
+            continue
+        shape, zooms = header.get_data_shape()[:3], header.get_zooms()[:3]
+        voxels = 1.0
+        for size, zoom, target in zip(shape, zooms, pixdim, strict=False):
+            voxels *= max(1.0, size * float(zoom) / target)
+        total += int(voxels * (4 * channels + _CACHE_BYTES_PER_VOXEL_LABEL))
+    return total
+
+
+def make_dataset(
+    cases: Sequence[dict], transform: Any, opts: TrainOptions, stage: str, progress: bool
+) -> Any:
+    """A dataset over ``cases`` as ``opts`` says: cached in RAM/on the device, on disk, or plain."""
+    from monai.data import CacheDataset, Dataset, PersistentDataset
+    from monai.data.utils import json_hashing
+
+    if not opts.cache or not cases:
+        return Dataset(list(cases), transform=transform)
+    if opts.persistent:
+        folder = opts.cache_dir / stage
+        folder.mkdir(parents=True, exist_ok=True)
+        # The transform's description is part of the key, so an edited config does not reuse stale items.
+        return PersistentDataset(list(cases), transform=transform, cache_dir=folder, hash_transform=json_hashing)
+    return CacheDataset(
+        list(cases),
+        transform=transform,
+        cache_rate=opts.cache_rate,
+        num_workers=max(1, opts.num_workers or (os.cpu_count() or 1)),
+        progress=progress,
+        # Random crops copy what they take, so the cached items are never changed in place.
+        copy_cache=False,
+    )
+
+
+def make_loader(dataset: Any, batch_size: int, opts: TrainOptions, shuffle: bool) -> Any:
+    """``ThreadDataLoader`` over a cache (fast) or ``DataLoader`` with worker processes (regular).
+
+    Both use MONAI's ``list_data_collate``, which flattens the per-image crop lists, so a
+    batch holds ``batch_size x num_crops_per_image`` patches.
+    """
+    from monai.data import DataLoader, ThreadDataLoader
+
+    if opts.thread_loader:
+        return ThreadDataLoader(dataset, batch_size=batch_size, shuffle=shuffle, num_workers=0)
+    workers = 0 if opts.cache_on_device else opts.num_workers
+    # Workers restart every epoch, as in the seed's baseline.
+    return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, num_workers=workers)

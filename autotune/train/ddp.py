@@ -1,0 +1,200 @@
+"""Several processes: the process group, the spawner and the few collectives the runner needs.
+
+Two ways in, one code path:
+
+- ``autotune train BUNDLE --nproc N`` spawns N processes with ``torch.multiprocessing``
+  and sets the same environment ``torchrun`` sets (``RANK``, ``LOCAL_RANK``,
+  ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``);
+- ``torchrun --nproc-per-node N -m autotune.train BUNDLE`` starts them itself.
+
+Either way each process calls ``init_from_env``: gloo on CPU, NCCL on CUDA, one GPU per
+local rank. Only rank 0 writes files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from autotune import errors
+from autotune.errors import AutotuneError, SpecError
+
+__all__ = [
+    "DistContext",
+    "init_from_env",
+    "cleanup",
+    "all_reduce_sum",
+    "all_gather_int",
+    "broadcast_flag",
+    "barrier",
+    "spawn",
+]
+
+
+@dataclass
+class DistContext:
+    """Where this process stands: rank, world size and its device."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device: str = "cpu"
+
+    @property
+    def enabled(self) -> bool:
+        """True when more than one process trains together."""
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        """True on rank 0, the only rank that writes files and prints."""
+        return self.rank == 0
+
+
+def _resolve_device(device: str, local_rank: int, distributed: bool) -> str:
+    import torch
+
+    kind = str(device).split(":")[0]
+    if kind not in ("cpu", "cuda"):
+        raise SpecError(f"--device {device!r}: give cpu, cuda or cuda:N")
+    if kind == "cpu":
+        return "cpu"
+    if not torch.cuda.is_available():
+        raise SpecError(f"--device {device!r}: CUDA is not available here; use --device cpu")
+    if distributed:  # one GPU per local rank
+        index = local_rank
+    else:
+        index = int(str(device).split(":")[1]) if ":" in str(device) else 0
+    if index >= torch.cuda.device_count():
+        raise SpecError(f"--device {device!r}: only {torch.cuda.device_count()} CUDA device(s) visible")
+    return f"cuda:{index}"
+
+
+def init_from_env(device: str) -> DistContext:
+    """Join the process group the environment describes, or run alone when it describes none.
+
+    Raises:
+        SpecError: a CUDA device that is not available, or a bad device name.
+    """
+    import torch
+    import torch.distributed as dist
+
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", str(rank)))
+    resolved = _resolve_device(device, local_rank, world_size > 1)
+    if resolved.startswith("cuda"):
+        torch.cuda.set_device(torch.device(resolved))
+    if world_size > 1 and not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if resolved.startswith("cuda") else "gloo", init_method="env://")
+    return DistContext(rank=rank, world_size=world_size, local_rank=local_rank, device=resolved)
+
+
+def cleanup(ctx: DistContext) -> None:
+    """Leave the process group (if this process joined one)."""
+    import torch.distributed as dist
+
+    if ctx.enabled and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def all_reduce_sum(ctx: DistContext, values: list[float]) -> list[float]:
+    """Sum ``values`` element-wise over all ranks (returned unchanged when alone)."""
+    if not ctx.enabled:
+        return list(values)
+    import torch
+    import torch.distributed as dist
+
+    tensor = torch.tensor(values, dtype=torch.float64, device=ctx.device)
+    dist.all_reduce(tensor)
+    return [float(v) for v in tensor.cpu().tolist()]
+
+
+def all_gather_int(ctx: DistContext, value: int) -> list[int]:
+    """``value`` from every rank, in rank order."""
+    if not ctx.enabled:
+        return [int(value)]
+    import torch
+    import torch.distributed as dist
+
+    mine = torch.tensor([int(value)], dtype=torch.int64, device=ctx.device)
+    gathered = [torch.zeros_like(mine) for _ in range(ctx.world_size)]
+    dist.all_gather(gathered, mine)
+    return [int(t.item()) for t in gathered]
+
+
+def broadcast_flag(ctx: DistContext, flag: bool) -> bool:
+    """Rank 0's ``flag`` on every rank (for decisions all ranks must share, e.g. stopping)."""
+    if not ctx.enabled:
+        return bool(flag)
+    import torch
+    import torch.distributed as dist
+
+    tensor = torch.tensor([1 if flag else 0], dtype=torch.int64, device=ctx.device)
+    dist.broadcast(tensor, src=0)
+    return bool(tensor.item())
+
+
+def barrier(ctx: DistContext) -> None:
+    """Wait for every rank."""
+    if ctx.enabled:
+        import torch.distributed as dist
+
+        dist.barrier()
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _spawn_entry(rank: int, nproc: int, port: int, target: Callable[..., Any], kwargs: dict,
+                 error_dir: str) -> None:
+    """What each spawned process runs: torchrun's environment, then ``target(**kwargs)``."""
+    import torch
+
+    os.environ.update({
+        "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(nproc),
+        "LOCAL_WORLD_SIZE": str(nproc), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+    })
+    # Share the CPU cores instead of every rank starting one thread per core.
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // nproc))
+    try:
+        target(**kwargs)
+    except AutotuneError as exc:
+        Path(error_dir, f"rank{rank}.json").write_text(
+            json.dumps({"type": type(exc).__name__, "message": str(exc)}), encoding="utf-8")
+        raise
+
+
+def spawn(target: Callable[..., Any], nproc: int, kwargs: dict) -> None:
+    """Run ``target(**kwargs)`` in ``nproc`` new processes that form one process group.
+
+    ``target`` must be importable (a module-level function). An ``AutotuneError`` in a
+    child is raised again here with its type and message.
+
+    Raises:
+        SpecError: ``nproc`` below 2.
+        AutotuneError: what a child raised.
+        RuntimeError: a child crashed for another reason.
+    """
+    import torch.multiprocessing as mp
+
+    if nproc < 2:
+        raise SpecError(f"--nproc must be at least 2 to spawn processes, got {nproc}")
+    with tempfile.TemporaryDirectory(prefix="autotune-ddp-") as error_dir:
+        try:
+            mp.spawn(_spawn_entry, args=(nproc, _free_port(), target, kwargs, error_dir), nprocs=nproc, join=True)
+        except Exception as exc:
+            for report in sorted(Path(error_dir).glob("rank*.json")):
+                info = json.loads(report.read_text(encoding="utf-8"))
+                cls = getattr(errors, info["type"], AutotuneError)
+                raise cls(info["message"]) from exc
+            raise RuntimeError(f"a training process failed: {str(exc).strip().splitlines()[-1]}") from exc

@@ -1,0 +1,246 @@
+"""Sliding-window prediction: validation Dice during training, and NIfTI predictions for new images.
+
+Both run ``autotune.step.sliding_window_predict`` with the bundle's tuned settings
+(``num_sw_batch_size``, ``sw_overlap``, the image on the CPU when ``sw_input_on_cpu``).
+Predictions are written in each input's own geometry: the infer transforms'
+orientation and resampling are inverted with MONAI's ``Invertd`` (nearest neighbour).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from autotune.errors import ConfigError, InputError
+from autotune.utils import read_json
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+    from autotune.train.ddp import DistContext
+
+__all__ = ["infer", "evaluate", "model_dir", "resolve_checkpoint", "load_model", "plain", "class_labels"]
+
+log = logging.getLogger(__name__)
+
+
+def model_dir(cfg: Mapping[str, Any]) -> Path:
+    """``BUNDLE/model_fold<k>``: where checkpoints and metrics go."""
+    return Path(cfg["bundle_root"]) / f"model_fold{int(cfg.get('fold', 0))}"
+
+
+def class_labels(cfg: Mapping[str, Any]) -> list[str]:
+    """Names of the classes Dice is reported for (foreground only for softmax bundles)."""
+    count = int(cfg["output_classes"]) if cfg.get("sigmoid") else int(cfg["output_classes"]) - 1
+    names = [str(n) for n in (cfg.get("class_names") or [])]
+    if len(names) != count:
+        names = [f"class{i}" for i in range(1, count + 1)]
+    return ["".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in name) for name in names]
+
+
+def plain(tensor: Any) -> torch.Tensor:
+    """A MONAI ``MetaTensor`` as a plain tensor (metadata tracking slows the network down)."""
+    return tensor.as_tensor() if hasattr(tensor, "as_tensor") else tensor
+
+
+def resolve_checkpoint(cfg: Mapping[str, Any], checkpoint: str | os.PathLike[str]) -> Path:
+    """``best``, ``last`` or a path -> an existing checkpoint file.
+
+    Raises:
+        ConfigError: the checkpoint does not exist (says which command makes it).
+    """
+    name = str(checkpoint)
+    path = model_dir(cfg) / f"{name}.pt" if name in ("best", "last") else Path(name).expanduser()
+    if not path.is_file():
+        raise ConfigError(f"{path}: checkpoint not found; run 'autotune train {cfg['bundle_root']}' first")
+    return path
+
+
+def load_model(cfg: Mapping[str, Any], path: Path, device: str) -> torch.nn.Module:
+    """The bundle's network with the weights in ``path``, on ``device``, in eval mode.
+
+    Raises:
+        ConfigError: the file is not a checkpoint of this bundle's network.
+    """
+    import torch
+
+    from autotune.build import build_network
+
+    model = build_network(cfg)
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        model.load_state_dict(state["model"] if "model" in state else state)
+    except (RuntimeError, KeyError, TypeError, OSError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(f"{path}: not a checkpoint of this bundle's network ({first})") from exc
+    return model.to(device).eval()
+
+
+def _predict_args(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "roi_size": [int(v) for v in cfg["roi_size"]],
+        "sw_batch_size": int(cfg.get("num_sw_batch_size", 1)),
+        "overlap": float(cfg.get("sw_overlap", 0.5)),
+    }
+
+
+def evaluate(
+    model: torch.nn.Module,
+    loader: Any,
+    cfg: Mapping[str, Any],
+    device: str,
+    amp_dtype: torch.dtype | None,
+    ctx: DistContext,
+    nvtx: Any = None,
+) -> tuple[list[float | None], float | None]:
+    """Sliding-window Dice per class and their mean over the validation cases of every rank.
+
+    Cases where a class is absent from the ground truth do not count for that class
+    (MONAI ``DiceMetric`` with ``ignore_empty``); the background is left out for softmax bundles.
+
+    Returns:
+        (Dice per class, None where no case has the class; mean over the classes with a value).
+    """
+    from monai.metrics import DiceMetric
+    from monai.networks.utils import one_hot
+
+    from autotune.step import sliding_window_predict
+    from autotune.train.ddp import all_reduce_sum
+
+    sigmoid = bool(cfg.get("sigmoid"))
+    num_classes = int(cfg["output_classes"])
+    image_device = "cpu" if cfg.get("sw_input_on_cpu") else device
+    metric = DiceMetric(include_background=sigmoid, reduction="none", ignore_empty=True)
+    count = num_classes if sigmoid else num_classes - 1
+    sums, counts = [0.0] * count, [0.0] * count
+    was_training = model.training
+    model.eval()
+    for batch in loader:
+        image = plain(batch["image"]).to(image_device)
+        label = plain(batch["label"]).to(image_device)
+        logits = sliding_window_predict(model, image, device=device, amp_dtype=amp_dtype, **_predict_args(cfg))
+        if sigmoid:
+            pred, target = (logits.float().sigmoid() > 0.5).float(), label
+        else:
+            pred = one_hot(logits.argmax(dim=1, keepdim=True), num_classes=num_classes)
+            target = one_hot(label.round().long(), num_classes=num_classes)
+        scores = metric(pred, target).detach().cpu()
+        for row in scores:
+            for index, value in enumerate(row.tolist()[:count]):
+                if value == value:  # not NaN: the class is in this case's ground truth
+                    sums[index] += value
+                    counts[index] += 1
+        metric.reset()
+    model.train(was_training)
+    totals = all_reduce_sum(ctx, sums + counts)
+    per_class = [s / c if c else None for s, c in zip(totals[:count], totals[count:], strict=True)]
+    present = [v for v in per_class if v is not None]
+    return per_class, (sum(present) / len(present) if present else None)
+
+
+def _input_files(images: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> list[Any]:
+    """Image paths from a list of files, one file, or a datalist JSON (its testing cases, else training)."""
+    items = [images] if isinstance(images, (str, os.PathLike)) else list(images)
+    if not items:
+        raise InputError("no images given; pass image files or a datalist .json")
+    if len(items) == 1 and str(items[0]).endswith(".json"):
+        datalist = read_json(items[0], InputError)
+        entries = (datalist.get("testing") or datalist.get("training") or []) if isinstance(datalist, dict) else []
+        root = Path(items[0]).resolve().parent
+        items = []
+        for entry in entries:
+            image = entry["image"] if isinstance(entry, dict) else entry
+            paths = image if isinstance(image, list) else [image]
+            resolved = [str(p if Path(p).is_absolute() else root / p) for p in paths]
+            items.append(resolved if isinstance(image, list) else resolved[0])
+        if not items:
+            raise InputError(f"{images}: the datalist has no 'testing' or 'training' images")
+    for item in items:
+        for path in item if isinstance(item, list) else [item]:
+            if not Path(path).is_file():
+                raise InputError(f"{path}: image not found; check the path")
+    return items
+
+
+def _output_name(item: Any, used: set[str]) -> str:
+    first = Path(item[0] if isinstance(item, list) else item).name
+    stem = first[: -len(".nii.gz")] if first.endswith(".nii.gz") else Path(first).stem
+    name, index = f"{stem}_seg.nii.gz", 1
+    while name in used:  # two inputs with the same file name in different folders
+        index += 1
+        name = f"{stem}_{index}_seg.nii.gz"
+    used.add(name)
+    return name
+
+
+def infer(
+    bundle: str | os.PathLike[str],
+    images: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    output_dir: str | os.PathLike[str],
+    *,
+    device: str = "cpu",
+    checkpoint: str | os.PathLike[str] = "best",
+    progress: bool = True,
+) -> list[Path]:
+    """Predict a label map for each image and write it as NIfTI in the image's own geometry.
+
+    Args:
+        bundle: a trained bundle folder.
+        images: image files, or one datalist JSON (its ``testing`` cases, else its ``training`` images).
+        output_dir: where ``<name>_seg.nii.gz`` files go (created if needed).
+        device: ``cpu``, ``cuda`` or ``cuda:N``; windows run there.
+        checkpoint: ``best``, ``last`` or a checkpoint path.
+        progress: show a progress bar (stderr).
+
+    Returns:
+        The prediction files, in input order.
+
+    Raises:
+        ConfigError: bad bundle or checkpoint.
+        InputError: missing images.
+        SpecError: an unavailable device.
+    """
+    import nibabel as nib
+    import numpy as np
+    from monai.transforms import Invertd
+    from tqdm import tqdm
+
+    from autotune.build import amp_dtype, build_transforms
+    from autotune.bundles.config import load_bundle_config
+    from autotune.step import sliding_window_predict
+    from autotune.train.ddp import _resolve_device
+
+    cfg = load_bundle_config(bundle)
+    device = _resolve_device(device, 0, False)
+    files = _input_files(images)
+    model = load_model(cfg, resolve_checkpoint(cfg, checkpoint), device)
+    transforms = build_transforms(cfg, "infer")
+    invert = Invertd(keys="pred", transform=transforms, orig_keys="image", nearest_interp=True)
+    out = Path(output_dir).expanduser()
+    out.mkdir(parents=True, exist_ok=True)
+    image_device = "cpu" if cfg.get("sw_input_on_cpu") else device
+    dtype = amp_dtype(cfg, device)
+    written, used = [], set()
+    for item in tqdm(files, desc="infer", unit="image", disable=not progress):
+        data = transforms({"image": item})
+        logits = sliding_window_predict(
+            model, plain(data["image"]).unsqueeze(0).to(image_device), device=device, amp_dtype=dtype,
+            **_predict_args(cfg),
+        )[0].float()
+        if cfg.get("sigmoid"):
+            pred = (logits.sigmoid() > 0.5).float()
+        else:
+            pred = logits.argmax(dim=0, keepdim=True).float()
+        restored = invert({"image": data["image"], "pred": pred.cpu()})["pred"]
+        array = plain(restored).numpy()
+        array = array[0] if array.shape[0] == 1 else np.moveaxis(array, 0, -1)
+        affine = np.asarray(plain(restored.affine).numpy(), dtype=np.float64)
+        path = out / _output_name(item, used)
+        tmp = path.with_name(f".{path.name}.tmp.nii.gz")
+        nib.save(nib.Nifti1Image(np.rint(array).astype(np.uint8), affine), tmp)
+        tmp.replace(path)
+        written.append(path)
+    return written

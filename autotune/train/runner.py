@@ -1,0 +1,439 @@
+"""The training runner: setup, the epoch loop, validation, checkpoints, resume and early stopping.
+
+``train`` is the entry point for the CLI and for Python. With ``nproc > 1`` it spawns
+that many processes (see ``autotune.train.ddp``); each runs ``run_worker``. Outputs go
+to ``BUNDLE/model_fold<k>/``: ``best.pt``, ``last.pt``, ``metrics.csv``, ``metrics.json``,
+``curves.png``, ``train_summary.json`` and, on a GPU, ``gpu_monitor.csv``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import re
+import sys
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from autotune.errors import ConfigError, SpecError
+from autotune.utils import atomic_write_json, read_json
+
+__all__ = ["train", "run_worker", "parse_duration", "save_checkpoint", "load_checkpoint"]
+
+_DURATION_UNITS = {"": 1, "s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
+REGULAR_LR = 1e-4  # the seed baseline's Adam learning rate
+
+
+def parse_duration(text: str | float | int) -> float:
+    """``30m``, ``2h``, ``90s``, ``1.5h`` or plain seconds -> seconds.
+
+    Raises:
+        SpecError: not a positive duration.
+    """
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-z]*)\s*", str(text).lower())
+    if not match or match.group(2) not in _DURATION_UNITS or isinstance(text, bool):
+        raise SpecError(f"--max-time {text!r} is not a duration; write e.g. 90s, 30m, 2h or plain seconds")
+    seconds = float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+    if seconds <= 0:
+        raise SpecError(f"--max-time {text!r} must be longer than zero")
+    return seconds
+
+
+def _check_args(epochs: int | None, max_time: float | None, val_every: int | None, nproc: int) -> None:
+    for name, value in (("--epochs", epochs), ("--val-every", val_every)):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise SpecError(f"{name} must be a positive integer, got {value!r}")
+    if max_time is not None and not float(max_time) > 0:
+        raise SpecError(f"--max-time must be positive seconds, got {max_time!r}")
+    if not isinstance(nproc, int) or nproc < 1:
+        raise SpecError(f"--nproc must be a positive integer, got {nproc!r}")
+
+
+def train(
+    bundle: str | os.PathLike[str],
+    *,
+    device: str = "cpu",
+    epochs: int | None = None,
+    max_time: float | None = None,
+    val_every: int | None = None,
+    resume: bool = False,
+    mode: str = "fast",
+    nproc: int = 1,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Train a bundle; returns the run summary (also written to ``model_fold<k>/train_summary.json``).
+
+    Args:
+        bundle: the bundle folder (or its ``hyper_parameters.yaml``).
+        device: ``cpu``, ``cuda`` or ``cuda:N`` (with several processes, one GPU per rank).
+        epochs: last epoch to train to (default ``num_epochs`` of the config).
+        max_time: seconds; the run stops at the first epoch end past it.
+        val_every: validate every K epochs (default ``num_epochs_per_validation``).
+        resume: continue from ``last.pt`` (starts fresh, with a warning, when there is none).
+        mode: ``fast`` (cache, thread loader, AMP, template recipe) or ``regular`` (the seed's baseline).
+        nproc: processes for DistributedDataParallel (ignored when started by torchrun).
+        progress: show progress bars and one line per epoch.
+
+    Raises:
+        ConfigError: a bad bundle or checkpoint. SpecError: bad arguments or device.
+        DataError / InputError: unusable data.
+    """
+    from autotune.bundles.config import load_bundle_config
+    from autotune.train.data import resolve_options
+
+    _check_args(epochs, max_time, val_every, nproc)
+    cfg = load_bundle_config(bundle)  # fail here, in one process, on a bad bundle
+    resolve_options(cfg, mode, "cpu")
+    kwargs = dict(bundle=str(bundle), device=device, epochs=epochs, max_time=max_time, val_every=val_every,
+                  resume=resume, mode=mode, progress=progress)
+    if nproc > 1 and int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        from autotune.train.ddp import spawn
+        from autotune.train.infer import model_dir
+
+        summary = model_dir(cfg) / "train_summary.json"
+        summary.unlink(missing_ok=True)
+        spawn(run_worker, nproc, kwargs)
+        return read_json(summary, ConfigError)
+    return run_worker(**kwargs)
+
+
+def run_worker(**kwargs: Any) -> dict[str, Any]:
+    """Train as this process's rank (alone, spawned, or under torchrun)."""
+    from autotune.train.ddp import cleanup, init_from_env
+
+    ctx = init_from_env(kwargs.pop("device"))
+    try:
+        return _TrainingRun(ctx=ctx, **kwargs).run()
+    finally:
+        cleanup(ctx)
+
+
+def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
+    """``torch.save`` to a temp file in the same folder, then ``os.replace``: never a half-written file."""
+    import torch
+
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        torch.save(state, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def load_checkpoint(path: Path) -> dict[str, Any]:
+    """Load a checkpoint with ``weights_only=True`` (plain data and tensors only, no pickled objects)."""
+    import torch
+
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise ConfigError(f"{path}: unreadable checkpoint ({type(exc).__name__}); delete it or train without --resume") from exc
+
+
+def _rng_state() -> dict[str, Any]:
+    import numpy as np
+    import torch
+
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    return {"torch": torch.get_rng_state(), "numpy": [name, keys.tolist(), pos, has_gauss, cached],
+            "python": random.getstate()}
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    import numpy as np
+    import torch
+
+    torch.set_rng_state(state["torch"])
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+
+
+def _fit_schedule(scheduler: Any, total_steps: int) -> None:
+    """After loading a schedule's state, stretch it to this run's length (``--epochs`` may differ)."""
+    for attr in ("t_total", "T_max", "total_iters"):
+        if hasattr(scheduler, attr):
+            setattr(scheduler, attr, total_steps)
+
+
+class _TrainingRun:
+    """One rank's training run: build everything, then epochs until done, out of time or stalled."""
+
+    def __init__(self, *, ctx: Any, bundle: str, epochs: int | None, max_time: float | None,
+                 val_every: int | None, resume: bool, mode: str, progress: bool) -> None:
+        from autotune.bundles.config import load_bundle_config
+        from autotune.train.infer import class_labels, model_dir
+        from autotune.train.monitor import MetricsLog
+
+        self.t_start = time.monotonic()
+        self.ctx, self.mode, self.resume, self.max_time = ctx, mode, resume, max_time
+        self.cfg = load_bundle_config(bundle)
+        self.progress = progress and ctx.is_main
+        self.total_epochs = int(epochs or self.cfg["num_epochs"])
+        self.val_every = int(val_every or self.cfg.get("num_epochs_per_validation", 1) or 1)
+        self.patience = int(self.cfg.get("early_stop_patience") or 0)
+        self.seed = int(self.cfg.get("seed", 0))
+        self.out = model_dir(self.cfg)
+        if ctx.is_main:
+            self.out.mkdir(parents=True, exist_ok=True)
+        self.metrics = MetricsLog(self.out, class_labels(self.cfg), enabled=ctx.is_main)
+
+    def say(self, message: str) -> None:
+        if self.progress:
+            print(message, flush=True)
+
+    def _setup_data(self) -> None:
+        from autotune.build import build_transforms
+        from autotune.train import data
+
+        train_cases, val_cases, self.split_note = data.split_datalist(self.cfg)
+        train_cases = data.shard(train_cases, self.ctx.rank, self.ctx.world_size, self.seed, even=True)
+        val_cases = data.shard(val_cases, self.ctx.rank, self.ctx.world_size, self.seed, even=False)
+        fast_cache = self.mode == "fast" and (self.cfg.get("fast_training") or {}).get("cache", True)
+        cache_bytes = data.estimate_cache_bytes(train_cases, self.cfg) if fast_cache else None
+        self.opts = opts = data.resolve_options(self.cfg, self.mode, self.ctx.device, cache_bytes)
+        self.train_transforms = build_transforms(self.cfg, "train",
+                                                 device=self.ctx.device if opts.cache_on_device else None)
+        train_ds = data.make_dataset(train_cases, self.train_transforms, opts, "train", self.progress)
+        val_ds = data.make_dataset(val_cases, build_transforms(self.cfg, "val"), opts, "val", self.progress)
+        self.batch_images = int(self.cfg["num_images_per_batch"])
+        self.train_loader = data.make_loader(train_ds, self.batch_images, opts, shuffle=True)
+        self.val_loader = data.make_loader(val_ds, 1, opts, shuffle=False)
+        crops, per_pass = int(self.cfg["num_crops_per_image"]), int(self.cfg["num_patches_per_iter"])
+        full, rest = divmod(len(train_ds), self.batch_images)
+        self.steps_per_epoch = full * math.ceil(self.batch_images * crops / per_pass) + (
+            math.ceil(rest * crops / per_pass) if rest else 0)
+        self.num_train_cases = len(train_ds)
+
+    def _setup_model(self) -> None:
+        import torch
+
+        from autotune import build
+        from autotune.step import make_grad_scaler
+        from autotune.train.monitor import NvtxRanges
+
+        device, cfg = self.ctx.device, self.cfg
+        self.model = build.build_network(cfg).to(device)
+        if self.opts.template_recipe:
+            self.loss_fn = build.build_loss(cfg)
+            self.optimizer = build.build_optimizer(cfg, self.model.parameters())
+            self.scheduler = build.build_lr_scheduler(cfg, self.optimizer, self.total_epochs * self.steps_per_epoch)
+        else:  # the seed's baseline recipe
+            from monai.losses import DiceLoss
+
+            sigmoid = bool(cfg.get("sigmoid"))
+            self.loss_fn = DiceLoss(to_onehot_y=not sigmoid, softmax=not sigmoid, sigmoid=sigmoid)
+            self.optimizer = torch.optim.Adam(self.model.parameters(), lr=REGULAR_LR)
+            self.scheduler = None
+        self.amp_dtype = build.amp_dtype(cfg, device) if self.opts.amp else None
+        self.scaler = make_grad_scaler(device, self.amp_dtype)
+        self.nvtx = NvtxRanges(self.opts.nvtx)
+        self.nvtx.attach(self.model, self.optimizer)
+        self.loss_fn = self.nvtx.wrap_loss(self.loss_fn)
+        self.net = self.model
+        if self.ctx.enabled:
+            from torch.nn.parallel import DistributedDataParallel
+
+            index = [torch.device(device).index] if device.startswith("cuda") else None
+            self.net = DistributedDataParallel(self.model, device_ids=index,
+                                               find_unused_parameters=cfg["network"]["name"] == "DiNTS")
+        if device.startswith("cuda") and self.mode == "fast":
+            torch.backends.cudnn.benchmark = True  # the roi is fixed, so the fastest kernels are found once
+
+    def _restore(self) -> None:
+        self.start_epoch, self.best, self.best_epoch, self.stale, self.elapsed_before = 0, None, 0, 0, 0.0
+        path = self.out / "last.pt"
+        if not self.resume:
+            return
+        if not path.is_file():
+            self.say(f"no checkpoint {path} to resume from; starting at epoch 1")
+            return
+        state = load_checkpoint(path)
+        if state.get("mode") != self.mode:
+            raise ConfigError(f"{path} was trained in {state.get('mode')} mode; resume with --mode {state.get('mode')}")
+        try:
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            if self.scaler is not None and state.get("scaler"):
+                self.scaler.load_state_dict(state["scaler"])
+            if self.scheduler is not None and state.get("scheduler"):
+                self.scheduler.load_state_dict(state["scheduler"])
+                _fit_schedule(self.scheduler, self.total_epochs * self.steps_per_epoch)
+        except (RuntimeError, KeyError, ValueError) as exc:
+            raise ConfigError(f"{path} does not match this bundle's network or optimizer ({exc}); "
+                              "train without --resume") from exc
+        self.start_epoch, self.best = int(state["epoch"]), state.get("best_metric")
+        self.best_epoch, self.stale = int(state.get("best_epoch", 0)), int(state.get("stale_validations", 0))
+        self.elapsed_before = float(state.get("elapsed_s", 0.0))
+        if state.get("rng"):
+            _set_rng_state(state["rng"])
+        self.metrics.load(self.start_epoch)
+        self.say(f"resuming after epoch {self.start_epoch} (best mean Dice {self.best})")
+
+    def _checkpoint(self, epoch: int) -> dict[str, Any]:
+        return {
+            "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+            "epoch": epoch, "best_metric": self.best, "best_epoch": self.best_epoch,
+            "stale_validations": self.stale, "mode": self.mode, "elapsed_s": self.elapsed(),
+            "total_steps": self.total_epochs * self.steps_per_epoch, "rng": _rng_state(),
+            "algo": self.cfg["algo"], "network": self.cfg["network"]["name"],
+        }
+
+    def elapsed(self) -> float:
+        return self.elapsed_before + time.monotonic() - self.t_start
+
+    def _train_epoch(self, epoch: int) -> dict[str, Any]:
+        import torch
+        from tqdm import tqdm
+
+        from autotune.step import split_patches, train_step
+        from autotune.train.ddp import all_gather_int, all_reduce_sum
+        from autotune.train.infer import plain
+
+        device, per_pass = self.ctx.device, int(self.cfg["num_patches_per_iter"])
+        # Seeded per epoch: a resumed run draws the same shuffles and crops as an unbroken one.
+        torch.manual_seed(self.seed + 1000 * epoch + self.ctx.rank)
+        self.train_transforms.set_random_state(seed=self.seed + 1000 * epoch + self.ctx.rank)
+        self.net.train()
+        loss_sum, passes, samples, wait = torch.zeros((), device=device), 0, 0, 0.0
+        bar = tqdm(total=len(self.train_loader), desc=f"epoch {epoch}/{self.total_epochs}", unit="batch",
+                   leave=False, disable=not self.progress, file=sys.stderr)
+        t0 = time.perf_counter()
+        batches = iter(self.train_loader)
+        while True:
+            t_wait = time.perf_counter()
+            with self.nvtx.range("data"):
+                batch = next(batches, None)
+            wait += time.perf_counter() - t_wait
+            if batch is None:
+                break
+            images = plain(batch["image"]).to(device, non_blocking=True)
+            labels = plain(batch["label"]).to(device, non_blocking=True)
+            for image, label in split_patches(images, labels, per_pass):
+                loss = train_step(self.net, self.loss_fn, self.optimizer, image, label, self.amp_dtype, self.scaler)
+                if self.scheduler is not None:
+                    self.scheduler.step()
+                loss_sum += loss.float()
+                passes, samples = passes + 1, samples + int(image.shape[0])
+            bar.update(1)
+            if bar.n % 10 == 0 and self.progress:
+                bar.set_postfix(loss=f"{loss_sum.item() / max(passes, 1):.4f}")
+        if device.startswith("cuda"):
+            torch.cuda.synchronize(device)
+        train_s = time.perf_counter() - t0
+        bar.close()
+        total_loss, total_passes = all_reduce_sum(self.ctx, [float(loss_sum.item()), float(passes)])
+        rank_samples = all_gather_int(self.ctx, samples)
+        return {
+            "epoch": epoch, "loss": total_loss / max(total_passes, 1), "train_s": train_s, "data_wait_s": wait,
+            "data_wait_share": wait / train_s if train_s > 0 else 0.0, "samples": sum(rank_samples),
+            "samples_per_s": sum(rank_samples) / train_s if train_s > 0 else 0.0,
+            "lr": float(self.optimizer.param_groups[0]["lr"]), "world_size": self.ctx.world_size,
+            "rank_samples": rank_samples,
+        }
+
+    def _validate(self, row: dict[str, Any]) -> None:
+        from autotune.train.infer import evaluate
+
+        t0 = time.perf_counter()
+        per_class, mean = evaluate(self.model, self.val_loader, self.cfg, self.ctx.device, self.amp_dtype,
+                                   self.ctx)
+        row["val_s"] = time.perf_counter() - t0
+        row.update({c: v for c, v in zip(self.metrics.dice_columns, per_class, strict=True)})
+        row["mean_dice"] = mean
+        if mean is not None and (self.best is None or mean > self.best):
+            self.best, self.best_epoch, self.stale = mean, row["epoch"], 0
+            if self.ctx.is_main:
+                save_checkpoint(self.out / "best.pt", self._checkpoint(row["epoch"]))
+        else:
+            self.stale += 1
+
+    def run(self) -> dict[str, Any]:
+        from autotune.train.ddp import barrier, broadcast_flag
+        from autotune.train.monitor import GpuMonitor, plot_curves
+
+        self._setup_data()
+        self._setup_model()
+        self._restore()
+        opts = self.opts
+        cache = "off" if not opts.cache else ("disk" if opts.persistent else ("device" if opts.cache_on_device else "RAM"))
+        self.say(f"{self.mode} mode on {self.ctx.device} x{self.ctx.world_size}: {self.split_note}; cache {cache}"
+                 f"{' (' + opts.why_persistent + ')' if opts.why_persistent else ''}, "
+                 f"{'ThreadDataLoader' if opts.thread_loader else f'DataLoader({opts.num_workers} workers)'}, "
+                 f"amp {self.amp_dtype or 'off'}, {self.steps_per_epoch} steps/epoch")
+        monitor = GpuMonitor(self.out / "gpu_monitor.csv", self.ctx.device, opts.gpu_monitor_interval_s)
+        if self.ctx.is_main and opts.gpu_monitor:
+            monitor.start()
+        stopped, epoch, t_loop = "epochs", self.start_epoch, time.monotonic()
+        try:
+            for epoch in range(self.start_epoch + 1, self.total_epochs + 1):
+                row = self._train_epoch(epoch)
+                over = self.max_time is not None and time.monotonic() - self.t_start >= self.max_time
+                time_up = broadcast_flag(self.ctx, over)
+                row.update(val_s=0.0, mean_dice=None)
+                if epoch % self.val_every == 0 or epoch == self.total_epochs or time_up:
+                    self._validate(row)
+                row["epoch_s"] = row["train_s"] + row["val_s"]
+                row["elapsed_s"] = self.elapsed()
+                if self.ctx.is_main:
+                    save_checkpoint(self.out / "last.pt", self._checkpoint(epoch))
+                    self.metrics.add(row, {"mode": self.mode, "world_size": self.ctx.world_size,
+                                           "split": self.split_note, "options": _jsonable(asdict(opts))})
+                    if row["mean_dice"] is not None or epoch == self.total_epochs:
+                        plot_curves(self.metrics.rows, self.out / "curves.png", f"{self.cfg['algo']} {self.mode}")
+                self.say(_epoch_line(row, self.total_epochs, self.best, self.best_epoch))
+                if time_up:
+                    stopped = "max_time"
+                    break
+                if self.patience and self.stale >= self.patience:
+                    stopped = "early_stop"
+                    self.say(f"early stop: no better validation Dice in {self.stale} validations")
+                    break
+            if self.ctx.is_main and self.metrics.rows:
+                plot_curves(self.metrics.rows, self.out / "curves.png", f"{self.cfg['algo']} {self.mode}")
+        finally:
+            monitor.stop()
+            self.nvtx.detach()
+        summary = {
+            "bundle": self.cfg["bundle_root"], "mode": self.mode, "device": self.ctx.device,
+            "world_size": self.ctx.world_size, "first_epoch": self.start_epoch + 1, "last_epoch": epoch,
+            "epochs_run": epoch - self.start_epoch, "stopped": stopped, "best_metric": self.best,
+            "best_epoch": self.best_epoch, "seconds": time.monotonic() - t_loop, "split": self.split_note,
+            "train_cases_per_rank": self.num_train_cases, "model_dir": str(self.out),
+            **{k: str(self.out / f) for k, f in (("best_checkpoint", "best.pt"), ("last_checkpoint", "last.pt"),
+                                                  ("metrics_csv", "metrics.csv"), ("metrics_json", "metrics.json"),
+                                                  ("curves", "curves.png"))},
+            "gpu_monitor": str(monitor.path) if monitor.samples else None,
+        }
+        if self.ctx.is_main:
+            atomic_write_json(self.out / "train_summary.json", summary)
+            self.say(f"done: {summary['epochs_run']} epochs ({stopped}), best mean Dice "
+                     f"{_fmt(self.best)} at epoch {self.best_epoch}; outputs in {self.out}")
+        barrier(self.ctx)
+        return summary
+
+
+def _fmt(value: float | None, digits: int = 4) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _epoch_line(row: dict[str, Any], total: int, best: float | None, best_epoch: int) -> str:
+    dice = f"dice {_fmt(row['mean_dice'])} (best {_fmt(best)} @{best_epoch})" if row["mean_dice"] is not None else ""
+    return (f"epoch {row['epoch']}/{total} loss {row['loss']:.4f} {dice} {row['epoch_s']:.1f}s "
+            f"(data wait {100 * row['data_wait_share']:.1f}%) {row['samples_per_s']:.1f} samples/s "
+            f"lr {row['lr']:.2e}").replace("  ", " ")
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    return str(value) if isinstance(value, Path) else value

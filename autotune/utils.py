@@ -1,0 +1,134 @@
+"""Small shared helpers: atomic writes, YAML/JSON I/O, sizes, lookup with suggestions."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import re
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from autotune.errors import AutotuneError, ConfigError
+
+__all__ = [
+    "atomic_write_text",
+    "atomic_write_yaml",
+    "atomic_write_json",
+    "read_yaml",
+    "read_json",
+    "parse_bytes",
+    "format_bytes",
+    "look_up_option",
+]
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
+    """Write ``text`` to ``path`` atomically (temp file in the same folder, fsync, rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def atomic_write_yaml(path: str | os.PathLike[str], data: Any) -> Path:
+    """Dump ``data`` as plain YAML (block style, key order kept) and write it atomically."""
+    return atomic_write_text(path, yaml.safe_dump(data, sort_keys=False, default_flow_style=None))
+
+
+def atomic_write_json(path: str | os.PathLike[str], data: Any) -> Path:
+    """Dump ``data`` as indented JSON and write it atomically."""
+    return atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
+
+
+def read_yaml(path: str | os.PathLike[str], error: type[AutotuneError] = ConfigError) -> Any:
+    """Read a YAML file with ``yaml.safe_load``; problems raise ``error`` naming the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise error(f"{path}: file not found; check the path")
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        raise error(f"{path}: not valid YAML{where}; fix the syntax") from exc
+    except UnicodeDecodeError as exc:
+        raise error(f"{path}: not a UTF-8 text file; give a YAML file") from exc
+
+
+def read_json(path: str | os.PathLike[str], error: type[AutotuneError] = ConfigError) -> Any:
+    """Read a JSON file; problems raise ``error`` naming the file and position."""
+    path = Path(path)
+    if not path.is_file():
+        raise error(f"{path}: file not found; check the path")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise error(f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}); fix the syntax") from exc
+    except UnicodeDecodeError as exc:
+        raise error(f"{path}: not a UTF-8 text file; give a JSON file") from exc
+
+
+_UNITS = {
+    "": 1, "b": 1,
+    "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3, "t": 1000**4, "tb": 1000**4,
+    "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4,
+}
+
+
+def parse_bytes(text: str | int | float, what: str = "memory size") -> int:
+    """Parse ``'8GiB'``, ``'512MiB'``, ``'2.5GB'`` or a plain byte count into bytes.
+
+    Raises:
+        SpecError-like ``ConfigError`` subclass from the caller is not needed: raises
+        ``autotune.errors.SpecError`` with the offending text.
+    """
+    from autotune.errors import SpecError
+
+    if isinstance(text, bool):
+        raise SpecError(f"{what}: {text!r} is not a size; write e.g. 8GiB or 512MiB")
+    if isinstance(text, (int, float)):
+        value = float(text)
+    else:
+        match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(text))
+        if not match or match.group(2).lower() not in _UNITS:
+            raise SpecError(f"{what}: {text!r} is not a size; write e.g. 8GiB, 512MiB or 2GB")
+        value = float(match.group(1)) * _UNITS[match.group(2).lower()]
+    if value <= 0:
+        raise SpecError(f"{what}: {text!r} must be a positive size")
+    return int(value)
+
+
+def format_bytes(num: float | int | None) -> str:
+    """Human-readable binary size, e.g. ``1.50 GiB``; ``-`` for None."""
+    if num is None:
+        return "-"
+    value = float(num)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.2f} {unit}"
+        value /= 1024
+    return f"{value:.2f} TiB"
+
+
+def look_up_option(name: str, valid: Iterable[str], what: str, error: type[AutotuneError] = ConfigError) -> str:
+    """Return ``name`` if valid, else raise ``error`` listing the valid names and a close match."""
+    choices = list(valid)
+    if name in choices:
+        return name
+    close = difflib.get_close_matches(str(name), choices, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    raise error(f"unknown {what} {name!r}{hint}; valid: {', '.join(choices)}")

@@ -1,0 +1,208 @@
+"""The search strategies against a simulated device: exact, wrong and missing estimates,
+failures, resume. Real probes are exercised in test_tune.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import optuna
+import pytest
+
+from autotune.search.evaluate import Evaluator
+from autotune.search.space import AlgoSpec
+from autotune.search.strategy import LinearModel, distributions, find_max_feasible, run_fast, run_tpe
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+MiB = 1024**2
+
+
+class SimulatedDevice:
+    """peak(n, m) = base + per_patch*n (+ sw cost for m); throughput rises then flattens."""
+
+    measured = True
+
+    def __init__(self, limit: int, est_error: float = 0.0, estimator: bool = True, faults: dict | None = None):
+        self.limit = limit
+        self.base, self.per_patch = 100 * MiB, 37 * MiB
+        self.sw_base, self.per_window = 60 * MiB, 11 * MiB
+        self.est_error = est_error
+        self.estimator = estimator
+        self.faults = dict(faults or {})
+        self.calls: list[tuple[dict, tuple]] = []
+
+    def train_peak(self, n: int) -> int:
+        return self.base + self.per_patch * n
+
+    def peak(self, point: dict, phases: tuple) -> int:
+        peak = self.train_peak(point["num_patches_per_iter"])
+        if "infer" in phases:
+            on_cpu = point.get("validation_device") == "cpu"
+            sw = self.base + self.sw_base * (0 if on_cpu else 1) + self.per_window * point["num_sw_batch_size"]
+            peak = max(peak, sw)
+        return peak
+
+    def probe(self, point: dict, phases: tuple) -> dict[str, Any]:
+        self.calls.append((dict(point), tuple(phases)))
+        fault = self.faults.get(point.get("num_patches_per_iter"))
+        if fault and "infer" not in phases:
+            return {"status": fault, "error_type": "Injected", "signal": 9 if fault == "killed" else None}
+        peak = self.peak(point, phases)
+        if peak > self.limit:
+            return {"status": "oom", "peak_bytes": self.limit}
+        n = point["num_patches_per_iter"]
+        result = {"status": "ok", "peak_bytes": peak, "train_peak_bytes": self.train_peak(n),
+                  "samples_per_s": n / (0.5 + 0.1 * n)}
+        if "infer" in phases:
+            result["sw_seconds_per_volume"] = 1.0 / (point["num_sw_batch_size"] ** 0.5)
+        return result
+
+    def memory_model(self, phase: str, point: dict) -> LinearModel | None:
+        if not self.estimator:
+            return None
+        k = 1.0 + self.est_error
+        if phase == "train":
+            return LinearModel(self.base * k, self.per_patch * k)
+        on_cpu = point.get("validation_device") == "cpu"
+        return LinearModel((self.base + self.sw_base * (0 if on_cpu else 1)) * k, self.per_window * k)
+
+
+def _study(tmp_path, name: str = "s") -> optuna.Study:
+    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'studies.db'}")
+    return optuna.create_study(storage=storage, study_name=name, direction="maximize", load_if_exists=True)
+
+
+def _true_max(device: SimulatedDevice, budget: int, hi: int) -> int:
+    return max(n for n in range(1, hi + 1) if device.train_peak(n) <= budget)
+
+
+SPEC = AlgoSpec(patches_range=(1, 64), sw_range=(1, 64))
+
+
+@pytest.mark.parametrize("est_error", [0.0, 0.004, -0.2, 0.25, 1.5])
+def test_fast_finds_true_maximum(tmp_path, est_error: float) -> None:
+    limit = 2048 * MiB
+    budget = int(limit * 0.9)
+    device = SimulatedDevice(limit, est_error=est_error)
+    evaluator = Evaluator(_study(tmp_path), device, budget, distributions(SPEC, ("device",)))
+    outcome = run_fast(evaluator, SPEC, ("device",), device.memory_model("train", {}),
+                       lambda n, vd: device.memory_model("infer", {"validation_device": vd}))
+    assert outcome.max_num_patches_per_iter == _true_max(device, budget, 64)
+    train_probes = [c for c in device.calls if c[1] == ("train",)]
+    if est_error == 0.0:
+        assert len(train_probes) == 2  # the prediction, then one above it
+    # sliding-window: the largest m whose peak fits, with the training batch fixed
+    n = outcome.num_patches_per_iter
+    true_m = max(m for m in range(1, 65) if device.peak(
+        {"num_patches_per_iter": n, "num_sw_batch_size": m, "validation_device": "device"}, ("train", "infer")) <= budget)
+    assert outcome.num_sw_batch_size == true_m
+    assert outcome.validation_device == "device"
+
+
+def test_fast_without_estimator_bisects(tmp_path) -> None:
+    limit = 1500 * MiB
+    device = SimulatedDevice(limit, estimator=False)
+    budget = int(limit * 0.9)
+    evaluator = Evaluator(_study(tmp_path), device, budget, distributions(SPEC, ("device",)))
+    best, evals = find_max_feasible(
+        lambda n: evaluator.evaluate({"num_patches_per_iter": n}, ("train",)), 1, 64, None, budget)
+    assert best == _true_max(device, budget, 64)
+    assert len(evals) <= 12
+
+
+def test_range_cap_needs_one_probe(tmp_path) -> None:
+    device = SimulatedDevice(64 * 1024 * MiB)
+    spec = AlgoSpec(patches_range=(1, 8), sw_range=(1, 4))
+    evaluator = Evaluator(_study(tmp_path), device, 10**12, distributions(spec, ("device",)))
+    best, evals = find_max_feasible(
+        lambda n: evaluator.evaluate({"num_patches_per_iter": n}, ("train",)), 1, 8,
+        device.memory_model("train", {}), 10**12)
+    assert best == 8 and len(evals) == 1
+
+
+def test_nothing_fits_is_reported(tmp_path) -> None:
+    device = SimulatedDevice(120 * MiB)
+    evaluator = Evaluator(_study(tmp_path), device, 100 * MiB, distributions(SPEC, ("device",)))
+    outcome = run_fast(evaluator, SPEC, ("device",), device.memory_model("train", {}), lambda n, vd: None)
+    assert outcome.num_patches_per_iter is None
+
+
+def test_validation_falls_back_to_cpu_when_device_cannot_hold_volume(tmp_path) -> None:
+    limit = 300 * MiB
+    device = SimulatedDevice(limit)
+    device.sw_base = 200 * MiB  # the volume itself does not fit on the device
+    budget = int(limit * 0.9)
+    evaluator = Evaluator(_study(tmp_path), device, budget, distributions(SPEC, ("device", "cpu")))
+    outcome = run_fast(evaluator, SPEC, ("device", "cpu"), device.memory_model("train", {}),
+                       lambda n, vd: device.memory_model("infer", {"validation_device": vd}))
+    assert outcome.validation_device == "cpu"
+    assert outcome.num_sw_batch_size is not None and outcome.num_sw_batch_size >= 1
+
+
+def test_trials_record_states_and_constraints(tmp_path) -> None:
+    limit = 2048 * MiB
+    budget = int(limit * 0.9)
+    device = SimulatedDevice(limit, est_error=0.3)  # over-estimate: forces an oom and a bisection
+    study = _study(tmp_path)
+    evaluator = Evaluator(study, device, budget, distributions(SPEC, ("device",)))
+    run_fast(evaluator, SPEC, ("device",), device.memory_model("train", {}), lambda n, vd: None)
+    trials = study.get_trials()
+    assert trials, "every evaluated point is a trial"
+    for t in trials:
+        assert t.state == optuna.trial.TrialState.COMPLETE
+        assert "memory" in t.constraints
+        assert t.user_attrs["status"] in ("ok", "oom")
+        feasible = t.constraints["memory"] <= 0
+        assert feasible == (t.user_attrs["status"] == "ok" and t.user_attrs["peak_bytes"] <= budget)
+    assert any(t.constraints["memory"] > 0 for t in trials)
+
+
+def test_failed_probe_is_fail_trial_retried_once(tmp_path) -> None:
+    limit = 2048 * MiB
+    budget = int(limit * 0.9)
+    device = SimulatedDevice(limit)
+    true_max = _true_max(device, budget, 64)
+    device.faults = {true_max + 1: "killed"}  # the confirming probe above the edge crashes
+    study = _study(tmp_path)
+    evaluator = Evaluator(study, device, budget, distributions(SPEC, ("device",)))
+    outcome = run_fast(evaluator, SPEC, ("device",), device.memory_model("train", {}), lambda n, vd: None)
+    assert outcome.max_num_patches_per_iter == true_max
+    failed = [t for t in study.get_trials() if t.state == optuna.trial.TrialState.FAIL]
+    assert len(failed) == 2, "a crashed point is retried once, then taken as not fitting"
+    assert all("signal 9" in t.user_attrs["fail_reason"] for t in failed)
+    # a rerun answers the crashed point from the study: it failed twice, it is not probed again
+    calls = len(device.calls)
+    again = Evaluator(study, device, budget, distributions(SPEC, ("device",))).evaluate(
+        {"num_patches_per_iter": true_max + 1}, ("train",))
+    assert not again.feasible and again.reused
+    assert len(device.calls) == calls
+
+
+def test_resume_reuses_measured_points(tmp_path) -> None:
+    limit = 2048 * MiB
+    budget = int(limit * 0.9)
+    device = SimulatedDevice(limit, est_error=-0.2)
+    first = run_fast(Evaluator(_study(tmp_path), device, budget, distributions(SPEC, ("device",))), SPEC,
+                     ("device",), device.memory_model("train", {}), lambda n, vd: None)
+    calls = len(device.calls)
+    again = run_fast(Evaluator(_study(tmp_path), device, budget, distributions(SPEC, ("device",))), SPEC,
+                     ("device",), device.memory_model("train", {}), lambda n, vd: None)
+    assert len(device.calls) == calls, "a rerun on the same study probes nothing new"
+    assert again.num_patches_per_iter == first.num_patches_per_iter
+    assert again.num_sw_batch_size == first.num_sw_batch_size
+
+
+def test_tpe_baseline_uses_its_budget_and_picks_a_feasible_point(tmp_path) -> None:
+    limit = 2048 * MiB
+    budget = int(limit * 0.9)
+    device = SimulatedDevice(limit)
+    spec = AlgoSpec(num_trials=12, patches_range=(1, 64), sw_range=(1, 64))
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'tpe.db'}", direction="maximize",
+                                sampler=optuna.samplers.TPESampler(seed=0, n_startup_trials=6))
+    evaluator = Evaluator(study, device, budget, distributions(spec, ("device",)))
+    outcome = run_tpe(evaluator, spec, ("device",))
+    assert len(study.get_trials()) == 12
+    if outcome.num_patches_per_iter is not None:
+        point = {"num_patches_per_iter": outcome.num_patches_per_iter,
+                 "num_sw_batch_size": outcome.num_sw_batch_size, "validation_device": "device"}
+        assert device.peak(point, ("train", "infer")) <= budget
