@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -140,7 +141,7 @@ def load_data_source(path: str | Path, num_fold: int = 5, seed: int = 0) -> Data
     """
     if isinstance(num_fold, bool) or not isinstance(num_fold, int) or num_fold < 1:
         raise InputError(f"num_fold {num_fold!r} must be an integer of at least 1")
-    source = _absolute(Path(path).expanduser())
+    source = _absolute(_expand_home(Path(path), "input"))
     if not source.exists():
         raise InputError(f"{source}: not found; give an input.yaml, a datalist .json or a Decathlon task folder")
     if source.is_dir():
@@ -334,7 +335,7 @@ def _resolve(value: Any, dataroot: Path, listed_in: Path, where: str) -> str:
     """Absolute, normalised path of ``value``; relative paths must stay inside ``dataroot``."""
     if not isinstance(value, str) or not value.strip():
         raise InputError(f"{listed_in}: {where} must be a file path; found {value!r}")
-    given = Path(value).expanduser()
+    given = _expand_home(Path(value), f"{listed_in}: {where}")
     if given.is_absolute():
         return os.path.normpath(given)
     full = os.path.normpath(dataroot / given)
@@ -384,7 +385,25 @@ def _text(value: Any, where: Path, key: str) -> str:
 
 
 def _is_int_text(value: Any) -> bool:
-    return isinstance(value, (str, int)) and not isinstance(value, bool) and str(value).strip().lstrip("-").isdigit()
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        return False
+    # ASCII digits only: str.isdigit() also accepts '²', which int() refuses.
+    if isinstance(value, str) and not re.fullmatch(r"-?[0-9]+", value.strip()):
+        return False
+    try:
+        int(value)  # still refuses text beyond Python's 4300-digit limit
+    except ValueError:
+        return False
+    return True
+
+
+def _expand_home(path: Path, what: str) -> Path:
+    """``path.expanduser()``, but an unknown ``~user`` is an InputError, not a RuntimeError."""
+    try:
+        return path.expanduser()
+    except RuntimeError as exc:
+        raise InputError(f"{what} {str(path)!r}: cannot find the home folder of {path.parts[0]!r}; give an "
+                         "absolute path or one relative to dataroot") from exc
 
 
 def _kind(value: Any) -> str:
