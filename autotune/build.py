@@ -304,7 +304,7 @@ def build_transforms(cfg: Mapping[str, Any], stage: str, device: str | torch.dev
         LoadImaged(keys=keys, image_only=True),
         EnsureChannelFirstd(keys=keys),
         EnsureTyped(keys=keys, dtype=torch.float32),
-        Orientationd(keys=keys, axcodes="RAS"),
+        Orientationd(keys=keys, axcodes="RAS", labels=None),
         Spacingd(keys=keys, pixdim=pixdim, mode=modes),
         _intensity_transform(cfg),
     ]

@@ -7,7 +7,7 @@ import json
 import os
 import re
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +16,8 @@ import yaml
 from autotune.errors import AutotuneError, ConfigError
 
 __all__ = [
+    "plain_data",
+    "expand_path",
     "atomic_write_text",
     "atomic_write_yaml",
     "atomic_write_json",
@@ -44,14 +46,44 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
     return path
 
 
+def plain_data(data: Any) -> Any:
+    """``data`` as plain Python types: str subclasses (``torch.__version__``), numpy scalars,
+    tuples and paths become str, int, float, list, so ``yaml.safe_dump`` and JSON take them."""
+    if isinstance(data, Mapping):
+        return {plain_data(k): plain_data(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [plain_data(v) for v in data]
+    if isinstance(data, bool) or data is None:
+        return data
+    if isinstance(data, str):
+        return str(data)
+    if isinstance(data, int):
+        return int(data)
+    if isinstance(data, float):
+        return float(data)
+    if isinstance(data, os.PathLike):
+        return os.fspath(data)
+    if hasattr(data, "item") and callable(data.item):  # numpy / torch scalars
+        return plain_data(data.item())
+    return data
+
+
 def atomic_write_yaml(path: str | os.PathLike[str], data: Any) -> Path:
     """Dump ``data`` as plain YAML (block style, key order kept) and write it atomically."""
-    return atomic_write_text(path, yaml.safe_dump(data, sort_keys=False, default_flow_style=None))
+    return atomic_write_text(path, yaml.safe_dump(plain_data(data), sort_keys=False, default_flow_style=None))
 
 
 def atomic_write_json(path: str | os.PathLike[str], data: Any) -> Path:
     """Dump ``data`` as indented JSON and write it atomically."""
-    return atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
+    return atomic_write_text(path, json.dumps(plain_data(data), indent=2, sort_keys=False) + "\n")
+
+
+def expand_path(path: str | os.PathLike[str], error: type[AutotuneError] = ConfigError) -> Path:
+    """``Path(path).expanduser()``; an unknown ``~user`` raises ``error`` instead of RuntimeError."""
+    try:
+        return Path(path).expanduser()
+    except RuntimeError as exc:
+        raise error(f"{path}: cannot expand '~' (unknown user); give the full path") from exc
 
 
 def read_yaml(path: str | os.PathLike[str], error: type[AutotuneError] = ConfigError) -> Any:
@@ -65,6 +97,9 @@ def read_yaml(path: str | os.PathLike[str], error: type[AutotuneError] = ConfigE
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
         raise error(f"{path}: not valid YAML{where}; fix the syntax") from exc
+    except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
+        # yaml's constructors raise these on values such as "2020-13-45" or "!!int CT"
+        raise error(f"{path}: a value cannot be read as YAML ({type(exc).__name__}: {str(exc)[:80]}); fix it") from exc
     except UnicodeDecodeError as exc:
         raise error(f"{path}: not a UTF-8 text file; give a YAML file") from exc
 
@@ -78,6 +113,8 @@ def read_json(path: str | os.PathLike[str], error: type[AutotuneError] = ConfigE
         return json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise error(f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}); fix the syntax") from exc
+    except (ValueError, RecursionError) as exc:  # e.g. a 5000-digit number, or nesting too deep
+        raise error(f"{path}: a value cannot be read as JSON ({type(exc).__name__}); fix it") from exc
     except UnicodeDecodeError as exc:
         raise error(f"{path}: not a UTF-8 text file; give a JSON file") from exc
 

@@ -29,7 +29,7 @@ from autotune.bundles.config import CONFIG_RELPATH, check_bundle_config
 from autotune.bundles.render import render_config
 from autotune.bundles.templates import list_templates, load_template
 from autotune.errors import ConfigError
-from autotune.utils import atomic_write_json, atomic_write_yaml, look_up_option, read_yaml
+from autotune.utils import atomic_write_json, atomic_write_yaml, expand_path, look_up_option, read_yaml
 
 __all__ = ["BundleGen", "BUNDLE_META", "parse_algos"]
 
@@ -75,11 +75,11 @@ class BundleGen:
         data_stats_filename: str | os.PathLike[str] | None = None,
         data_src_cfg_name: str | os.PathLike[str] | None = None,
     ) -> None:
-        self.algo_path = Path(algo_path).expanduser().resolve()
+        self.algo_path = expand_path(algo_path).resolve()
         self.templates_path = templates_path
         self.algos = parse_algos(algos, list_templates(templates_path))
-        self.data_stats_filename = Path(data_stats_filename or self.algo_path / "datastats.yaml").expanduser().resolve()
-        self.data_src_cfg_name = Path(data_src_cfg_name or self.algo_path / "data_src.yaml").expanduser().resolve()
+        self.data_stats_filename = expand_path(data_stats_filename or self.algo_path / "datastats.yaml").resolve()
+        self.data_src_cfg_name = expand_path(data_src_cfg_name or self.algo_path / "data_src.yaml").resolve()
         self._bundles: list[dict[str, Any]] = []
 
     def _data_src(self, num_fold: int) -> dict[str, Any]:
@@ -135,7 +135,7 @@ class BundleGen:
         """
         if not isinstance(num_fold, int) or isinstance(num_fold, bool) or num_fold < 1:
             raise ConfigError(f"num_fold must be a positive integer, got {num_fold!r}")
-        out = Path(output_folder).expanduser().resolve() if output_folder else self.algo_path
+        out = expand_path(output_folder).resolve() if output_folder else self.algo_path
         stats = read_yaml(self.data_stats_filename, ConfigError)
         if not isinstance(stats, dict):
             raise ConfigError(f"{self.data_stats_filename}: not a datastats file; run 'autotune analyze' first")

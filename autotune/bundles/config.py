@@ -14,7 +14,7 @@ from typing import Any
 
 from autotune.bundles.templates import reject_expressions
 from autotune.errors import ConfigError
-from autotune.utils import atomic_write_yaml, read_yaml
+from autotune.utils import atomic_write_yaml, expand_path, read_yaml
 
 __all__ = [
     "CONFIG_RELPATH",
@@ -41,7 +41,7 @@ _BOOLS = ("sw_input_on_cpu", "amp")
 
 def bundle_config_path(bundle: str | os.PathLike[str]) -> Path:
     """The config file of ``bundle`` (a bundle folder, or the YAML file itself)."""
-    path = Path(bundle).expanduser()
+    path = expand_path(bundle)
     if path.is_dir():
         return path / CONFIG_RELPATH
     if path.suffix in (".yaml", ".yml"):

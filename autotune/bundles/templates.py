@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import ConfigError
-from autotune.utils import look_up_option, read_yaml
+from autotune.utils import expand_path, look_up_option, read_yaml
 
 __all__ = [
     "TEMPLATE_FILE",
@@ -47,12 +47,12 @@ def default_templates_path() -> Path:
     """``$AUTOTUNE_TEMPLATES`` if set, else the ``algorithm_templates/`` folder beside the package."""
     env = os.environ.get("AUTOTUNE_TEMPLATES")
     if env:
-        return Path(env).expanduser().resolve()
+        return expand_path(env).resolve()
     return Path(__file__).resolve().parents[2] / "algorithm_templates"
 
 
 def _root(templates_path: str | os.PathLike[str] | None) -> Path:
-    root = Path(templates_path).expanduser().resolve() if templates_path else default_templates_path()
+    root = expand_path(templates_path).resolve() if templates_path else default_templates_path()
     if not root.is_dir():
         raise ConfigError(
             f"templates folder {root} not found; pass templates_path or set AUTOTUNE_TEMPLATES to the "
@@ -78,7 +78,7 @@ def preset_path(name_or_path: str | os.PathLike[str], templates_path: str | os.P
     if os.sep not in text and not text.endswith((".yaml", ".yml")):
         look_up_option(text, list_presets(templates_path), "overrides preset")
         return _root(templates_path) / "presets" / f"{text}.yaml"
-    return Path(text).expanduser()
+    return expand_path(text)
 
 
 def reject_expressions(value: Any, where: str) -> None:

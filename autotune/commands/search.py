@@ -114,6 +114,34 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--quiet", action="store_true", help="no progress lines")
     r.set_defaults(func=run_run)
 
+    w = sub.add_parser(
+        "worker",
+        help="take tuning work from a shared storage (many GPUs or nodes)",
+        description="Tune the bundles in WORK_DIR together with other workers on the same storage (use "
+        "PostgreSQL for several processes). Each tuning key is searched by one worker at a time; TPE studies are "
+        "shared point by point; a worker that dies is taken over once its heartbeat is stale.",
+    )
+    w.add_argument("--work-dir", required=True, help="the work folder holding <algo>_<fold>/ bundles")
+    w.add_argument("--algos", default=None, help="only bundles of these algorithms (comma-separated)")
+    add_tuning_args(w)
+    w.add_argument("--quiet", action="store_true", help="no progress lines")
+    w.set_defaults(func=run_worker)
+
+    v = sub.add_parser(
+        "verify",
+        help="check a tuned or planned bundle on the real device; retune if the plan fails",
+        description="Probe at the bundle's tuned values and one patch above, compare the estimate with the "
+        "measured peak, and set the provenance to 'measured' when the plan holds (else retune with 'fast').",
+    )
+    v.add_argument("bundle", help="a tuned bundle folder")
+    v.add_argument("--device", default="cpu", help="cpu or cuda:N (default cpu)")
+    v.add_argument("--memory-limit", default=None, help="default: the limit the bundle was tuned for")
+    v.add_argument("--storage", default=None, help="storage for a retune (default sqlite under studies/)")
+    v.add_argument("--timeout", type=float, default=300.0, help="seconds before a probe is killed")
+    v.add_argument("--no-retune", action="store_true", help="only report; do not retune when the plan fails")
+    v.add_argument("--json", action="store_true", help="print the report as JSON")
+    v.set_defaults(func=run_verify)
+
     d = sub.add_parser(
         "dashboard",
         help="serve optuna-dashboard on the tuning storage",
@@ -161,6 +189,71 @@ def run_run(args: argparse.Namespace) -> int:
             summary = train(b["path"], device=args.device, epochs=args.epochs, max_time=max_time)
             say(f"  {b['identifier']}: best mean Dice {summary.get('best_metric')}")
     return 0 if ok else 1
+
+
+def find_bundles(work_dir: str, algos: str | None = None) -> list[str]:
+    """Bundle folders under ``work_dir`` (those holding configs/hyper_parameters.yaml), sorted."""
+    from autotune.bundles.bundlegen import parse_algos
+    from autotune.bundles.templates import list_templates
+    from autotune.errors import ConfigError
+
+    root = Path(work_dir)
+    if not root.is_dir():
+        raise ConfigError(f"{root}: work folder not found; run 'autotune generate' first")
+    bundles = sorted(str(p.parent.parent) for p in root.glob("*/configs/hyper_parameters.yaml"))
+    if algos:
+        wanted = set(parse_algos(algos, list_templates()))
+        bundles = [b for b in bundles if Path(b).name.rsplit("_", 1)[0] in wanted]
+    if not bundles:
+        raise ConfigError(f"{root}: no bundles found; run 'autotune generate --work-dir {root}' first")
+    return bundles
+
+
+def run_worker(args: argparse.Namespace) -> int:
+    """Handler of ``autotune worker``."""
+    from autotune.search.report import format_results
+    from autotune.search.targets import resolve_target
+    from autotune.search.tune import tune_bundles
+
+    target = resolve_target(args.strategy, args.target_gpu, args.target_memory, args.device)
+    results = tune_bundles(
+        find_bundles(args.work_dir, args.algos),
+        specs_from_args(args),
+        device=args.device,
+        memory_limit=args.memory_limit,
+        storage=args.storage,
+        strategy=args.strategy,
+        margin=args.margin,
+        timeout=args.timeout,
+        target=target,
+        workers_share=True,
+        progress=None if args.quiet else lambda line: print(line, file=sys.stderr, flush=True),
+    )
+    print(format_results(results))
+    return 0 if all(r.get("status") in ("tuned", "unsupported") for r in results) else 1
+
+
+def run_verify(args: argparse.Namespace) -> int:
+    """Handler of ``autotune verify``: 0 when the plan holds (or was retuned), 1 otherwise."""
+    import json
+
+    from autotune.search.verify import verify_bundle
+
+    report = verify_bundle(
+        args.bundle, device=args.device, memory_limit=args.memory_limit, storage=args.storage,
+        timeout=args.timeout, retune=not args.no_retune,
+        progress=lambda line: print(line, file=sys.stderr, flush=True),
+    )
+    if args.json:
+        print(json.dumps(report, indent=2, default=str))
+    else:
+        err = report.get("estimate_error")
+        print(f"{args.bundle}: plan {'holds' if report['holds'] else 'does not hold'}; estimate error "
+              f"{'-' if err is None else f'{100 * err:.2f}%'}")
+    if report["holds"]:
+        return 0
+    retuned = report.get("retuned")
+    return 0 if retuned and retuned.get("status") == "tuned" else 1
 
 
 def run_dashboard(args: argparse.Namespace) -> int:

@@ -6,6 +6,7 @@ Nothing heavy is imported here; the handlers import torch and MONAI when they ru
 from __future__ import annotations
 
 import argparse
+import os
 
 from autotune.errors import SpecError
 
@@ -77,6 +78,8 @@ def run_train(args: argparse.Namespace) -> int:
     summary = train(args.bundle, device=_device(args.device), epochs=args.epochs, max_time=max_time,
                     val_every=args.val_every, resume=args.resume, mode=args.mode, nproc=args.nproc,
                     progress=not args.quiet)
+    if int(os.environ.get("RANK", "0")) != 0:
+        return 0  # under torchrun only rank 0 reports
     best = summary.get("best_metric")
     print(f"best mean Dice {best:.4f} at epoch {summary['best_epoch']}" if best is not None else "not validated",
           f"| {summary['epochs_run']} epochs ({summary['stopped']}) | {summary['model_dir']}")

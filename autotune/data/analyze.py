@@ -27,7 +27,13 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from autotune.data.datalist import DataSource, load_data_source, write_data_src_config, write_datalist
+from autotune.data.datalist import (
+    DataSource,
+    _expand_home,
+    load_data_source,
+    write_data_src_config,
+    write_datalist,
+)
 from autotune.data.validate import check_cases
 from autotune.errors import AutotuneError, DataError, InputError
 from autotune.utils import atomic_write_json, atomic_write_yaml, read_yaml
@@ -117,7 +123,7 @@ def analyze(input: str | Path, work_dir: str | Path, num_fold: int = 5, force: b
         DataError: An image or label is missing, unreadable or inconsistent, or the analyzer failed.
     """
     source = load_data_source(input, num_fold=num_fold)
-    work = Path(os.path.abspath(Path(work_dir).expanduser()))
+    work = Path(os.path.abspath(_expand_home(Path(work_dir), "work dir")))
     if work.exists() and not work.is_dir():
         raise InputError(f"{work}: exists and is not a folder; give a folder as the work dir")
     datastats_path, datalist_path, data_src_path = work / DATASTATS, work / DATALIST, work / DATA_SRC

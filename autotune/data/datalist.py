@@ -335,7 +335,7 @@ def _resolve(value: Any, dataroot: Path, listed_in: Path, where: str) -> str:
     """Absolute, normalised path of ``value``; relative paths must stay inside ``dataroot``."""
     if not isinstance(value, str) or not value.strip():
         raise InputError(f"{listed_in}: {where} must be a file path; found {value!r}")
-    given = _expand_home(Path(value), f"{listed_in}: {where}")
+    given = _expand_home(Path(value), f"{listed_in}: {where}", "an absolute path or one relative to dataroot")
     if given.is_absolute():
         return os.path.normpath(given)
     full = os.path.normpath(dataroot / given)
@@ -397,13 +397,13 @@ def _is_int_text(value: Any) -> bool:
     return True
 
 
-def _expand_home(path: Path, what: str) -> Path:
+def _expand_home(path: Path, what: str, instead: str = "an absolute path") -> Path:
     """``path.expanduser()``, but an unknown ``~user`` is an InputError, not a RuntimeError."""
     try:
         return path.expanduser()
     except RuntimeError as exc:
-        raise InputError(f"{what} {str(path)!r}: cannot find the home folder of {path.parts[0]!r}; give an "
-                         "absolute path or one relative to dataroot") from exc
+        raise InputError(f"{what} {str(path)!r}: cannot find the home folder of {path.parts[0]!r}; "
+                         f"give {instead}") from exc
 
 
 def _kind(value: Any) -> str:

@@ -73,15 +73,16 @@ def parse_fault_rules(spec: str | None) -> list[tuple[str, dict[str, str]]]:
     return rules
 
 
-def _inject_fault(rules: list[tuple[str, dict[str, str]]], context: Mapping[str, Any], first_phase: bool) -> None:
-    """Fire the first matching rule; a rule without a ``phase`` condition fires in the first phase only."""
-    import torch
-
+def _inject_fault(rules: list[tuple[str, dict[str, str]]], context: Mapping[str, Any], phase: str | None) -> None:
+    """Fire the first matching rule. With ``phase`` None (before the build and the heavy imports)
+    only rules without a ``phase`` condition are checked; at a phase's start only rules naming it."""
     for fault, conditions in rules:
-        if "phase" not in conditions and not first_phase:
+        if ("phase" in conditions) != (phase is not None):
             continue
-        if all(str(context.get(key)) == value for key, value in conditions.items()):
+        if all(str({**context, "phase": phase}.get(key)) == value for key, value in conditions.items()):
             if fault == "oom":
+                import torch
+
                 raise torch.OutOfMemoryError("injected fault: out of memory")
             if fault == "raise":
                 raise ValueError("injected fault: raise")
@@ -154,7 +155,6 @@ def _train_phase(req: Mapping[str, Any], parts: dict[str, Any], result: dict[str
     )
     result["step_seconds_median"] = statistics.median(times)
     result["samples_per_s"] = int(req["num_patches_per_iter"]) / max(result["step_seconds_median"], 1e-12)
-    del images, labels
 
 
 def _infer_phase(req: Mapping[str, Any], parts: dict[str, Any], result: dict[str, Any]) -> None:
@@ -258,24 +258,27 @@ def base_result(req: Mapping[str, Any]) -> dict[str, Any]:
 def run_trial(req: Mapping[str, Any]) -> dict[str, Any]:
     """Run the trial described by ``req`` in this process and return its result (never raises for
     failures of the trial itself: they become ``status`` ``oom`` or ``error``)."""
-    import monai
-    import torch
-
-    from autotune.probe import memory
-
     result = base_result(req)
-    result.update(torch_version=torch.__version__, monai_version=monai.__version__)
-    result.update(device_name=memory.device_name(req["device"]), device_total_memory=memory.device_total_memory(req["device"]))
     state_path = req.get("state_path")
-    _write_state(state_path, {**result, "phase": "build"})
-    rules = parse_fault_rules(os.environ.get(FAULT_ENV))
     context = {k: req[k] for k in ("num_patches_per_iter", "num_sw_batch_size", "validation_device", "device")}
-    phase = "build"
+    phase = req["phases"][0]
+    _write_state(state_path, {**result, "phase": phase})
     try:
+        rules = parse_fault_rules(os.environ.get(FAULT_ENV))
+        _inject_fault(rules, context, None)
+        import monai
+        import torch
+
+        from autotune.probe import memory
+
+        result.update(torch_version=torch.__version__, monai_version=monai.__version__,
+                      device_name=memory.device_name(req["device"]),
+                      device_total_memory=memory.device_total_memory(req["device"]))
+        _write_state(state_path, {**result, "phase": phase})
         parts = _build(req)
-        for index, phase in enumerate(req["phases"]):
+        for phase in req["phases"]:
             _write_state(state_path, {**result, "phase": phase})
-            _inject_fault(rules, {**context, "phase": phase}, first_phase=index == 0)
+            _inject_fault(rules, context, phase)
             if phase == "train":
                 _train_phase(req, parts, result)
             else:
@@ -284,8 +287,10 @@ def run_trial(req: Mapping[str, Any]) -> dict[str, Any]:
                 _infer_phase(req, parts, result)
         result["status"] = "ok"
     except Exception as exc:  # noqa: BLE001 - every failure of the trial is reported, none is fatal here
-        result["status"] = "oom" if memory.is_oom_error(exc) else "error"
-        result["phase_failed"] = phase if phase in ("train", "infer") else "train"
+        from autotune.probe.memory import is_oom_error
+
+        result["status"] = "oom" if is_oom_error(exc) else "error"
+        result["phase_failed"] = phase
         result["error_type"] = type(exc).__name__
         result["error_tail"] = "".join(traceback.format_exc().splitlines(keepends=True)[-_TAIL_LINES:])
     peaks = [result[f"{p}_peak_bytes"] for p in ("train", "infer") if result.get(f"{p}_peak_bytes") is not None]
@@ -303,8 +308,11 @@ def _write_state(path: str | None, state: Mapping[str, Any]) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Child entry point: read the request, run the trial, write the result; returns the exit code."""
+    import faulthandler
+
     from autotune.utils import atomic_write_json
 
+    faulthandler.enable()  # a crash leaves a Python stack on stderr for the parent's error_tail
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) != 1:
         print("usage: python -m autotune.probe.trial REQUEST.json", file=sys.stderr)

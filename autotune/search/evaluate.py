@@ -11,9 +11,11 @@ a point that failed twice is taken as infeasible without a third try.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -61,6 +63,35 @@ class Prober(Protocol):
 
     def memory_model(self, phase: str, point: Mapping[str, Any]) -> Any:
         """An affine model ``peak(n)`` with ``predict(n)`` and ``max_fitting(limit)``, or None."""
+
+
+@contextlib.contextmanager
+def _heartbeat(study: optuna.Study, trial: Any) -> Iterator[None]:
+    """Record the trial's heartbeat while its probe runs (RDB storages with heartbeats), so
+    other workers can tell a live trial from one whose worker died."""
+    storage = study._storage
+    if not getattr(storage, "is_heartbeat_enabled", lambda: False)():
+        yield
+        return
+    stop = threading.Event()
+    interval = float(storage.get_heartbeat_interval() or 10)
+
+    def beat() -> None:
+        while True:
+            try:
+                storage.record_heartbeat(trial._trial_id)
+            except Exception:  # a missed beat is retried at the next one
+                pass
+            if stop.wait(interval):
+                return
+
+    thread = threading.Thread(target=beat, name="autotune-trial-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=2.0)
 
 
 def point_id(point: Mapping[str, Any], phases: tuple[str, ...]) -> str:
@@ -114,7 +145,11 @@ class Evaluator:
         distributions: Mapping[str, Any],
         progress: Callable[[str], None] | None = None,
         label: str = "",
+        claims: Any = None,
+        poll_seconds: float = 1.0,
     ) -> None:
+        self.claims = claims
+        self.poll_seconds = float(poll_seconds)
         self.study = study
         self.prober = prober
         self.budget_bytes = int(budget_bytes)
@@ -165,6 +200,19 @@ class Evaluator:
         point = dict(point)
         pid = point_id(point, phases)
         previous, failures = self._previous(pid)
+        claimed = False
+        # with several workers: probe a point only while holding its claim; otherwise wait for
+        # the holder's trial (or for its claim to go stale, then take it over)
+        while self.claims is not None and previous is None and failures < MAX_FAILURES:
+            claimed = self.claims.claim(self.study.study_name, "point:" + pid)
+            if claimed:
+                previous, failures = self._previous(pid)  # it may have finished just before
+                if previous is not None or failures >= MAX_FAILURES:
+                    self.claims.release(self.study.study_name, "point:" + pid, done=previous is not None)
+                    claimed = False
+                break
+            time.sleep(self.poll_seconds)
+            previous, failures = self._previous(pid)
         if previous is not None or failures >= MAX_FAILURES:
             if previous is not None:
                 evaluation = self._from_trial(previous, point, phases)
@@ -188,11 +236,19 @@ class Evaluator:
         trial.set_user_attr("kind", "probe" if self.prober.measured else "estimate")
         trial.set_user_attr("budget_bytes", self.budget_bytes)
         started = time.perf_counter()
-        result = self.prober.probe(point, phases)
+        try:
+            with _heartbeat(self.study, trial):
+                result = self.prober.probe(point, phases)
+        except BaseException:
+            if claimed:
+                self.claims.release(self.study.study_name, "point:" + pid)
+            raise
         result.setdefault("wall_seconds", time.perf_counter() - started)
         if self.prober.measured:
             self.probes += 1
         evaluation = self._tell(trial, result, phases, point)
+        if claimed:
+            self.claims.release(self.study.study_name, "point:" + pid, done=not evaluation.failed)
         self._report(evaluation, phases, reused=False)
         return evaluation
 

@@ -55,7 +55,7 @@ class AlgoSpec:
 
 
 def _int_range(value: Any, where: str) -> tuple[int, int]:
-    if not isinstance(value, Sequence) or isinstance(value, str) or len(value) != 2:
+    if not isinstance(value, Sequence) or isinstance(value, (str, bytes, bytearray)) or len(value) != 2:
         raise SpecError(f"{where} must be [min, max] with two integers, got {value!r}")
     lo, hi = value
     for v in (lo, hi):
@@ -90,7 +90,7 @@ def _check_entry(entry: Any, where: str) -> dict[str, Any]:
             )
         else:
             name = "range_num_patches_per_iter" if key == "range_num_images_per_batch" else key
-            if name in out and key == "range_num_images_per_batch":
+            if name in out:
                 raise SpecError(f"{where}: give range_num_patches_per_iter or range_num_images_per_batch, not both")
             out[name] = _int_range(value, f"{where}.{key}")
     return out

@@ -63,6 +63,18 @@ def redact_url(url: str) -> str:
         return f"{scheme}://{user}:***@{tail}"
 
 
+def quiet_optuna() -> None:
+    """Keep Optuna's INFO lines and its experimental-feature warnings (heartbeats used with
+    ask/tell, which autotune records itself) out of the progress output."""
+    import warnings
+
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used", category=UserWarning)
+
+
 def open_storage(url: str | None = None, heartbeat: bool = True) -> optuna.storages.BaseStorage:
     """Open (and create) the Optuna RDB storage at ``url`` with trial heartbeats.
 
@@ -73,6 +85,7 @@ def open_storage(url: str | None = None, heartbeat: bool = True) -> optuna.stora
     import optuna
     import sqlalchemy.exc
 
+    quiet_optuna()
     url = url or default_storage_url()
     shown = redact_url(url)
     engine_kwargs: dict[str, Any] = {}
@@ -176,8 +189,8 @@ def make_key(cfg: Mapping[str, Any], device: Mapping[str, Any], memory_limit: in
         device_name=str(device["device_name"]),
         device_total_memory=int(device["device_total_memory"]),
         memory_limit=int(memory_limit),
-        torch_version=torch.__version__,
-        monai_version=monai.__version__,
+        torch_version=str(torch.__version__),
+        monai_version=str(monai.__version__),
         strategy=strategy,
     )
 

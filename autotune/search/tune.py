@@ -17,6 +17,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +43,11 @@ def _print(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def _result_tag(strategy: str, margin: float, spec: AlgoSpec, devices: tuple[str, ...]) -> str:
-    blob = json.dumps({"strategy": strategy, "margin": margin, "spec": spec.as_dict(), "devices": devices}, sort_keys=True)
+def _result_tag(strategy: str, margin: float, spec: AlgoSpec, devices: tuple[str, ...], estimate_only: bool) -> str:
+    blob = json.dumps(
+        {"strategy": strategy, "margin": margin, "spec": spec.as_dict(), "devices": devices, "estimate": estimate_only},
+        sort_keys=True,
+    )
     return "result:" + hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
@@ -66,6 +70,8 @@ def tune_bundles(
     timeout: float = 300.0,
     target: Mapping[str, Any] | None = None,
     probe_env: Mapping[str, str] | None = None,
+    estimate_only: bool = False,
+    workers_share: bool = False,
     summary_path: str | os.PathLike[str] | None = None,
     progress: Callable[[str], None] | None = _print,
     write_back: bool = True,
@@ -83,6 +89,8 @@ def tune_bundles(
         timeout: seconds before a probe is killed.
         target: for ``estimate``: ``{"name", "memory", "allowance_bytes"}`` of the GPU planned for.
         probe_env: extra environment for probe children (tests inject faults through it).
+        estimate_only: answer every point from the estimator (``strategy="estimate"`` sets it).
+        workers_share: several workers use this storage: claim keys and points before working on them.
         summary_path: where to write the JSON summary.
         progress: called with one line per step; None for silence.
         write_back: write the tuned values into the bundles.
@@ -99,12 +107,13 @@ def tune_bundles(
         device_info,
         make_key,
         open_storage,
-        open_study,
         redact_url,
     )
 
     say = progress or (lambda _line: None)
     strategy = look_up_option(strategy, STRATEGIES, "strategy", SpecError)
+    if strategy == "estimate":  # the fast search, answered by the estimator alone
+        strategy, estimate_only = "fast", True
     if not isinstance(margin, (int, float)) or not 0.0 <= float(margin) < 1.0:
         raise SpecError(f"margin must be in [0, 1), got {margin!r}")
     if not bundles:
@@ -133,98 +142,154 @@ def tune_bundles(
     groups: dict[str, list[str]] = {}
     keys: dict[str, Any] = {}
     for path, cfg in configs.items():
-        key = make_key(cfg, info, limit, strategy)
+        key = make_key(cfg, info, limit, strategy + ("-estimate" if estimate_only else ""))
         groups.setdefault(key.study_name, []).append(path)
         keys[key.study_name] = key
 
+    claim_store = None
+    if workers_share:
+        from autotune.search.claims import ClaimStore
+        from autotune.search.study import owner_tag
+
+        claim_store = ClaimStore(storage_url, owner_tag())
+    context = _Context(store, info, device, limit, budget, float(margin), strategy, estimate_only, timeout,
+                       allowance, probe_env, target, shown_storage, explicit, claim_store, say)
+    records: dict[str, dict[str, Any]] = {}
+    pending: list[str] = []
+    try:
+        for study_name, paths in groups.items():
+            record = _tune_group(context, keys[study_name], configs[paths[0]], len(paths), wait=False)
+            if record is None:
+                pending.append(study_name)
+            else:
+                records[study_name] = record
+        for study_name in pending:  # keys other workers hold: wait for their results (or take over)
+            paths = groups[study_name]
+            records[study_name] = _tune_group(context, keys[study_name], configs[paths[0]], len(paths), wait=True)
+    finally:
+        if claim_store is not None:
+            claim_store.close()
     results: list[dict[str, Any]] = []
     for study_name, paths in groups.items():
-        cfg = configs[paths[0]]
-        algo = cfg["algo"]
-        label = f"{algo} ({len(paths)} bundle{'s' if len(paths) > 1 else ''})"
-        if not cfg.get("tuning_supported", True):
-            say(f"[{algo}] this template does not support tuning; bundles left as generated")
-            results += [{"bundle": p, "algo": algo, "status": "unsupported"} for p in paths]
-            continue
-        spec = spec_for(explicit[algo], cfg)
-        devices = _validation_devices(spec, device)
-        tag = _result_tag(strategy, float(margin), spec, devices)
-        sampler = None
-        if strategy == "tpe":
-            import optuna
-
-            sampler = optuna.samplers.TPESampler(seed=int(cfg.get("seed", 0)), n_startup_trials=min(10, spec.num_trials))
-        study = open_study(store, keys[study_name], sampler=sampler)
-        from autotune.search.study import fail_stale_trials
-
-        stale = fail_stale_trials(study)
-        if stale:
-            say(f"[{algo}] marked stale RUNNING trials {stale} as failed (their worker is gone)")
-        started = time.perf_counter()
-        outcome_record = study.user_attrs.get(tag)
-        if outcome_record is not None:
-            say(f"[{algo}] answered from storage ({study_name}); no new trial")
-            record = dict(outcome_record, from_storage=True, probes=0)
-        else:
-            say(
-                f"[{algo}] tuning {study_name} on {info['device_name']} with strategy {strategy}: limit "
-                f"{format_bytes(limit)}, budget {format_bytes(budget)} (margin {margin:.0%}), "
-                f"patches/iter {spec.patches_range}, sw batch {spec.sw_range}"
-            )
-            record = _search(study, cfg, paths[0], spec, devices, strategy, device, limit, budget, timeout,
-                             allowance, probe_env, say, label)
-            record.update(
-                study_name=study_name,
-                storage=shown_storage,
-                strategy=strategy,
-                memory_limit=limit,
-                margin=float(margin),
-                budget_bytes=budget,
-                device=info["device"],
-                device_name=info["device_name"],
-                device_total_memory=info["device_total_memory"],
-                wall_seconds=round(time.perf_counter() - started, 3),
-                date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-                key=keys[study_name].as_dict(),
-                from_storage=False,
-            )
-            if target is not None:
-                record["target"] = dict(target)
-            if record["status"] == "tuned":
-                study.set_user_attr(tag, {k: v for k, v in record.items() if k != "from_storage"})
         for path in paths:
-            results.append(_write_back(path, configs[path], record, write_back, say))
+            results.append(_write_back(path, configs[path], records[study_name], write_back, say))
     if summary_path:
         atomic_write_json(summary_path, {"results": results})
     return results
 
 
+@dataclass
+class _Context:
+    storage: Any
+    info: dict[str, Any]
+    device: str
+    limit: int
+    budget: int
+    margin: float
+    strategy: str
+    estimate_only: bool
+    timeout: float
+    allowance: int
+    probe_env: Mapping[str, str] | None
+    target: Mapping[str, Any] | None
+    shown_storage: str
+    explicit: dict[str, dict[str, Any]]
+    claims: Any
+    say: Callable[[str], None]
+
+
+def _tune_group(ctx: _Context, key: Any, cfg: Mapping[str, Any], n_bundles: int, wait: bool) -> dict[str, Any] | None:
+    """Search one tuning key, or answer from storage; None when another worker holds it (and not ``wait``)."""
+    from autotune.search.study import fail_stale_trials, open_study
+
+    algo = cfg["algo"]
+    study_name = key.study_name
+    if not cfg.get("tuning_supported", True):
+        ctx.say(f"[{algo}] this template does not support tuning; bundles left as generated")
+        return {"algo": algo, "status": "unsupported", "reason": "template does not support tuning"}
+    spec = spec_for(ctx.explicit[algo], cfg)
+    devices = _validation_devices(spec, ctx.device)
+    tag = _result_tag(ctx.strategy, ctx.margin, spec, devices, ctx.estimate_only)
+    sampler = None
+    if ctx.strategy == "tpe":
+        import optuna
+
+        sampler = optuna.samplers.TPESampler(seed=int(cfg.get("seed", 0)), n_startup_trials=min(10, spec.num_trials))
+    study = open_study(ctx.storage, key, sampler=sampler)
+    # the fast search is sequential: one worker per key; TPE trials are shared point by point
+    exclusive = ctx.claims is not None and ctx.strategy != "tpe"
+    announced = False
+    while True:
+        stored = study.user_attrs.get(tag)
+        if stored is not None:
+            ctx.say(f"[{algo}] answered from storage ({study_name}); no new trial")
+            return dict(stored, from_storage=True, probes=0)
+        if not exclusive or ctx.claims.claim(study_name, "key:" + tag):
+            break
+        if not wait:
+            holder = ctx.claims.holder(study_name, "key:" + tag) or {}
+            ctx.say(f"[{algo}] {study_name} is being tuned by {holder.get('owner', 'another worker')}; will wait")
+            return None
+        if not announced:
+            ctx.say(f"[{algo}] waiting for another worker's result on {study_name}")
+            announced = True
+        time.sleep(2.0)
+        study = open_study(ctx.storage, key, sampler=sampler)
+    try:
+        stale = fail_stale_trials(study)
+        if stale:
+            ctx.say(f"[{algo}] marked stale RUNNING trials {stale} as failed (their worker is gone)")
+        ctx.say(
+            f"[{algo}] tuning {study_name} ({n_bundles} bundle{'s' if n_bundles > 1 else ''}) on "
+            f"{ctx.info['device_name']}, strategy {ctx.strategy}{' (estimates only)' if ctx.estimate_only else ''}: "
+            f"limit {format_bytes(ctx.limit)}, budget {format_bytes(ctx.budget)} (margin {ctx.margin:.0%}), "
+            f"patches/iter {list(spec.patches_range)}, sw batch {list(spec.sw_range)}"
+        )
+        started = time.perf_counter()
+        record = _search(study, cfg, spec, devices, ctx)
+        record.update(
+            study_name=study_name,
+            storage=ctx.shown_storage,
+            strategy=ctx.strategy,
+            memory_limit=ctx.limit,
+            margin=ctx.margin,
+            budget_bytes=ctx.budget,
+            device=ctx.info["device"],
+            device_name=ctx.info["device_name"],
+            device_total_memory=ctx.info["device_total_memory"],
+            wall_seconds=round(time.perf_counter() - started, 3),
+            date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            key=key.as_dict(),
+            from_storage=False,
+        )
+        if ctx.target is not None:
+            record["target"] = dict(ctx.target)
+        if record["status"] == "tuned":
+            study.set_user_attr(tag, {k: v for k, v in record.items() if k != "from_storage"})
+        return record
+    finally:
+        if exclusive:
+            ctx.claims.release(study_name, "key:" + tag, done=False)
+
+
 def _search(
-    study: Any,
-    cfg: Mapping[str, Any],
-    bundle: str,
-    spec: AlgoSpec,
-    devices: tuple[str, ...],
-    strategy: str,
-    device: str,
-    limit: int,
-    budget: int,
-    timeout: float,
-    allowance: int,
-    probe_env: Mapping[str, str] | None,
-    say: Callable[[str], None],
-    label: str,
+    study: Any, cfg: Mapping[str, Any], spec: AlgoSpec, devices: tuple[str, ...], ctx: _Context
 ) -> dict[str, Any]:
     from autotune.search.evaluate import Evaluator
     from autotune.search.probers import EstimateProber, ProbeProber
     from autotune.search.strategy import distributions, run_fast, run_tpe
 
-    if strategy == "estimate":
-        prober: Any = EstimateProber(bundle, device, limit, allowance_bytes=allowance)
+    bundle = cfg["bundle_root"]
+    if ctx.estimate_only:
+        prober: Any = EstimateProber(bundle, ctx.device, ctx.limit, allowance_bytes=ctx.allowance)
     else:
-        prober = ProbeProber(bundle, device, limit, timeout=timeout, env=probe_env, allowance_bytes=allowance)
-    evaluator = Evaluator(study, prober, budget, distributions(spec, devices), progress=say, label=cfg["algo"])
-    if strategy == "tpe":
+        prober = ProbeProber(
+            bundle, ctx.device, ctx.limit, timeout=ctx.timeout, env=ctx.probe_env, allowance_bytes=ctx.allowance
+        )
+    evaluator = Evaluator(
+        study, prober, ctx.budget, distributions(spec, devices), progress=ctx.say, label=cfg["algo"], claims=ctx.claims
+    )
+    if ctx.strategy == "tpe":
         outcome = run_tpe(evaluator, spec, devices, seed=int(cfg.get("seed", 0)))
     else:
         train_model = prober.memory_model("train", {})
@@ -260,7 +325,7 @@ def _search(
         max_num_patches_per_iter=outcome.max_num_patches_per_iter,
         num_sw_batch_size=outcome.num_sw_batch_size,
         validation_device=outcome.validation_device,
-        sw_input_on_cpu=bool(device.startswith("cuda") and outcome.validation_device == "cpu"),
+        sw_input_on_cpu=bool(ctx.device.startswith("cuda") and outcome.validation_device == "cpu"),
         train_trial=outcome.train.trial_number if outcome.train else None,
         infer_trial=outcome.infer.trial_number if outcome.infer else None,
         train_peak_bytes=train_res.get("train_peak_bytes") or train_res.get("peak_bytes"),
@@ -268,8 +333,8 @@ def _search(
         samples_per_s=train_res.get("samples_per_s"),
         sw_seconds_per_volume=infer_res.get("sw_seconds_per_volume"),
     )
-    if not prober.measured and allowance:
-        record["allowance_bytes"] = allowance
+    if not prober.measured and ctx.allowance:
+        record["allowance_bytes"] = ctx.allowance
     return record
 
 

@@ -47,6 +47,7 @@ _FAST_DEFAULTS: dict[str, Any] = {
     "gpu_monitor": True,      # NVML sampler writing gpu_monitor.csv (GPU only)
     "gpu_monitor_interval_s": 1.0,
     "ram_fraction": 0.5,      # cache in RAM only if it fits in this share of the available RAM
+    "device_fraction": 0.25,  # cache on the GPU only if it fits in this share of its free memory
     "cache_dir": None,        # PersistentDataset folder; default BUNDLE/cache
 }
 # Bytes per voxel held by the cache for one image channel, the label and the fg/bg indices (int64).
@@ -71,7 +72,7 @@ class TrainOptions:
         nvtx: emit NVTX ranges.
         gpu_monitor: sample the GPU with NVML.
         gpu_monitor_interval_s: seconds between samples.
-        why_persistent: why the disk cache was chosen, for the log.
+        cache_note: why the cache is not where the config asked, for the log.
     """
 
     mode: str
@@ -87,11 +88,12 @@ class TrainOptions:
     nvtx: bool
     gpu_monitor: bool
     gpu_monitor_interval_s: float
-    why_persistent: str = ""
+    cache_note: str = ""
 
 
 def resolve_options(
-    cfg: Mapping[str, Any], mode: str, device: str, cache_bytes: int | None = None
+    cfg: Mapping[str, Any], mode: str, device: str, cache_bytes: int | None = None,
+    device_free_bytes: int | None = None,
 ) -> TrainOptions:
     """Resolve the fast-mode switches from ``cfg['fast_training']`` and the top-level keys.
 
@@ -100,6 +102,7 @@ def resolve_options(
         mode: ``fast`` (each technique on where it applies) or ``regular`` (the seed's baseline).
         device: the training device, e.g. ``cpu`` or ``cuda:0``.
         cache_bytes: estimated size of the cache, to decide between RAM and disk.
+        device_free_bytes: free memory of the training GPU, to decide whether the cache goes there.
 
     Raises:
         ConfigError: an unknown mode or a ``fast_training`` value of the wrong type.
@@ -132,12 +135,17 @@ def resolve_options(
         limit = float(fast["ram_fraction"]) * available_ram_bytes()
         if cache_bytes * float(cfg.get("cache_rate", 1.0)) > limit:
             persistent, why = True, f"cache of about {cache_bytes / 2**30:.1f} GiB would not fit in RAM"
+    # Disk-cached items are re-read each epoch; they move to the device per batch instead.
+    on_device = on_cuda and fast["cache"] and not persistent and bool(cfg.get("cache_on_device", True))
+    if on_device and cache_bytes is not None and device_free_bytes is not None:
+        share = cache_bytes * float(cfg.get("cache_rate", 1.0)) / max(device_free_bytes, 1)
+        if share > float(fast["device_fraction"]):
+            on_device, why = False, f"cache would take {100 * share:.0f}% of the free GPU memory; held in RAM"
     return TrainOptions(
         mode=mode,
         cache=fast["cache"],
         persistent=persistent,
-        # Disk-cached items are re-read each epoch; they move to the device per batch instead.
-        cache_on_device=on_cuda and fast["cache"] and not persistent and bool(cfg.get("cache_on_device", True)),
+        cache_on_device=on_device,
         thread_loader=fast["thread_loader"] and fast["cache"],
         num_workers=num_workers,
         amp=bool(cfg.get("amp", True)),
@@ -147,7 +155,7 @@ def resolve_options(
         nvtx=on_cuda and fast["nvtx"],
         gpu_monitor=fast["gpu_monitor"],
         gpu_monitor_interval_s=float(fast["gpu_monitor_interval_s"]),
-        why_persistent=why,
+        cache_note=why,
     )
 
 

@@ -205,6 +205,7 @@ def infer(
     """
     import nibabel as nib
     import numpy as np
+    from monai.data import MetaTensor
     from monai.transforms import Invertd
     from tqdm import tqdm
 
@@ -234,7 +235,8 @@ def infer(
             pred = (logits.sigmoid() > 0.5).float()
         else:
             pred = logits.argmax(dim=0, keepdim=True).float()
-        restored = invert({"image": data["image"], "pred": pred.cpu()})["pred"]
+        # Invertd takes the transform record from "image" and needs "pred" to be a MetaTensor too.
+        restored = invert({"image": data["image"], "pred": MetaTensor(pred.cpu())})["pred"]
         array = plain(restored).numpy()
         array = array[0] if array.shape[0] == 1 else np.moveaxis(array, 0, -1)
         affine = np.asarray(plain(restored.affine).numpy(), dtype=np.float64)

@@ -235,7 +235,7 @@ def plot_curves(rows: Sequence[Mapping[str, Any]], path: Path, title: str = "") 
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
     axes[0].plot(epochs, [r["loss"] for r in rows], marker=".")
     axes[0].set(title="training loss", xlabel="epoch")
-    for key in [k for k in rows[-1] if k.startswith("dice_")]:
+    for key in [k for k in (validated or rows)[-1] if k.startswith("dice_")]:
         axes[1].plot([r["epoch"] for r in validated], [r.get(key) for r in validated], marker=".", label=key[5:])
     axes[1].plot([r["epoch"] for r in validated], [r["mean_dice"] for r in validated], "k-", marker="o",
                  label="mean")

@@ -10,19 +10,18 @@ from __future__ import annotations
 
 import math
 import os
-import random
 import re
 import sys
-import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from autotune.errors import ConfigError, SpecError
+from autotune.train.checkpoint import restore, rng_state, save_checkpoint
 from autotune.utils import atomic_write_json, read_json
 
-__all__ = ["train", "run_worker", "parse_duration", "save_checkpoint", "load_checkpoint"]
+__all__ = ["train", "run_worker", "parse_duration"]
 
 _DURATION_UNITS = {"": 1, "s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
 REGULAR_LR = 1e-4  # the seed baseline's Adam learning rate
@@ -51,6 +50,19 @@ def _check_args(epochs: int | None, max_time: float | None, val_every: int | Non
         raise SpecError(f"--max-time must be positive seconds, got {max_time!r}")
     if not isinstance(nproc, int) or nproc < 1:
         raise SpecError(f"--nproc must be a positive integer, got {nproc!r}")
+
+
+def _check_device(device: str, nproc: int) -> None:
+    from autotune.train.ddp import _resolve_device
+
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return  # under torchrun each rank checks its own GPU
+    _resolve_device(device, 0, False)
+    if nproc > 1 and str(device).startswith("cuda"):
+        import torch
+
+        if torch.cuda.device_count() < nproc:
+            raise SpecError(f"--nproc {nproc} needs {nproc} GPUs; {torch.cuda.device_count()} visible")
 
 
 def train(
@@ -88,6 +100,7 @@ def train(
     _check_args(epochs, max_time, val_every, nproc)
     cfg = load_bundle_config(bundle)  # fail here, in one process, on a bad bundle
     resolve_options(cfg, mode, "cpu")
+    _check_device(device, nproc)
     kwargs = dict(bundle=str(bundle), device=device, epochs=epochs, max_time=max_time, val_every=val_every,
                   resume=resume, mode=mode, progress=progress)
     if nproc > 1 and int(os.environ.get("WORLD_SIZE", "1")) <= 1:
@@ -112,57 +125,6 @@ def run_worker(**kwargs: Any) -> dict[str, Any]:
         cleanup(ctx)
 
 
-def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
-    """``torch.save`` to a temp file in the same folder, then ``os.replace``: never a half-written file."""
-    import torch
-
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        torch.save(state, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def load_checkpoint(path: Path) -> dict[str, Any]:
-    """Load a checkpoint with ``weights_only=True`` (plain data and tensors only, no pickled objects)."""
-    import torch
-
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:
-        raise ConfigError(f"{path}: unreadable checkpoint ({type(exc).__name__}); delete it or train without --resume") from exc
-
-
-def _rng_state() -> dict[str, Any]:
-    import numpy as np
-    import torch
-
-    name, keys, pos, has_gauss, cached = np.random.get_state()
-    return {"torch": torch.get_rng_state(), "numpy": [name, keys.tolist(), pos, has_gauss, cached],
-            "python": random.getstate()}
-
-
-def _set_rng_state(state: dict[str, Any]) -> None:
-    import numpy as np
-    import torch
-
-    torch.set_rng_state(state["torch"])
-    name, keys, pos, has_gauss, cached = state["numpy"]
-    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-
-
-def _fit_schedule(scheduler: Any, total_steps: int) -> None:
-    """After loading a schedule's state, stretch it to this run's length (``--epochs`` may differ)."""
-    for attr in ("t_total", "T_max", "total_iters"):
-        if hasattr(scheduler, attr):
-            setattr(scheduler, attr, total_steps)
-
-
 class _TrainingRun:
     """One rank's training run: build everything, then epochs until done, out of time or stalled."""
 
@@ -183,6 +145,9 @@ class _TrainingRun:
         self.out = model_dir(self.cfg)
         if ctx.is_main:
             self.out.mkdir(parents=True, exist_ok=True)
+            for torn in self.out.glob(".*.pt.*.tmp"):  # left by a kill during a checkpoint write
+                torn.unlink(missing_ok=True)
+        _seed_everything(self.seed)  # the same initial weights in every mode and on every rank
         self.metrics = MetricsLog(self.out, class_labels(self.cfg), enabled=ctx.is_main)
 
     def say(self, message: str) -> None:
@@ -198,7 +163,12 @@ class _TrainingRun:
         val_cases = data.shard(val_cases, self.ctx.rank, self.ctx.world_size, self.seed, even=False)
         fast_cache = self.mode == "fast" and (self.cfg.get("fast_training") or {}).get("cache", True)
         cache_bytes = data.estimate_cache_bytes(train_cases, self.cfg) if fast_cache else None
-        self.opts = opts = data.resolve_options(self.cfg, self.mode, self.ctx.device, cache_bytes)
+        free = None
+        if self.ctx.device.startswith("cuda"):
+            import torch
+
+            free = int(torch.cuda.mem_get_info(self.ctx.device)[0])
+        self.opts = opts = data.resolve_options(self.cfg, self.mode, self.ctx.device, cache_bytes, free)
         self.train_transforms = build_transforms(self.cfg, "train",
                                                  device=self.ctx.device if opts.cache_on_device else None)
         train_ds = data.make_dataset(train_cases, self.train_transforms, opts, "train", self.progress)
@@ -255,25 +225,11 @@ class _TrainingRun:
         if not path.is_file():
             self.say(f"no checkpoint {path} to resume from; starting at epoch 1")
             return
-        state = load_checkpoint(path)
-        if state.get("mode") != self.mode:
-            raise ConfigError(f"{path} was trained in {state.get('mode')} mode; resume with --mode {state.get('mode')}")
-        try:
-            self.model.load_state_dict(state["model"])
-            self.optimizer.load_state_dict(state["optimizer"])
-            if self.scaler is not None and state.get("scaler"):
-                self.scaler.load_state_dict(state["scaler"])
-            if self.scheduler is not None and state.get("scheduler"):
-                self.scheduler.load_state_dict(state["scheduler"])
-                _fit_schedule(self.scheduler, self.total_epochs * self.steps_per_epoch)
-        except (RuntimeError, KeyError, ValueError) as exc:
-            raise ConfigError(f"{path} does not match this bundle's network or optimizer ({exc}); "
-                              "train without --resume") from exc
+        state = restore(path, self.mode, self.model, self.optimizer, self.scaler, self.scheduler,
+                        self.total_epochs * self.steps_per_epoch)
         self.start_epoch, self.best = int(state["epoch"]), state.get("best_metric")
         self.best_epoch, self.stale = int(state.get("best_epoch", 0)), int(state.get("stale_validations", 0))
         self.elapsed_before = float(state.get("elapsed_s", 0.0))
-        if state.get("rng"):
-            _set_rng_state(state["rng"])
         self.metrics.load(self.start_epoch)
         self.say(f"resuming after epoch {self.start_epoch} (best mean Dice {self.best})")
 
@@ -284,7 +240,7 @@ class _TrainingRun:
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
             "epoch": epoch, "best_metric": self.best, "best_epoch": self.best_epoch,
             "stale_validations": self.stale, "mode": self.mode, "elapsed_s": self.elapsed(),
-            "total_steps": self.total_epochs * self.steps_per_epoch, "rng": _rng_state(),
+            "total_steps": self.total_epochs * self.steps_per_epoch, "rng": rng_state(),
             "algo": self.cfg["algo"], "network": self.cfg["network"]["name"],
         }
 
@@ -367,7 +323,7 @@ class _TrainingRun:
         opts = self.opts
         cache = "off" if not opts.cache else ("disk" if opts.persistent else ("device" if opts.cache_on_device else "RAM"))
         self.say(f"{self.mode} mode on {self.ctx.device} x{self.ctx.world_size}: {self.split_note}; cache {cache}"
-                 f"{' (' + opts.why_persistent + ')' if opts.why_persistent else ''}, "
+                 f"{' (' + opts.cache_note + ')' if opts.cache_note else ''}, "
                  f"{'ThreadDataLoader' if opts.thread_loader else f'DataLoader({opts.num_workers} workers)'}, "
                  f"amp {self.amp_dtype or 'off'}, {self.steps_per_epoch} steps/epoch")
         monitor = GpuMonitor(self.out / "gpu_monitor.csv", self.ctx.device, opts.gpu_monitor_interval_s)
@@ -420,6 +376,17 @@ class _TrainingRun:
                      f"{_fmt(self.best)} at epoch {self.best_epoch}; outputs in {self.out}")
         barrier(self.ctx)
         return summary
+
+
+def _seed_everything(seed: int) -> None:
+    import random
+
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
 
 
 def _fmt(value: float | None, digits: int = 4) -> str:

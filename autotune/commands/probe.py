@@ -1,0 +1,204 @@
+"""``autotune probe`` and ``autotune estimate``: shims over ``autotune.probe``.
+
+Nothing heavy is imported here: the handlers import the library when they run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+__all__ = ["register", "EXIT_OK", "EXIT_FAILED", "EXIT_OOM"]
+
+EXIT_OK, EXIT_FAILED, EXIT_OOM = 0, 1, 3
+
+_PROBE_EPILOG = """\
+exit codes:
+  0  the probe ran and fitted (status ok)
+  3  the probe ran out of memory (status oom): the settings do not fit
+  1  the probe failed (status error, killed or timeout); the reason is printed
+  2  bad input (bundle, option values, no such device)
+"""
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("bundle", metavar="BUNDLE", help="a bundle folder (made by 'autotune generate') or its YAML config")
+    p.add_argument("--num-patches-per-iter", type=int, default=None, metavar="N",
+                   help="patches per forward pass in training (default: the bundle's value)")
+    p.add_argument("--num-sw-batch-size", type=int, default=None, metavar="M",
+                   help="sliding-window batch size in validation (default: the bundle's value)")
+    p.add_argument("--validation-device", choices=("device", "cpu"), default=None,
+                   help="where the validation volume and stitched output are held "
+                        "(default: cpu if the bundle sets sw_input_on_cpu, else device)")
+    p.add_argument("--device", default=None, metavar="DEV",
+                   help="cpu, cuda or cuda:N (default: the first visible CUDA device, else cpu)")
+    p.add_argument("--memory-limit", default=None, metavar="SIZE", help="memory limit, e.g. 8GiB or 512MiB")
+    p.add_argument("--json", action="store_true", help="print the result as JSON instead of a summary")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``probe`` and ``estimate`` to the ``autotune`` parser."""
+    probe = sub.add_parser(
+        "probe",
+        help="measure one training step and sliding-window pass of a bundle in an isolated process",
+        description=(
+            "Run a short real trial of BUNDLE in a child process: warm-up and measured training steps at "
+            "N patches per iteration, then a sliding-window pass at batch M over the bundle's largest "
+            "validation volume. Reports peak memory (CUDA: allocator peaks; CPU: tracked tensor bytes and "
+            "peak RSS), step time, samples/s and seconds per volume. An out-of-memory, crash, kill or "
+            "timeout is a result, not a failure of this command."
+        ),
+        epilog=_PROBE_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _add_common(probe)
+    probe.add_argument("--timeout", type=float, default=300.0, metavar="S",
+                       help="kill the trial's process group after S seconds (default 300)")
+    probe.add_argument("--phases", default="train,infer", metavar="LIST",
+                       help="comma-separated phases to run: train, infer (default train,infer)")
+    probe.add_argument("--warmup-steps", type=int, default=1, metavar="K", help="unmeasured steps first (default 1)")
+    probe.add_argument("--measure-steps", type=int, default=2, metavar="K", help="measured steps (default 2)")
+    probe.set_defaults(func=run_probe_command)
+
+    est = sub.add_parser(
+        "estimate",
+        help="estimate a bundle's peak memory with no compute (FakeTensorMode) and fit peak(N) as a line",
+        description=(
+            "Run the training step and sliding-window pass of BUNDLE on fake tensors (shapes only, no data, "
+            "no memory) and count tensor memory as the CPU probe does. Prints the estimated peaks, the "
+            "affine fit peak = intercept + slope * N for both phases (two passes each), and with "
+            "--memory-limit the largest N and M that fit. Figures are raw tensor bytes; for CUDA the "
+            "allowance column adds the context, workspace and allocator slack (defaults not validated on a GPU)."
+        ),
+        epilog="exit codes: 0 estimated, 2 bad input or the estimate failed",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _add_common(est)
+    est.set_defaults(func=run_estimate_command)
+
+
+def _resolve_defaults(args: argparse.Namespace) -> tuple[str, str, int | None]:
+    """Device, validation device and memory limit (bytes) with defaults filled in."""
+    from autotune.utils import parse_bytes
+
+    device = args.device
+    if device is None:
+        import torch
+
+        device = "cuda:0" if torch.cuda.is_available() else "cpu"
+    validation_device = args.validation_device
+    if validation_device is None:
+        from autotune.bundles.config import load_bundle_config
+
+        validation_device = "cpu" if load_bundle_config(args.bundle).get("sw_input_on_cpu") else "device"
+    limit = None if args.memory_limit is None else parse_bytes(args.memory_limit, "--memory-limit")
+    return device, validation_device, limit
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f} s"
+
+
+def _summary(result: dict[str, Any], title: str) -> list[str]:
+    from autotune.utils import format_bytes
+
+    shape = "x".join(str(v) for v in result.get("infer_volume_shape") or [])
+    measured = result.get("measured", True)
+    where = f"on {result['device']} ({result.get('device_name') or '-'})" if measured else f"for {result['device']}"
+    lines = [
+        f"{title} {result.get('algo') or ''} {where}: {result['status']}",
+        f"  num_patches_per_iter {result['num_patches_per_iter']}, num_sw_batch_size {result['num_sw_batch_size']}, "
+        f"validation device {result['validation_device']}, amp {'on' if result.get('amp') else 'off'}",
+    ]
+    if result.get("train_peak_bytes") is not None or "train" in result.get("phases", []):
+        extra = ""
+        if result.get("train_cuda_max_memory_allocated") is not None:
+            extra = f" (reserved; allocated {format_bytes(result['train_cuda_max_memory_allocated'])})"
+        elif result.get("train_peak_rss_bytes") is not None:
+            extra = f" (tracked tensors; process RSS {format_bytes(result['train_peak_rss_bytes'])})"
+        rate = result.get("samples_per_s")
+        timing = (f", step {_seconds(result.get('step_seconds_median'))} median, "
+                  f"{'-' if rate is None else f'{rate:.2f}'} samples/s") if measured else ""
+        lines.append(f"  train: peak {format_bytes(result.get('train_peak_bytes'))}{extra}{timing}")
+    if result.get("infer_peak_bytes") is not None or "infer" in result.get("phases", []):
+        extra = ""
+        if result.get("infer_cuda_max_memory_allocated") is not None:
+            extra = f" (reserved; allocated {format_bytes(result['infer_cuda_max_memory_allocated'])})"
+        timing = f", {_seconds(result.get('sw_seconds_per_volume'))} per volume" if measured else ""
+        lines.append(f"  infer: peak {format_bytes(result.get('infer_peak_bytes'))}{extra}{timing} (volume {shape})")
+    if result.get("memory_limit"):
+        lines.append(f"  memory limit {format_bytes(result['memory_limit'])}")
+    if result["status"] not in ("ok", None):
+        reason = result.get("error_type") or ""
+        if result.get("signal"):
+            reason = f"{reason} (signal {result['signal']})"
+        lines.append(f"  failed in phase {result.get('phase_failed')}: {reason}")
+        if result.get("error_tail"):
+            tail = [line for line in str(result["error_tail"]).rstrip().splitlines() if line.strip(" ^~")]
+            lines.extend("    " + line for line in tail[-6:])
+    return lines
+
+
+def run_probe_command(args: argparse.Namespace) -> int:
+    """Handler of ``autotune probe``: 0 ok, 3 oom, 1 error/killed/timeout."""
+    from autotune.probe.runner import run_probe
+
+    device, validation_device, limit = _resolve_defaults(args)
+    result = run_probe(args.bundle, num_patches_per_iter=args.num_patches_per_iter,
+                       num_sw_batch_size=args.num_sw_batch_size, validation_device=validation_device,
+                       device=device, memory_limit=limit, timeout=args.timeout, phases=args.phases,
+                       warmup_steps=args.warmup_steps, measure_steps=args.measure_steps)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print("\n".join(_summary(result, "probe")))
+        print(f"  wall {result['wall_seconds']:.1f} s (process start, imports, build and the steps)")
+    return {"ok": EXIT_OK, "oom": EXIT_OOM}.get(result["status"], EXIT_FAILED)
+
+
+def run_estimate_command(args: argparse.Namespace) -> int:
+    """Handler of ``autotune estimate``: prints the estimate, both fits and what fits a limit."""
+    from autotune.probe.allowances import allowance_for, apply_allowance
+    from autotune.probe.estimate import estimate, fit_memory_model
+    from autotune.utils import format_bytes
+
+    device, validation_device, limit = _resolve_defaults(args)
+    result = estimate(args.bundle, num_patches_per_iter=args.num_patches_per_iter,
+                      num_sw_batch_size=args.num_sw_batch_size, validation_device=validation_device, device=device)
+    result["memory_limit"] = limit
+    fits = {phase: fit_memory_model(args.bundle, phase=phase, device=device, validation_device=validation_device)
+            for phase in ("train", "infer")}
+    allowance = allowance_for(device)
+    cuda = device.startswith("cuda")
+    report: dict[str, Any] = {"estimate": result, "fits": {}, "allowance": allowance.__dict__ if cuda else None}
+    for phase, model in fits.items():
+        entry: dict[str, Any] = {"intercept": model.intercept, "slope": model.slope, "points": model.points,
+                                 "n_cap": model.n_cap}
+        if limit is not None:
+            entry["max_fitting_raw"] = model.max_fitting(limit)
+            if cuda:  # the largest N whose peak plus allowance (without the context, as the probe's cap) fits
+                budget = (limit - allowance.cudnn_workspace_bytes) / (1.0 + allowance.allocator_slack_fraction)
+                entry["max_fitting_with_allowance"] = model.max_fitting(budget)
+                entry["check"] = apply_allowance(model.predict(entry["max_fitting_with_allowance"]), allowance,
+                                                 include_context=False)
+        report["fits"][phase] = entry
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return EXIT_OK
+    print("\n".join(_summary(result, "estimate")))
+    semantics = result.get("semantics")
+    print(f"  estimated in {result['seconds']:.2f} s, raw tensor bytes"
+          + (" (no GPU here: CPU tensors with CUDA's fp16 autocast rules)" if semantics == "cpu-emulating-cuda" else ""))
+    for phase, entry in report["fits"].items():
+        knob = "N (num_patches_per_iter)" if phase == "train" else "M (num_sw_batch_size)"
+        line = (f"  fit {phase}: peak = {format_bytes(entry['intercept'])} + {format_bytes(entry['slope'])} x {knob}")
+        if entry["n_cap"] is not None:
+            line += f", flat beyond {entry['n_cap']} windows"
+        print(line)
+        if limit is not None:
+            msg = f"    largest {knob.split()[0]} within {format_bytes(limit)}: {entry['max_fitting_raw']} (raw)"
+            if cuda:
+                msg += f", {entry['max_fitting_with_allowance']} with the default CUDA allowance (not validated on a GPU)"
+            print(msg)
+    return EXIT_OK

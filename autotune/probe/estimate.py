@@ -1,0 +1,309 @@
+"""Estimate a bundle's peak memory with no compute and no real memory, and fit peak(N) as a line.
+
+``estimate`` runs the same training steps and sliding-window pass as the probe
+(``autotune.step``), with the model built by ``autotune.build``, under PyTorch's
+``FakeTensorMode`` and the probe's own ``MemoryTracker``: tensors carry shapes, dtypes
+and devices but no data, and the tracker counts their storages exactly as it counts
+the real ones in a CPU probe. On CPU the estimate equals the probe's tracked peak; for
+CUDA the tensors are fake CUDA tensors (this works on a CPU-only build) and the raw
+figure leaves out what the allocator and libraries add (see ``autotune.probe.allowances``).
+
+Differences from a real step, each small and pinned by tests:
+
+- Data-dependent Python values cannot come from fake tensors. MONAI's Dice loss reads
+  ``torch.arange(2, ndim).tolist()``; here ``arange`` with plain-number arguments is computed
+  for real and carried as a constant, so the bundle's real loss runs unchanged. The
+  sliding window's Gaussian importance map calls ``.item()``; it is replaced by an empty
+  tensor of the same shape, dtype and device (its short-lived intermediates are not counted).
+- fp16 on CUDA: no GradScaler (its few scalar tensors are left out).
+- Two training steps are run (the first creates the optimizer state, the second runs with
+  it); the probe's later steps repeat the second.
+
+Not thread-safe: the importance-map replacement patches ``monai.inferers.utils`` while an
+estimate runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from autotune.errors import ProbeError
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+__all__ = ["estimate", "MemoryModel", "fit_memory_model", "MAX_FITTING"]
+
+MAX_FITTING = 1 << 20  # max_fitting's answer when memory does not grow with N
+ESTIMATE_STEPS = 2
+
+
+def _resolve(bundle: str | Path | Mapping[str, Any], num_patches_per_iter: int | None, num_sw_batch_size: int | None,
+             validation_device: str, device: str, phases: Any) -> dict[str, Any]:
+    """Check the arguments the way ``run_probe`` does; returns a request dict."""
+    from autotune.probe.runner import resolve_request
+
+    return resolve_request(bundle, num_patches_per_iter=num_patches_per_iter, num_sw_batch_size=num_sw_batch_size,
+                           validation_device=validation_device, device=device, memory_limit=None, phases=phases,
+                           warmup_steps=1, measure_steps=1, check_device=False)
+
+
+def _constant_factories(fake_mode: Any) -> Any:
+    """A dispatch mode that makes CPU ``aten.arange`` a constant fake tensor, so ``.tolist()`` on it works."""
+    import torch
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    arange = torch.ops.aten.arange
+
+    class ConstantFactories(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            kwargs = kwargs or {}
+            device = kwargs.get("device")
+            if func.overloadpacket is arange and (device is None or torch.device(device).type == "cpu"):
+                with unset_fake_temporarily():
+                    real = func(*args, **kwargs)
+                return fake_mode.fake_tensor_converter.from_real_tensor(fake_mode, real, make_constant=True)
+            return func(*args, **kwargs)
+
+    return ConstantFactories()
+
+
+def _empty_importance_map(patch_size: Any, mode: Any = "constant", sigma_scale: Any = 0.125,
+                          device: Any = "cpu", dtype: Any = None) -> torch.Tensor:
+    """Stand-in for ``compute_importance_map``: same shape, dtype and device, no data."""
+    import torch
+
+    return torch.empty(tuple(int(v) for v in patch_size), dtype=torch.float, device=device).to(dtype or torch.float)
+
+
+# Ops CUDA autocast runs in float32 (ATen autocast_mode.h: AT_FORALL_FP32, AT_FORALL_FP32_SET_OPT_DTYPE)
+# where CPU autocast keeps the input dtype; by their Python names.
+_CUDA_FP32_OPS = frozenset({
+    "acos", "asin", "cosh", "sinh", "tan", "erfinv", "exp", "expm1", "log", "log10", "log2", "log1p",
+    "reciprocal", "rsqrt", "pow", "__pow__", "__rpow__", "softplus", "layer_norm", "group_norm", "norm",
+    "cosine_similarity", "poisson_nll_loss", "cosine_embedding_loss", "nll_loss", "hinge_embedding_loss",
+    "kl_div", "l1_loss", "smooth_l1_loss", "huber_loss", "mse_loss", "margin_ranking_loss",
+    "multilabel_margin_loss", "soft_margin_loss", "triplet_margin_loss", "multi_margin_loss",
+    "binary_cross_entropy_with_logits", "cross_entropy", "dist", "pdist", "cdist", "renorm", "logsumexp",
+    "interpolate", "upsample", "upsample_nearest3d", "upsample_trilinear3d", "upsample_nearest2d",
+    "upsample_bilinear2d", "upsample_bicubic2d", "grid_sample", "softmax", "log_softmax", "cumprod",
+    "cumsum", "sum", "prod", "linalg_vector_norm", "linalg_matrix_norm",
+})
+# Ops CPU autocast runs in float32 that CUDA autocast leaves in the input dtype.
+_CPU_ONLY_FP32_OPS = frozenset({
+    "max_pool3d", "_max_pool3d", "max_pool3d_with_indices", "avg_pool3d", "adaptive_avg_pool3d",
+    "adaptive_max_pool3d", "max_unpool3d", "replication_pad3d", "reflection_pad3d",
+})
+
+
+def _cuda_autocast_policy() -> Any:
+    """A torch-function mode that gives CPU fp16 autocast CUDA's float32 list (for estimating a CUDA
+    target where no GPU is present): fp16 tensor arguments of those ops are cast to float32 first,
+    above autograd, as CUDA autocast does."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+    from torch.utils._pytree import tree_map
+
+    def upcast(value: Any) -> Any:
+        return value.float() if isinstance(value, torch.Tensor) and value.dtype == torch.float16 else value
+
+    class CudaAutocastPolicy(TorchFunctionMode):
+        def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            kwargs = kwargs or {}
+            name = getattr(func, "__name__", None)
+            if name in _CUDA_FP32_OPS and kwargs.get("dtype") is None and torch.is_autocast_enabled("cpu"):
+                args, kwargs = tree_map(upcast, (args, kwargs))
+            elif name in _CPU_ONLY_FP32_OPS and torch.is_autocast_enabled("cpu"):
+                with torch.autocast("cpu", enabled=False):
+                    return func(*args, **kwargs)
+            return func(*args, **kwargs)
+
+    return CudaAutocastPolicy()
+
+
+@contextlib.contextmanager
+def _fake_session(emulate_cuda: bool = False) -> Iterator[Any]:
+    """FakeTensorMode plus what the fake pass needs: constant ``arange``, the importance-map stand-in,
+    and with ``emulate_cuda`` CUDA's autocast float32 list on CPU tensors."""
+    import monai.inferers.utils as sw_utils
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    saved_map = sw_utils.compute_importance_map
+    sw_utils.compute_importance_map = _empty_importance_map
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=False)
+    try:
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(fake_mode)
+            stack.enter_context(_constant_factories(fake_mode))
+            if emulate_cuda:
+                stack.enter_context(_cuda_autocast_policy())
+            yield fake_mode
+    finally:
+        sw_utils.compute_importance_map = saved_map
+
+
+def _fake_model(cfg: Mapping[str, Any], device: str) -> torch.nn.Module:
+    """Build the network on the meta device (no memory), then give it fake parameters on ``device``.
+
+    Must be called inside ``_fake_session``.
+    """
+    import torch
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    from autotune.build import build_network
+
+    with unset_fake_temporarily(), torch.device("meta"):
+        model = build_network(cfg)
+    return model._apply(lambda t: torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device))
+
+
+def estimate(bundle: str | Path | Mapping[str, Any], *, num_patches_per_iter: int | None = None,
+             num_sw_batch_size: int | None = None, validation_device: str = "device", device: str = "cpu",
+             phases: Any = ("train", "infer")) -> dict[str, Any]:
+    """Estimate the peak tensor memory of a probe of ``bundle``, in this process, with fake tensors.
+
+    Returns the probe's result keys where they apply (timings are None), with
+    ``measured: False``, ``seconds`` (how long the estimate took) and the raw peaks
+    ``train_peak_bytes``, ``infer_peak_bytes``, ``peak_bytes`` (no allowance added).
+    For ``device="cuda..."`` only CUDA storages are counted.
+
+    Raises:
+        ConfigError: the bundle is missing or invalid.
+        ProbeError: bad arguments, or the fake pass failed (the message names the phase).
+    """
+    from autotune.build import amp_dtype, build_loss, build_optimizer
+    from autotune.probe import memory
+    from autotune.probe.trial import base_result, ensure_training_state, make_batch, make_volume
+    from autotune.step import sliding_window_predict, train_step
+
+    start = time.perf_counter()
+    req = _resolve(bundle, num_patches_per_iter, num_sw_batch_size, validation_device, device, phases)
+    cfg, device = req["config"], req["device"]
+    result = base_result(req)
+    result.update(measured=False, status="ok", device_name=None, device_total_memory=None)
+    phase = "build"
+    try:
+        import monai
+        import torch
+
+        result.update(torch_version=torch.__version__, monai_version=monai.__version__)
+        # Fake CUDA tensors need CUDA's device guard for autograd; without a GPU, emulate on CPU.
+        emulate = device.startswith("cuda") and not torch.cuda.is_available()
+        compute = "cpu" if emulate else device
+        volume_device = ("meta" if emulate else "cpu") if req["validation_device"] == "cpu" else compute
+        result["semantics"] = "cpu-emulating-cuda" if emulate else device.split(":")[0]
+        dtype = amp_dtype(cfg, device)
+        with _fake_session(emulate_cuda=emulate):
+            model = _fake_model(cfg, compute)
+            loss_fn = build_loss(cfg)
+            optimizer = build_optimizer(cfg, model.parameters())
+            for phase in req["phases"]:
+                tracker = memory.make_tracker(compute.split(":")[0])
+                if phase == "train":
+                    model.train()
+                    images, labels = make_batch(cfg, req["num_patches_per_iter"], compute)
+                    tracker.track(memory.tensors_of(model, optimizer, images, labels))
+                    with tracker:
+                        for _ in range(ESTIMATE_STEPS):
+                            train_step(model, loss_fn, optimizer, images, labels, dtype, None)
+                    del images, labels
+                else:
+                    ensure_training_state(model, optimizer)
+                    model.eval()
+                    volume = make_volume(cfg, volume_device)
+                    tracker.track(memory.tensors_of(model, optimizer, volume))
+                    with tracker:
+                        out = sliding_window_predict(model, volume, cfg["roi_size"], req["num_sw_batch_size"], compute,
+                                                     float(cfg.get("sw_overlap", 0.5)), dtype)
+                        del out
+                    del volume
+                result[f"{phase}_peak_bytes"] = tracker.peak_bytes
+                tracker.stop()
+    except Exception as exc:  # the fake pass is ours: any failure is reported as a ProbeError
+        raise ProbeError(f"estimate of {cfg.get('algo')} failed in phase {phase!r}: {type(exc).__name__}: {exc}") from exc
+    peaks = [result[f"{p}_peak_bytes"] for p in ("train", "infer") if result.get(f"{p}_peak_bytes") is not None]
+    result["peak_bytes"] = max(peaks) if peaks else None
+    result["seconds"] = time.perf_counter() - start
+    return result
+
+
+@dataclass
+class MemoryModel:
+    """Peak memory as a line in the batch size: ``peak(N) = intercept + slope * N`` bytes.
+
+    ``phase`` "train" varies ``num_patches_per_iter``, "infer" ``num_sw_batch_size``.
+    ``points`` are the (N, peak) pairs it was fitted to. ``n_cap``, when set, is the N
+    beyond which memory no longer grows (a sliding-window batch larger than the number
+    of windows); ``max_fitting`` never answers more than it.
+    """
+
+    intercept: float
+    slope: float
+    phase: str
+    points: list[tuple[int, int]] = field(default_factory=list)
+    n_cap: int | None = None
+
+    def predict(self, n: int) -> float:
+        """Predicted peak bytes at ``n``."""
+        if self.n_cap is not None:
+            n = min(n, self.n_cap)
+        return self.intercept + self.slope * n
+
+    def max_fitting(self, limit_bytes: float) -> int:
+        """Largest N >= 0 with ``predict(N) <= limit_bytes`` (0 if none)."""
+        cap = self.n_cap if self.n_cap is not None else MAX_FITTING
+        if self.slope <= 0:
+            return cap if self.intercept <= limit_bytes else 0
+        n = math.floor((limit_bytes - self.intercept) / self.slope)
+        while n > 0 and self.predict(n) > limit_bytes:  # float rounding at the edge
+            n -= 1
+        while n + 1 <= cap and self.predict(n + 1) <= limit_bytes:
+            n += 1
+        return max(0, min(n, cap))
+
+
+def _num_windows(cfg: Mapping[str, Any]) -> int:
+    """Number of sliding windows over the infer volume, by MONAI's own scan arithmetic."""
+    from monai.data.utils import dense_patch_slices
+    from monai.inferers.utils import _get_scan_interval
+
+    roi = tuple(int(v) for v in cfg["roi_size"])
+    shape = tuple(max(int(s), r) for s, r in zip(cfg.get("infer_volume_shape") or roi, roi, strict=True))
+    overlap = (float(cfg.get("sw_overlap", 0.5)),) * len(roi)
+    return len(dense_patch_slices(shape, roi, _get_scan_interval(shape, roi, len(roi), overlap)))
+
+
+def fit_memory_model(bundle: str | Path | Mapping[str, Any], *, phase: str = "train", n_values: tuple[int, int] = (1, 2),
+                     device: str = "cpu", validation_device: str = "device", **kw: Any) -> MemoryModel:
+    """Fit ``MemoryModel`` for ``phase`` from two estimates at ``n_values``.
+
+    Raises:
+        ProbeError: an unknown phase, n_values not two different positive integers, or a failed estimate.
+        ConfigError: the bundle is missing or invalid.
+    """
+    if phase not in ("train", "infer"):
+        raise ProbeError(f"unknown phase {phase!r}; valid: train, infer")
+    n1, n2 = (int(v) for v in n_values)
+    if n1 < 1 or n2 < 1 or n1 == n2:
+        raise ProbeError(f"n_values must be two different positive integers, got {n_values!r}")
+    key = "num_patches_per_iter" if phase == "train" else "num_sw_batch_size"
+    peaks = []
+    for n in (n1, n2):
+        res = estimate(bundle, device=device, validation_device=validation_device, phases=(phase,), **{key: n}, **kw)
+        peaks.append(int(res[f"{phase}_peak_bytes"]))
+    slope = (peaks[1] - peaks[0]) / (n2 - n1)
+    n_cap = None
+    if phase == "infer":
+        from autotune.probe.runner import resolve_request
+
+        cfg = resolve_request(bundle, check_device=False)["config"]
+        n_cap = _num_windows(cfg)
+    return MemoryModel(intercept=peaks[0] - slope * n1, slope=slope, phase=phase,
+                       points=[(n1, peaks[0]), (n2, peaks[1])], n_cap=n_cap)

@@ -1,0 +1,243 @@
+"""Run one probe (a short real trial) in an isolated child process and classify how it ended.
+
+``run_probe`` writes a JSON request, starts ``python -m autotune.probe.trial REQUEST`` in its
+own session (so it leads its own process group), waits up to ``timeout`` seconds and reads
+the child's JSON result. How the trial ended is decided from the exit code or signal and
+the JSON, never from error text alone:
+
+=========  ==================================================================
+status     when
+=========  ==================================================================
+ok         exit code 0 and a result
+oom        exit code 3: out of memory (``torch.OutOfMemoryError``, an allocator
+           failure, or on CPU the tracked peak crossing ``memory_limit``)
+error      exit code 1 (``error_type``/``error_tail`` from the child), no result,
+           or an unexpected exit code
+killed     ended by a signal (``signal`` holds its number; segfault, SIGKILL,
+           the kernel's OOM killer)
+timeout    still running after ``timeout`` s: the whole process group is killed
+=========  ==================================================================
+
+The calling process is never affected: a failed trial is a result, not an exception.
+
+Test-only fault hook: the child reads ``AUTOTUNE_PROBE_FAULT`` (from the environment, or
+``env=`` of ``run_probe``): comma-separated rules, each ``FAULT`` or
+``FAULT@KEY=VALUE[&KEY=VALUE]``. FAULT is ``oom`` (raise ``torch.OutOfMemoryError``),
+``segfault`` (SIGSEGV to itself), ``sigkill``, ``hang`` (sleep forever) or ``raise``
+(``ValueError``). KEY is one of ``num_patches_per_iter``, ``num_sw_batch_size``,
+``validation_device``, ``device``, ``phase``. A rule fires when every condition holds: one
+without a ``phase`` condition as soon as the child starts (before torch is imported and
+the model built, so fault tests are quick; ``phase_failed`` is the first phase), one with
+``phase=train`` or ``phase=infer`` at the start of that phase. Example:
+``AUTOTUNE_PROBE_FAULT="oom@num_patches_per_iter=3,segfault@num_patches_per_iter=5"``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from autotune.errors import ProbeError
+from autotune.utils import atomic_write_json, look_up_option, parse_bytes
+
+__all__ = ["PHASES", "VALIDATION_DEVICES", "resolve_request", "run_probe"]
+
+PHASES = ("train", "infer")
+VALIDATION_DEVICES = ("device", "cpu")
+_DEVICE_RE = re.compile(r"cpu|cuda(?::\d+)?")
+_TAIL_LINES = 15
+
+
+def _positive_int(value: Any, name: str, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ProbeError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _phases(phases: str | Sequence[str]) -> list[str]:
+    items = [p.strip() for p in phases.split(",")] if isinstance(phases, str) else [str(p) for p in phases]
+    out: list[str] = []
+    for item in filter(None, items):
+        look_up_option(item, PHASES, "phase", ProbeError)
+        if item not in out:
+            out.append(item)
+    if not out:
+        raise ProbeError("phases must name at least one of: train, infer")
+    return out
+
+
+def _check_cuda(device: str) -> None:
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ProbeError(f"device {device!r} asked for but no CUDA device is visible; use --device cpu or 'autotune estimate'")
+    index = int(device.split(":")[1]) if ":" in device else 0
+    if index >= torch.cuda.device_count():
+        raise ProbeError(f"device {device!r}: only {torch.cuda.device_count()} CUDA device(s) visible")
+
+
+def resolve_request(bundle: str | Path | Mapping[str, Any], *, num_patches_per_iter: int | None = None,
+                    num_sw_batch_size: int | None = None, validation_device: str = "device", device: str = "cpu",
+                    memory_limit: int | str | None = None, phases: str | Sequence[str] = PHASES,
+                    warmup_steps: int = 1, measure_steps: int = 2, check_device: bool = True) -> dict[str, Any]:
+    """Load the bundle config and check every argument; returns the request a trial runs from.
+
+    Raises:
+        ConfigError: the bundle is missing or invalid.
+        ProbeError: an argument is invalid, or a CUDA device is asked for but not visible.
+    """
+    from autotune.bundles.config import check_bundle_config, load_bundle_config
+
+    if isinstance(bundle, Mapping):
+        cfg = check_bundle_config(json.loads(json.dumps(dict(bundle))), "bundle config (dict)")
+    else:
+        cfg = load_bundle_config(bundle)
+    if not isinstance(device, str) or not _DEVICE_RE.fullmatch(device):
+        raise ProbeError(f"unknown device {device!r}; give cpu, cuda or cuda:N")
+    if check_device and device.startswith("cuda"):
+        _check_cuda(device)
+    limit = None if memory_limit is None else parse_bytes(memory_limit, "memory_limit")
+    return {
+        "config": cfg,
+        "num_patches_per_iter": _positive_int(
+            cfg["num_patches_per_iter"] if num_patches_per_iter is None else num_patches_per_iter, "num_patches_per_iter"),
+        "num_sw_batch_size": _positive_int(
+            cfg["num_sw_batch_size"] if num_sw_batch_size is None else num_sw_batch_size, "num_sw_batch_size"),
+        "validation_device": look_up_option(validation_device, VALIDATION_DEVICES, "validation_device", ProbeError),
+        "device": device,
+        "memory_limit": limit,
+        "phases": _phases(phases),
+        "warmup_steps": _positive_int(warmup_steps, "warmup_steps", 0),
+        "measure_steps": _positive_int(measure_steps, "measure_steps", 1),
+    }
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _wait_unreaped(pid: int, timeout: float) -> bool:
+    """Wait until ``pid`` exits without reaping it (its group id stays ours); False on timeout."""
+    deadline, pause = time.monotonic() + timeout, 0.005
+    while True:
+        try:
+            if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+                return True
+        except ChildProcessError:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(pause)
+        pause = min(pause * 2, 0.05)
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _tail(path: Path) -> str | None:
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)
+    except OSError:
+        return None
+    return "".join(lines[-_TAIL_LINES:]) or None
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def run_probe(bundle: str | Path | dict, *, num_patches_per_iter: int | None = None, num_sw_batch_size: int | None = None,
+              validation_device: str = "device", device: str = "cpu", memory_limit: int | None = None,
+              timeout: float = 300.0, phases: tuple[str, ...] = PHASES, warmup_steps: int = 1, measure_steps: int = 2,
+              env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Run one measured trial of ``bundle`` in an isolated child; returns the result dict.
+
+    A dict ``bundle`` is the config itself; a path is a bundle folder or its YAML. None for
+    N or M means the bundle's value. ``memory_limit`` is bytes (CPU: the tracked tensor
+    peak may not pass it; CUDA: the caching allocator is capped at it). ``env`` adds to
+    the child's environment. See the module docstring for the statuses.
+
+    Raises:
+        ConfigError: the bundle is missing or invalid.
+        ProbeError: bad arguments (unknown device or phase, N < 1, a bad fault rule, timeout <= 0).
+    """
+    from autotune.probe.trial import EXIT_OK, EXIT_OOM, FAULT_ENV, base_result, parse_fault_rules
+
+    start = time.perf_counter()
+    req = resolve_request(bundle, num_patches_per_iter=num_patches_per_iter, num_sw_batch_size=num_sw_batch_size,
+                          validation_device=validation_device, device=device, memory_limit=memory_limit,
+                          phases=phases, warmup_steps=warmup_steps, measure_steps=measure_steps)
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+        raise ProbeError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    child_env = dict(os.environ)
+    child_env.update({str(k): str(v) for k, v in (env or {}).items()})
+    try:
+        parse_fault_rules(child_env.get(FAULT_ENV))
+    except ValueError as exc:
+        raise ProbeError(str(exc)) from exc
+    package_root = str(Path(__file__).resolve().parents[2])
+    child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, child_env.get("PYTHONPATH")]))
+
+    result = base_result(req)
+    with tempfile.TemporaryDirectory(prefix="autotune-probe-") as tmp:
+        tmpdir = Path(tmp)
+        req.update(result_path=str(tmpdir / "result.json"), state_path=str(tmpdir / "state.json"))
+        atomic_write_json(tmpdir / "request.json", req)
+        with open(tmpdir / "stdout.txt", "wb") as out, open(tmpdir / "stderr.txt", "wb") as err:
+            proc = subprocess.Popen([sys.executable, "-m", "autotune.probe.trial", str(tmpdir / "request.json")],
+                                    stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=child_env,
+                                    start_new_session=True)
+            try:
+                finished = _wait_unreaped(proc.pid, float(timeout))
+            finally:
+                _kill_group(proc.pid)  # the leader is not reaped yet, so this group id is still the child's
+                proc.wait()
+        state = _read_json(tmpdir / "state.json") or {}
+        child = _read_json(tmpdir / "result.json")
+        stderr_tail = _tail(tmpdir / "stderr.txt")
+    for key in ("device_name", "device_total_memory", "torch_version", "monai_version"):
+        result[key] = state.get(key, result.get(key))
+    if child is not None:
+        result.update(child)
+    rc = proc.returncode
+    running_phase = state.get("phase") if state.get("phase") in PHASES else req["phases"][0]
+    if not finished:
+        result.update(status="timeout", phase_failed=running_phase, error_type="Timeout", error_tail=stderr_tail)
+    elif rc < 0:
+        result.update(status="killed", signal=-rc, phase_failed=running_phase, error_type=_signal_name(-rc),
+                      error_tail=stderr_tail)
+    elif child is None:
+        result.update(status="error", phase_failed=running_phase, error_type="NoResult",
+                      error_tail=stderr_tail or f"the probe child exited with code {rc} and wrote no result")
+    elif rc == EXIT_OOM:
+        result["status"] = "oom"
+    elif rc != EXIT_OK or child.get("status") != "ok":
+        result["status"] = "error"
+        result["error_type"] = result.get("error_type") or f"ExitCode{rc}"
+        result["error_tail"] = result.get("error_tail") or stderr_tail
+    result.setdefault("signal", None)
+    result["exit_code"] = rc
+    result["child_pid"] = proc.pid
+    result["measured"] = True
+    result["wall_seconds"] = time.perf_counter() - start
+    return result

@@ -1,0 +1,98 @@
+"""Checkpoints: atomic writes, safe loads, and putting a run back where it stopped.
+
+A checkpoint is a dict of plain data and tensors (model, optimizer, GradScaler and
+schedule state, epoch, best metric, RNG states), written with ``torch.save`` to a temp
+file and renamed over the old one, and read back with ``weights_only=True``.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from autotune.errors import ConfigError
+
+__all__ = ["save_checkpoint", "load_checkpoint", "rng_state", "set_rng_state", "fit_schedule", "restore"]
+
+
+def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
+    """``torch.save`` to a temp file in the same folder, then ``os.replace``: never a half-written file."""
+    import torch
+
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        torch.save(state, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def load_checkpoint(path: Path) -> dict[str, Any]:
+    """Load a checkpoint with ``weights_only=True`` (plain data and tensors only, no pickled objects)."""
+    import torch
+
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise ConfigError(f"{path}: unreadable checkpoint ({type(exc).__name__}); delete it or train without --resume") from exc
+
+
+def rng_state() -> dict[str, Any]:
+    """torch, NumPy and Python RNG states as plain data (loadable with ``weights_only=True``)."""
+    import numpy as np
+    import torch
+
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    return {"torch": torch.get_rng_state(), "numpy": [name, keys.tolist(), pos, has_gauss, cached],
+            "python": random.getstate()}
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Put back what ``rng_state`` saved."""
+    import numpy as np
+    import torch
+
+    torch.set_rng_state(state["torch"])
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+
+
+def fit_schedule(scheduler: Any, total_steps: int) -> None:
+    """After loading a schedule's state, stretch it to this run's length (``--epochs`` may differ)."""
+    for attr in ("t_total", "T_max", "total_iters"):
+        if hasattr(scheduler, attr):
+            setattr(scheduler, attr, total_steps)
+
+
+def restore(path: Path, mode: str, model: Any, optimizer: Any, scaler: Any, scheduler: Any,
+            total_steps: int) -> dict[str, Any]:
+    """Load ``path`` into the model, optimizer, scaler and schedule; set the RNG states; return the checkpoint.
+
+    Raises:
+        ConfigError: unreadable, from the other mode, or not this bundle's network/optimizer.
+    """
+    state = load_checkpoint(path)
+    if state.get("mode") != mode:
+        raise ConfigError(f"{path} was trained in {state.get('mode')} mode; resume with --mode {state.get('mode')}")
+    try:
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        if scaler is not None and state.get("scaler"):
+            scaler.load_state_dict(state["scaler"])
+        if scheduler is not None and state.get("scheduler"):
+            scheduler.load_state_dict(state["scheduler"])
+            fit_schedule(scheduler, total_steps)
+    except (RuntimeError, KeyError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(f"{path} does not match this bundle's network or optimizer ({first}); "
+                          "train without --resume") from exc
+    if state.get("rng"):
+        set_rng_state(state["rng"])
+    return state

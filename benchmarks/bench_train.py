@@ -1,0 +1,177 @@
+"""Fast vs regular training, side by side, on a real dataset (CPU by default).
+
+Both modes train the same bundle (same network, same seed, same fold, same validation)
+for the same wall-clock budget, each in its own process (``python -m autotune.train``).
+Reported per mode: seconds per epoch, the share of step time spent waiting for data,
+wall time (from process start, caching included) to a validation mean Dice target, and
+the best mean Dice reached within the budget. Prints a table and writes JSON.
+
+    python benchmarks/bench_train.py --budget 300            # 300 s per mode
+    python benchmarks/bench_train.py --budget 600 --roi 48   # the full 10-minute goal
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+DEFAULT_DATA = "/work/shared/datasets/Task04_Hippocampus"
+
+
+def _args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--data", default=DEFAULT_DATA, help="dataset: Decathlon folder, input.yaml or datalist")
+    p.add_argument("--work", default="/tmp/autotune_bench_train", help="scratch folder (replaced)")
+    p.add_argument("--budget", type=float, default=600, help="seconds per mode (default 600)")
+    p.add_argument("--algo", default="segresnet", choices=("segresnet", "unet", "dints"))
+    p.add_argument("--roi", type=int, default=32, help="cubic roi edge (default 32)")
+    p.add_argument("--init-filters", type=int, default=16, help="SegResNet init_filters (default 16)")
+    p.add_argument("--epochs", type=int, default=40, help="epochs the schedule is planned for (default 40)")
+    p.add_argument("--val-every", type=int, default=1)
+    p.add_argument("--sw-overlap", type=float, default=0.25, help="validation window overlap (default 0.25)")
+    p.add_argument("--num-workers", type=int, default=2, help="regular mode's DataLoader workers (default 2)")
+    p.add_argument("--target", type=float, default=0.80, help="validation mean Dice target (default 0.80)")
+    p.add_argument("--modes", default="fast,regular")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "train.json"))
+    return p.parse_args(argv)
+
+
+def make_bundle(args: argparse.Namespace, work: Path) -> Path:
+    """Analyse the data (5 folds) and generate the bundle for fold 0 with the benchmark's settings."""
+    from autotune.bundles.bundlegen import BundleGen
+    from autotune.data.analyze import analyze
+
+    result = analyze(args.data, work, num_fold=5, progress=False)
+    overrides: dict[str, Any] = {
+        "roi_size": [args.roi] * 3,
+        "num_epochs": args.epochs,
+        "num_epochs_per_validation": args.val_every,
+        "early_stop_patience": 0,
+        "num_workers": args.num_workers,
+        "sw_overlap": args.sw_overlap,
+        "num_sw_batch_size": 8,
+    }
+    if args.algo == "segresnet":
+        overrides["segresnet"] = {"network": {"args": {"init_filters": args.init_filters}}}
+    gen = BundleGen(work, algos=args.algo, data_stats_filename=result.datastats, data_src_cfg_name=result.data_src)
+    bundles = gen.generate(work, num_fold=5, overrides=overrides)
+    return Path(next(b["path"] for b in bundles if b["fold"] == 0))
+
+
+def run_mode(bundle: Path, mode: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """Train a private copy of ``bundle`` in ``mode`` in a fresh process; return its measurements."""
+    copy = Path(shutil.copytree(bundle, work / f"{mode}_{bundle.name}"))
+    command = [sys.executable, "-m", "autotune.train", str(copy), "--mode", mode, "--device", args.device,
+               "--epochs", str(args.epochs), "--max-time", f"{args.budget:g}", "--val-every", str(args.val_every)]
+    log = work / f"{mode}.log"
+    load_before = os.getloadavg()
+    t0 = time.monotonic()
+    with open(log, "w") as handle:
+        code = subprocess.call(command, stdout=handle, stderr=subprocess.STDOUT,
+                               env={**os.environ, "PYTHONPATH": str(REPO)})
+    wall = time.monotonic() - t0
+    if code != 0:
+        raise SystemExit(f"{mode} run failed (exit {code}); see {log}")
+    record = json.loads((copy / "model_fold0" / "metrics.json").read_text())
+    rows = record["rows"]
+    validated = [r for r in rows if r.get("mean_dice") is not None]
+    reached = next((r for r in validated if r["mean_dice"] >= args.target), None)
+    in_budget = [r["mean_dice"] for r in validated if r["elapsed_s"] <= args.budget]
+    steady = rows[1:] or rows  # epoch 1 pays one-off kernel set-up
+    return {
+        "mode": mode,
+        "command": " ".join(command),
+        "epochs": len(rows),
+        "train_s_per_epoch": statistics.median(r["train_s"] for r in steady),
+        "epoch_s_with_val": statistics.median(r["epoch_s"] for r in steady),
+        "first_epoch_train_s": rows[0]["train_s"],
+        "data_wait_share": statistics.median(r["data_wait_share"] for r in steady),
+        "samples_per_s": statistics.median(r["samples_per_s"] for r in steady),
+        "setup_s": rows[0]["elapsed_s"] - rows[0]["epoch_s"],
+        "time_to_target_s": reached["elapsed_s"] if reached else None,
+        "epoch_at_target": reached["epoch"] if reached else None,
+        "best_dice_in_budget": max(in_budget) if in_budget else None,
+        "best_dice": max((r["mean_dice"] for r in validated), default=None),
+        "dice_curve": [[r["epoch"], round(r["elapsed_s"], 1), round(r["mean_dice"], 4)] for r in validated],
+        "wall_s": wall,
+        "load_avg_before": load_before,
+        "load_avg_after": os.getloadavg(),
+        "options": record.get("options"),
+        "log": str(log),
+    }
+
+
+def _ratio(slow: float | None, fast: float | None) -> float | None:
+    return slow / fast if slow and fast else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _args(argv)
+    import monai
+    import torch
+
+    work = Path(args.work)
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    bundle = make_bundle(args, work)
+    results = {mode: run_mode(bundle, mode, args, work) for mode in args.modes.split(",")}
+    fast, regular = results.get("fast"), results.get("regular")
+    summary: dict[str, Any] = {}
+    if fast and regular:
+        to_target = _ratio(regular["time_to_target_s"], fast["time_to_target_s"])
+        lower_bound = None
+        if to_target is None and fast["time_to_target_s"] and regular["time_to_target_s"] is None:
+            lower_bound = regular["wall_s"] / fast["time_to_target_s"]  # regular never got there
+        summary = {
+            "epoch_speedup_train_only": _ratio(regular["train_s_per_epoch"], fast["train_s_per_epoch"]),
+            "epoch_speedup_with_val": _ratio(regular["epoch_s_with_val"], fast["epoch_s_with_val"]),
+            "time_to_target_speedup": to_target,
+            "time_to_target_speedup_at_least": lower_bound,
+        }
+    report = {
+        "benchmark": "train fast vs regular",
+        "data": args.data,
+        "algo": args.algo,
+        "settings": {k: v for k, v in vars(args).items() if k not in ("out", "work")},
+        "environment": {
+            "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+            "torch": torch.__version__, "monai": monai.__version__, "python": platform.python_version(),
+        },
+        "results": results,
+        "summary": summary,
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+
+    def fmt(value: Any, spec: str = ".2f") -> str:
+        return "-" if value is None else format(value, spec)
+
+    print(f"{args.algo} roi {args.roi}^3 on {args.device}, budget {args.budget:g} s per mode, target Dice {args.target}")
+    print(f"{'mode':<8} {'epochs':>6} {'train s/ep':>10} {'ep+val s':>9} {'data wait':>9} {'samples/s':>9} "
+          f"{'t->target s':>11} {'best Dice':>9}")
+    for r in results.values():
+        print(f"{r['mode']:<8} {r['epochs']:>6} {fmt(r['train_s_per_epoch']):>10} {fmt(r['epoch_s_with_val']):>9} "
+              f"{fmt(100 * r['data_wait_share'], '.1f') + '%':>9} {fmt(r['samples_per_s'], '.1f'):>9} "
+              f"{fmt(r['time_to_target_s'], '.0f'):>11} {fmt(r['best_dice_in_budget'], '.4f'):>9}")
+    for key, value in summary.items():
+        print(f"{key}: {fmt(value)}")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,69 @@
+"""Inference writes each prediction in its input's own geometry (orientation, spacing, shape)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.test_train import copy_bundle, make_bundles
+
+
+@pytest.fixture(scope="module")
+def trained_bundle(demo_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from autotune.train.runner import train
+
+    bundles = make_bundles(demo_data, tmp_path_factory.mktemp("infer_work"))
+    bundle = copy_bundle(bundles["segresnet_0"], tmp_path_factory.mktemp("infer") / "segresnet_0")
+    train(bundle, epochs=1, progress=False)
+    return bundle
+
+
+def _oblique_copy(source: Path, dest: Path) -> Path:
+    """The same voxels with an anisotropic, flipped, shifted affine: resampling and orientation must be undone."""
+    import nibabel as nib
+
+    image = nib.load(source)
+    affine = np.diag([-1.4, 0.8, 1.25, 1.0])
+    affine[:3, 3] = [30.0, -12.0, 5.5]
+    nib.save(nib.Nifti1Image(np.asarray(image.dataobj), affine), dest)
+    return dest
+
+
+def test_predictions_match_input_geometry(trained_bundle: Path, demo_data: Path, tmp_path: Path) -> None:
+    import nibabel as nib
+
+    from autotune.train.infer import infer
+
+    inputs = [demo_data / "imagesTr" / "case_000.nii.gz",
+              _oblique_copy(demo_data / "imagesTr" / "case_001.nii.gz", tmp_path / "oblique.nii.gz")]
+    outputs = infer(trained_bundle, inputs, tmp_path / "pred", checkpoint="last", progress=False)
+    assert [p.name for p in outputs] == ["case_000_seg.nii.gz", "oblique_seg.nii.gz"]
+    for source, pred in zip(inputs, outputs, strict=True):
+        image, seg = nib.load(source), nib.load(pred)
+        assert seg.shape == image.shape
+        np.testing.assert_allclose(seg.affine, image.affine, atol=1e-5)
+        values = np.unique(np.asarray(seg.dataobj))
+        assert set(values.tolist()) <= {0, 1, 2}
+
+
+def test_infer_reads_a_datalist_and_the_cli(trained_bundle: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+                                            ) -> None:
+    from autotune.bundles.config import load_bundle_config
+    from autotune.cli import main
+
+    datalist = load_bundle_config(trained_bundle)["datalist"]
+    assert main(["infer", str(trained_bundle), "--images", datalist, "--output", str(tmp_path / "out"),
+                 "--device", "cpu", "--checkpoint", "best", "-q"]) == 0
+    written = capsys.readouterr().out.split()
+    assert len(written) == 6 and all(Path(p).is_file() for p in written)
+
+
+def test_missing_checkpoint_says_what_to_run(trained_bundle: Path, demo_data: Path, tmp_path: Path) -> None:
+    from autotune.errors import ConfigError
+    from autotune.train.infer import infer
+
+    image = demo_data / "imagesTr" / "case_000.nii.gz"
+    with pytest.raises(ConfigError, match="autotune train"):
+        infer(trained_bundle, [image], tmp_path, checkpoint=str(tmp_path / "nope.pt"))

@@ -1,0 +1,257 @@
+"""The training runner on CPU: outputs, regular mode, resume (also after a real kill), early stop, errors."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from autotune.errors import ConfigError, SpecError
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def make_bundles(data: Path, work: Path, algos: str = "segresnet", num_fold: int = 2) -> dict[str, Path]:
+    """Analyse ``data`` and generate tiny-preset bundles; returns {identifier: folder}."""
+    from autotune.bundles.bundlegen import BundleGen
+    from autotune.commands.bundles import load_overrides
+    from autotune.data.analyze import analyze
+
+    result = analyze(data, work, num_fold=num_fold, progress=False)
+    gen = BundleGen(work, algos=algos, data_stats_filename=result.datastats, data_src_cfg_name=result.data_src)
+    bundles = gen.generate(work, num_fold=num_fold, overrides=load_overrides("tiny"))
+    return {b["identifier"]: Path(b["path"]) for b in bundles}
+
+
+def copy_bundle(source: Path, dest: Path, **updates: object) -> Path:
+    """A private copy of a bundle (its datalist stays shared), with config ``updates``."""
+    from autotune.bundles.config import update_bundle_config
+
+    bundle = Path(shutil.copytree(source, dest))
+    if updates:
+        update_bundle_config(bundle, updates)
+    return bundle
+
+
+@pytest.fixture(scope="module")
+def bundles(demo_data: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    return make_bundles(demo_data, tmp_path_factory.mktemp("train_work"))
+
+
+@pytest.fixture()
+def bundle(bundles: dict[str, Path], tmp_path: Path) -> Path:
+    return copy_bundle(bundles["segresnet_0"], tmp_path / "segresnet_0")
+
+
+def _rows(bundle: Path) -> list[dict]:
+    return json.loads((bundle / "model_fold0" / "metrics.json").read_text())["rows"]
+
+
+def _adam_steps(path: Path) -> int:
+    import torch
+
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    return int(next(iter(state["optimizer"]["state"].values()))["step"])
+
+
+def test_fast_training_writes_every_output(bundle: Path) -> None:
+    import torch
+
+    from autotune.train.runner import train
+
+    summary = train(bundle, epochs=2, progress=False)
+    out = bundle / "model_fold0"
+    assert summary["epochs_run"] == 2 and summary["stopped"] == "epochs"
+    assert summary["best_metric"] is not None and 0.0 <= summary["best_metric"] <= 1.0
+    for name in ("best.pt", "last.pt"):
+        state = torch.load(out / name, map_location="cpu", weights_only=True)
+        assert {"model", "optimizer", "scheduler", "epoch", "best_metric", "rng"} <= set(state)
+    assert torch.load(out / "last.pt", weights_only=True)["epoch"] == 2
+    with open(out / "metrics.csv", newline="") as handle:
+        reader = csv.DictReader(handle)
+        rows = list(reader)
+    for column in ("epoch", "loss", "dice_class1", "dice_class2", "mean_dice", "epoch_s", "data_wait_s",
+                   "data_wait_share", "samples_per_s", "lr"):
+        assert column in reader.fieldnames
+    assert [r["epoch"] for r in rows] == ["1", "2"]
+    record = json.loads((out / "metrics.json").read_text())
+    assert record["mode"] == "fast" and record["options"]["cache"] and record["options"]["thread_loader"]
+    assert record["options"]["amp"] and record["rows"][-1]["samples"] > 0
+    assert (out / "curves.png").stat().st_size > 1000
+    assert json.loads((out / "train_summary.json").read_text())["last_epoch"] == 2
+
+
+def test_regular_mode_is_the_seed_baseline(bundle: Path) -> None:
+    import torch
+
+    from autotune.bundles.config import update_bundle_config
+    from autotune.train.runner import train
+
+    update_bundle_config(bundle, {"num_workers": 2})
+    summary = train(bundle, mode="regular", epochs=1, progress=False)
+    out = bundle / "model_fold0"
+    record = json.loads((out / "metrics.json").read_text())
+    assert summary["mode"] == "regular" and record["options"]["num_workers"] == 2
+    assert not record["options"]["cache"] and not record["options"]["amp"]
+    state = torch.load(out / "last.pt", map_location="cpu", weights_only=True)
+    assert state["optimizer"]["param_groups"][0]["lr"] == pytest.approx(1e-4)
+    assert state["scheduler"] is None and (out / "curves.png").is_file()
+
+
+def test_resume_continues_epochs_and_optimizer_state(bundle: Path) -> None:
+    from autotune.train.runner import train
+
+    train(bundle, epochs=1, progress=False)
+    last = bundle / "model_fold0" / "last.pt"
+    steps_one_epoch = _adam_steps(last)
+    assert steps_one_epoch > 0
+    summary = train(bundle, epochs=3, resume=True, progress=False)
+    assert summary["first_epoch"] == 2 and summary["last_epoch"] == 3
+    assert [r["epoch"] for r in _rows(bundle)] == [1, 2, 3]
+    assert _adam_steps(last) == 3 * steps_one_epoch  # the optimizer went on counting from epoch 1
+    # Nothing left to do: resuming a finished run trains no more epochs.
+    assert train(bundle, epochs=3, resume=True, progress=False)["epochs_run"] == 0
+
+
+def test_resume_after_a_real_kill(bundle: Path) -> None:
+    import torch
+
+    from autotune.train.runner import train
+
+    last = bundle / "model_fold0" / "last.pt"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    child = subprocess.Popen([sys.executable, "-m", "autotune.train", str(bundle), "--epochs", "200",
+                              "--device", "cpu", "-q"], env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while not last.is_file() and time.monotonic() < deadline and child.poll() is None:
+            time.sleep(0.2)
+        assert last.is_file(), "the child never wrote a checkpoint"
+    finally:
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+    epoch = int(torch.load(last, map_location="cpu", weights_only=True)["epoch"])  # a whole file, never torn
+    summary = train(bundle, epochs=epoch + 1, resume=True, progress=False)
+    assert summary["first_epoch"] == epoch + 1 and summary["last_epoch"] == epoch + 1
+    assert [r["epoch"] for r in _rows(bundle)][-1] == epoch + 1
+
+
+def test_early_stop_when_the_metric_stalls(bundle: Path) -> None:
+    from autotune.bundles.config import update_bundle_config
+    from autotune.train.runner import train
+
+    # A learning rate too small to change any weight: the Dice cannot improve.
+    update_bundle_config(bundle, {"learning_rate": 1e-30, "early_stop_patience": 1, "lr_scheduler": {"name": "none"}})
+    summary = train(bundle, epochs=6, val_every=1, progress=False)
+    assert summary["stopped"] == "early_stop" and summary["last_epoch"] == 2 and summary["best_epoch"] == 1
+
+
+def test_max_time_stops_after_the_first_epoch(bundle: Path) -> None:
+    from autotune.train.runner import train
+
+    summary = train(bundle, epochs=50, max_time=0.01, val_every=10, progress=False)
+    assert summary["stopped"] == "max_time" and summary["last_epoch"] == 1
+    assert _rows(bundle)[0]["mean_dice"] is not None  # validated before stopping
+
+
+def test_persistent_cache_on_disk(bundle: Path) -> None:
+    from autotune.bundles.config import update_bundle_config
+    from autotune.train.runner import train
+
+    update_bundle_config(bundle, {"persistent_cache": True})
+    train(bundle, epochs=1, progress=False)
+    record = json.loads((bundle / "model_fold0" / "metrics.json").read_text())
+    assert record["options"]["persistent"]
+    assert list((bundle / "cache" / "train").glob("*.pt"))
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["train", "{missing}"], "no such bundle"),
+        (["train", "{bundle}", "--max-time", "soon"], "not a duration"),
+        (["train", "{bundle}", "--epochs", "0"], "--epochs"),
+        (["train", "{bundle}", "--nproc", "0"], "--nproc"),
+        (["train", "{bundle}", "--device", "tpu"], "--device"),
+        (["infer", "{bundle}", "--images", "{missing}", "--output", "{missing}"], "not found"),
+    ],
+)
+def test_bad_inputs_exit_2_with_one_line(bundle: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                         args: list[str], needle: str) -> None:
+    from autotune.cli import main
+
+    argv = [a.format(bundle=bundle, missing=tmp_path / "missing") for a in args]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and needle in err
+
+
+def test_parse_duration() -> None:
+    from autotune.train.runner import parse_duration
+
+    assert parse_duration("90s") == 90 and parse_duration("30m") == 1800 and parse_duration("2h") == 7200
+    assert parse_duration("45") == 45 and parse_duration(1.5) == 1.5 and parse_duration("1.5h") == 5400
+    for bad in ("", "soon", "-5m", "0", "10x"):
+        with pytest.raises(SpecError):
+            parse_duration(bad)
+
+
+def test_single_fold_holds_out_a_seeded_fifth(tmp_path: Path) -> None:
+    from autotune.train.data import split_datalist
+
+    datalist = tmp_path / "datalist.json"
+    datalist.write_text(json.dumps({"training": [{"image": f"{i}.nii.gz", "label": f"{i}l.nii.gz", "fold": 0}
+                                                 for i in range(10)]}))
+    cfg = {"datalist": str(datalist), "fold": 0, "num_fold": 1, "seed": 3}
+    train_cases, val_cases, note = split_datalist(cfg)
+    assert len(val_cases) == 2 and len(train_cases) == 8 and "20%" in note
+    assert split_datalist(cfg)[1] == val_cases  # deterministic
+    assert not {c["image"] for c in val_cases} & {c["image"] for c in train_cases}
+
+
+def test_fast_options_resolve_from_the_config(tmp_path: Path) -> None:
+    from autotune.train.data import resolve_options
+
+    cfg = {"bundle_root": str(tmp_path), "amp": True, "cache_rate": 1.0, "num_workers": 2, "cache_on_device": True}
+    cpu = resolve_options(cfg, "fast", "cpu")
+    assert cpu.cache and cpu.thread_loader and not cpu.cache_on_device and not cpu.persistent and not cpu.nvtx
+    cuda = resolve_options(cfg, "fast", "cuda:0")
+    assert cuda.cache_on_device and cuda.nvtx
+    assert resolve_options(cfg, "fast", "cuda:0", cache_bytes=10**18).persistent  # would not fit in RAM
+    big = resolve_options(cfg, "fast", "cuda:0", cache_bytes=10**9, device_free_bytes=2 * 10**9)
+    assert not big.cache_on_device and not big.persistent and "GPU" in big.cache_note
+    assert resolve_options(cfg, "fast", "cuda:0", cache_bytes=10**8, device_free_bytes=2 * 10**9).cache_on_device
+    off = resolve_options({**cfg, "fast_training": {"cache": False}}, "fast", "cuda:0")
+    assert not off.cache and not off.thread_loader and not off.cache_on_device
+    regular = resolve_options(cfg, "regular", "cuda:0")
+    assert not (regular.cache or regular.amp or regular.thread_loader or regular.template_recipe)
+    with pytest.raises(ConfigError, match="did you mean"):
+        resolve_options({**cfg, "fast_training": {"cahce": False}}, "fast", "cpu")
+
+
+def test_nvtx_ranges_wrap_forward_loss_backward_and_step() -> None:
+    import torch
+
+    from autotune.step import train_step
+    from autotune.train.monitor import NvtxRanges
+
+    model = torch.nn.Conv3d(1, 2, 3, padding=1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    ranges = NvtxRanges(enabled=False, record=True)
+    ranges.attach(model, optimizer)
+    loss_fn = ranges.wrap_loss(lambda logits, labels: ((logits - labels) ** 2).mean())
+    with ranges.range("data"):
+        images, labels = torch.randn(2, 1, 8, 8, 8), torch.randn(2, 2, 8, 8, 8)
+    train_step(model, loss_fn, optimizer, images, labels)
+    ranges.detach()
+    assert ranges.opened == ["data", "forward", "loss", "backward", "optimizer"]
+    assert NvtxRanges(enabled=False).wrap_loss(len) is len  # off: nothing is wrapped
