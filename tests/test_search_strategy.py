@@ -206,3 +206,30 @@ def test_tpe_baseline_uses_its_budget_and_picks_a_feasible_point(tmp_path) -> No
         point = {"num_patches_per_iter": outcome.num_patches_per_iter,
                  "num_sw_batch_size": outcome.num_sw_batch_size, "validation_device": "device"}
         assert device.peak(point, ("train", "infer")) <= budget
+
+
+def test_flat_memory_does_not_walk_one_step_at_a_time(tmp_path) -> None:
+    """When the training peak dominates, the sw batch barely changes the peak; the search must
+    not probe every value (it did once: 57 probes)."""
+    limit = 2048 * MiB
+    budget = int(limit * 0.9)
+    device = SimulatedDevice(limit)
+    device.per_window = 1  # flat: the sliding window never sets the peak
+    device.sw_base = 0
+    evaluator = Evaluator(_study(tmp_path), device, budget, distributions(SPEC, ("device",)))
+    # an estimator that wrongly believes each window costs 11 MiB on top of the training peak
+    wrong = LinearModel(device.train_peak(40), 11 * MiB)
+    best, evals = find_max_feasible(
+        lambda m: evaluator.evaluate({"num_patches_per_iter": 40, "num_sw_batch_size": m, "validation_device": "device"},
+                                     ("train", "infer")), 1, 64, wrong, budget)
+    assert best == 64
+    assert len(evals) <= 8
+
+
+def test_window_cap_limits_the_sliding_window_range(tmp_path) -> None:
+    limit = 2048 * MiB
+    device = SimulatedDevice(limit)
+    evaluator = Evaluator(_study(tmp_path), device, int(limit * 0.9), distributions(SPEC, ("device",)))
+    capped = LinearModel(device.base + device.sw_base, device.per_window, cap=6)
+    outcome = run_fast(evaluator, SPEC, ("device",), device.memory_model("train", {}), lambda n, vd: capped)
+    assert outcome.num_sw_batch_size == 6, "no batch larger than the number of windows"

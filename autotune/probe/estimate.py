@@ -54,25 +54,36 @@ def _resolve(bundle: str | Path | Mapping[str, Any], num_patches_per_iter: int |
                            warmup_steps=1, measure_steps=1, check_device=False)
 
 
-def _constant_factories(fake_mode: Any) -> Any:
-    """A dispatch mode that makes CPU ``aten.arange`` a constant fake tensor, so ``.tolist()`` on it works."""
+def _data_values(fake_mode: Any, guesses: list[str]) -> Any:
+    """A dispatch mode for the few Python values a step reads from tensors.
+
+    CPU ``aten.arange`` with plain-number arguments becomes a constant fake tensor, so
+    ``.tolist()`` on it gives the real numbers (MONAI's Dice loss reads its reduce axes so).
+    A truth value read from a non-constant bool tensor (``if state == 0:`` in Novograd) is
+    answered False and noted in ``guesses``: such branches choose between in-place updates,
+    so memory does not depend on the answer. Any other data-dependent value still fails.
+    """
     import torch
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
     from torch.utils._python_dispatch import TorchDispatchMode
 
     arange = torch.ops.aten.arange
+    scalar_reads = (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.item.default)
 
-    class ConstantFactories(TorchDispatchMode):
+    class DataValues(TorchDispatchMode):
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             kwargs = kwargs or {}
-            device = kwargs.get("device")
-            if func.overloadpacket is arange and (device is None or torch.device(device).type == "cpu"):
+            if func.overloadpacket is arange and torch.device(kwargs.get("device") or "cpu").type == "cpu":
                 with unset_fake_temporarily():
                     real = func(*args, **kwargs)
                 return fake_mode.fake_tensor_converter.from_real_tensor(fake_mode, real, make_constant=True)
+            if (func in scalar_reads and isinstance(args[0], FakeTensor) and args[0].constant is None
+                    and args[0].dtype == torch.bool):
+                guesses.append(str(func))
+                return False
             return func(*args, **kwargs)
 
-    return ConstantFactories()
+    return DataValues()
 
 
 def _empty_importance_map(patch_size: Any, mode: Any = "constant", sigma_scale: Any = 0.125,
@@ -129,9 +140,9 @@ def _cuda_autocast_policy() -> Any:
 
 
 @contextlib.contextmanager
-def _fake_session(emulate_cuda: bool = False) -> Iterator[Any]:
-    """FakeTensorMode plus what the fake pass needs: constant ``arange``, the importance-map stand-in,
-    and with ``emulate_cuda`` CUDA's autocast float32 list on CPU tensors."""
+def _fake_session(emulate_cuda: bool = False, guesses: list[str] | None = None) -> Iterator[Any]:
+    """FakeTensorMode plus what the fake pass needs: data values (``_data_values``), the importance-map
+    stand-in, and with ``emulate_cuda`` CUDA's autocast float32 list on CPU tensors."""
     import monai.inferers.utils as sw_utils
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -141,7 +152,7 @@ def _fake_session(emulate_cuda: bool = False) -> Iterator[Any]:
     try:
         with contextlib.ExitStack() as stack:
             stack.enter_context(fake_mode)
-            stack.enter_context(_constant_factories(fake_mode))
+            stack.enter_context(_data_values(fake_mode, guesses if guesses is not None else []))
             if emulate_cuda:
                 stack.enter_context(_cuda_autocast_policy())
             yield fake_mode
@@ -200,7 +211,9 @@ def estimate(bundle: str | Path | Mapping[str, Any], *, num_patches_per_iter: in
         volume_device = ("meta" if emulate else "cpu") if req["validation_device"] == "cpu" else compute
         result["semantics"] = "cpu-emulating-cuda" if emulate else device.split(":")[0]
         dtype = amp_dtype(cfg, device)
-        with _fake_session(emulate_cuda=emulate):
+        guesses: list[str] = []
+        result["guessed_values"] = guesses
+        with _fake_session(emulate_cuda=emulate, guesses=guesses):
             model = _fake_model(cfg, compute)
             loss_fn = build_loss(cfg)
             optimizer = build_optimizer(cfg, model.parameters())

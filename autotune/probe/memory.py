@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import re
 import resource
+import sys
 import weakref
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
@@ -173,13 +174,9 @@ def is_oom_error(exc: BaseException) -> bool:
     of the allocator failure messages (CPU allocator, cuDNN/cuBLAS workspace). Anything
     else is an error, not an OOM.
     """
-    try:
-        import torch
-
-        if isinstance(exc, torch.OutOfMemoryError):
-            return True
-    except ImportError:  # pragma: no cover - torch is a dependency
-        pass
+    torch = sys.modules.get("torch")  # not imported: exc cannot be a torch error, and importing is slow
+    if torch is not None and isinstance(exc, torch.OutOfMemoryError):
+        return True
     if isinstance(exc, MemoryError):
         return True
     return isinstance(exc, RuntimeError) and bool(_OOM_MESSAGES.search(str(exc)))

@@ -201,7 +201,8 @@ def run_probe(bundle: str | Path | dict, *, num_patches_per_iter: int | None = N
     result = base_result(req)
     with tempfile.TemporaryDirectory(prefix="autotune-probe-") as tmp:
         tmpdir = Path(tmp)
-        req.update(result_path=str(tmpdir / "result.json"), state_path=str(tmpdir / "state.json"))
+        req.update(result_path=str(tmpdir / "result.json"), state_path=str(tmpdir / "state.json"),
+                   launched_at=time.time())
         atomic_write_json(tmpdir / "request.json", req)
         with open(tmpdir / "stdout.txt", "wb") as out, open(tmpdir / "stderr.txt", "wb") as err:
             proc = subprocess.Popen([sys.executable, "-m", "autotune.probe.trial", str(tmpdir / "request.json")],

@@ -259,10 +259,22 @@ def run_trial(req: Mapping[str, Any]) -> dict[str, Any]:
     """Run the trial described by ``req`` in this process and return its result (never raises for
     failures of the trial itself: they become ``status`` ``oom`` or ``error``)."""
     result = base_result(req)
+    timings: dict[str, float] = {}
+    result["timings"] = timings
+    if req.get("launched_at") is not None:  # interpreter start and autotune import, before run_trial
+        timings["interpreter_start"] = max(0.0, time.time() - float(req["launched_at"]))
     state_path = req.get("state_path")
     context = {k: req[k] for k in ("num_patches_per_iter", "num_sw_batch_size", "validation_device", "device")}
     phase = req["phases"][0]
     _write_state(state_path, {**result, "phase": phase})
+    mark = time.perf_counter()
+
+    def lap(name: str) -> None:
+        nonlocal mark
+        now = time.perf_counter()
+        timings[name] = now - mark
+        mark = now
+
     try:
         rules = parse_fault_rules(os.environ.get(FAULT_ENV))
         _inject_fault(rules, context, None)
@@ -271,11 +283,14 @@ def run_trial(req: Mapping[str, Any]) -> dict[str, Any]:
 
         from autotune.probe import memory
 
+        lap("imports")
+
         result.update(torch_version=torch.__version__, monai_version=monai.__version__,
                       device_name=memory.device_name(req["device"]),
                       device_total_memory=memory.device_total_memory(req["device"]))
         _write_state(state_path, {**result, "phase": phase})
         parts = _build(req)
+        lap("build")
         for phase in req["phases"]:
             _write_state(state_path, {**result, "phase": phase})
             _inject_fault(rules, context, phase)
@@ -285,6 +300,7 @@ def run_trial(req: Mapping[str, Any]) -> dict[str, Any]:
                 if parts["device"].type == "cuda":
                     torch.cuda.empty_cache()  # the infer peak is its own, not the train phase's cache
                 _infer_phase(req, parts, result)
+            lap(phase)
         result["status"] = "ok"
     except Exception as exc:  # noqa: BLE001 - every failure of the trial is reported, none is fatal here
         from autotune.probe.memory import is_oom_error
@@ -324,4 +340,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # The result is on disk (fsynced); skip interpreter teardown, which with torch loaded takes seconds.
+    os._exit(code)

@@ -26,9 +26,13 @@ def _point_kwargs(point: Mapping[str, Any]) -> dict[str, Any]:
 
 
 class _ModelMixin:
+    """Estimated peaks become device memory as ``raw * scale + offset`` (the CUDA allowances:
+    allocator slack and cuDNN workspace; identity on the CPU)."""
+
     bundle: str
     device: str
-    allowance_bytes: int
+    scale: float = 1.0
+    offset: int = 0
 
     def memory_model(self, phase: str, point: Mapping[str, Any]) -> Any:
         """Affine model of the peak (plus the device allowance) from two estimates; None if it fails."""
@@ -45,7 +49,7 @@ class _ModelMixin:
         except Exception as exc:  # the estimator is an aid: fall back to bisection without it
             log.warning("estimate for %s (%s) failed, bisecting without it: %s", Path(self.bundle).name, phase, exc)
             return None
-        return LinearModel(float(model.intercept) + self.allowance_bytes, float(model.slope))
+        return LinearModel(float(model.intercept) * self.scale + self.offset, float(model.slope) * self.scale)
 
 
 class ProbeProber(_ModelMixin):
@@ -60,14 +64,15 @@ class ProbeProber(_ModelMixin):
         memory_limit: int,
         timeout: float = 300.0,
         env: Mapping[str, str] | None = None,
-        allowance_bytes: int = 0,
+        scale: float = 1.0,
+        offset: int = 0,
     ) -> None:
         self.bundle = str(bundle)
         self.device = device
         self.memory_limit = int(memory_limit)
         self.timeout = float(timeout)
         self.env = dict(env or {})
-        self.allowance_bytes = int(allowance_bytes)
+        self.scale, self.offset = float(scale), int(offset)
 
     def probe(self, point: Mapping[str, Any], phases: tuple[str, ...]) -> dict[str, Any]:
         from autotune.probe.runner import run_probe
@@ -88,11 +93,13 @@ class EstimateProber(_ModelMixin):
 
     measured = False
 
-    def __init__(self, bundle: str | Path, device: str, memory_limit: int, allowance_bytes: int = 0) -> None:
+    def __init__(
+        self, bundle: str | Path, device: str, budget_bytes: int, scale: float = 1.0, offset: int = 0
+    ) -> None:
         self.bundle = str(bundle)
         self.device = device
-        self.memory_limit = int(memory_limit)
-        self.allowance_bytes = int(allowance_bytes)
+        self.budget_bytes = int(budget_bytes)
+        self.scale, self.offset = float(scale), int(offset)
 
     def probe(self, point: Mapping[str, Any], phases: tuple[str, ...]) -> dict[str, Any]:
         from autotune.probe.estimate import estimate
@@ -100,8 +107,9 @@ class EstimateProber(_ModelMixin):
         result = dict(estimate(self.bundle, device=self.device, phases=tuple(phases), **_point_kwargs(point)))
         raw = int(result.get("peak_bytes") or 0)
         result["raw_peak_bytes"] = raw
-        result["allowance_bytes"] = self.allowance_bytes
-        result["peak_bytes"] = raw + self.allowance_bytes
-        result["status"] = "ok" if result["peak_bytes"] <= self.memory_limit else "oom"
+        result["peak_bytes"] = int(raw * self.scale) + self.offset
+        result["allowance_bytes"] = result["peak_bytes"] - raw
+        # an estimate never runs out of memory; "oom" marks a point past the budget, as a probe would
+        result["status"] = "ok" if result["peak_bytes"] <= self.budget_bytes else "oom"
         result["measured"] = False
         return result

@@ -28,10 +28,12 @@ TIE_TOLERANCE = 0.05
 
 @dataclass
 class LinearModel:
-    """``peak(n) = intercept + slope * n`` in bytes."""
+    """``peak(n) = intercept + slope * n`` in bytes; ``cap``: n past which memory stops growing
+    (a sliding-window batch larger than the number of windows)."""
 
     intercept: float
     slope: float
+    cap: int | None = None
 
     def predict(self, n: int) -> float:
         return self.intercept + self.slope * n
@@ -45,7 +47,8 @@ class LinearModel:
 def _as_linear(model: Any) -> LinearModel | None:
     if model is None:
         return None
-    return LinearModel(float(model.intercept), float(model.slope))
+    cap = getattr(model, "cap", None) or getattr(model, "n_cap", None)
+    return LinearModel(float(model.intercept), float(model.slope), int(cap) if cap else None)
 
 
 def _corrected(model: LinearModel | None, measured: dict[int, int]) -> LinearModel | None:
@@ -53,8 +56,9 @@ def _corrected(model: LinearModel | None, measured: dict[int, int]) -> LinearMod
     if len(measured) >= 2:
         (n1, p1), (n2, p2) = sorted(measured.items())[-2:]
         slope = (p2 - p1) / (n2 - n1)
-        if slope > 0:
-            return LinearModel(p2 - slope * n2, slope)
+        if slope <= 0:  # measured flat: the batch is not what sets the peak here
+            return LinearModel(float(max(p1, p2)), 0.0)
+        return LinearModel(p2 - slope * n2, slope)
     if measured and model is not None:
         n, peak = max(measured.items())
         return LinearModel(peak - model.slope * n, model.slope)
@@ -70,6 +74,11 @@ def find_max_feasible(
 ) -> tuple[int | None, list[Evaluation]]:
     """The largest n in [lo, hi] that fits, with as few evaluations as the model allows.
 
+    The model's predicted maximum is probed first, then one above it. Each measurement
+    corrects the model (one point shifts it, two fix its slope, a flat pair makes it flat);
+    after two predictions that measurements contradict, it bisects (doubling while
+    nothing above is known to fail), so a wrong model costs O(log range) probes.
+
     Returns:
         (largest feasible n or None when even ``lo`` does not fit, evaluations made)
     """
@@ -77,16 +86,21 @@ def find_max_feasible(
     measured: dict[int, int] = {}
     evaluations: list[Evaluation] = []
     misses = 0
-    guess = min(max(model.max_fitting(budget), lo), hi) if model is not None else lo
+    current = model
+
+    def predicted_edge(m: LinearModel | None) -> int | None:
+        return None if m is None else min(max(m.max_fitting(budget), lo - 1), hi)
+
     while lo_ok + 1 < hi_bad:
-        if misses >= 2 or model is None and not measured:
+        edge = predicted_edge(current)
+        if misses >= 2 or edge is None:
             # bisection; doubling while nothing above is known to fail
             n = (lo_ok + hi_bad) // 2 if hi_bad <= hi else min(hi, max(lo, 2 * max(lo_ok, 1)))
             n = n if lo_ok < n < hi_bad else lo_ok + 1
-        elif lo_ok < guess < hi_bad:
-            n = guess
-        elif guess <= lo_ok:
-            n = lo_ok + 1
+        elif lo_ok < edge < hi_bad:
+            n = edge  # the predicted maximum
+        elif edge <= lo_ok:
+            n = lo_ok + 1  # the model says lo_ok is the edge: confirm one above
         else:
             n = hi_bad - 1
         evaluation = evaluate(n)
@@ -98,16 +112,12 @@ def find_max_feasible(
             lo_ok = n
         else:
             hi_bad = n
+        # a miss: the measurement contradicts the prediction it was made with
+        if edge is not None and ((evaluation.feasible and n > edge) or (not evaluation.feasible and n <= edge)):
+            misses += 1
         if evaluation.status == "ok" and evaluation.peak_bytes:
             measured[n] = int(evaluation.peak_bytes)
         current = _corrected(model, measured)
-        new_guess = min(max(current.max_fitting(budget), lo), hi) if current is not None else n
-        # a miss: the model put the edge elsewhere than the measurement did
-        if (evaluation.feasible and new_guess < n) or (not evaluation.feasible and new_guess >= n):
-            misses += 1
-        if evaluation.feasible and new_guess <= n:
-            new_guess = n + 1
-        guess = new_guess
     return (lo_ok if lo_ok >= lo else None), evaluations
 
 
@@ -158,9 +168,10 @@ def run_fast(
             point = {"num_patches_per_iter": n, "num_sw_batch_size": m, "validation_device": device}
             return evaluator.evaluate(point, ("train", "infer"))
 
-        m_max, sw_evals = find_max_feasible(
-            evaluate_sw, sw_lo, sw_hi, _as_linear(infer_model_for(n, device)), budget
-        )
+        infer_model = _as_linear(infer_model_for(n, device))
+        # past the number of windows a larger batch holds no more memory (and gains nothing)
+        top = max(sw_lo, min(sw_hi, infer_model.cap)) if infer_model is not None and infer_model.cap else sw_hi
+        m_max, sw_evals = find_max_feasible(evaluate_sw, sw_lo, top, infer_model, budget)
         evaluations += sw_evals
         best_sw = choose_best(sw_evals, "num_sw_batch_size")
         if m_max is not None and best_sw is not None:

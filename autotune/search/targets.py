@@ -31,13 +31,6 @@ CATALOGUE: dict[str, tuple[str, int]] = {
 }
 
 
-def _allowance_bytes(total: int) -> tuple[int, dict[str, Any]]:
-    from autotune.probe.allowances import CudaAllowance, allowance_bytes
-
-    allowance = CudaAllowance()
-    return int(allowance_bytes(allowance, total)), allowance.as_dict()
-
-
 def resolve_target(
     strategy: str, target_gpu: str | None, target_memory: str | None, device: str
 ) -> dict[str, Any] | None:
@@ -61,6 +54,9 @@ def resolve_target(
     else:
         key, total = "custom", parse_bytes(target_memory or "", "--target-memory")
         name = f"GPU with {target_memory}"
-    allowance, detail = _allowance_bytes(total)
-    return {"catalogue": key, "name": name, "memory": total, "allowance_bytes": allowance, "allowances": detail,
+    from dataclasses import asdict
+
+    from autotune.probe.allowances import DEFAULT_CUDA_ALLOWANCE
+
+    return {"catalogue": key, "name": name, "memory": total, "allowances": asdict(DEFAULT_CUDA_ALLOWANCE),
             "device": "cuda:0"}

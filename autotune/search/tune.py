@@ -51,6 +51,15 @@ def _result_tag(strategy: str, margin: float, spec: AlgoSpec, devices: tuple[str
     return "result:" + hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
+def _allowance(target: Mapping[str, Any] | None, device: str) -> Any:
+    """The CUDA allowances (not validated on a GPU; see autotune.probe.allowances); none on the CPU."""
+    from autotune.probe.allowances import CudaAllowance, allowance_for
+
+    if target is not None and target.get("allowances"):
+        return CudaAllowance(**target["allowances"])
+    return allowance_for(device)
+
+
 def _validation_devices(spec: AlgoSpec, device: str) -> tuple[str, ...]:
     """On the CPU the volume is on the compute device either way: one search, not two."""
     if not device.startswith("cuda"):
@@ -131,8 +140,9 @@ def tune_bundles(
         raise SpecError(
             f"memory limit {format_bytes(limit)} is above the {info['device_name']}'s {format_bytes(info['device_total_memory'])}"
         )
-    allowance = int((target or {}).get("allowance_bytes", 0))
-    budget = int(limit * (1.0 - float(margin))) - allowance
+    allowance = _allowance(target, device)
+    # the budget for what the allocator holds: the limit less the margin and the CUDA context
+    budget = int(limit * (1.0 - float(margin))) - int(allowance.context_bytes)
     if budget <= 0:
         raise SpecError(f"memory limit {format_bytes(limit)} leaves nothing after the margin and allowances")
     storage_url = storage or default_storage_url()
@@ -189,7 +199,7 @@ class _Context:
     strategy: str
     estimate_only: bool
     timeout: float
-    allowance: int
+    allowance: Any
     probe_env: Mapping[str, str] | None
     target: Mapping[str, Any] | None
     shown_storage: str
@@ -280,11 +290,13 @@ def _search(
     from autotune.search.strategy import distributions, run_fast, run_tpe
 
     bundle = cfg["bundle_root"]
+    scale = 1.0 + float(ctx.allowance.allocator_slack_fraction)
+    offset = int(ctx.allowance.cudnn_workspace_bytes)
     if ctx.estimate_only:
-        prober: Any = EstimateProber(bundle, ctx.device, ctx.limit, allowance_bytes=ctx.allowance)
+        prober: Any = EstimateProber(bundle, ctx.device, ctx.budget, scale=scale, offset=offset)
     else:
         prober = ProbeProber(
-            bundle, ctx.device, ctx.limit, timeout=ctx.timeout, env=ctx.probe_env, allowance_bytes=ctx.allowance
+            bundle, ctx.device, ctx.limit, timeout=ctx.timeout, env=ctx.probe_env, scale=scale, offset=offset
         )
     evaluator = Evaluator(
         study, prober, ctx.budget, distributions(spec, devices), progress=ctx.say, label=cfg["algo"], claims=ctx.claims
@@ -333,8 +345,11 @@ def _search(
         samples_per_s=train_res.get("samples_per_s"),
         sw_seconds_per_volume=infer_res.get("sw_seconds_per_volume"),
     )
-    if not prober.measured and ctx.allowance:
-        record["allowance_bytes"] = ctx.allowance
+    if ctx.device.startswith("cuda"):
+        from dataclasses import asdict
+
+        record["allowances"] = asdict(ctx.allowance)
+        record["allowances_validated_on_gpu"] = False
     return record
 
 

@@ -1,0 +1,99 @@
+"""Wall time of a probe against the time of the work it measures (CPU, tiny bundles).
+
+For each template (tiny preset, 32^3 roi) a probe runs in an isolated child with its default
+1 warm-up + 2 measured steps and sliding-window passes. Reported (median over --repeats):
+the parent's wall time; the child's own split of it (interpreter start, torch/monai
+imports, model build, the train phase, the infer phase); the measured work (2 x median
+step + 2 x seconds per volume); the warm-up (phase time not measured: warm-up passes,
+inputs, tracker set-up); exit (wall - the child's parts: interpreter teardown, result file,
+reaping); and the overhead = wall - measured work. Each column is a median over the repeats (so
+the columns need not add up). Prints a table and writes JSON.
+
+    python benchmarks/bench_probe_overhead.py
+    python benchmarks/bench_probe_overhead.py --repeats 5 --algos unet
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))
+
+PARTS = ("interpreter_start", "imports", "build", "train", "infer")
+
+
+def _args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--algos", default="segresnet,dints,unet")
+    p.add_argument("--repeats", type=int, default=3, help="probes per template (default 3)")
+    p.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "probe_overhead.json"))
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the probes and print the table."""
+    import monai
+    import torch
+    from probe_fixtures import make_tiny_bundles
+
+    from autotune.probe.runner import run_probe
+
+    args = _args(argv)
+    algos = [a for a in args.algos.split(",") if a]
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="bench_probe_overhead_") as tmp:
+        bundles = make_tiny_bundles(tmp, algos)
+        for algo in algos:
+            runs = []
+            for _ in range(args.repeats):
+                result = run_probe(bundles[algo], timeout=600)
+                if result["status"] != "ok":
+                    raise SystemExit(f"{algo}: probe {result['status']}: {result['error_tail']}")
+                run = {"wall": result["wall_seconds"],
+                       "work": 2 * result["step_seconds_median"] + 2 * result["sw_seconds_per_volume"],
+                       **{part: result["timings"].get(part, 0.0) for part in PARTS}}
+                run["overhead"] = run["wall"] - run["work"]
+                run["warmup_and_setup"] = run["train"] + run["infer"] - run["work"]  # warm-up passes, inputs
+                run["exit_and_ipc"] = run["wall"] - sum(run[part] for part in PARTS)  # teardown, files, reaping
+                runs.append(run)
+            row: dict[str, Any] = {"algo": algo, "repeats": args.repeats}
+            for key in runs[0]:
+                row[key] = statistics.median(run[key] for run in runs)
+            row["overhead_fraction"] = statistics.median(run["overhead"] / run["wall"] for run in runs)
+            row["runs"] = runs
+            rows.append(row)
+            print(f"  {algo}: done", file=sys.stderr)
+    header = (f"{'algo':<10} {'wall s':>7} {'start':>6} {'imports':>8} {'build':>6} {'train':>6} {'infer':>6} "
+              f"{'measured work':>13} {'warm-up':>8} {'exit':>5} {'overhead':>9}")
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        print(f"{r['algo']:<10} {r['wall']:>7.2f} {r['interpreter_start']:>6.2f} {r['imports']:>8.2f} "
+              f"{r['build']:>6.2f} {r['train']:>6.2f} {r['infer']:>6.2f} {r['work']:>13.2f} "
+              f"{r['warmup_and_setup']:>8.2f} {r['exit_and_ipc']:>5.2f} "
+              f"{r['overhead']:>6.2f} s ({r['overhead_fraction']:.0%})")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({
+        "benchmark": "probe_overhead", "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": {"platform": platform.platform(), "processor": platform.processor(),
+                    "torch": torch.__version__, "monai": monai.__version__, "device": "cpu"},
+        "command": "python benchmarks/bench_probe_overhead.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "rows": rows,
+    }, indent=2) + "\n", encoding="utf-8")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,176 @@
+"""The searcher with real probes on tiny bundles: write-back, folds sharing a study,
+answers from storage, resume after a kill, BundleGen(gpu_customization=True), CLI errors."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+
+from autotune.bundles.bundlegen import BundleGen
+from autotune.bundles.config import load_bundle_config
+from autotune.cli import main
+from autotune.commands.bundles import load_overrides
+from autotune.data.analyze import analyze
+from autotune.search.tune import tune_bundles
+
+MARGIN = 0.10
+
+
+@pytest.fixture(scope="module")
+def work(demo_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    work = tmp_path_factory.mktemp("tune_work")
+    res = analyze(demo_data, work, num_fold=2, progress=False)
+    BundleGen(work, algos="unet", data_stats_filename=res.datastats, data_src_cfg_name=res.data_src).generate(
+        work, num_fold=2, overrides=load_overrides("tiny")
+    )
+    return work
+
+
+@pytest.fixture(scope="module")
+def limit(work: Path) -> int:
+    """A limit whose budget holds about three and a half patches' worth: the maximum is small."""
+    from autotune.probe.estimate import fit_memory_model
+
+    model = fit_memory_model(work / "unet_0", phase="train", device="cpu")
+    return int((model.intercept + 3.5 * model.slope) / (1 - MARGIN))
+
+
+@pytest.fixture(scope="module")
+def tuned(work: Path, limit: int, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    storage = f"sqlite:///{tmp_path_factory.mktemp('studies') / 'tune.db'}"
+    results = tune_bundles([work / "unet_0", work / "unet_1"], device="cpu", memory_limit=limit, storage=storage,
+                           margin=MARGIN, progress=None, summary_path=work / "summary.json")
+    return {"results": results, "storage": storage}
+
+
+def _trials(storage: str, study_name: str) -> list[optuna.trial.FrozenTrial]:
+    return optuna.load_study(study_name=study_name, storage=storage).get_trials()
+
+
+def test_tuned_values_are_the_measured_maximum(work: Path, limit: int, tuned: dict) -> None:
+    first, second = tuned["results"]
+    assert first["status"] == second["status"] == "tuned"
+    n = first["num_patches_per_iter"]
+    budget = first["budget_bytes"]
+    assert budget == int(limit * (1 - MARGIN))
+    trials = _trials(tuned["storage"], first["study_name"])
+    train = {t.params["num_patches_per_iter"]: t for t in trials
+             if t.user_attrs.get("phases") == ["train"] and t.state == optuna.trial.TrialState.COMPLETE}
+    # n was measured and fits the budget; n + 1 was measured and does not
+    assert train[n].user_attrs["status"] == "ok" and train[n].user_attrs["peak_bytes"] <= budget
+    assert n + 1 in train and train[n + 1].constraints["memory"] > 0
+    assert first["probes"] <= 6, "training: the prediction and one above; a few sliding-window points"
+    assert len(train) <= 3, "at most 3 real training probes"
+
+
+def test_write_back_and_folds_share_one_search(work: Path, tuned: dict) -> None:
+    first, second = tuned["results"]
+    assert first["study_name"] == second["study_name"]
+    for bundle in ("unet_0", "unet_1"):
+        cfg = load_bundle_config(work / bundle)
+        n = cfg["num_patches_per_iter"]
+        assert n == first["num_patches_per_iter"]
+        assert (cfg["num_images_per_batch"] * cfg["num_crops_per_image"]) % n == 0
+        assert cfg["num_sw_batch_size"] == first["num_sw_batch_size"]
+        assert cfg["sw_input_on_cpu"] is False
+        block = cfg["tuning"]
+        assert block["method"] == "measured" and block["study_name"] == first["study_name"]
+        assert block["memory_limit"] == first["memory_limit"] and block["margin"] == MARGIN
+        assert block["peak_bytes"] <= block["budget_bytes"]
+        assert "***" not in block["storage"] or "@" in block["storage"]
+    assert (work / "summary.json").is_file()
+
+
+def test_rerun_answers_from_storage_without_trials(work: Path, limit: int, tuned: dict) -> None:
+    before = len(_trials(tuned["storage"], tuned["results"][0]["study_name"]))
+    again = tune_bundles([work / "unet_0"], device="cpu", memory_limit=limit, storage=tuned["storage"],
+                         margin=MARGIN, progress=None)
+    assert again[0]["from_storage"] is True and again[0]["probes"] == 0
+    assert again[0]["num_patches_per_iter"] == tuned["results"][0]["num_patches_per_iter"]
+    assert len(_trials(tuned["storage"], tuned["results"][0]["study_name"])) == before
+
+
+def test_kill_midway_then_resume(work: Path, limit: int, tuned: dict, tmp_path: Path) -> None:
+    db = tmp_path / "killed.db"
+    storage = f"sqlite:///{db}"
+    cmd = [sys.executable, "-m", "autotune", "tune", str(work / "unet_0"), "--device", "cpu", "--memory-limit",
+           str(limit), "--storage", storage, "--quiet"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    study_name = tuned["results"][0]["study_name"]
+    deadline = time.time() + 240
+    done_before: list[int] = []
+    while time.time() < deadline and proc.poll() is None:
+        time.sleep(0.5)
+        if not db.exists():
+            continue
+        try:
+            trials = _trials(storage, study_name)
+        except (KeyError, Exception):
+            continue
+        done_before = [t.number for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
+        if done_before and any(t.state == optuna.trial.TrialState.RUNNING for t in trials):
+            break
+    assert proc.poll() is None, "the tuner finished before it could be killed"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert done_before, "a trial finished before the kill"
+    resumed = tune_bundles([work / "unet_0"], device="cpu", memory_limit=limit, storage=storage, margin=MARGIN,
+                           progress=None, write_back=False)[0]
+    trials = {t.number: t for t in _trials(storage, study_name)}
+    for number in done_before:  # nothing finished was lost
+        assert trials[number].state == optuna.trial.TrialState.COMPLETE
+    stale = [t for t in trials.values() if t.state == optuna.trial.TrialState.FAIL]
+    assert stale and all(t.user_attrs["fail_reason"].startswith("stale") for t in stale)
+    assert not any(t.state == optuna.trial.TrialState.RUNNING for t in trials.values())
+    for key in ("num_patches_per_iter", "num_sw_batch_size", "sw_input_on_cpu"):
+        assert resumed[key] == tuned["results"][0][key]
+
+
+def test_bundlegen_gpu_customization(demo_data: Path, limit: int, tmp_path: Path) -> None:
+    res = analyze(demo_data, tmp_path / "w", num_fold=2, progress=False)
+    gen = BundleGen(tmp_path / "w", algos=["unet"], data_stats_filename=res.datastats, data_src_cfg_name=res.data_src)
+    specs = {"universal": {"range_num_images_per_batch": [1, 2], "range_num_sw_batch_size": [1, 2]}}
+    bundles = gen.generate(tmp_path / "w", num_fold=1, overrides=load_overrides("tiny"), gpu_customization=True,
+                           gpu_customization_specs=specs, device="cpu", memory_limit=limit,
+                           storage=f"sqlite:///{tmp_path / 's.db'}", progress=None)
+    cfg = load_bundle_config(bundles[0]["path"])
+    assert cfg["tuning"]["status"] == "tuned"
+    assert 1 <= cfg["num_patches_per_iter"] <= 2 and 1 <= cfg["num_sw_batch_size"] <= 2
+
+
+@pytest.mark.parametrize(
+    "extra, needle",
+    [
+        (["--range-num-images-per-batch", "8", "2"], "swap"),
+        (["--range-num-sw-batch-size", "0", "4"], "at least 1"),
+        (["--strategy", "grid"], "grid"),
+        (["--memory-limit", "lots"], "lots"),
+        (["--margin", "1.5"], "margin"),
+        (["--validation-devices", "tpu"], "tpu"),
+        (["--target-gpu", "a100-80gb"], "--strategy estimate"),
+        (["--strategy", "estimate", "--target-gpu", "a100-81gb"], "a100-80gb"),
+        (["--storage", "notaurl"], "notaurl"),
+    ],
+    ids=["min>max", "zero", "strategy", "limit", "margin", "valdev", "target-no-estimate", "unknown-gpu", "storage"],
+)
+def test_tune_bad_arguments_exit_2(work: Path, tmp_path: Path, capsys, extra: list[str], needle: str) -> None:
+    storage = ["--storage", f"sqlite:///{tmp_path / 'x.db'}"] if "--storage" not in extra else []
+    code = main(["tune", str(work / "unet_0"), "--quiet", *storage, *extra])
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err
+    assert len(err.splitlines()) == 1 and needle in err and "Traceback" not in err
+
+
+def test_specs_file_unknown_key_is_named(work: Path, tmp_path: Path, capsys) -> None:
+    specs = tmp_path / "specs.yaml"
+    specs.write_text("universal:\n  num_trails: 5\n")
+    code = main(["tune", str(work / "unet_0"), "--specs", str(specs), "--storage", f"sqlite:///{tmp_path / 'x.db'}"])
+    err = capsys.readouterr().err
+    assert code == 2 and "num_trails" in err and "num_trials" in err
