@@ -43,6 +43,9 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sw-overlap", type=float, default=0.25, help="validation window overlap (default 0.25)")
     p.add_argument("--num-workers", type=int, default=2, help="regular mode's DataLoader workers (default 2)")
     p.add_argument("--target", type=float, default=0.80, help="validation mean Dice target (default 0.80)")
+    p.add_argument("--train-cases", type=int, default=0,
+                   help="use only the first N training cases (0: all); for short CPU budgets")
+    p.add_argument("--val-cases", type=int, default=0, help="use only the first N cases of the held-out fold (0: all)")
     p.add_argument("--modes", default="fast,regular")
     p.add_argument("--device", default="cpu")
     p.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "train.json"))
@@ -68,7 +71,24 @@ def make_bundle(args: argparse.Namespace, work: Path) -> Path:
         overrides["segresnet"] = {"network": {"args": {"init_filters": args.init_filters}}}
     gen = BundleGen(work, algos=args.algo, data_stats_filename=result.datastats, data_src_cfg_name=result.data_src)
     bundles = gen.generate(work, num_fold=5, overrides=overrides)
-    return Path(next(b["path"] for b in bundles if b["fold"] == 0))
+    bundle = Path(next(b["path"] for b in bundles if b["fold"] == 0))
+    if args.train_cases or args.val_cases:
+        subset_datalist(bundle, args.train_cases, args.val_cases)
+    return bundle
+
+
+def subset_datalist(bundle: Path, train_cases: int, val_cases: int) -> None:
+    """Point the bundle at a datalist with the first N training and first M fold-0 cases (same for both modes)."""
+    from autotune.bundles.config import load_bundle_config, update_bundle_config
+
+    cfg = load_bundle_config(bundle)
+    cases = json.loads(Path(cfg["datalist"]).read_text())["training"]
+    val = [c for c in cases if c["fold"] == cfg["fold"]]
+    train = [c for c in cases if c["fold"] != cfg["fold"]]
+    subset = (train[:train_cases] if train_cases else train) + (val[:val_cases] if val_cases else val)
+    path = bundle.parent / "datalist_subset.json"
+    path.write_text(json.dumps({"training": subset}, indent=1))
+    update_bundle_config(bundle, {"datalist": str(path)})
 
 
 def run_mode(bundle: Path, mode: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:

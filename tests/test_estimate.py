@@ -38,6 +38,19 @@ def test_estimate_matches_measured_peak(bundles: dict[str, Path], algo: str) -> 
     assert estimate(bundles[algo], phases=("infer",), **sizes)["infer_peak_bytes"] == est["infer_peak_bytes"]
 
 
+def test_other_loss_and_optimizer(bundles: dict[str, Path]) -> None:
+    """DiceFocal runs as is; Novograd reads ``if exp_avg_sq == 0`` (answered False, counted)."""
+    from autotune.bundles.config import load_bundle_config
+
+    cfg = {**load_bundle_config(bundles["unet"]), "loss": {"name": "DiceFocalLoss", "args": {
+        "to_onehot_y": True, "softmax": True}}, "optimizer": {"name": "Novograd", "args": {}}}
+    measured = run_trial(resolve_request(cfg, phases=("train",), warmup_steps=1, measure_steps=1))
+    assert measured["status"] == "ok", measured["error_tail"]
+    est = estimate(cfg, phases=("train",))
+    assert est["guessed_values"] > 0
+    assert abs(est["train_peak_bytes"] - measured["train_peak_bytes"]) / measured["train_peak_bytes"] <= 0.05
+
+
 def test_estimate_leaves_no_patches_behind(bundles: dict[str, Path]) -> None:
     import monai.inferers.utils as sw_utils
     from monai.data.utils import compute_importance_map

@@ -156,3 +156,23 @@ def test_apply_allowance() -> None:
     assert allowance_for("cuda:1").context_bytes > 0
     with pytest.raises(ValueError):
         apply_allowance(-1, allowance)
+
+
+def test_cuda_helpers_with_a_stand_in(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CUDA helpers are the CPU code with the device swapped; check their arithmetic here."""
+    from types import SimpleNamespace
+
+    calls: list[tuple[str, object]] = []
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda dev: SimpleNamespace(total_memory=80 * 2**30))
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction",
+                        lambda fraction, dev: calls.append(("fraction", fraction)))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda dev=None: calls.append(("sync", dev)))
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda dev=None: calls.append(("reset", dev)))
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda dev=None: 3 * 2**30)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda dev=None: 2 * 2**30)
+    assert memory.cuda_set_memory_limit("cuda:0", 40 * 2**30) == 0.5
+    assert memory.cuda_set_memory_limit("cuda:0", 100 * 2**30) == 1.0  # never more than the device
+    memory.cuda_reset_peaks("cuda:0")
+    assert memory.cuda_peaks("cuda:0") == {"cuda_max_memory_reserved": 3 * 2**30,
+                                           "cuda_max_memory_allocated": 2 * 2**30}
+    assert ("fraction", 0.5) in calls and ("reset", "cuda:0") in calls

@@ -10,14 +10,21 @@ figure leaves out what the allocator and libraries add (see ``autotune.probe.all
 
 Differences from a real step, each small and pinned by tests:
 
-- Data-dependent Python values cannot come from fake tensors. MONAI's Dice loss reads
+- Data-dependent Python values cannot come from fake tensors. MONAI's Dice losses read
   ``torch.arange(2, ndim).tolist()``; here ``arange`` with plain-number arguments is computed
-  for real and carried as a constant, so the bundle's real loss runs unchanged. The
-  sliding window's Gaussian importance map calls ``.item()``; it is replaced by an empty
-  tensor of the same shape, dtype and device (its short-lived intermediates are not counted).
+  for real and carried as a constant, so the bundle's real loss (DiceCE, DiceFocal, Dice)
+  runs unchanged: no surrogate is needed. A truth value read from a bool tensor (Novograd's
+  ``if exp_avg_sq == 0``) is answered False and counted in ``guessed_values``. The sliding
+  window's Gaussian importance map calls ``.item()``; it is replaced by an empty tensor of
+  the same shape, dtype and device (its short-lived intermediates are not counted).
 - fp16 on CUDA: no GradScaler (its few scalar tensors are left out).
 - Two training steps are run (the first creates the optimizer state, the second runs with
   it); the probe's later steps repeat the second.
+- CUDA target with no GPU visible: fake CUDA tensors cannot run autograd on a CPU-only
+  build (PyTorch aborts for want of a CUDA device guard), so the pass runs on fake CPU tensors
+  under CPU fp16 autocast with CUDA's float32 op list applied on top (``_cuda_autocast_policy``;
+  ``semantics`` is ``"cpu-emulating-cuda"``); a validation volume held on the CPU goes on the
+  meta device so it is not counted. cuDNN/cuBLAS-specific saved buffers are not modelled.
 
 Not thread-safe: the importance-map replacement patches ``monai.inferers.utils`` while an
 estimate runs.
@@ -212,7 +219,6 @@ def estimate(bundle: str | Path | Mapping[str, Any], *, num_patches_per_iter: in
         result["semantics"] = "cpu-emulating-cuda" if emulate else device.split(":")[0]
         dtype = amp_dtype(cfg, device)
         guesses: list[str] = []
-        result["guessed_values"] = guesses
         with _fake_session(emulate_cuda=emulate, guesses=guesses):
             model = _fake_model(cfg, compute)
             loss_fn = build_loss(cfg)
@@ -243,6 +249,7 @@ def estimate(bundle: str | Path | Mapping[str, Any], *, num_patches_per_iter: in
         raise ProbeError(f"estimate of {cfg.get('algo')} failed in phase {phase!r}: {type(exc).__name__}: {exc}") from exc
     peaks = [result[f"{p}_peak_bytes"] for p in ("train", "infer") if result.get(f"{p}_peak_bytes") is not None]
     result["peak_bytes"] = max(peaks) if peaks else None
+    result["guessed_values"] = len(guesses)
     result["seconds"] = time.perf_counter() - start
     return result
 

@@ -179,7 +179,8 @@ def run_probe(bundle: str | Path | dict, *, num_patches_per_iter: int | None = N
 
     Raises:
         ConfigError: the bundle is missing or invalid.
-        ProbeError: bad arguments (unknown device or phase, N < 1, a bad fault rule, timeout <= 0).
+        ProbeError: bad arguments (unknown device or phase, N < 1, a bad fault rule, timeout <= 0),
+            or the child process could not be started at all.
     """
     from autotune.probe.trial import EXIT_OK, EXIT_OOM, FAULT_ENV, base_result, parse_fault_rules
 
@@ -205,9 +206,12 @@ def run_probe(bundle: str | Path | dict, *, num_patches_per_iter: int | None = N
                    launched_at=time.time())
         atomic_write_json(tmpdir / "request.json", req)
         with open(tmpdir / "stdout.txt", "wb") as out, open(tmpdir / "stderr.txt", "wb") as err:
-            proc = subprocess.Popen([sys.executable, "-m", "autotune.probe.trial", str(tmpdir / "request.json")],
-                                    stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=child_env,
-                                    start_new_session=True)
+            try:
+                proc = subprocess.Popen([sys.executable, "-m", "autotune.probe.trial", str(tmpdir / "request.json")],
+                                        stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=child_env,
+                                        start_new_session=True)
+            except OSError as exc:
+                raise ProbeError(f"could not start the probe process ({exc}); check {sys.executable}") from exc
             try:
                 finished = _wait_unreaped(proc.pid, float(timeout))
             finally:

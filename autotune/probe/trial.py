@@ -206,10 +206,13 @@ def _measured_loop(req: Mapping[str, Any], parts: dict[str, Any], result: dict[s
             result[f"{phase}_peak_rss_bytes"] = memory.peak_rss_bytes()
             tracker.stop()
         else:
-            peaks = memory.cuda_peaks(str(device))
-            result[f"{phase}_cuda_max_memory_reserved"] = peaks["cuda_max_memory_reserved"]
-            result[f"{phase}_cuda_max_memory_allocated"] = peaks["cuda_max_memory_allocated"]
-            result[f"{phase}_peak_bytes"] = peaks["cuda_max_memory_reserved"]
+            try:
+                peaks = memory.cuda_peaks(str(device))
+            except RuntimeError:  # a broken CUDA context after a failure: keep the failure, not this one
+                peaks = {}
+            result[f"{phase}_cuda_max_memory_reserved"] = peaks.get("cuda_max_memory_reserved")
+            result[f"{phase}_cuda_max_memory_allocated"] = peaks.get("cuda_max_memory_allocated")
+            result[f"{phase}_peak_bytes"] = peaks.get("cuda_max_memory_reserved")
     return times
 
 

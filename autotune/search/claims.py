@@ -5,18 +5,41 @@ point, it claims it: an INSERT into ``autotune_claims`` whose primary key makes 
 claim atomic on any SQL database. A claim carries a heartbeat; a claim whose
 heartbeat is older than ``stale_after`` seconds belongs to a dead worker and may be
 taken over (compare-and-swap on the old heartbeat, so only one taker wins).
+
+``AUTOTUNE_CLAIM_STALE_SECONDS`` sets ``stale_after`` (default 60 s) for every worker that
+does not pass it; all workers on one storage should agree on it. A held claim is refreshed
+every ``min(10, stale_after / 3)`` seconds, so a live worker's claim never looks stale.
+Tests set it to a few seconds to see a killed worker's work taken over quickly.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from typing import Any
 
-__all__ = ["ClaimStore", "STALE_AFTER"]
+__all__ = ["ClaimStore", "STALE_AFTER", "STALE_ENV", "stale_after_default"]
 
 STALE_AFTER = 60.0
 HEARTBEAT_EVERY = 10.0
+STALE_ENV = "AUTOTUNE_CLAIM_STALE_SECONDS"
+
+
+def stale_after_default() -> float:
+    """``$AUTOTUNE_CLAIM_STALE_SECONDS`` when set to a positive number, else ``STALE_AFTER``."""
+    from autotune.errors import SpecError
+
+    raw = os.environ.get(STALE_ENV, "").strip()
+    if not raw:
+        return STALE_AFTER
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0.0 < value < float("inf"):  # also rejects nan
+        raise SpecError(f"{STALE_ENV}={raw!r}: give a positive number of seconds (default {STALE_AFTER:g})")
+    return value
 
 
 class ClaimStore:
@@ -25,14 +48,16 @@ class ClaimStore:
     Args:
         url: the SQLAlchemy URL of the Optuna storage (the table is created there).
         owner: this worker's tag (``host:pid``).
-        stale_after: seconds without heartbeat after which a claim may be taken over.
+        stale_after: seconds without heartbeat after which a claim may be taken over
+            (default ``$AUTOTUNE_CLAIM_STALE_SECONDS``, else 60).
     """
 
-    def __init__(self, url: str, owner: str, stale_after: float = STALE_AFTER) -> None:
+    def __init__(self, url: str, owner: str, stale_after: float | None = None) -> None:
         import sqlalchemy as sa
 
         self.owner = owner
-        self.stale_after = float(stale_after)
+        self.stale_after = float(stale_after) if stale_after is not None else stale_after_default()
+        self.heartbeat_every = min(HEARTBEAT_EVERY, self.stale_after / 3.0)
         connect_args: dict[str, Any] = {"timeout": 60} if url.startswith("sqlite") else {}
         self.engine = sa.create_engine(url, connect_args=connect_args, pool_pre_ping=True)
         meta = sa.MetaData()
@@ -45,7 +70,16 @@ class ClaimStore:
             sa.Column("heartbeat", sa.Float, nullable=False),
             sa.Column("done", sa.Boolean, nullable=False, default=False),
         )
-        meta.create_all(self.engine, checkfirst=True)
+        for attempt in range(5):
+            try:
+                meta.create_all(self.engine, checkfirst=True)
+                break
+            except (sa.exc.IntegrityError, sa.exc.ProgrammingError):
+                # workers starting together on an empty database race to create the table (PostgreSQL:
+                # duplicate pg_type entry, or "relation already exists"); the winner's table is there now
+                if attempt == 4:
+                    raise
+                time.sleep(0.2 * (attempt + 1))
         self._held: set[tuple[str, str]] = set()
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -112,7 +146,7 @@ class ClaimStore:
                 conn.execute(t.delete().where(where))
 
     def _beat(self) -> None:
-        while not self._stop.wait(HEARTBEAT_EVERY):
+        while not self._stop.wait(self.heartbeat_every):
             with self._lock:
                 held = list(self._held)
             if not held:

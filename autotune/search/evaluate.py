@@ -190,6 +190,17 @@ class Evaluator:
             result=dict(attrs),
         )
 
+    def _skipped(self, pid: str, point: dict[str, Any], phases: tuple[str, ...]) -> Evaluation:
+        from optuna.trial import TrialState
+
+        failed = [t.number for t in self.study.get_trials(deepcopy=False, states=(TrialState.FAIL,))
+                  if t.user_attrs.get("point_id") == pid and "reused_trial" not in t.user_attrs]
+        listed = ", ".join(f"#{n}" for n in failed)
+        result = {"status": "skipped",
+                  "error_tail": f"this point failed {len(failed)} times (trials {listed}); taken as infeasible, "
+                                "not probed again"}
+        return Evaluation(point, phases, "skipped", False, None, 0.0, failed[-1] if failed else None, True, result)
+
     # -- evaluation --------------------------------------------------------------------
     def evaluate(self, point: Mapping[str, Any], phases: tuple[str, ...], trial: Any = None) -> Evaluation:
         """Evaluate ``point``: from the study when it is there, else with the prober.
@@ -216,8 +227,8 @@ class Evaluator:
         if previous is not None or failures >= MAX_FAILURES:
             if previous is not None:
                 evaluation = self._from_trial(previous, point, phases)
-            else:
-                evaluation = Evaluation(point, phases, "error", False, None, 0.0, None, True)
+            else:  # failed MAX_FAILURES times: taken as infeasible, and the trial says so
+                evaluation = self._skipped(pid, point, phases)
             if trial is not None:  # a sampler asked for a point we know: record the answer, no probe
                 self._tell(trial, evaluation.result or {"status": evaluation.status}, phases, point, reused_from=evaluation)
             self.reused += 1
@@ -284,7 +295,11 @@ class Evaluator:
                               dict(result))
         reason = f"{status}: {result.get('error_type') or ''} {result.get('error_tail') or ''}".strip()
         if result.get("signal"):
-            reason = f"{status}: signal {result['signal']}"
+            name = result.get("error_type")
+            reason = f"{status}: signal {result['signal']}" + (f" ({name})" if name else "")
+        elif status == "timeout":
+            reason = (f"timeout: no result after {float(result.get('wall_seconds') or 0.0):.1f} s "
+                      f"(phase {result.get('phase_failed') or '?'}); the probe was killed")
         trial.set_user_attr("fail_reason", reason[-500:])
         self.study.tell(trial, state=TrialState.FAIL)
         return Evaluation(point, phases, status, False, None, 0.0, trial.number, reused_from is not None, dict(result))

@@ -49,7 +49,10 @@ class _ModelMixin:
         except Exception as exc:  # the estimator is an aid: fall back to bisection without it
             log.warning("estimate for %s (%s) failed, bisecting without it: %s", Path(self.bundle).name, phase, exc)
             return None
-        return LinearModel(float(model.intercept) * self.scale + self.offset, float(model.slope) * self.scale)
+        cap = getattr(model, "n_cap", None)
+        return LinearModel(
+            float(model.intercept) * self.scale + self.offset, float(model.slope) * self.scale, int(cap) if cap else None
+        )
 
 
 class ProbeProber(_ModelMixin):

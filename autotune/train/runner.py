@@ -147,7 +147,6 @@ class _TrainingRun:
             self.out.mkdir(parents=True, exist_ok=True)
             for torn in self.out.glob(".*.pt.*.tmp"):  # left by a kill during a checkpoint write
                 torn.unlink(missing_ok=True)
-        _seed_everything(self.seed)  # the same initial weights in every mode and on every rank
         self.metrics = MetricsLog(self.out, class_labels(self.cfg), enabled=ctx.is_main)
 
     def say(self, message: str) -> None:
@@ -190,6 +189,7 @@ class _TrainingRun:
         from autotune.train.monitor import NvtxRanges
 
         device, cfg = self.ctx.device, self.cfg
+        _seed_everything(self.seed)  # the same initial weights in every mode and on every rank
         self.model = build.build_network(cfg).to(device)
         if self.opts.template_recipe:
             self.loss_fn = build.build_loss(cfg)
