@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import textwrap
 from typing import Any
 
 __all__ = ["register", "EXIT_OK", "EXIT_FAILED", "EXIT_OOM"]
@@ -42,7 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     probe = sub.add_parser(
         "probe",
         help="measure one training step and sliding-window pass of a bundle in an isolated process",
-        description=(
+        description=textwrap.fill(
             "Run a short real trial of BUNDLE in a child process: warm-up and measured training steps at "
             "N patches per iteration, then a sliding-window pass at batch M over the bundle's largest "
             "validation volume. Reports peak memory (CUDA: allocator peaks; CPU: tracked tensor bytes and "
@@ -64,7 +65,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     est = sub.add_parser(
         "estimate",
         help="estimate a bundle's peak memory with no compute (FakeTensorMode) and fit peak(N) as a line",
-        description=(
+        description=textwrap.fill(
             "Run the training step and sliding-window pass of BUNDLE on fake tensors (shapes only, no data, "
             "no memory) and count tensor memory as the CPU probe does. Prints the estimated peaks, the "
             "affine fit peak = intercept + slope * N for both phases (two passes each), and with "

@@ -293,7 +293,8 @@ class Evaluator:
             feasible = status == "ok" and over <= 0
             return Evaluation(point, phases, status, feasible, peak, value, trial.number, reused_from is not None,
                               dict(result))
-        reason = f"{status}: {result.get('error_type') or ''} {result.get('error_tail') or ''}".strip()
+        reason = " ".join(str(part).strip() for part in (f"{status}:", result.get("error_type"), result.get("error_tail"))
+                          if part and str(part).strip())
         if result.get("signal"):
             name = result.get("error_type")
             reason = f"{status}: signal {result['signal']}" + (f" ({name})" if name else "")

@@ -1,0 +1,293 @@
+"""Several ``autotune worker`` processes on one PostgreSQL storage, and workers that die.
+
+- workers started together on an empty database all open it (no table-creation race);
+- four workers, one tuning key: one searches, the others wait for its result; no point is
+  evaluated twice, none is lost, every bundle gets the same values;
+- the same with the searching worker SIGKILLed halfway: another takes over once its claim is
+  stale, its RUNNING trial is failed as stale, nothing finished is lost, same values;
+- one worker SIGKILLed, then started again: the rerun resumes from the study;
+- four TPE workers with real probes share one study point by point: each point probed once.
+
+The estimate strategy (no probe children) keeps the first ones quick; the values are checked
+against an in-process run of the same search on SQLite. ``AUTOTUNE_CLAIM_STALE_SECONDS``
+shortens the claim takeover from 60 s to a few seconds.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import optuna
+import pytest
+from pg_fixtures import pg_database_url, postgres_url  # noqa: F401
+from probe_fixtures import shared_tiny_bundles
+
+from autotune.bundles.config import load_bundle_config, update_bundle_config
+from autotune.search.tune import tune_bundles
+
+pytestmark = pytest.mark.postgres
+
+MARGIN = 0.10
+STALE_SECONDS = 10
+TUNED_KEYS = ("num_patches_per_iter", "num_images_per_batch", "num_sw_batch_size", "sw_input_on_cpu")
+SPACE = ["--range-num-images-per-batch", "1", "8", "--range-num-sw-batch-size", "1", "4"]
+States = optuna.trial.TrialState
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny UNet bundle with a one-window validation volume (quicker probes and estimates)."""
+    src = shared_tiny_bundles(tmp_path_factory, algos=("unet",))["unet"]
+    dst = tmp_path_factory.mktemp("workers_src") / "unet_0"
+    shutil.copytree(src, dst)
+    update_bundle_config(dst, {"infer_volume_shape": [32, 32, 32]})
+    return dst
+
+
+@pytest.fixture(scope="module")
+def limit(tiny: Path) -> int:
+    """A budget of 3.5 patches' worth of training: at most 3 patches per iteration fit."""
+    from autotune.probe.estimate import fit_memory_model
+
+    model = fit_memory_model(tiny, phase="train", device="cpu")
+    return int((model.intercept + 3.5 * model.slope) / (1 - MARGIN))
+
+
+@pytest.fixture(scope="module")
+def reference(tiny: Path, limit: int, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """What one uninterrupted process finds (estimate strategy, SQLite): every worker must agree."""
+    work = tmp_path_factory.mktemp("reference")
+    shutil.copytree(tiny, work / "unet_0")
+    specs = {"universal": {"range_num_images_per_batch": [1, 8], "range_num_sw_batch_size": [1, 4]}}
+    result = tune_bundles([work / "unet_0"], specs, device="cpu", memory_limit=limit, strategy="estimate",
+                          margin=MARGIN, storage=f"sqlite:///{work / 'ref.db'}", progress=None)[0]
+    assert result["status"] == "tuned"
+    return {key: load_bundle_config(work / "unet_0")[key] for key in TUNED_KEYS}
+
+
+@pytest.fixture()
+def work(tiny: Path, tmp_path: Path) -> Path:
+    """Two folds of one algorithm: one tuning key, two bundles to write back."""
+    root = tmp_path / "work"
+    for name in ("unet_0", "unet_1"):
+        shutil.copytree(tiny, root / name)
+    return root
+
+
+@dataclass
+class Worker:
+    proc: subprocess.Popen
+    out: Path
+    err: Path
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def kill(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()  # reaped: its pid no longer exists, as for a worker killed on a real node
+
+    def finish(self, timeout: float) -> tuple[int, str, str]:
+        try:
+            code = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise
+        return code, self.out.read_text(), self.err.read_text()
+
+
+def _start(work: Path, url: str, limit: int, name: str, *extra: str) -> Worker:
+    out, err = work.parent / f"{name}.out", work.parent / f"{name}.err"
+    cmd = [sys.executable, "-m", "autotune", "worker", "--work-dir", str(work), "--storage", url, "--device", "cpu",
+           "--memory-limit", str(limit), "--margin", str(MARGIN), *extra]
+    env = {**os.environ, "AUTOTUNE_CLAIM_STALE_SECONDS": str(STALE_SECONDS)}
+    with open(out, "wb") as fout, open(err, "wb") as ferr:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=fout, stderr=ferr, env=env,
+                                start_new_session=True)
+    return Worker(proc, out, err)
+
+
+def _prepare(url: str) -> None:
+    """Create the tables once, so these tests see the workers, not the empty-database race
+    (which ``test_workers_started_together_on_an_empty_database`` covers)."""
+    from autotune.search.claims import ClaimStore
+    from autotune.search.study import open_storage
+
+    open_storage(url).engine.dispose()
+    ClaimStore(url, "test:0").close()
+
+
+def _trials(storage: optuna.storages.RDBStorage) -> list[optuna.trial.FrozenTrial]:
+    """All trials of the storage's one study (none yet: [])."""
+    studies = storage.get_all_studies()
+    assert len(studies) <= 1, "one tuning key, one study"
+    if not studies:
+        return []
+    return storage.get_all_trials(studies[0]._study_id, deepcopy=False)
+
+
+def _check_study(trials: list[optuna.trial.FrozenTrial]) -> None:
+    """Nothing lost, nothing evaluated twice."""
+    assert trials, "the study has trials"
+    assert not [t.number for t in trials if t.state in (States.RUNNING, States.WAITING)], "no trial left open"
+    evaluated = Counter(t.user_attrs["point_id"] for t in trials
+                        if t.state == States.COMPLETE and "reused_trial" not in t.user_attrs)
+    assert evaluated and max(evaluated.values()) == 1, f"a point evaluated twice: {evaluated}"
+    for trial in trials:
+        if trial.state == States.FAIL:
+            assert trial.user_attrs["fail_reason"].startswith("stale: "), trial.user_attrs
+
+
+def _check_bundles(work: Path, expected: dict) -> None:
+    for name in ("unet_0", "unet_1"):
+        cfg = load_bundle_config(work / name)
+        assert {key: cfg[key] for key in TUNED_KEYS} == expected, name
+        assert cfg["tuning"]["status"] == "tuned" and cfg["tuning"]["storage"].startswith("postgresql")
+
+
+def _wait_for_midway(storage: optuna.storages.RDBStorage, workers: list[Worker],
+                     timeout: float = 180.0) -> tuple[Worker, list[int], int]:
+    """Wait until a trial has finished and another runs; returns (its worker, finished, running trial)."""
+    by_pid = {w.pid: w for w in workers}
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        assert any(w.proc.poll() is None for w in workers), "every worker ended before one could be killed"
+        trials = _trials(storage)
+        done = [t.number for t in trials if t.state == States.COMPLETE]
+        running = [t for t in trials if t.state == States.RUNNING and "owner" in t.user_attrs]
+        if done and running:
+            pid = int(running[0].user_attrs["owner"].rpartition(":")[2])
+            if pid in by_pid and by_pid[pid].proc.poll() is None:
+                return by_pid[pid], done, running[0].number
+        time.sleep(0.1)
+    raise AssertionError("no moment with a finished and a running trial")
+
+
+def test_workers_started_together_on_an_empty_database(pg_database_url: str, tmp_path: Path) -> None:  # noqa: F811
+    """Workers of a job array start at once on an empty database: all must open it."""
+    start_at = time.time() + 4.0
+    script = (
+        "import sys, time\n"
+        "from autotune.search.claims import ClaimStore\n"
+        "from autotune.search.study import open_storage\n"
+        f"time.sleep(max(0.0, {start_at} - time.time()))\n"
+        "open_storage(sys.argv[1]).engine.dispose()\n"
+        "ClaimStore(sys.argv[1], 'w').close()\n"
+        "print('opened')\n"
+    )
+    procs = [subprocess.Popen([sys.executable, "-c", script, pg_database_url], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(6)]
+    outcomes = [p.communicate(timeout=120) for p in procs]
+    failed = [err.strip().splitlines()[-1] for (out, err), p in zip(outcomes, procs, strict=True)
+              if p.returncode != 0 or "opened" not in out]
+    assert not failed, failed
+
+
+def test_four_workers_one_study(work: Path, pg_database_url: str, limit: int,  # noqa: F811
+                                reference: dict) -> None:
+    _prepare(pg_database_url)
+    workers = [_start(work, pg_database_url, limit, f"w{i}", "--strategy", "estimate", *SPACE) for i in range(4)]
+    ends = [w.finish(timeout=300) for w in workers]
+    for code, out, err in ends:
+        assert code == 0, err
+        assert "unet_0" in out and "unet_1" in out
+    searched = [err for _code, _out, err in ends if "] tuning autotune-" in err]
+    assert len(searched) == 1, "one worker searched the key; the others waited for its result"
+    assert sum("answered from storage" in err for _code, _out, err in ends) == 3
+    storage = optuna.storages.RDBStorage(pg_database_url)
+    trials = _trials(storage)
+    _check_study(trials)
+    assert not [t for t in trials if t.state == States.FAIL]
+    assert len({t.user_attrs["owner"] for t in trials}) == 1, "all trials are the searching worker's"
+    _check_bundles(work, reference)
+    storage.engine.dispose()
+
+
+def test_four_workers_one_killed_halfway(work: Path, pg_database_url: str, limit: int,  # noqa: F811
+                                         reference: dict) -> None:
+    _prepare(pg_database_url)
+    storage = optuna.storages.RDBStorage(pg_database_url)
+    workers = [_start(work, pg_database_url, limit, f"w{i}", "--strategy", "estimate", *SPACE) for i in range(4)]
+    victim, done_before, running = _wait_for_midway(storage, workers)
+    victim.kill()
+    survivors = [w for w in workers if w is not victim]
+    ends = [w.finish(timeout=300) for w in survivors]
+    for code, _out, err in ends:
+        assert code == 0, err
+    takers = [err for _code, _out, err in ends if "] tuning autotune-" in err]
+    assert len(takers) == 1, "one survivor took the key over; the others waited for its result"
+    assert "marked stale RUNNING trials" in takers[0]
+    trials = _trials(storage)
+    _check_study(trials)
+    by_number = {t.number: t for t in trials}
+    assert all(by_number[n].state == States.COMPLETE for n in done_before), "nothing finished was lost"
+    stale = by_number[running]
+    assert stale.state == States.FAIL
+    assert stale.user_attrs["fail_reason"] == f"stale: worker {stale.user_attrs['owner']} is gone"
+    assert [t.number for t in trials if t.state == States.FAIL] == [running]
+    _check_bundles(work, reference)
+    storage.engine.dispose()
+
+
+def test_worker_killed_then_rerun(work: Path, pg_database_url: str, limit: int,  # noqa: F811
+                                  reference: dict) -> None:
+    _prepare(pg_database_url)
+    storage = optuna.storages.RDBStorage(pg_database_url)
+    first = _start(work, pg_database_url, limit, "first", "--strategy", "estimate", *SPACE)
+    victim, done_before, running = _wait_for_midway(storage, [first])
+    victim.kill()
+    assert "tuning" not in load_bundle_config(work / "unet_0"), "a killed worker wrote nothing back"
+    started = time.time()
+    code, _out, err = _start(work, pg_database_url, limit, "rerun", "--strategy", "estimate", *SPACE).finish(300)
+    assert code == 0, err
+    assert "marked stale RUNNING trials" in err
+    assert time.time() - started < 240
+    trials = _trials(storage)
+    _check_study(trials)
+    by_number = {t.number: t for t in trials}
+    assert all(by_number[n].state == States.COMPLETE for n in done_before), "nothing finished was lost"
+    assert by_number[running].state == States.FAIL
+    assert by_number[running].user_attrs["fail_reason"].startswith("stale: worker ")
+    reused = [t for t in trials if "reused_trial" in t.user_attrs]
+    assert not reused, "the fast strategy looks finished points up without new trials"
+    assert err.count("from study") >= len(done_before), "the rerun answered the finished points from the study"
+    _check_bundles(work, reference)
+    storage.engine.dispose()
+
+
+def test_tpe_workers_share_points(work: Path, pg_database_url: str, limit: int) -> None:  # noqa: F811
+    """Four TPE workers with real probes on a two-point space: each point is probed once."""
+    _prepare(pg_database_url)
+    extra = ["--strategy", "tpe", "--num-trials", "4", "--range-num-images-per-batch", "2", "3",
+             "--range-num-sw-batch-size", "1", "1", "--timeout", "240"]
+    workers = [_start(work, pg_database_url, limit, f"t{i}", *extra) for i in range(4)]
+    ends = [w.finish(timeout=480) for w in workers]
+    for code, _out, err in ends:
+        assert code == 0, err
+    storage = optuna.storages.RDBStorage(pg_database_url)
+    trials = _trials(storage)
+    _check_study(trials)
+    assert not [t for t in trials if t.state == States.FAIL]
+    probed = [t for t in trials if "reused_trial" not in t.user_attrs]
+    assert len(probed) == len({t.user_attrs["point_id"] for t in trials}) <= 2
+    assert all(t.user_attrs["kind"] == "probe" and t.user_attrs["status"] == "ok" for t in probed)
+    for trial in trials:  # a reused trial carries the measurement of the trial it points to
+        if "reused_trial" in trial.user_attrs:
+            source = trials[trial.user_attrs["reused_trial"]]
+            assert source.user_attrs["point_id"] == trial.user_attrs["point_id"] and source.value == trial.value
+    cfgs = [load_bundle_config(work / name) for name in ("unet_0", "unet_1")]
+    assert cfgs[0]["num_patches_per_iter"] in (2, 3) and cfgs[0]["num_sw_batch_size"] == 1
+    assert {key: cfgs[0][key] for key in TUNED_KEYS} == {key: cfgs[1][key] for key in TUNED_KEYS}
+    # each worker prints the values it found: bundle, status, patches, images x crops, sw batch, validation
+    tables = [[line.split()[:8] for line in out.splitlines()[-2:]] for _code, out, _err in ends]
+    assert all(table == tables[0] for table in tables), tables
+    storage.engine.dispose()
