@@ -24,12 +24,24 @@ _EXPORTS: dict[str, str] = {
     # data
     "load_data_source": "autotune.data.datalist",
     "DataSource": "autotune.data.datalist",
-    "analyze": "autotune.data.analyze",
+    "analyze": "autotune.data",
     "make_demo_dataset": "autotune.data.synthetic",
     # bundles
     "BundleGen": "autotune.bundles.bundlegen",
     "load_bundle_config": "autotune.bundles.config",
     "list_templates": "autotune.bundles.templates",
+    # probe and estimate
+    "run_probe": "autotune.probe.runner",
+    "estimate": "autotune.probe.estimate",
+    "fit_memory_model": "autotune.probe.estimate",
+    # search
+    "tune_bundles": "autotune.search.tune",
+    "verify_bundle": "autotune.search.verify",
+    "parse_specs": "autotune.search.space",
+    "resolve_target": "autotune.search.targets",
+    # training
+    "train": "autotune.train.runner",
+    "infer": "autotune.train.infer",
 }
 
 __all__ = ["__version__", *_EXPORTS]

@@ -188,9 +188,12 @@ def estimate(bundle: str | Path | Mapping[str, Any], *, num_patches_per_iter: in
     """Estimate the peak tensor memory of a probe of ``bundle``, in this process, with fake tensors.
 
     Returns the probe's result keys where they apply (timings are None), with
-    ``measured: False``, ``seconds`` (how long the estimate took) and the raw peaks
-    ``train_peak_bytes``, ``infer_peak_bytes``, ``peak_bytes`` (no allowance added).
-    For ``device="cuda..."`` only CUDA storages are counted.
+    ``measured: False``, ``seconds`` (how long the estimate took), the raw peaks
+    ``train_peak_bytes``, ``infer_peak_bytes``, ``peak_bytes`` (no allowance added),
+    ``semantics`` (``cpu``, ``cuda``, or ``cpu-emulating-cuda`` for a CUDA target with no GPU
+    visible) and ``guessed_values`` (truth values answered without data; see the module
+    docstring). Only the compute device's storages are counted: for a CUDA target with
+    ``validation_device="cpu"`` the volume and stitched output are left out, as on a GPU.
 
     Raises:
         ConfigError: the bundle is missing or invalid.

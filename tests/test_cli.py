@@ -1,0 +1,51 @@
+"""The front door: --help without torch, every subcommand listed, the public API resolves."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+import autotune
+from autotune.cli import build_parser, main
+
+SUBCOMMANDS = ("analyze", "demo-data", "generate", "probe", "estimate", "tune", "run", "worker", "verify",
+               "dashboard", "train", "infer")
+
+
+def test_help_does_not_import_torch() -> None:
+    code = ("import sys; from autotune.cli import build_parser; build_parser().format_help(); "
+            "print(sorted(m for m in ('torch', 'monai', 'optuna') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_every_subcommand_is_registered() -> None:
+    help_text = build_parser().format_help()
+    for name in SUBCOMMANDS:
+        assert name in help_text, name
+
+
+@pytest.mark.parametrize("name", SUBCOMMANDS)
+def test_subcommand_help_exits_0(name: str, capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main([name, "--help"])
+    assert exc.value.code == 0
+    assert "usage: autotune" in capsys.readouterr().out
+
+
+def test_unknown_subcommand_and_missing_argument_exit_2(capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["frobnicate"])
+    assert exc.value.code == 2
+    with pytest.raises(SystemExit) as exc:
+        main(["generate", "--work-dir", "w"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+
+
+def test_public_api_resolves() -> None:
+    for name in autotune.__all__:
+        assert getattr(autotune, name) is not None, name
