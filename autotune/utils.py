@@ -93,6 +93,8 @@ def read_yaml(path: str | os.PathLike[str], error: type[AutotuneError] = ConfigE
         raise error(f"{path}: file not found; check the path")
     try:
         return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise error(f"{path}: not a UTF-8 text file; give a YAML file") from exc
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
@@ -100,8 +102,6 @@ def read_yaml(path: str | os.PathLike[str], error: type[AutotuneError] = ConfigE
     except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
         # yaml's constructors raise these on values such as "2020-13-45" or "!!int CT"
         raise error(f"{path}: a value cannot be read as YAML ({type(exc).__name__}: {str(exc)[:80]}); fix it") from exc
-    except UnicodeDecodeError as exc:
-        raise error(f"{path}: not a UTF-8 text file; give a YAML file") from exc
 
 
 def read_json(path: str | os.PathLike[str], error: type[AutotuneError] = ConfigError) -> Any:
@@ -111,12 +111,12 @@ def read_json(path: str | os.PathLike[str], error: type[AutotuneError] = ConfigE
         raise error(f"{path}: file not found; check the path")
     try:
         return json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise error(f"{path}: not a UTF-8 text file; give a JSON file") from exc
     except json.JSONDecodeError as exc:
         raise error(f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}); fix the syntax") from exc
     except (ValueError, RecursionError) as exc:  # e.g. a 5000-digit number, or nesting too deep
         raise error(f"{path}: a value cannot be read as JSON ({type(exc).__name__}); fix it") from exc
-    except UnicodeDecodeError as exc:
-        raise error(f"{path}: not a UTF-8 text file; give a JSON file") from exc
 
 
 _UNITS = {

@@ -9,7 +9,9 @@ taken over (compare-and-swap on the old heartbeat, so only one taker wins).
 ``AUTOTUNE_CLAIM_STALE_SECONDS`` sets ``stale_after`` (default 60 s) for every worker that
 does not pass it; all workers on one storage should agree on it. A held claim is refreshed
 every ``min(10, stale_after / 3)`` seconds, so a live worker's claim never looks stale.
-Tests set it to a few seconds to see a killed worker's work taken over quickly.
+Tests set it to a few seconds to see a killed worker's work taken over quickly. Across
+nodes keep it above the trial heartbeat grace (30 s, ``autotune.search.study``): a key taken
+over sooner finds the dead worker's trial still RUNNING and leaves it for a later sweep.
 """
 
 from __future__ import annotations

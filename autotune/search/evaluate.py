@@ -207,8 +207,16 @@ class Evaluator:
 
         ``trial`` may be a trial already asked (the TPE strategy); otherwise one is made.
         """
+        if trial is None:
+            return self._evaluate(dict(point), phases, None, beating=False)
+        # a trial the sampler asked is RUNNING already: mark it as this worker's and keep its heartbeat
+        # while it waits for a point claim too, so a worker killed at any moment leaves a trial that
+        # fail_stale_trials can fail (this host: the owner's pid is gone; any host: the heartbeat expired)
+        trial.set_user_attr("owner", owner_tag())
+        with _heartbeat(self.study, trial):
+            return self._evaluate(dict(point), phases, trial, beating=True)
 
-        point = dict(point)
+    def _evaluate(self, point: dict[str, Any], phases: tuple[str, ...], trial: Any, beating: bool) -> Evaluation:
         pid = point_id(point, phases)
         previous, failures = self._previous(pid)
         claimed = False
@@ -248,7 +256,7 @@ class Evaluator:
         trial.set_user_attr("budget_bytes", self.budget_bytes)
         started = time.perf_counter()
         try:
-            with _heartbeat(self.study, trial):
+            with contextlib.nullcontext() if beating else _heartbeat(self.study, trial):
                 result = self.prober.probe(point, phases)
         except BaseException:
             if claimed:

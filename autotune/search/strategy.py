@@ -183,12 +183,15 @@ def run_fast(
 
 def run_tpe(evaluator: Evaluator, spec: Any, validation_devices: tuple[str, ...], seed: int = 0) -> SearchOutcome:
     """The Auto3DSeg-style baseline: ``spec.num_trials`` TPE trials, each probing both phases."""
+    import time
+
     from optuna.trial import TrialState
 
     study = evaluator.study
-    done = [t for t in study.get_trials(deepcopy=False) if t.state in (TrialState.COMPLETE, TrialState.FAIL)]
+    finished = (TrialState.COMPLETE, TrialState.FAIL)
     evaluations: list[Evaluation] = []
-    for _ in range(max(0, spec.num_trials - len(done))):
+    # count the study's trials on every pass: workers sharing the study share one budget
+    while len(study.get_trials(deepcopy=False, states=(*finished, TrialState.RUNNING))) < spec.num_trials:
         trial = study.ask(evaluator.distributions)
         point = {
             "num_patches_per_iter": trial.params["num_patches_per_iter"],
@@ -196,6 +199,13 @@ def run_tpe(evaluator: Evaluator, spec: Any, validation_devices: tuple[str, ...]
             "validation_device": trial.params["validation_device"],
         }
         evaluations.append(evaluator.evaluate(point, ("train", "infer"), trial=trial))
+    # every worker chooses from the same trials: wait until none is running (a dead worker's
+    # trial goes FAIL through its heartbeat or the stale sweep)
+    while evaluator.claims is not None and study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        from autotune.search.study import fail_stale_trials
+
+        fail_stale_trials(study)
+        time.sleep(1.0)
     # the answer comes from every trial of the study, including those of an earlier run
     all_evals = [
         Evaluation(

@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import socket
+import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -99,16 +100,27 @@ def open_storage(url: str | None = None, heartbeat: bool = True) -> optuna.stora
     elif url.startswith(("postgresql", "mysql")):
         engine_kwargs = {"pool_pre_ping": True, "connect_args": {"connect_timeout": 10}}
     try:
-        return optuna.storages.RDBStorage(
-            url,
-            engine_kwargs=engine_kwargs,
-            heartbeat_interval=HEARTBEAT_INTERVAL if heartbeat else None,
-            grace_period=GRACE_PERIOD if heartbeat else None,
-        )
+        for attempt in range(4):
+            try:
+                return optuna.storages.RDBStorage(
+                    url,
+                    engine_kwargs=engine_kwargs,
+                    heartbeat_interval=HEARTBEAT_INTERVAL if heartbeat else None,
+                    grace_period=GRACE_PERIOD if heartbeat else None,
+                )
+            except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError):
+                # workers started together on an empty database race to create the tables
+                if attempt == 3:
+                    raise
+                time.sleep(0.25 * (attempt + 1))
+        raise AssertionError("unreachable")
     except (sqlalchemy.exc.ArgumentError, ValueError) as exc:
         raise StorageError(f"storage {shown}: not a valid SQLAlchemy URL; e.g. sqlite:///studies/autotune.db") from exc
-    except ModuleNotFoundError as exc:
-        raise StorageError(f"storage {shown}: driver {exc.name!r} is not installed; pip install it") from exc
+    except ImportError as exc:  # optuna re-raises the driver's ModuleNotFoundError as a plain ImportError
+        missing = exc if isinstance(exc, ModuleNotFoundError) else exc.__cause__
+        name = getattr(missing, "name", None)
+        driver = f"driver {name!r}" if name else "the database driver"
+        raise StorageError(f"storage {shown}: {driver} is not installed; pip install it") from exc
     except (sqlalchemy.exc.OperationalError, sqlalchemy.exc.DBAPIError) as exc:
         reason = str(getattr(exc, "orig", exc)).strip().splitlines()[0] if str(getattr(exc, "orig", exc)).strip() else ""
         reason = reason.replace(url, shown)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autotune.bundles.config import load_bundle_config, update_bundle_config
+from autotune.bundles.config import bundle_config_path, load_bundle_config, update_bundle_config
 from autotune.errors import SpecError
 from autotune.search.space import AlgoSpec, parse_specs, spec_for
 from autotune.utils import atomic_write_json, format_bytes, look_up_option, parse_bytes
@@ -49,6 +49,24 @@ def _result_tag(strategy: str, margin: float, spec: AlgoSpec, devices: tuple[str
         sort_keys=True,
     )
     return "result:" + hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def _check_writable(folders: Sequence[Path]) -> None:
+    """Fail before any trial when a folder the results go to cannot be written."""
+    import tempfile
+
+    from autotune.errors import ConfigError
+
+    for folder in sorted(set(folders)):
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryFile(dir=folder):
+                pass
+        except OSError as exc:
+            raise ConfigError(
+                f"{folder}: cannot write the tuned values here ({exc.strerror or exc}); "
+                "make it writable, or tune a copy of the bundles"
+            ) from exc
 
 
 def _allowance(target: Mapping[str, Any] | None, device: str) -> Any:
@@ -128,6 +146,10 @@ def tune_bundles(
     if not bundles:
         raise SpecError("no bundle to tune; run 'autotune generate' first")
     configs = {str(Path(b)): load_bundle_config(b) for b in bundles}
+    if write_back:
+        _check_writable([bundle_config_path(p).parent for p in configs])
+    if summary_path:
+        _check_writable([Path(summary_path).parent])
     algos = sorted({cfg["algo"] for cfg in configs.values()})
     explicit = parse_specs(specs, algos)
     if target is not None:
@@ -224,7 +246,10 @@ def _tune_group(ctx: _Context, key: Any, cfg: Mapping[str, Any], n_bundles: int,
     if ctx.strategy == "tpe":
         import optuna
 
-        sampler = optuna.samplers.TPESampler(seed=int(cfg.get("seed", 0)), n_startup_trials=min(10, spec.num_trials))
+        seed = int(cfg.get("seed", 0))
+        if ctx.claims is not None:  # workers sharing a study: different opening points, not the same ones
+            seed += os.getpid()
+        sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(10, spec.num_trials))
     study = open_study(ctx.storage, key, sampler=sampler)
     # the fast search is sequential: one worker per key; TPE trials are shared point by point
     exclusive = ctx.claims is not None and ctx.strategy != "tpe"

@@ -1,0 +1,339 @@
+"""Workers benchmark: TPE trials per minute with 1, 2 and 4 CPU workers on one PostgreSQL study,
+and with one worker on SQLite; then a run with faults injected (simulated probe crashes and a
+worker SIGKILLed halfway), counting what survived and what was lost.
+
+Each worker is a separate process running ``tune_bundles(..., strategy="tpe", estimate_only=True,
+workers_share=True)`` -- what ``autotune worker`` runs -- on one tiny UNet bundle. Its points
+are answered from the estimator's affine memory models, fitted once by the harness (two
+FakeTensor passes per phase), so a trial costs no compute: the storage (trial rows, point
+claims, the lookups of earlier points) and Optuna's TPE sampler are the load. Every worker
+asks ``--trials`` trials (its share of the study), over patches per iteration 1-64 and
+sliding-window batch 1-64.
+
+Trials per minute counts every finished trial (COMPLETE or FAIL, reused ones included) between
+the first trial's start and the last one's end; "new points" counts the trials that evaluated a
+point (not reused). ``--distinct-seeds`` gives every worker its own TPE seed (by default all use
+the bundle's seed, as ``autotune worker`` does today) to show what sharing one seed costs.
+
+PostgreSQL: a throw-away server on 127.0.0.1 (tests/pg_fixtures.py; needs the postgresql
+package) unless ``--postgres URL`` names one (a database per run is created there).
+
+    python benchmarks/bench_workers.py [--trials 40] [--workers 1,2,4] [--distinct-seeds]
+        [--out benchmarks/results/workers.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+MARGIN = 0.10
+SPACE = {"range_num_images_per_batch": [1, 64], "range_num_sw_batch_size": [1, 64]}
+STALE_SECONDS = 10
+HERE = Path(__file__).resolve().parent
+
+
+# -- the worker process ---------------------------------------------------------------
+def _install_model_answers(models: dict[str, Any], crash_every: int) -> None:
+    """Answer every point from the fitted models; with ``crash_every`` > 0 some points 'crash'."""
+    from autotune.search import probers
+
+    train, infer = models["train"], models["infer"]
+
+    def probe(self: Any, point: dict[str, Any], phases: tuple[str, ...]) -> dict[str, Any]:
+        n = int(point.get("num_patches_per_iter") or 1)
+        m = min(int(point.get("num_sw_batch_size") or 1), int(infer["cap"] or 10**9))
+        result: dict[str, Any] = {"measured": False}
+        if crash_every and (7 * n + 3 * m) % crash_every == 0:  # as a probe child killed by a signal
+            return {**result, "status": "killed", "signal": 9, "error_type": "SIGKILL"}
+        if "train" in phases:
+            result["train_peak_bytes"] = int(train["intercept"] + train["slope"] * n)
+        if "infer" in phases:
+            result["infer_peak_bytes"] = int(infer["intercept"] + infer["slope"] * m)
+        peak = max(v for k, v in result.items() if k.endswith("_peak_bytes"))
+        result["peak_bytes"] = peak
+        result["status"] = "ok" if peak <= self.budget_bytes else "oom"
+        return result
+
+    probers.EstimateProber.probe = probe  # type: ignore[method-assign]
+
+
+def _distinct_seed(index: int) -> None:
+    import optuna
+
+    original = optuna.samplers.TPESampler
+
+    class Seeded(original):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, seed: int | None = None, **kwargs: Any) -> None:
+            super().__init__(*args, seed=(seed or 0) + 1000 * index, **kwargs)
+
+    optuna.samplers.TPESampler = Seeded  # type: ignore[misc]
+
+
+def worker_main(args: argparse.Namespace) -> int:
+    spec = json.loads(Path(args.spec).read_text())
+    _install_model_answers(spec["models"], args.crash_every)
+    if args.distinct_seeds:
+        _distinct_seed(args.index)
+    import optuna  # noqa: F401  (imports done before the start signal)
+
+    from autotune.search.tune import tune_bundles
+
+    barrier = Path(args.barrier)
+    (barrier / f"ready.{args.index}").touch()
+    while not (barrier / "go").exists():  # all workers start their search together
+        time.sleep(0.02)
+    results = tune_bundles([spec["bundle"]], {"universal": {**SPACE, "num_trials": args.trials}}, device="cpu",
+                           memory_limit=spec["limit"], storage=args.storage, strategy="tpe", estimate_only=True,
+                           margin=MARGIN, workers_share=True, progress=None, write_back=False)
+    return 0 if results[0]["status"] == "tuned" else 1
+
+
+# -- the harness ----------------------------------------------------------------------
+def make_bundle(root: Path) -> Path:
+    from autotune.bundles.bundlegen import BundleGen
+    from autotune.commands.bundles import load_overrides
+    from autotune.data.analyze import analyze
+    from autotune.data.synthetic import make_demo_dataset
+
+    data = make_demo_dataset(root / "data", cases=2, size=32, classes=2, seed=0)
+    res = analyze(data, root / "work", num_fold=1, progress=False)
+    gen = BundleGen(root / "work", algos=["unet"], data_stats_filename=res.datastats, data_src_cfg_name=res.data_src)
+    return Path(gen.generate(root / "work", num_fold=1, overrides=load_overrides("tiny"))[0]["path"])
+
+
+def fit_models(bundle: Path) -> tuple[dict[str, Any], int]:
+    from autotune.probe.estimate import fit_memory_model
+
+    train = fit_memory_model(bundle, phase="train", device="cpu")
+    infer = fit_memory_model(bundle, phase="infer", device="cpu")
+    # a limit whose budget holds about 12 patches' worth: the feasible region is a small corner
+    limit = int((train.intercept + 12.5 * train.slope) / (1 - MARGIN))
+    models = {"train": {"intercept": train.intercept, "slope": train.slope},
+              "infer": {"intercept": infer.intercept, "slope": infer.slope, "cap": infer.n_cap}}
+    return models, limit
+
+
+class Postgres:
+    """Databases on a given server, or on a throw-away one started here."""
+
+    def __init__(self, url: str | None) -> None:
+        self.cluster = None
+        if url is None:
+            sys.path.insert(0, str(HERE.parent / "tests"))
+            import pg_fixtures
+
+            self.cluster = pg_fixtures._start_cluster()
+            url = self.cluster.url
+        self.url = url
+
+    def new_database(self) -> str:
+        import sqlalchemy
+        from sqlalchemy.engine import make_url
+
+        name = f"bench_workers_{uuid.uuid4().hex[:10]}"
+        engine = sqlalchemy.create_engine(self.url, isolation_level="AUTOCOMMIT")
+        with engine.connect() as conn:
+            conn.execute(sqlalchemy.text(f'CREATE DATABASE "{name}"'))
+        engine.dispose()
+        return make_url(self.url).set(database=name).render_as_string(hide_password=False)
+
+    def close(self) -> None:
+        if self.cluster is not None:
+            self.cluster.stop()
+
+
+def _prepare(url: str) -> None:
+    """Create the tables before the workers start (workers starting together on an empty
+    database race to create them; see tests/test_workers.py)."""
+    from autotune.search.claims import ClaimStore
+    from autotune.search.study import open_storage
+
+    open_storage(url).engine.dispose()
+    ClaimStore(url, "bench:0").close()
+
+
+def _study_trials(url: str) -> list[Any]:
+    import optuna
+
+    storage = optuna.storages.RDBStorage(url)
+    try:
+        studies = storage.get_all_studies()
+        return [] if not studies else storage.get_all_trials(studies[0]._study_id, deepcopy=False)
+    finally:
+        storage.engine.dispose()
+
+
+def run(url: str, workers: int, spec_path: Path, args: argparse.Namespace, crash_every: int = 0,
+        kill_after: int | None = None) -> dict[str, Any]:
+    """Start ``workers`` processes on ``url``; with ``kill_after``, SIGKILL one once the study holds
+    that many finished trials. Returns the figures of the run."""
+    import optuna
+    from optuna.trial import TrialState
+
+    _prepare(url)
+    env = {**os.environ, "AUTOTUNE_CLAIM_STALE_SECONDS": str(STALE_SECONDS)}
+    procs = []
+    barrier = Path(tempfile.mkdtemp(prefix="barrier-", dir=spec_path.parent))
+    for index in range(workers):
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--spec", str(spec_path), "--storage", url,
+               "--trials", str(args.trials), "--index", str(index), "--crash-every", str(crash_every),
+               "--barrier", str(barrier)]
+        if args.distinct_seeds:
+            cmd.append("--distinct-seeds")
+        procs.append(subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.PIPE, text=True, start_new_session=True))
+    while len(list(barrier.glob("ready.*"))) < workers and all(p.poll() is None for p in procs):
+        time.sleep(0.05)
+    (barrier / "go").touch()
+    seen_finished: dict[int, str] = {}  # every trial seen finished during the run, with its state
+    killed_pid = None
+    while any(p.poll() is None for p in procs):
+        time.sleep(0.5)
+        try:
+            trials = _study_trials(url)
+        except Exception:  # the study does not exist yet
+            continue
+        for t in trials:
+            if t.state.is_finished():
+                seen_finished.setdefault(t.number, t.state.name)
+        if kill_after is not None and killed_pid is None and len(seen_finished) >= kill_after:
+            # prefer a worker caught inside a trial; else any live one (it is mid-trial most of the time)
+            alive = {p.pid: p for p in procs if p.poll() is None}
+            owners = [int(t.user_attrs["owner"].rpartition(":")[2]) for t in trials
+                      if t.state == TrialState.RUNNING and "owner" in t.user_attrs]
+            victims = [pid for pid in owners if pid in alive] or list(alive)
+            if victims:
+                killed_pid = victims[0]
+                os.killpg(killed_pid, signal.SIGKILL)
+                alive[killed_pid].wait()
+    errors = [p.stderr.read().strip()[-300:] for p in procs if p.returncode not in (0, -signal.SIGKILL)]
+    stale_failed: list[int] = []
+    if killed_pid is not None:  # what the next worker to start does first: fail the dead worker's trials
+        from autotune.search.study import fail_stale_trials, open_storage
+
+        storage = open_storage(url)
+        study = optuna.load_study(study_name=storage.get_all_studies()[0].study_name, storage=storage)
+        stale_failed = fail_stale_trials(study)
+        storage.engine.dispose()
+    trials = _study_trials(url)
+    finished = [t for t in trials if t.state.is_finished()]
+    lost = [n for n, state in seen_finished.items()
+            if n >= len(trials) or trials[n].state.name != state]
+    start = min(t.datetime_start for t in finished)
+    end = max(t.datetime_complete for t in finished)
+    seconds = (end - start).total_seconds()
+    new_points = [t for t in finished if "reused_trial" not in t.user_attrs]
+    complete_per_point: dict[str, int] = {}
+    for t in new_points:
+        if t.state == TrialState.COMPLETE:
+            complete_per_point[t.user_attrs["point_id"]] = complete_per_point.get(t.user_attrs["point_id"], 0) + 1
+    return {
+        "storage": url.split("+")[0].split(":")[0],
+        "workers": workers,
+        "trials_per_worker": args.trials,
+        "finished_trials": len(finished),
+        "new_points": len(new_points),
+        "seconds": round(seconds, 2),
+        "trials_per_minute": round(60.0 * len(finished) / seconds, 1) if seconds > 0 else None,
+        "new_points_per_minute": round(60.0 * len(new_points) / seconds, 1) if seconds > 0 else None,
+        "points_evaluated_twice": sum(1 for c in complete_per_point.values() if c > 1),
+        "left_running": sum(1 for t in trials if t.state == TrialState.RUNNING),
+        "crash_answers": sum(1 for t in trials if t.state == TrialState.FAIL
+                             and str(t.user_attrs.get("fail_reason", "")).startswith("killed")),
+        "workers_killed": int(killed_pid is not None),
+        "stale_trials_failed": len(stale_failed),
+        "finished_trials_lost": len(lost),
+        "worker_errors": errors,
+    }
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+    head = ("| storage | workers | finished trials | new points | seconds | trials/min | new points/min "
+            "| evaluated twice |\n|---|---:|---:|---:|---:|---:|---:|---:|")
+    lines = [head]
+    for r in rows:
+        lines.append(f"| {r['storage']} | {r['workers']} | {r['finished_trials']} | {r['new_points']} | "
+                     f"{r['seconds']} | {r['trials_per_minute']} | {r['new_points_per_minute']} | "
+                     f"{r['points_evaluated_twice']} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--trials", type=int, default=40, help="trials each worker asks (default 40)")
+    parser.add_argument("--workers", default="1,2,4", help="PostgreSQL worker counts (default 1,2,4)")
+    parser.add_argument("--postgres", default=None, help="URL of a server to use (default: start a throw-away one)")
+    parser.add_argument("--distinct-seeds", action="store_true", help="a different TPE seed per worker")
+    parser.add_argument("--no-faults", action="store_true", help="skip the fault run")
+    parser.add_argument("--out", default=str(HERE / "results" / "workers.json"))
+    # worker mode (internal)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--spec", help=argparse.SUPPRESS)
+    parser.add_argument("--storage", help=argparse.SUPPRESS)
+    parser.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--crash-every", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--barrier", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        return worker_main(args)
+
+    from autotune.search.study import redact_url
+
+    counts = [int(c) for c in args.workers.split(",") if c.strip()]
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="bench-workers-") as tmp:
+        root = Path(tmp)
+        bundle = make_bundle(root)
+        models, limit = fit_models(bundle)
+        spec_path = root / "spec.json"
+        spec_path.write_text(json.dumps({"bundle": str(bundle), "limit": limit, "models": models}))
+        print(f"bundle {bundle.name}, limit {limit} bytes; {args.trials} trials per worker", file=sys.stderr)
+        pg = Postgres(args.postgres)
+        try:
+            print(f"PostgreSQL at {redact_url(pg.url)}", file=sys.stderr)
+            for workers in counts:
+                rows.append(run(pg.new_database(), workers, spec_path, args))
+                print(json.dumps(rows[-1]), file=sys.stderr)
+            rows.append(run(f"sqlite:///{root / 'one.db'}", 1, spec_path, args))
+            print(json.dumps(rows[-1]), file=sys.stderr)
+            fault = None
+            if not args.no_faults:
+                workers = max(counts)
+                fault = run(pg.new_database(), workers, spec_path, args, crash_every=11,
+                            kill_after=workers * args.trials // 2)
+                print(json.dumps(fault), file=sys.stderr)
+        finally:
+            pg.close()
+    command = "python benchmarks/bench_workers.py " + " ".join(sys.argv[1:])
+    report = {
+        "command": command.strip(),
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
+                    "load_average_at_end": os.getloadavg()},
+        "setup": {"bundle": "tiny unet (32^3 roi)", "space": SPACE, "strategy": "tpe, estimate_only, workers_share",
+                  "answers": "estimator's fitted affine models (no compute per trial)", "margin": MARGIN,
+                  "memory_limit": limit, "claim_stale_seconds": STALE_SECONDS,
+                  "distinct_seeds": bool(args.distinct_seeds)},
+        "runs": rows,
+        "fault_run": fault,
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(_table(rows + ([fault] if fault else [])))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
