@@ -132,7 +132,7 @@ def test_resume_after_a_real_kill(bundle: Path) -> None:
                               "--device", "cpu", "-q"], env=env, stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 240
         while not last.is_file() and time.monotonic() < deadline and child.poll() is None:
             time.sleep(0.2)
         assert last.is_file(), "the child never wrote a checkpoint"

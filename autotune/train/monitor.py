@@ -19,7 +19,7 @@ from typing import Any
 
 from autotune.utils import atomic_write_json, atomic_write_text
 
-__all__ = ["NvtxRanges", "GpuMonitor", "MetricsLog", "plot_curves", "BASE_COLUMNS"]
+__all__ = ["NvtxRanges", "GpuMonitor", "MetricsLog", "plot_curves", "epoch_line", "fmt", "BASE_COLUMNS"]
 
 log = logging.getLogger(__name__)
 
@@ -254,3 +254,16 @@ def plot_curves(rows: Sequence[Mapping[str, Any]], path: Path, title: str = "") 
     plt.close(fig)
     tmp.replace(path)
     return path
+
+
+def fmt(value: float | None, digits: int = 4) -> str:
+    """``value`` with ``digits`` decimals, ``-`` for None."""
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def epoch_line(row: Mapping[str, Any], total: int, best: float | None, best_epoch: int) -> str:
+    """The one-line summary printed after each epoch."""
+    dice = f"dice {fmt(row['mean_dice'])} (best {fmt(best)} @{best_epoch})" if row["mean_dice"] is not None else ""
+    return (f"epoch {row['epoch']}/{total} loss {row['loss']:.4f} {dice} {row['epoch_s']:.1f}s "
+            f"(data wait {100 * row['data_wait_share']:.1f}%) {row['samples_per_s']:.1f} samples/s "
+            f"lr {row['lr']:.2e}").replace("  ", " ")

@@ -315,7 +315,7 @@ class _TrainingRun:
 
     def run(self) -> dict[str, Any]:
         from autotune.train.ddp import barrier, broadcast_flag
-        from autotune.train.monitor import GpuMonitor, plot_curves
+        from autotune.train.monitor import GpuMonitor, epoch_line, fmt, plot_curves
 
         self._setup_data()
         self._setup_model()
@@ -346,7 +346,7 @@ class _TrainingRun:
                                            "split": self.split_note, "options": _jsonable(asdict(opts))})
                     if row["mean_dice"] is not None or epoch == self.total_epochs:
                         plot_curves(self.metrics.rows, self.out / "curves.png", f"{self.cfg['algo']} {self.mode}")
-                self.say(_epoch_line(row, self.total_epochs, self.best, self.best_epoch))
+                self.say(epoch_line(row, self.total_epochs, self.best, self.best_epoch))
                 if time_up:
                     stopped = "max_time"
                     break
@@ -373,7 +373,7 @@ class _TrainingRun:
         if self.ctx.is_main:
             atomic_write_json(self.out / "train_summary.json", summary)
             self.say(f"done: {summary['epochs_run']} epochs ({stopped}), best mean Dice "
-                     f"{_fmt(self.best)} at epoch {self.best_epoch}; outputs in {self.out}")
+                     f"{fmt(self.best)} at epoch {self.best_epoch}; outputs in {self.out}")
         barrier(self.ctx)
         return summary
 
@@ -387,17 +387,6 @@ def _seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-
-
-def _fmt(value: float | None, digits: int = 4) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
-
-
-def _epoch_line(row: dict[str, Any], total: int, best: float | None, best_epoch: int) -> str:
-    dice = f"dice {_fmt(row['mean_dice'])} (best {_fmt(best)} @{best_epoch})" if row["mean_dice"] is not None else ""
-    return (f"epoch {row['epoch']}/{total} loss {row['loss']:.4f} {dice} {row['epoch_s']:.1f}s "
-            f"(data wait {100 * row['data_wait_share']:.1f}%) {row['samples_per_s']:.1f} samples/s "
-            f"lr {row['lr']:.2e}").replace("  ", " ")
 
 
 def _jsonable(value: Any) -> Any:
