@@ -1,0 +1,94 @@
+"""Plans for GPUs this machine does not have (``--strategy estimate --target-gpu``).
+
+Part 1: for the three full templates on the hippocampus data and three catalogue targets,
+the time of one plan per algorithm and the planned patches per iteration / sw batch size.
+Part 2 (the exactness check): on the CPU, the estimate-only plan next to the fast search
+with real probes under the same memory limit (tiny preset, so real probes stay cheap);
+the goal is identical values, since on the CPU the estimate is exact.
+
+    python benchmarks/bench_plan.py [--data ../shared/datasets/Task04_Hippocampus] [--out benchmarks/results/plan.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+TARGETS = ("t4", "a100-80gb", "h100-80gb")
+ALGOS = ("segresnet", "dints", "unet")
+
+
+def bundles(data: Path, work: Path, overrides: dict) -> dict[str, Path]:
+    from autotune.bundles.bundlegen import BundleGen
+    from autotune.data.analyze import analyze
+
+    res = analyze(data, work, num_fold=5, progress=False)
+    gen = BundleGen(work, algos=list(ALGOS), data_stats_filename=res.datastats, data_src_cfg_name=res.data_src)
+    return {b["algo"]: Path(b["path"]) for b in gen.generate(work, num_fold=1, overrides=overrides)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    default = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "Task04_Hippocampus"
+    parser.add_argument("--data", default=str(default))
+    parser.add_argument("--limits-mib", default="24,48", help="CPU limits for the exactness check")
+    parser.add_argument("--out", default="benchmarks/results/plan.json")
+    args = parser.parse_args()
+
+    from autotune.commands.bundles import load_overrides
+    from autotune.search.targets import resolve_target
+    from autotune.search.tune import tune_bundles
+
+    rows, checks = [], []
+    with tempfile.TemporaryDirectory(prefix="bench-plan-") as tmp:
+        root = Path(tmp)
+        full = bundles(Path(args.data), root / "full", {})
+        for target_name in TARGETS:
+            target = resolve_target("estimate", target_name, None, "cpu")
+            for algo in ALGOS:
+                start = time.perf_counter()
+                res = tune_bundles([full[algo]], storage=f"sqlite:///{root / f'{target_name}.db'}",
+                                   strategy="estimate", target=target, progress=None, write_back=False)[0]
+                seconds = time.perf_counter() - start
+                rows.append({"target": target_name, "algo": algo, "seconds": round(seconds, 2),
+                             "roi": json.loads(json.dumps(res.get("key", {}).get("roi_size"))),
+                             "num_patches_per_iter": res.get("num_patches_per_iter"),
+                             "num_sw_batch_size": res.get("num_sw_batch_size"),
+                             "validation_device": res.get("validation_device"),
+                             "estimated_points": len(res.get("trials", []))})
+                print(f"plan {target_name:<10} {algo:<10} {seconds:6.1f} s  N={res.get('num_patches_per_iter')} "
+                      f"M={res.get('num_sw_batch_size')} on {res.get('validation_device')}", flush=True)
+        tiny = bundles(Path(args.data), root / "tiny", load_overrides("tiny"))
+        for limit_mib in [int(v) for v in args.limits_mib.split(",")]:
+            limit = limit_mib * 2**20
+            for algo in ALGOS:
+                out = {}
+                for strategy in ("estimate", "fast"):
+                    start = time.perf_counter()
+                    res = tune_bundles([tiny[algo]], device="cpu", memory_limit=limit,
+                                       storage=f"sqlite:///{root / f'cpu-{strategy}.db'}", strategy=strategy,
+                                       progress=None, write_back=False)[0]
+                    out[strategy] = {"N": res.get("num_patches_per_iter"), "max_N": res.get("max_num_patches_per_iter"),
+                                     "M": res.get("num_sw_batch_size"), "probes": res.get("probes"),
+                                     "seconds": round(time.perf_counter() - start, 2)}
+                same = out["estimate"]["max_N"] == out["fast"]["max_N"] and out["estimate"]["M"] == out["fast"]["M"]
+                checks.append({"algo": algo, "limit_mib": limit_mib, **out, "identical": same})
+                print(f"cpu {limit_mib:>4} MiB {algo:<10} plan N={out['estimate']['max_N']} M={out['estimate']['M']} "
+                      f"({out['estimate']['seconds']} s) | probed N={out['fast']['max_N']} M={out['fast']['M']} "
+                      f"({out['fast']['probes']} probes, {out['fast']['seconds']} s) -> "
+                      f"{'identical' if same else 'DIFFERENT'}", flush=True)
+    summary = {"plans": rows, "cpu_checks": checks, "all_identical": all(c["identical"] for c in checks),
+               "max_plan_seconds": max(r["seconds"] for r in rows), "command": " ".join(["python", *sys.argv])}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(summary, indent=2) + "\n")
+    print(f"longest plan {summary['max_plan_seconds']} s; CPU plan identical to the probed search: "
+          f"{summary['all_identical']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
