@@ -3,7 +3,8 @@
 ``fast``: two estimator passes give ``peak(N) = a + b*N``; the largest N under the
 budget is probed, then N+1 to confirm the edge. Each real measurement corrects the
 model (one point shifts its intercept, two fix its slope); a prediction that misses
-twice falls back to bisection. Then the sliding-window batch size the same way, for
+twice falls back to bisection. Then the sliding-window batch size the same way (inference-only
+probes: training's peak is already known to fit), for
 the validation volume held on the device first (fastest) and on the CPU only when
 nothing fits on the device. Among the points that fit, the highest throughput wins;
 throughputs within ``TIE_TOLERANCE`` (10%) count as a tie and go to the larger batch.
@@ -165,8 +166,11 @@ def run_fast(
     sw_lo, sw_hi = spec.sw_range
     for device in validation_devices:
         def evaluate_sw(m: int, device: str = device) -> Evaluation:
+            # the training peak at n is measured and fits; validation runs with the model,
+            # gradients and optimizer state alive (the probe creates them), so the combined peak
+            # is max(train, infer) and only the inference pass needs measuring
             point = {"num_patches_per_iter": n, "num_sw_batch_size": m, "validation_device": device}
-            return evaluator.evaluate(point, ("train", "infer"))
+            return evaluator.evaluate(point, ("infer",))
 
         infer_model = _as_linear(infer_model_for(n, device))
         # past the number of windows a larger batch holds no more memory (and gains nothing)

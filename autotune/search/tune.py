@@ -366,7 +366,8 @@ def _search(
         train_trial=outcome.train.trial_number if outcome.train else None,
         infer_trial=outcome.infer.trial_number if outcome.infer else None,
         train_peak_bytes=train_res.get("train_peak_bytes") or train_res.get("peak_bytes"),
-        peak_bytes=infer_res.get("peak_bytes"),
+        peak_bytes=max(int(train_res.get("peak_bytes") or 0), int(infer_res.get("peak_bytes") or 0)) or None,
+        infer_peak_bytes=infer_res.get("infer_peak_bytes") or infer_res.get("peak_bytes"),
         samples_per_s=train_res.get("samples_per_s"),
         sw_seconds_per_volume=infer_res.get("sw_seconds_per_volume"),
     )
