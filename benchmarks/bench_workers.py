@@ -271,7 +271,7 @@ def _table(rows: list[dict[str, Any]]) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--trials", type=int, default=40, help="trials each worker asks (default 40)")
+    parser.add_argument("--trials", type=int, default=40, help="the study's trial budget, shared by its workers (default 40)")
     parser.add_argument("--workers", default="1,2,4", help="PostgreSQL worker counts (default 1,2,4)")
     parser.add_argument("--postgres", default=None, help="URL of a server to use (default: start a throw-away one)")
     parser.add_argument("--distinct-seeds", action="store_true", help="a different TPE seed per worker")
@@ -311,7 +311,7 @@ def main() -> int:
             if not args.no_faults:
                 workers = max(counts)
                 fault = run(pg.new_database(), workers, spec_path, args, crash_every=11,
-                            kill_after=workers * args.trials // 2)
+                            kill_after=args.trials // 2)
                 print(json.dumps(fault), file=sys.stderr)
         finally:
             pg.close()

@@ -243,30 +243,35 @@ def _pid_alive(pid: int) -> bool:
 
 
 def fail_stale_trials(study: optuna.Study) -> list[int]:
-    """Mark RUNNING trials whose worker is gone as FAIL; return their numbers.
+    """Mark RUNNING trials whose worker is gone as FAIL (with ``fail_reason``); return their numbers.
 
-    A trial is stale when its heartbeat expired (RDB heartbeat), or when it was run by
-    a process on this host that no longer exists (a killed single-process run).
+    A trial is stale when its heartbeat expired (RDB heartbeat: a worker on any host), or
+    when it was run by a process on this host that no longer exists (a killed run).
+    Several workers may sweep at once: a trial another sweep failed first is skipped.
     """
     import optuna
     from optuna.trial import TrialState
 
     storage = study._storage
-    failed: list[int] = []
-    try:
-        optuna.storages.fail_stale_trials(study)
-    except Exception:  # storages without heartbeat support
-        pass
+    expired: set[int] = set()
+    if getattr(storage, "is_heartbeat_enabled", lambda: False)():
+        expired = set(storage._get_stale_trial_ids(study._study_id))
     host = socket.gethostname()
+    failed: list[int] = []
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         owner = str(trial.user_attrs.get("owner", ""))
         owner_host, _, pid = owner.rpartition(":")
-        if owner_host == host and pid.isdigit() and not _pid_alive(int(pid)) and int(pid) != os.getpid():
-            storage.set_trial_user_attr(trial._trial_id, "fail_reason", f"stale: worker {owner} is gone")
+        reason = None
+        if trial._trial_id in expired:
+            reason = f"stale: heartbeat expired (worker {owner or 'unknown'})"
+        elif owner_host == host and pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
+            reason = f"stale: worker {owner} is gone"
+        if reason is None:
+            continue
+        try:
+            storage.set_trial_user_attr(trial._trial_id, "fail_reason", reason)
             if storage.set_trial_state_values(trial._trial_id, TrialState.FAIL):
                 failed.append(trial.number)
-    for trial in study.get_trials(deepcopy=False, states=(TrialState.FAIL,)):
-        if "fail_reason" not in trial.user_attrs and trial.number not in failed:
-            storage.set_trial_user_attr(trial._trial_id, "fail_reason", "stale: heartbeat expired")
-            failed.append(trial.number)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            pass  # another worker's sweep failed it first
     return failed
