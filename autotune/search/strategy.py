@@ -205,9 +205,14 @@ def run_tpe(evaluator: Evaluator, spec: Any, validation_devices: tuple[str, ...]
         evaluations.append(evaluator.evaluate(point, ("train", "infer"), trial=trial))
     # every worker chooses from the same trials: wait until none is running (a dead worker's
     # trial goes FAIL through its heartbeat or the stale sweep)
-    while evaluator.claims is not None and study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        from autotune.search.study import fail_stale_trials
+    from autotune.search.study import UNCLAIMED_AFTER, fail_stale_trials
 
+    deadline = time.monotonic() + 2 * UNCLAIMED_AFTER
+    while (
+        evaluator.claims is not None
+        and time.monotonic() < deadline
+        and study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    ):
         fail_stale_trials(study)
         time.sleep(1.0)
     # the answer comes from every trial of the study, including those of an earlier run

@@ -8,6 +8,7 @@ storage is an SQLite file under ``studies/`` (no server); any SQLAlchemy URL wor
 
 from __future__ import annotations
 
+import datetime as _dt
 import hashlib
 import json
 import os
@@ -39,6 +40,7 @@ __all__ = [
 STORAGE_ENV = "AUTOTUNE_STORAGE"
 HEARTBEAT_INTERVAL = 10
 GRACE_PERIOD = 30
+UNCLAIMED_AFTER = 120.0  # seconds a RUNNING trial may stay without an owner tag
 
 
 def default_storage_url() -> str:
@@ -266,6 +268,11 @@ def fail_stale_trials(study: optuna.Study) -> list[int]:
             reason = f"stale: heartbeat expired (worker {owner or 'unknown'})"
         elif owner_host == host and pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
             reason = f"stale: worker {owner} is gone"
+        elif not owner and trial.datetime_start is not None and (
+            _dt.datetime.now() - trial.datetime_start
+        ).total_seconds() > UNCLAIMED_AFTER:
+            # asked by a worker that died before it could tag the trial: no owner, no heartbeat
+            reason = f"stale: no worker took this trial within {UNCLAIMED_AFTER:.0f} s"
         if reason is None:
             continue
         try:
