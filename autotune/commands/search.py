@@ -53,7 +53,9 @@ def specs_from_args(args: argparse.Namespace) -> dict[str, Any]:
     return specs
 
 
-def tune_from_args(bundles: list[str], args: argparse.Namespace, summary_path: Path | None) -> list[dict[str, Any]]:
+def tune_from_args(
+    bundles: list[str], args: argparse.Namespace, summary_path: Path | None, workers_share: bool = False
+) -> list[dict[str, Any]]:
     """Run the tuner with the command-line options; prints progress and the table."""
     from autotune.search.report import format_results
     from autotune.search.targets import resolve_target
@@ -71,6 +73,7 @@ def tune_from_args(bundles: list[str], args: argparse.Namespace, summary_path: P
         timeout=args.timeout,
         target=target,
         summary_path=summary_path,
+        workers_share=workers_share,
         progress=None if getattr(args, "quiet", False) else lambda line: print(line, file=sys.stderr, flush=True),
     )
     print(format_results(results))
@@ -211,25 +214,7 @@ def find_bundles(work_dir: str, algos: str | None = None) -> list[str]:
 
 def run_worker(args: argparse.Namespace) -> int:
     """Handler of ``autotune worker``."""
-    from autotune.search.report import format_results
-    from autotune.search.targets import resolve_target
-    from autotune.search.tune import tune_bundles
-
-    target = resolve_target(args.strategy, args.target_gpu, args.target_memory, args.device)
-    results = tune_bundles(
-        find_bundles(args.work_dir, args.algos),
-        specs_from_args(args),
-        device=args.device,
-        memory_limit=args.memory_limit,
-        storage=args.storage,
-        strategy=args.strategy,
-        margin=args.margin,
-        timeout=args.timeout,
-        target=target,
-        workers_share=True,
-        progress=None if args.quiet else lambda line: print(line, file=sys.stderr, flush=True),
-    )
-    print(format_results(results))
+    results = tune_from_args(find_bundles(args.work_dir, args.algos), args, None, workers_share=True)
     return 0 if all(r.get("status") in ("tuned", "unsupported") for r in results) else 1
 
 
