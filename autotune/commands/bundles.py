@@ -16,18 +16,24 @@ def register(sub: argparse._SubParsersAction) -> None:
             "WORK_DIR/<algo>_<fold>/configs/hyper_parameters.yaml and bundle.json for every algorithm and fold."
         ),
     )
+    add_generate_args(p)
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.set_defaults(func=run_generate)
+
+
+def add_generate_args(p: argparse.ArgumentParser) -> None:
+    """The input and generation options shared by ``generate`` and ``run``."""
     p.add_argument("--input", required=True, help="input.yaml, a datalist .json, or a Decathlon task folder")
-    p.add_argument("--work-dir", required=True, help="where datastats.yaml and the bundles go")
+    p.add_argument("--work-dir", required=True, help="where datastats.yaml, the bundles (and the summary) go")
     p.add_argument("--algos", default=None, help="comma-separated: segresnet,dints,unet (default: all)")
     p.add_argument("--num-fold", type=int, default=5, help="folds to generate bundles for (default 5)")
     p.add_argument("--templates", default=None, help="folder of <algo>/template.yaml (default: the shipped ones)")
     p.add_argument(
         "--overrides",
         default=None,
-        help="a preset name (tiny) or a YAML of values merged into every config; a top-level algorithm name scopes values to it",
+        help="a preset name (tiny) or a YAML of values merged into every config; a top-level algorithm name "
+        "scopes values to it",
     )
-    p.add_argument("--quiet", action="store_true", help="no progress output")
-    p.set_defaults(func=run_generate)
 
 
 def load_overrides(path: str | None) -> dict:

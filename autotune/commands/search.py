@@ -102,12 +102,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="The whole job: analyse INPUT, generate bundles for --algos, tune them, write WORK_DIR/"
         "autotune_summary.json; with --train, train the tuned bundles. Rerunning resumes from the storage.",
     )
-    r.add_argument("--input", required=True, help="input.yaml, a datalist .json, or a Decathlon task folder")
-    r.add_argument("--work-dir", required=True, help="where datastats, bundles and the summary go")
-    r.add_argument("--algos", default=None, help="comma-separated: segresnet,dints,unet (default: all)")
-    r.add_argument("--num-fold", type=int, default=5, help="folds to generate (default 5)")
-    r.add_argument("--templates", default=None, help="folder of <algo>/template.yaml")
-    r.add_argument("--overrides", default=None, help="a preset name (tiny) or a YAML merged into every config")
+    from autotune.commands.bundles import add_generate_args
+
+    add_generate_args(r)
     add_tuning_args(r)
     t = r.add_argument_group("training (with --train)")
     t.add_argument("--train", action="store_true", help="train the tuned bundles afterwards")
