@@ -35,7 +35,7 @@ from autotune.data.datalist import (
     write_data_src_config,
     write_datalist,
 )
-from autotune.data.integrity import check_dataset, check_duplicates
+from autotune.data.integrity import check_dataset, check_duplicates, log_warnings
 from autotune.data.validate import check_cases
 from autotune.errors import AutotuneError, DataError, InputError
 from autotune.utils import atomic_write_json, atomic_write_yaml, read_yaml
@@ -142,13 +142,13 @@ def analyze(input: str | Path, work_dir: str | Path, num_fold: int = 5, force: b
         _say(progress, f"{datastats_path}: up to date ({n_cases} cases, hash {digest[:12]}); use --force to redo")
         result.skipped = True
         result.warnings = [str(line) for line in block.get("warnings") or []]
-        _warn(result.warnings)
+        log_warnings(result.warnings)
         return result
 
     _say(progress, f"analyzing {n_cases} cases ...")
     check_duplicates(source)  # before reading any file: a duplicate is wrong whatever the files hold
     result.warnings = check_dataset(source, check_cases(source, progress=progress))
-    _warn(result.warnings)
+    log_warnings(result.warnings)
     work.mkdir(parents=True, exist_ok=True)
     datastats_path.unlink(missing_ok=True)  # stale from here on: new datalist, statistics not yet computed
     write_datalist(source, datalist_path)
@@ -187,11 +187,6 @@ def _up_to_date_block(path: Path, digest: str, num_fold: int) -> dict[str, Any] 
             and block.get("num_fold") == num_fold):
         return block
     return None
-
-
-def _warn(lines: list[str]) -> None:
-    for line in lines:
-        logger.warning("%s", line)
 
 
 def _run_data_analyzer(source: DataSource, progress: bool) -> tuple[dict[str, Any], list[Any]]:

@@ -21,6 +21,7 @@ one, or whose spacing is more than ``SPACING_FACTOR`` times off the median on an
 
 from __future__ import annotations
 
+import logging
 import os
 from collections import Counter
 from collections.abc import Iterable
@@ -35,7 +36,9 @@ if TYPE_CHECKING:
     from autotune.data.validate import CaseInfo
 
 __all__ = ["MIN_CLASS_SHARE", "SPACING_FACTOR", "DeclaredClasses", "check_dataset", "check_duplicates",
-           "declared_classes", "geometry_warnings", "refuse_undeclared"]
+           "declared_classes", "geometry_warnings", "log_warnings", "refuse_undeclared"]
+
+logger = logging.getLogger(__name__)
 
 MIN_CLASS_SHARE = 0.2  # a class in fewer labels than this may be missing from whole validation folds (5 folds)
 SPACING_FACTOR = 3.0  # per axis, against the median spacing (which training resamples to)
@@ -223,6 +226,12 @@ def geometry_warnings(infos: list[CaseInfo]) -> list[str]:
                         f"median {_mm(median)} mm (over {SPACING_FACTOR:g}x; {off.size} of {count} image(s) are); "
                         "training resamples every case to the median spacing: check the voxel size in these headers")
     return warnings
+
+
+def log_warnings(lines: list[str]) -> None:
+    """Log each warning line at WARNING level (the CLI prints them on stderr, one line each)."""
+    for line in lines:
+        logger.warning("%s", line)
 
 
 def _stray_values(holders: dict[int, list[CaseInfo]], count: int) -> tuple[list[int], int]:
