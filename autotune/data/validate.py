@@ -25,7 +25,7 @@ __all__ = ["CaseInfo", "check_cases", "check_case"]
 
 AFFINE_ATOL = 1e-3  # mm; scanners and converters round affines differently
 _MAX_REASON = 200
-_LOOP_VALUES = 64  # below this label maximum, one comparison per value is faster than np.unique
+_LOOP_VALUES = 16  # below this label maximum, one comparison per value is faster than np.unique
 
 
 @dataclass
