@@ -316,6 +316,13 @@ def test_stray_rule(tmp_path: Path) -> None:
     assert len(lines) == 1 and "label value(s) 2, 3 are in none of the 2 labels" in lines[0]
 
 
+def test_binary_masks_saved_as_255_warn_in_one_short_line(tmp_path: Path) -> None:
+    lines = check_dataset(_undeclared(tmp_path, 4), [_case(n, (0, 255)) for n in range(4)])  # type: ignore[arg-type]
+    assert lines == ["".join((f"{tmp_path}/list.json: label value(s) 1, 2, 3, 4, 5, 6, 7, 8, ... (254 in all) are in ",
+                              "none of the 4 labels, yet values go up to 255; the network still gets an output ",
+                              "channel for each: renumber the labels 0, 1, 2, ... without gaps"))]
+
+
 def test_spacing_is_compared_in_ras_axis_order() -> None:
     ras = [_case(n, (0, 1), "RAS", (1.0, 1.0, 5.0)) for n in range(4)]
     assert geometry_warnings([*ras, _case(4, (0, 1), "SRA", (5.0, 1.0, 1.0))]) == [

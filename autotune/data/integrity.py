@@ -256,8 +256,10 @@ def _declaring_file(source: DataSource) -> Path:
     return source.source / "dataset.json" if source.source.is_dir() else source.source
 
 
-def _named(values: list[int], names: dict[int, str]) -> str:
-    return ", ".join(f"{value} ({names[value]})" if value in names else str(value) for value in values)
+def _named(values: list[int], names: dict[int, str], limit: int = 8) -> str:
+    """``1 (liver), 2 (tumour)``; past ``limit`` values, the first few and the count (a 0/255 mask misses 254)."""
+    shown = ", ".join(f"{value} ({names[value]})" if value in names else str(value) for value in values[:limit])
+    return shown if len(values) <= limit else f"{shown}, ... ({len(values)} in all)"
 
 
 def _mm(spacing: Iterable[float]) -> str:
