@@ -145,7 +145,7 @@ def fit_allowance(points: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     assert best is not None  # (0, max(r - e)) and (max(r/e - 1), 0) are always feasible
     _, slack, workspace = best
     workspace = math.ceil(workspace / _MIB) * _MIB
-    slack = math.ceil(slack * 1e4) / 1e4
+    slack = math.ceil(slack * 1e4 - 1e-6) / 1e4  # rounded up (never below the fit)
     over = max((e * (1.0 + slack) + workspace) / r - 1.0 for e, r in pts if r > 0) if any(r > 0 for _, r in pts) else 0.0
     return {
         "context_bytes": int(math.ceil(max(contexts) / _MIB) * _MIB) if contexts else 0,
