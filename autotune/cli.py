@@ -75,7 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(func(args) or 0)
     except AutotuneError as exc:
         print(f"autotune {args.command}: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return int(getattr(exc, "exit_code", EXIT_USAGE))
     except KeyboardInterrupt:
         print(f"autotune {args.command}: interrupted; finished work is saved, run the same command to resume",
               file=sys.stderr)

@@ -15,11 +15,14 @@ __all__ = [
     "SpecError",
     "ProbeError",
     "StorageError",
+    "TrainingOutOfMemory",
 ]
 
 
 class AutotuneError(Exception):
     """Base class: a problem with the user's input or environment, not a bug."""
+
+    exit_code = 2  # the CLI's exit code for this error
 
     def __init__(self, message: str) -> None:
         # Keep messages to one line: the CLI prints exactly this.
@@ -48,3 +51,9 @@ class ProbeError(AutotuneError):
 
 class StorageError(AutotuneError):
     """The Optuna storage cannot be reached or used."""
+
+
+class TrainingOutOfMemory(AutotuneError):
+    """Training ran out of memory under its limit (CLI exit code 3); the last finished epoch is saved."""
+
+    exit_code = 3

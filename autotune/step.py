@@ -11,7 +11,37 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-__all__ = ["train_step", "split_patches", "sliding_window_predict", "make_grad_scaler"]
+__all__ = ["train_step", "split_patches", "sliding_window_predict", "make_grad_scaler", "loader_batch_patches",
+           "make_dice_metric", "score_case"]
+
+
+def loader_batch_patches(num_patches_per_iter: int, num_crops_per_image: int) -> int:
+    """Patches in one loader batch for N patches per forward pass: images x crops = lcm(N, crops),
+    so the batch splits into whole passes of N."""
+    import math
+
+    return math.lcm(max(1, int(num_patches_per_iter)), max(1, int(num_crops_per_image)))
+
+
+def make_dice_metric(cfg: Any) -> Any:
+    """Validation's metric: Dice per class, empty ground truth ignored (background left out for softmax)."""
+    from monai.metrics import DiceMetric
+
+    return DiceMetric(include_background=bool(cfg.get("sigmoid")), reduction="none", ignore_empty=True)
+
+
+def score_case(logits: torch.Tensor, label: torch.Tensor, cfg: Any, metric: Any) -> torch.Tensor:
+    """Validation's post-processing and metric for one case, where the logits live: argmax and
+    one-hot (softmax) or a 0.5 threshold (sigmoid), then Dice per class (NaN where the class is absent)."""
+    from monai.networks.utils import one_hot
+
+    num_classes = int(cfg["output_classes"])
+    if cfg.get("sigmoid"):
+        pred, target = (logits.float().sigmoid() > 0.5).float(), label
+    else:
+        pred = one_hot(logits.argmax(dim=1, keepdim=True), num_classes=num_classes)
+        target = one_hot(label.round().long(), num_classes=num_classes)
+    return metric(pred, target)
 
 
 def make_grad_scaler(device: str | torch.device, amp_dtype: torch.dtype | None) -> Any:

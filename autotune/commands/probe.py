@@ -82,13 +82,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _resolve_defaults(args: argparse.Namespace) -> tuple[str, str, int | None]:
     """Device, validation device and memory limit (bytes) with defaults filled in."""
+    from autotune.device import resolve_device
     from autotune.utils import parse_bytes
 
-    device = args.device
-    if device is None:
-        import torch
-
-        device = "cuda:0" if torch.cuda.is_available() else "cpu"
+    device = resolve_device(args.device)
     validation_device = args.validation_device
     if validation_device is None:
         from autotune.bundles.config import load_bundle_config

@@ -11,7 +11,8 @@ from typing import Any
 def add_tuning_args(p: argparse.ArgumentParser) -> None:
     """Options shared by ``tune`` and ``run``."""
     g = p.add_argument_group("tuning")
-    g.add_argument("--device", default="cpu", help="where probes run: cpu or cuda:N (default cpu)")
+    g.add_argument("--device", default="auto",
+                   help="where probes run: cpu or cuda:N (default: the first GPU if there is one, else cpu)")
     g.add_argument("--memory-limit", default=None, help="e.g. 8GiB; default the device's total memory")
     g.add_argument("--storage", default=None, help="SQLAlchemy URL of the Optuna storage (default sqlite under studies/)")
     g.add_argument("--strategy", default="fast", help="fast (default), tpe (Auto3DSeg baseline) or estimate (no probes)")
@@ -134,7 +135,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "measured peak, and set the provenance to 'measured' when the plan holds (else retune with 'fast').",
     )
     v.add_argument("bundle", help="a tuned bundle folder")
-    v.add_argument("--device", default="cpu", help="cpu or cuda:N (default cpu)")
+    v.add_argument("--device", default="auto", help="cpu or cuda:N (default: the first GPU if there is one, else cpu)")
     v.add_argument("--memory-limit", default=None, help="default: the limit the bundle was tuned for")
     v.add_argument("--storage", default=None, help="storage for a retune (default sqlite under studies/)")
     v.add_argument("--timeout", type=float, default=300.0, help="seconds before a probe is killed")
@@ -156,6 +157,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run_tune(args: argparse.Namespace) -> int:
     """Handler of ``autotune tune``."""
+    from autotune.device import resolve_device
+
+    args.device = resolve_device(args.device)
     results = tune_from_args(list(args.bundles), args, Path(args.summary) if args.summary else None)
     return 0 if all(r.get("status") in ("tuned", "unsupported") for r in results) else 1
 
@@ -163,7 +167,10 @@ def run_tune(args: argparse.Namespace) -> int:
 def run_run(args: argparse.Namespace) -> int:
     """Handler of ``autotune run``."""
     from autotune.commands.bundles import generate_bundles
+    from autotune.device import resolve_device
     from autotune.errors import SpecError
+
+    args.device = resolve_device(args.device)
 
     work = Path(args.work_dir)
     say = (lambda line: None) if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
@@ -211,6 +218,9 @@ def find_bundles(work_dir: str, algos: str | None = None) -> list[str]:
 
 def run_worker(args: argparse.Namespace) -> int:
     """Handler of ``autotune worker``."""
+    from autotune.device import resolve_device
+
+    args.device = resolve_device(args.device)
     results = tune_from_args(find_bundles(args.work_dir, args.algos), args, None, workers_share=True)
     return 0 if all(r.get("status") in ("tuned", "unsupported") for r in results) else 1
 
@@ -219,7 +229,10 @@ def run_verify(args: argparse.Namespace) -> int:
     """Handler of ``autotune verify``: 0 when the plan holds (or was retuned), 1 otherwise."""
     import json
 
+    from autotune.device import resolve_device
     from autotune.search.verify import verify_bundle
+
+    args.device = resolve_device(args.device)
 
     report = verify_bundle(
         args.bundle, device=args.device, memory_limit=args.memory_limit, storage=args.storage,

@@ -64,11 +64,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _device(name: str) -> str:
-    if name != "auto":
-        return name
-    import torch
+    from autotune.device import resolve_device
 
-    return "cuda:0" if torch.cuda.is_available() else "cpu"
+    return resolve_device(name)
 
 
 def run_train(args: argparse.Namespace) -> int:

@@ -201,8 +201,16 @@ def estimate(bundle: str | Path | Mapping[str, Any], *, num_patches_per_iter: in
     """
     from autotune.build import amp_dtype, build_loss, build_optimizer
     from autotune.probe import memory
-    from autotune.probe.trial import base_result, ensure_training_state, make_batch, make_volume
-    from autotune.step import sliding_window_predict, train_step
+    from autotune.probe.trial import (
+        base_result,
+        ensure_training_state,
+        make_loader_batches,
+        make_volume,
+        make_volume_label,
+        train_loader_batch,
+        validate_volume,
+    )
+    from autotune.step import make_dice_metric
 
     start = time.perf_counter()
     req = _resolve(bundle, num_patches_per_iter, num_sw_batch_size, validation_device, device, phases)
@@ -230,22 +238,23 @@ def estimate(bundle: str | Path | Mapping[str, Any], *, num_patches_per_iter: in
                 tracker = memory.make_tracker(compute.split(":")[0])
                 if phase == "train":
                     model.train()
-                    images, labels = make_batch(cfg, req["num_patches_per_iter"], compute)
-                    tracker.track(memory.tensors_of(model, optimizer, images, labels))
+                    batches = make_loader_batches(cfg, req["num_patches_per_iter"], compute)
+                    tracker.track(memory.tensors_of(model, optimizer, batches))
                     with tracker:
                         for _ in range(ESTIMATE_STEPS):
-                            train_step(model, loss_fn, optimizer, images, labels, dtype, None)
-                    del images, labels
+                            train_loader_batch(model, loss_fn, optimizer, batches[0], req["num_patches_per_iter"],
+                                               dtype, None)
+                    del batches
                 else:
                     ensure_training_state(model, optimizer)
                     model.eval()
-                    volume = make_volume(cfg, volume_device)
-                    tracker.track(memory.tensors_of(model, optimizer, volume))
+                    volume, label = make_volume(cfg, volume_device), make_volume_label(cfg, volume_device)
+                    tracker.track(memory.tensors_of(model, optimizer, volume, label))
                     with tracker:
-                        out = sliding_window_predict(model, volume, cfg["roi_size"], req["num_sw_batch_size"], compute,
-                                                     float(cfg.get("sw_overlap", 0.5)), dtype)
+                        out = validate_volume(model, volume, label, cfg, req["num_sw_batch_size"], compute, dtype,
+                                              None if volume_device == "meta" else make_dice_metric(cfg))
                         del out
-                    del volume
+                    del volume, label
                 result[f"{phase}_peak_bytes"] = tracker.peak_bytes
                 tracker.stop()
     except Exception as exc:  # the fake pass is ours: any failure is reported as a ProbeError

@@ -112,12 +112,31 @@ def make_tracker(device_type: str | None = None, limit_bytes: int | None = None)
             self.limit_bytes = limit_bytes
             self.current_bytes = 0
             self.peak_bytes = 0
+            self._reserved = 0
             self._live: dict[int, tuple[weakref.ref, int]] = {}
 
         def track(self, tensors: Iterable[torch.Tensor]) -> int:
             """Count storages that already exist (parameters, gradients, state, inputs); returns the new total."""
             for tensor in tensors:
                 self._add(tensor)
+            return self.current_bytes
+
+        def set_reserved(self, nbytes: int) -> int:
+            """Count ``nbytes`` held outside the tracked storages (e.g. a batch a loader thread
+            prefetched); replaces the previous reservation. Returns the new total.
+
+            Raises:
+                torch.OutOfMemoryError: the total now exceeds ``limit_bytes``.
+            """
+            nbytes = round_up(max(0, int(nbytes)))
+            self.current_bytes += nbytes - self._reserved
+            self._reserved = nbytes
+            if self.current_bytes > self.peak_bytes:
+                self.peak_bytes = self.current_bytes
+                if self.limit_bytes is not None and self.current_bytes > self.limit_bytes:
+                    raise torch.OutOfMemoryError(
+                        f"tracked tensor memory {self.current_bytes} bytes exceeds the memory limit "
+                        f"{self.limit_bytes} bytes")
             return self.current_bytes
 
         def reset_peak(self) -> None:

@@ -40,6 +40,10 @@ __all__ = [
     "parse_fault_rules",
     "make_batch",
     "make_volume",
+    "make_volume_label",
+    "make_loader_batches",
+    "train_loader_batch",
+    "validate_volume",
     "ensure_training_state",
     "run_trial",
     "main",
@@ -135,6 +139,55 @@ def make_volume(cfg: Mapping[str, Any], device: str | torch.device) -> torch.Ten
     return torch.randn(1, int(cfg["input_channels"]), *shape, device=device)
 
 
+def make_volume_label(cfg: Mapping[str, Any], device: str | torch.device) -> torch.Tensor:
+    """The validation label for ``make_volume``'s volume, as the validation loader gives it:
+    class indices (1, 1, *shape) as float, or one binary channel per class for sigmoid bundles."""
+    import torch
+
+    shape = [int(v) for v in (cfg.get("infer_volume_shape") or cfg["roi_size"])]
+    classes = int(cfg["output_classes"])
+    if cfg.get("sigmoid"):
+        return torch.randint(0, 2, (1, classes, *shape), device=device).float()
+    return torch.randint(0, classes, (1, 1, *shape), device=device).float()
+
+
+def make_loader_batches(cfg: Mapping[str, Any], num_patches_per_iter: int,
+                        device: str | torch.device) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
+    """What training holds on the device at a step: the loader batch being stepped through
+    (images x crops patches, ``loader_batch_patches``) and the one the thread loader has prefetched."""
+    from autotune.step import loader_batch_patches
+
+    total = loader_batch_patches(num_patches_per_iter, int(cfg.get("num_crops_per_image", 1) or 1))
+    return make_batch(cfg, total, device), make_batch(cfg, total, device)
+
+
+def train_loader_batch(model: Any, loss_fn: Any, optimizer: Any, batch: tuple[torch.Tensor, torch.Tensor],
+                       num_patches_per_iter: int, amp_dtype: Any, scaler: Any) -> Any:
+    """Step through one loader batch in forward passes of N patches, as training does; returns the last loss."""
+    from autotune.step import split_patches, train_step
+
+    loss = None
+    for image, label in split_patches(batch[0], batch[1], num_patches_per_iter):
+        loss = train_step(model, loss_fn, optimizer, image, label, amp_dtype, scaler)
+    return loss
+
+
+def validate_volume(model: Any, volume: torch.Tensor, label: torch.Tensor, cfg: Mapping[str, Any], sw_batch_size: int,
+                    device: Any, amp_dtype: Any, metric: Any) -> torch.Tensor:
+    """Validation of one case as training runs it: sliding window, post-processing and the metric
+    where the volume lives; returns the scores (the logits when ``metric`` is None: the estimator's
+    volume on the meta device, whose scoring happens off the GPU and is not counted)."""
+    from autotune.step import score_case, sliding_window_predict
+
+    logits = sliding_window_predict(model, volume, cfg["roi_size"], int(sw_batch_size), device,
+                                    float(cfg.get("sw_overlap", 0.5)), amp_dtype)
+    if metric is None:
+        return logits
+    scores = score_case(logits, label, cfg, metric)
+    metric.reset()
+    return scores
+
+
 def ensure_training_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
     """Give every parameter a gradient and the optimizer its state, as after a training step.
 
@@ -161,33 +214,33 @@ def _sync(device: torch.device) -> None:
 
 
 def _train_phase(req: Mapping[str, Any], parts: dict[str, Any], result: dict[str, Any]) -> None:
-    from autotune.step import train_step
-
-    cfg, device = req["config"], parts["device"]
-    images, labels = make_batch(cfg, int(req["num_patches_per_iter"]), device)
+    cfg, device, n = req["config"], parts["device"], int(req["num_patches_per_iter"])
+    batch, prefetched = make_loader_batches(cfg, n, device)
     parts["model"].train()
     times = _measured_loop(
-        req, parts, result, "train", (parts["model"], parts["optimizer"], images, labels),
-        lambda: train_step(parts["model"], parts["loss_fn"], parts["optimizer"], images, labels,
-                           parts["amp_dtype"], parts["scaler"]),
+        req, parts, result, "train", (parts["model"], parts["optimizer"], batch, prefetched),
+        lambda: train_loader_batch(parts["model"], parts["loss_fn"], parts["optimizer"], batch, n,
+                                   parts["amp_dtype"], parts["scaler"]),
     )
-    result["step_seconds_median"] = statistics.median(times)
-    result["samples_per_s"] = int(req["num_patches_per_iter"]) / max(result["step_seconds_median"], 1e-12)
+    result["step_seconds_median"] = statistics.median(times)  # one loader batch
+    result["loader_batch_patches"] = int(batch[0].shape[0])
+    result["samples_per_s"] = int(batch[0].shape[0]) / max(result["step_seconds_median"], 1e-12)
 
 
 def _infer_phase(req: Mapping[str, Any], parts: dict[str, Any], result: dict[str, Any]) -> None:
-    from autotune.step import sliding_window_predict
+    from autotune.step import make_dice_metric
 
     cfg, device = req["config"], parts["device"]
     model, optimizer = parts["model"], parts["optimizer"]
     ensure_training_state(model, optimizer)
     model.eval()
     volume_device = "cpu" if req["validation_device"] == "cpu" else device
-    volume = make_volume(cfg, volume_device)
+    volume, label = make_volume(cfg, volume_device), make_volume_label(cfg, volume_device)
+    metric = make_dice_metric(cfg)
     times = _measured_loop(
-        req, parts, result, "infer", (model, optimizer, volume),
-        lambda: sliding_window_predict(model, volume, cfg["roi_size"], int(req["num_sw_batch_size"]), device,
-                                       float(cfg.get("sw_overlap", 0.5)), parts["amp_dtype"]),
+        req, parts, result, "infer", (model, optimizer, volume, label),
+        lambda: validate_volume(model, volume, label, cfg, int(req["num_sw_batch_size"]), device,
+                                parts["amp_dtype"], metric),
     )
     result["sw_seconds_per_volume"] = statistics.median(times)
 
@@ -335,9 +388,7 @@ def run_trial(req: Mapping[str, Any]) -> dict[str, Any]:
             _inject_fault(rules, context, phase)
             if phase == "train":
                 _train_phase(req, parts, result)
-            else:
-                if parts["device"].type == "cuda":
-                    torch.cuda.empty_cache()  # the infer peak is its own, not the train phase's cache
+            else:  # training validates with a warm allocator cache: no empty_cache here either
                 _infer_phase(req, parts, result)
             lap(phase)
         result["status"] = "ok"

@@ -24,7 +24,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_train(args)
     except AutotuneError as exc:
         print(f"autotune train: error: {exc}", file=sys.stderr)
-        return 2
+        return int(exc.exit_code)
     except KeyboardInterrupt:
         print("autotune train: interrupted; run again with --resume to continue", file=sys.stderr)
         return 130

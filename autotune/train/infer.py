@@ -104,16 +104,13 @@ def evaluate(
     Returns:
         (Dice per class, None where no case has the class; mean over the classes with a value).
     """
-    from monai.metrics import DiceMetric
-    from monai.networks.utils import one_hot
-
-    from autotune.step import sliding_window_predict
+    from autotune.step import make_dice_metric, score_case, sliding_window_predict
     from autotune.train.ddp import all_reduce_sum
 
     sigmoid = bool(cfg.get("sigmoid"))
     num_classes = int(cfg["output_classes"])
     image_device = "cpu" if cfg.get("sw_input_on_cpu") else device
-    metric = DiceMetric(include_background=sigmoid, reduction="none", ignore_empty=True)
+    metric = make_dice_metric(cfg)
     count = num_classes if sigmoid else num_classes - 1
     sums, counts = [0.0] * count, [0.0] * count
     was_training = model.training
@@ -122,12 +119,7 @@ def evaluate(
         image = plain(batch["image"]).to(image_device)
         label = plain(batch["label"]).to(image_device)
         logits = sliding_window_predict(model, image, device=device, amp_dtype=amp_dtype, **_predict_args(cfg))
-        if sigmoid:
-            pred, target = (logits.float().sigmoid() > 0.5).float(), label
-        else:
-            pred = one_hot(logits.argmax(dim=1, keepdim=True), num_classes=num_classes)
-            target = one_hot(label.round().long(), num_classes=num_classes)
-        scores = metric(pred, target).detach().cpu()
+        scores = score_case(logits, label, cfg, metric).detach().cpu()
         for row in scores:
             for index, value in enumerate(row.tolist()[:count]):
                 if value == value:  # not NaN: the class is in this case's ground truth

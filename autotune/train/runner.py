@@ -19,7 +19,8 @@ from typing import Any
 
 from autotune.errors import ConfigError, SpecError
 from autotune.train.checkpoint import restore, rng_state, save_checkpoint
-from autotune.utils import atomic_write_json, format_bytes, parse_bytes, read_json
+from autotune.train.memory import PhaseMemory, training_limit
+from autotune.utils import atomic_write_json, format_bytes, read_json
 
 __all__ = ["train", "run_worker", "parse_duration"]
 
@@ -102,7 +103,7 @@ def train(
     cfg = load_bundle_config(bundle)  # fail here, in one process, on a bad bundle
     resolve_options(cfg, mode, "cpu")
     _check_device(device, nproc)
-    limit = None if memory_limit is None else parse_bytes(memory_limit, "--memory-limit")
+    limit = training_limit(cfg, device, memory_limit)
     kwargs = dict(bundle=str(bundle), device=device, epochs=epochs, max_time=max_time, val_every=val_every,
                   resume=resume, mode=mode, progress=progress, memory_limit=limit)
     if nproc > 1 and int(os.environ.get("WORLD_SIZE", "1")) <= 1:
@@ -152,38 +153,8 @@ class _TrainingRun:
                 torn.unlink(missing_ok=True)
         self.metrics = MetricsLog(self.out, class_labels(self.cfg), enabled=ctx.is_main)
         self.memory_limit = memory_limit
-        self.peaks: dict[str, int] = {}
-
-    def _apply_memory_limit(self) -> None:
-        """Cap the CUDA caching allocator at the limit, as the probe does (CPU: not enforced)."""
-        if self.memory_limit is None:
-            return
-        if not self.ctx.device.startswith("cuda"):
-            self.say(f"--memory-limit {format_bytes(self.memory_limit)} is enforced on CUDA only; on the CPU "
-                     "training reports no memory peak")
-            return
-        from autotune.probe.memory import cuda_set_memory_limit
-
-        cuda_set_memory_limit(self.ctx.device, int(self.memory_limit))
-
-    def _reset_peak(self) -> None:
-        if self.ctx.device.startswith("cuda"):
-            from autotune.probe.memory import cuda_reset_peaks
-
-            cuda_reset_peaks(self.ctx.device)
-
-    def _read_peak(self, row: dict[str, Any], phase: str) -> None:
-        """Put the CUDA allocator's peaks since the last reset into ``row`` (None on the CPU)."""
-        reserved = allocated = None
-        if self.ctx.device.startswith("cuda"):
-            from autotune.probe.memory import cuda_peaks
-
-            peaks = cuda_peaks(self.ctx.device)
-            reserved, allocated = peaks["cuda_max_memory_reserved"], peaks["cuda_max_memory_allocated"]
-            self.peaks[f"{phase}_peak_bytes"] = max(self.peaks.get(f"{phase}_peak_bytes", 0), reserved)
-            self.peaks[f"{phase}_peak_allocated_bytes"] = max(self.peaks.get(f"{phase}_peak_allocated_bytes", 0),
-                                                              allocated)
-        row[f"{phase}_peak_bytes"], row[f"{phase}_peak_allocated_bytes"] = reserved, allocated
+        self.memory = PhaseMemory(ctx.device, memory_limit)
+        self.phase = "setup"
 
     def say(self, message: str) -> None:
         if self.progress:
@@ -300,7 +271,8 @@ class _TrainingRun:
         torch.manual_seed(self.seed + 1000 * epoch + self.ctx.rank)
         self.train_transforms.set_random_state(seed=self.seed + 1000 * epoch + self.ctx.rank)
         self.net.train()
-        self._reset_peak()
+        self.phase = "training"
+        tracker = self.memory.start(self.model, self.optimizer)
         loss_sum, passes, samples, wait = torch.zeros((), device=device), 0, 0, 0.0
         bar = tqdm(total=len(self.train_loader), desc=f"epoch {epoch}/{self.total_epochs}", unit="batch",
                    leave=False, disable=not self.progress, file=sys.stderr)
@@ -315,12 +287,17 @@ class _TrainingRun:
                 break
             images = plain(batch["image"]).to(device, non_blocking=True)
             labels = plain(batch["label"]).to(device, non_blocking=True)
-            for image, label in split_patches(images, labels, per_pass):
-                loss = train_step(self.net, self.loss_fn, self.optimizer, image, label, self.amp_dtype, self.scaler)
-                if self.scheduler is not None:
-                    self.scheduler.step()
-                loss_sum += loss.float()
-                passes, samples = passes + 1, samples + int(image.shape[0])
+            if tracker is not None:  # this batch, and the next one the thread loader holds (as the probe counts)
+                tracker.track([images, labels])
+                tracker.set_reserved(images.untyped_storage().nbytes() + labels.untyped_storage().nbytes())
+            with self.memory.tracking():
+                for image, label in split_patches(images, labels, per_pass):
+                    loss = train_step(self.net, self.loss_fn, self.optimizer, image, label, self.amp_dtype,
+                                      self.scaler)
+                    if self.scheduler is not None:
+                        self.scheduler.step()
+                    loss_sum += loss.float()
+                    passes, samples = passes + 1, samples + int(image.shape[0])
             bar.update(1)
             if bar.n % 10 == 0 and self.progress:
                 bar.set_postfix(loss=f"{loss_sum.item() / max(passes, 1):.4f}")
@@ -331,7 +308,7 @@ class _TrainingRun:
         total_loss, total_passes = all_reduce_sum(self.ctx, [float(loss_sum.item()), float(passes)])
         rank_samples = all_gather_int(self.ctx, samples)
         peak_row: dict[str, Any] = {}
-        self._read_peak(peak_row, "train")
+        self.memory.read(peak_row, "train")
         return {**peak_row,
             "epoch": epoch, "loss": total_loss / max(total_passes, 1), "train_s": train_s, "data_wait_s": wait,
             "data_wait_share": wait / train_s if train_s > 0 else 0.0, "samples": sum(rank_samples),
@@ -344,11 +321,13 @@ class _TrainingRun:
         from autotune.train.infer import evaluate
 
         t0 = time.perf_counter()
-        self._reset_peak()
-        per_class, mean = evaluate(self.model, self.val_loader, self.cfg, self.ctx.device, self.amp_dtype,
-                                   self.ctx)
+        self.phase = "validation"
+        self.memory.start(self.model, self.optimizer)
+        with self.memory.tracking():
+            per_class, mean = evaluate(self.model, self.val_loader, self.cfg, self.ctx.device, self.amp_dtype,
+                                       self.ctx)
         row["val_s"] = time.perf_counter() - t0
-        self._read_peak(row, "val")
+        self.memory.read(row, "val")
         row.update({c: v for c, v in zip(self.metrics.dice_columns, per_class, strict=True)})
         row["mean_dice"] = mean
         if mean is not None and (self.best is None or mean > self.best):
@@ -358,11 +337,25 @@ class _TrainingRun:
         else:
             self.stale += 1
 
+    def _out_of_memory(self, exc: BaseException, epoch: int) -> Exception | None:
+        """``TrainingOutOfMemory`` (one line, what to do) when ``exc`` is an out-of-memory error, else None."""
+        from autotune.errors import TrainingOutOfMemory
+        from autotune.probe.memory import is_oom_error
+
+        if not is_oom_error(exc):
+            return None
+        limit = format_bytes(self.memory_limit) if self.memory_limit else "the device's memory"
+        return TrainingOutOfMemory(
+            f"{self.cfg['bundle_root']}: out of memory in {self.phase} of epoch {epoch} under {limit} "
+            f"({self.cfg['num_patches_per_iter']} patches per pass, sw batch {self.cfg['num_sw_batch_size']}); "
+            f"run 'autotune tune' again at this limit or lower num_patches_per_iter; {self.out / 'last.pt'} "
+            f"holds epoch {epoch - 1}, continue with --resume")
+
     def run(self) -> dict[str, Any]:
         from autotune.train.ddp import barrier, broadcast_flag
         from autotune.train.monitor import GpuMonitor, epoch_line, fmt, plot_curves
 
-        self._apply_memory_limit()
+        self.memory.apply_limit()
         self._setup_data()
         self._setup_model()
         self._restore()
@@ -402,6 +395,11 @@ class _TrainingRun:
                     break
             if self.ctx.is_main and self.metrics.rows:
                 plot_curves(self.metrics.rows, self.out / "curves.png", f"{self.cfg['algo']} {self.mode}")
+        except Exception as exc:
+            oom = self._out_of_memory(exc, epoch)
+            if oom is None:
+                raise
+            raise oom from exc
         finally:
             monitor.stop()
             self.nvtx.detach()
@@ -417,7 +415,7 @@ class _TrainingRun:
             "gpu_monitor": str(monitor.path) if monitor.samples else None,
             "memory_limit": self.memory_limit,
             "tuned_peak_bytes": (self.cfg.get("tuning") or {}).get("peak_bytes"),
-            **{k: self.peaks.get(k) for k in ("train_peak_bytes", "train_peak_allocated_bytes", "val_peak_bytes",
+            **{k: self.memory.peaks.get(k) for k in ("train_peak_bytes", "train_peak_allocated_bytes", "val_peak_bytes",
                                               "val_peak_allocated_bytes")},
         }
         if self.ctx.is_main:

@@ -1,0 +1,90 @@
+"""Training keeps the memory limit the tuner tuned for, and reports what it used.
+
+``training_limit`` decides the limit (the one given, else the tuning block's on the tuned
+device). ``PhaseMemory`` enforces it as the probe does (the CUDA allocator's per-process
+fraction; on the CPU tracked tensor bytes with a ``MemoryTracker`` that stops at the limit)
+and reads each phase's peak: ``max_memory_reserved``/``max_memory_allocated`` on CUDA, the
+tracked peak on the CPU under a limit (None on the CPU without one).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from typing import Any
+
+from autotune.utils import format_bytes, parse_bytes
+
+__all__ = ["PhaseMemory", "training_limit"]
+
+
+def training_limit(cfg: dict[str, Any], device: str, memory_limit: int | str | None) -> int | None:
+    """The limit training keeps: the one given, else the tuning block's when training on the tuned
+    device. A limit or device other than the tuned ones gets one warning line naming both."""
+    tuning = cfg.get("tuning") or {}
+    tuned_limit, tuned_device = tuning.get("memory_limit"), tuning.get("device")
+    limit = None if memory_limit is None else parse_bytes(memory_limit, "--memory-limit")
+    if tuned_device and tuning.get("method") == "measured" and str(tuned_device) != str(device):
+        print(f"warning: {cfg.get('bundle_root')} was tuned on {tuned_device} ({tuning.get('device_name')}) "
+              f"but trains on {device}: the tuned values may not fit; run 'autotune tune' on {device}",
+              file=sys.stderr)
+    elif limit is None and tuned_limit and str(tuned_device) == str(device):
+        limit = int(tuned_limit)
+    elif limit is not None and tuned_limit and int(tuned_limit) != limit:
+        print(f"warning: training under --memory-limit {format_bytes(limit)}, but the bundle was tuned for "
+              f"{format_bytes(int(tuned_limit))}", file=sys.stderr)
+    return limit
+
+
+
+class PhaseMemory:
+    """The limit and the peaks of one training run, phase by phase (``train``, ``val``)."""
+
+    def __init__(self, device: str, limit: int | None) -> None:
+        self.device, self.limit = device, limit
+        self.cuda = device.startswith("cuda")
+        self.peaks: dict[str, int] = {}
+        self.tracker: Any = None
+
+    def apply_limit(self) -> None:
+        """Cap the CUDA caching allocator at the limit (the CPU's limit is kept per phase by the tracker)."""
+        if self.limit is not None and self.cuda:
+            from autotune.probe.memory import cuda_set_memory_limit
+
+            cuda_set_memory_limit(self.device, int(self.limit))
+
+    def start(self, model: Any, optimizer: Any) -> Any:
+        """Reset the peaks for a phase; on the CPU under a limit, returns the tracker (counting from the
+        model's and optimizer's tensors) to enter around the phase's compute, else None."""
+        self.tracker = None
+        if self.cuda:
+            from autotune.probe.memory import cuda_reset_peaks
+
+            cuda_reset_peaks(self.device)
+        elif self.limit is not None:
+            from autotune.probe import memory
+
+            self.tracker = memory.make_tracker("cpu", int(self.limit))
+            self.tracker.track(memory.tensors_of(model, optimizer))
+        return self.tracker
+
+    def tracking(self) -> Any:
+        """``with phase_memory.tracking():`` around compute to count (a no-op without a tracker)."""
+        return self.tracker if self.tracker is not None else contextlib.nullcontext()
+
+    def read(self, row: dict[str, Any], phase: str) -> None:
+        """Put the phase's peaks into ``row`` (``{phase}_peak_bytes``, ``{phase}_peak_allocated_bytes``)."""
+        reserved = allocated = None
+        if self.cuda:
+            from autotune.probe.memory import cuda_peaks
+
+            peaks = cuda_peaks(self.device)
+            reserved, allocated = peaks["cuda_max_memory_reserved"], peaks["cuda_max_memory_allocated"]
+        elif self.tracker is not None:
+            reserved = allocated = int(self.tracker.peak_bytes)
+            self.tracker.stop()
+            self.tracker = None
+        if reserved is not None:
+            for key, value in ((f"{phase}_peak_bytes", reserved), (f"{phase}_peak_allocated_bytes", allocated)):
+                self.peaks[key] = max(self.peaks.get(key, 0), int(value))
+        row[f"{phase}_peak_bytes"], row[f"{phase}_peak_allocated_bytes"] = reserved, allocated
