@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -90,14 +91,17 @@ def test_injected_faults(bundles: dict[str, Path], fault: str, status: str, sign
 
 
 @pytest.mark.parametrize("algo", ALGOS)
-def test_probe_each_template_ok(probes: dict[str, dict[str, Any]], algo: str) -> None:
+def test_probe_each_template_ok(probes: dict[str, dict[str, Any]], bundles: dict[str, Path], algo: str) -> None:
     result = probes[algo]
     assert result["status"] == "ok", result["error_tail"]
     assert RESULT_KEYS <= set(result)
     assert result["train_peak_bytes"] > 0 and result["infer_peak_bytes"] > 0
     assert result["peak_bytes"] == max(result["train_peak_bytes"], result["infer_peak_bytes"])
     assert result["train_peak_rss_bytes"] > result["train_peak_bytes"]
-    assert result["samples_per_s"] == pytest.approx(1 / result["step_seconds_median"])
+    # one measured step is one loader batch (images x crops patches), stepped through N at a time as training does
+    crops = int(load_bundle_config(bundles[algo])["num_crops_per_image"])
+    assert result["loader_batch_patches"] == math.lcm(result["num_patches_per_iter"], crops)
+    assert result["samples_per_s"] == pytest.approx(result["loader_batch_patches"] / result["step_seconds_median"])
     assert result["infer_volume_shape"] == [32, 32, 32]
     assert result["sw_seconds_per_volume"] > 0
     assert result["measured"] is True and result["phase_failed"] is None and result["signal"] is None

@@ -337,6 +337,12 @@ class _TrainingRun:
         else:
             self.stale += 1
 
+    def _memory_report(self) -> dict[str, Any]:
+        """The run's peaks so far next to the tuned prediction and the limit."""
+        return {"memory_limit": self.memory_limit, "tuned_peak_bytes": (self.cfg.get("tuning") or {}).get("peak_bytes"),
+                **{k: self.memory.peaks.get(k) for k in ("train_peak_bytes", "train_peak_allocated_bytes",
+                                                         "val_peak_bytes", "val_peak_allocated_bytes")}}
+
     def _out_of_memory(self, exc: BaseException, epoch: int) -> Exception | None:
         """``TrainingOutOfMemory`` (one line, what to do) when ``exc`` is an out-of-memory error, else None."""
         from autotune.errors import TrainingOutOfMemory
@@ -382,7 +388,8 @@ class _TrainingRun:
                 if self.ctx.is_main:
                     save_checkpoint(self.out / "last.pt", self._checkpoint(epoch))
                     self.metrics.add(row, {"mode": self.mode, "world_size": self.ctx.world_size,
-                                           "split": self.split_note, "options": _jsonable(asdict(opts))})
+                                           "split": self.split_note, "options": _jsonable(asdict(opts)),
+                                           "memory": self._memory_report()})
                     if row["mean_dice"] is not None or epoch == self.total_epochs:
                         plot_curves(self.metrics.rows, self.out / "curves.png", f"{self.cfg['algo']} {self.mode}")
                 self.say(epoch_line(row, self.total_epochs, self.best, self.best_epoch))
@@ -413,10 +420,7 @@ class _TrainingRun:
                                                   ("metrics_csv", "metrics.csv"), ("metrics_json", "metrics.json"),
                                                   ("curves", "curves.png"))},
             "gpu_monitor": str(monitor.path) if monitor.samples else None,
-            "memory_limit": self.memory_limit,
-            "tuned_peak_bytes": (self.cfg.get("tuning") or {}).get("peak_bytes"),
-            **{k: self.memory.peaks.get(k) for k in ("train_peak_bytes", "train_peak_allocated_bytes", "val_peak_bytes",
-                                              "val_peak_allocated_bytes")},
+            **self._memory_report(),
         }
         if self.ctx.is_main:
             atomic_write_json(self.out / "train_summary.json", summary)
