@@ -70,8 +70,9 @@ def test_train_and_predict_params_are_checked(analysed, tmp_path: Path) -> None:
         segresnet.train({"num_patches_per_iter": 64})
     with pytest.raises(ConfigError, match=r"\['learning_rate'\] must be a positive number"):
         segresnet.train({"learning_rate": -1})
-    with pytest.raises(ConfigError, match="num_warmup_epochs.*'PolynomialLR' has no warm-up"):
-        history["unet_0"].train({"num_warmup_epochs": 1})
+    with pytest.warns(UserWarning, match="num_warmup_epochs.*'PolynomialLR' has no warm-up"):
+        run = parse_train_params(history["unet_0"]._config(), {"num_warmup_epochs": 1})
+    assert run.updates == {}
     with pytest.raises(ConfigError, match="no validation Dice recorded.*autotune train"):
         segresnet.get_score()
     with pytest.raises(ConfigError, match="checkpoint not found"):

@@ -8,6 +8,7 @@ that lists the known keys. Plain data in, plain data out: no torch here.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -111,9 +112,13 @@ def parse_train_params(
     ``num_warmup_epochs`` becomes the warm-up share of a ``WarmupCosineSchedule``
     (warm-up epochs / epochs); other config keys are copied as they are.
 
+    Warns:
+        UserWarning: ``num_warmup_epochs`` above 0 for a schedule without warm-up (MONAI's
+            scripts pass it to every algo; the bundle trains with its own schedule).
+
     Raises:
         ConfigError: an unknown key (the known ones are listed), a tuned key (say how to
-            change it), a value of the wrong type or range, or warm-up for a schedule without one.
+            change it), or a value of the wrong type or range.
     """
     from autotune.train.runner import parse_duration
 
@@ -161,9 +166,11 @@ def parse_train_params(
             schedule["args"] = {**dict(schedule.get("args") or {}), "warmup_fraction": warmup / epochs}
             run.updates["lr_scheduler"] = schedule
         elif warmup:
-            raise ConfigError(
+            # MONAI's scripts pass warm-up to every algo; a schedule without one trains as it is, said once.
+            warnings.warn(
                 f"{where}['num_warmup_epochs']: this bundle's schedule {schedule.get('name', 'none')!r} has no "
-                "warm-up; drop the key for it"
+                "warm-up; trained without one",
+                stacklevel=3,
             )
     return run
 
