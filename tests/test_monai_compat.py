@@ -88,7 +88,12 @@ def test_train_and_predict_params_are_checked(analysed, tmp_path: Path) -> None:
 def test_monai_flow_trains_scores_and_ensembles(analysed, demo_data: Path, tmp_path: Path) -> None:
     """MONAI's hello-world flow, with autotune's BundleGen: generate, train, score, AlgoEnsembleBestN, predict."""
     import nibabel as nib
-    from monai.apps.auto3dseg import AlgoEnsembleBestN, AlgoEnsembleBuilder, BundleAlgo
+    from monai.apps.auto3dseg import (
+        AlgoEnsembleBestN,
+        AlgoEnsembleBuilder,
+        BundleAlgo,
+        import_bundle_algo_history,
+    )
     from monai.auto3dseg.algo_gen import Algo
     from monai.utils.enums import AlgoKeys
 
@@ -112,6 +117,11 @@ def test_monai_flow_trains_scores_and_ensembles(analysed, demo_data: Path, tmp_p
         assert trained["num_epochs"] == 1 and trained["lr_scheduler"]["args"]["warmup_fraction"] == 1.0
         assert load_bundle_config(algo.get_output_path())["num_epochs"] == 4
     assert gen.get_history() is history
+    # what MONAI's EnsembleRunner reads back from the work folder in a later process
+    restored = {h[AlgoKeys.ID]: h for h in import_bundle_algo_history(str(tmp_path), only_trained=True)}
+    assert set(restored) == {"segresnet_0", "dints_0"}
+    assert restored["dints_0"][AlgoKeys.SCORE] == history[1][AlgoKeys.SCORE]
+    assert restored["dints_0"][AlgoKeys.ALGO].get_output_path() == history[1][AlgoKeys.ALGO].get_output_path()
 
     image = _oblique_copy(demo_data / "imagesTr" / "case_001.nii.gz", tmp_path / "oblique.nii.gz")
     reference = nib.load(image)

@@ -213,10 +213,14 @@ class AutotuneAlgo(Algo):
         return score
 
     def history_item(self) -> dict[str, Any]:
-        """A history entry with MONAI's ``AlgoKeys``; ``train()`` keeps ``is_trained``/``best_metric`` current."""
+        """A history entry with MONAI's ``AlgoKeys``; ``train()`` keeps ``is_trained``/``best_metric`` current.
+
+        Also writes ``algo_object.json`` (see ``export``), as MONAI's ``BundleGen.generate`` does.
+        """
         item = {ID: self.name, ALGO: self, IS_TRAINED: False, SCORE: None}
         self._items.append(item)
         self.refresh_history()
+        self.export()
         return item
 
     def refresh_history(self) -> None:
@@ -225,6 +229,17 @@ class AutotuneAlgo(Algo):
         self.best_metric = score
         for item in self._items:
             item[IS_TRAINED], item[SCORE] = score is not None, score
+
+    def export(self) -> Path | None:
+        """Write ``BUNDLE/algo_object.json`` as MONAI's ``algo_to_json`` does, so that MONAI's
+        ``import_bundle_algo_history(work_dir)`` (and ``EnsembleRunner``) find this bundle; None
+        with a MONAI that has no JSON export."""
+        try:
+            from monai.auto3dseg.utils import algo_to_json
+        except ImportError:  # MONAI before its JSON serialisation
+            return None
+        meta = {SCORE: self.best_metric} if self.best_metric is not None else {}
+        return Path(algo_to_json(self, template_path=None, **meta))
 
     def train(self, train_params: Mapping[str, Any] | None = None,
               device_setting: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -263,6 +278,7 @@ class AutotuneAlgo(Algo):
                                nproc=nproc, progress=run.progress)
         self._inferer = None
         self.refresh_history()
+        self.export()
         return summary
 
     def get_inferer(self, **predict_params: Any) -> InferClass:
