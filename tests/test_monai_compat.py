@@ -58,7 +58,8 @@ def test_generate_takes_overrides_as_the_cli_does(analysed, tmp_path: Path) -> N
 
 
 def test_train_and_predict_params_are_checked(analysed, tmp_path: Path) -> None:
-    from autotune.bundles.algo_params import parse_train_params
+    from autotune.bundles.algo import ensemble_passed_keys
+    from autotune.bundles.algo_params import PredictOptions, parse_predict_params, parse_train_params
 
     gen = _gen(analysed, "segresnet,unet")
     gen.generate(tmp_path, num_fold=1, overrides="tiny")
@@ -79,6 +80,9 @@ def test_train_and_predict_params_are_checked(analysed, tmp_path: Path) -> None:
         segresnet.predict([str(tmp_path / "x.nii.gz")])
     with pytest.raises(ConfigError, match="unknown key 'network#init_filters'; known keys: checkpoint, device, output"):
         segresnet.predict([], {"network#init_filters": 8})
+    # what MONAI's EnsembleRunner passes on to every predict (its own and SaveImage's arguments) is not an error
+    passed = {"rank": 0, "n_best": 2, "output_dir": "x", "output_postfix": "ens", "separate_folder": False}
+    assert parse_predict_params(passed, ignored=ensemble_passed_keys()) == PredictOptions()
     run = parse_train_params(segresnet._config(), {"num_epochs": 4, "num_warmup_epochs": 1, "device": "cpu"})
     assert run.updates["num_epochs"] == 4 and run.device == "cpu"
     assert run.updates["lr_scheduler"]["args"]["warmup_fraction"] == pytest.approx(0.25)

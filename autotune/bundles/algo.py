@@ -18,6 +18,7 @@ average; ``predict_params={"output": "label"}`` gives the label map instead.
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -26,7 +27,12 @@ from typing import Any
 import torch
 from monai.auto3dseg.algo_gen import Algo
 
-from autotune.bundles.algo_params import PredictOptions, parse_predict_params, parse_train_params
+from autotune.bundles.algo_params import (
+    ENSEMBLE_PASSED_KEYS,
+    PredictOptions,
+    parse_predict_params,
+    parse_train_params,
+)
 from autotune.bundles.config import (
     CONFIG_RELPATH,
     bundle_config_path,
@@ -36,7 +42,7 @@ from autotune.bundles.config import (
 from autotune.errors import ConfigError, InputError
 from autotune.utils import atomic_write_yaml, expand_path, read_json, read_yaml
 
-__all__ = ["AutotuneAlgo", "InferClass", "TRAIN_CONFIG_RELPATH", "default_device"]
+__all__ = ["AutotuneAlgo", "InferClass", "TRAIN_CONFIG_RELPATH", "default_device", "ensemble_passed_keys"]
 
 TRAIN_CONFIG_RELPATH = Path("configs") / "hyper_parameters_train.yaml"
 # MONAI's AlgoKeys values (monai.utils.enums.AlgoKeys), as plain strings.
@@ -50,6 +56,19 @@ def default_device(cfg: Mapping[str, Any]) -> str:
     if tuned == "cpu" or (tuned.startswith("cuda") and cuda):
         return tuned
     return "cuda:0" if cuda else "cpu"
+
+
+def ensemble_passed_keys() -> tuple[str, ...]:
+    """Keys MONAI's ``AlgoEnsemble``/``EnsembleRunner`` pass to every ``predict``: they concern the
+    ensemble (``rank``, ``image_save_func``, ``n_best``, the ``SaveImage`` arguments), not one model."""
+    from monai.transforms import SaveImage
+
+    save_args = [name for name in inspect.signature(SaveImage.__init__).parameters if name != "self"]
+    return (*ENSEMBLE_PASSED_KEYS, *save_args)
+
+
+def _predict_options(params: Mapping[str, Any], where: str) -> PredictOptions:
+    return parse_predict_params(params, where, ignored=ensemble_passed_keys())
 
 
 def _bundle_from(config_file: Any) -> Path:
@@ -97,7 +116,7 @@ class InferClass:
         from autotune.train.ddp import _resolve_device
         from autotune.train.infer import load_model, resolve_checkpoint
 
-        self.options: PredictOptions = parse_predict_params(override)
+        self.options: PredictOptions = _predict_options(override, "predict_params")
         self.cfg = load_bundle_config(_bundle_from(config_file))
         self.device = _resolve_device(self.options.device or default_device(self.cfg), 0, False)
         self.checkpoint_path = resolve_checkpoint(self.cfg, self.options.checkpoint)
@@ -283,7 +302,7 @@ class AutotuneAlgo(Algo):
 
     def get_inferer(self, **predict_params: Any) -> InferClass:
         """The bundle's ``InferClass`` for these params (kept while its checkpoint is unchanged)."""
-        options = parse_predict_params(predict_params, where=f"{self.name} predict_params")
+        options = _predict_options(predict_params, f"{self.name} predict_params")
         key = (options.device, options.checkpoint, options.output)
         if self._inferer is None or self._inferer[0] != key or not self._inferer[1].is_current():
             self._inferer = (key, InferClass(self.output_path, **predict_params))

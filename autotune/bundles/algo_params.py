@@ -9,7 +9,7 @@ that lists the known keys. Plain data in, plain data out: no torch here.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,8 +50,9 @@ TUNED_KEYS = (
     "roi_size",
 )
 PREDICT_KEYS = ("device", "checkpoint", "output")
-# MONAI's AlgoEnsemble and EnsembleRunner hand these to every algo's predict; they concern the ensemble.
-ENSEMBLE_PASSED_KEYS = ("rank", "image_save_func")
+# MONAI's AlgoEnsemble and EnsembleRunner hand these to every algo's predict; they concern the ensemble
+# (EnsembleRunner also passes on its SaveImage arguments: see ``autotune.bundles.algo``).
+ENSEMBLE_PASSED_KEYS = ("rank", "image_save_func", "n_best")
 OUTPUTS = ("prob", "label")
 
 
@@ -175,8 +176,9 @@ def parse_train_params(
     return run
 
 
-def parse_predict_params(predict_params: Mapping[str, Any] | None, where: str = "predict_params") -> PredictOptions:
-    """Check ``predict_params``; keys MONAI's ensemble passes on to every algo are accepted and ignored.
+def parse_predict_params(predict_params: Mapping[str, Any] | None, where: str = "predict_params",
+                         ignored: Sequence[str] = ENSEMBLE_PASSED_KEYS) -> PredictOptions:
+    """Check ``predict_params``; ``ignored`` keys (what MONAI's ensembles pass on to every algo) are skipped.
 
     Raises:
         ConfigError: an unknown key (the known ones are listed) or a bad value.
@@ -188,7 +190,7 @@ def parse_predict_params(predict_params: Mapping[str, Any] | None, where: str = 
     options = PredictOptions()
     for key, value in predict_params.items():
         key = str(key)
-        if key in ENSEMBLE_PASSED_KEYS:
+        if key in ignored:
             continue
         if key not in PREDICT_KEYS:
             raise _unknown(key, where, PREDICT_KEYS)
