@@ -188,9 +188,12 @@ class AutotuneAlgo(Algo):
         state.update(_items=[], _inferer=None)
         return state
 
-    def _config(self) -> dict[str, Any]:
+    def _require_bundle(self) -> None:
         if not self.output_path:
             raise ConfigError("this AutotuneAlgo has no bundle; create it with the bundle folder")
+
+    def _config(self) -> dict[str, Any]:
+        self._require_bundle()
         return load_bundle_config(self.output_path)
 
     def get_output_path(self) -> str:
@@ -253,6 +256,7 @@ class AutotuneAlgo(Algo):
         """Write ``BUNDLE/algo_object.json`` as MONAI's ``algo_to_json`` does, so that MONAI's
         ``import_bundle_algo_history(work_dir)`` (and ``EnsembleRunner``) find this bundle; None
         with a MONAI that has no JSON export."""
+        self._require_bundle()
         try:
             from monai.auto3dseg.utils import algo_to_json
         except ImportError:  # MONAI before its JSON serialisation
