@@ -180,6 +180,23 @@ def label_beyond_declared_labels(root: Path) -> tuple[list[str], str]:
     return _analyze(root), "labelsTr/case_002.nii.gz"
 
 
+def case_listed_twice(root: Path) -> tuple[list[str], str]:
+    _edit_datalist(root, lambda d: d["training"].append(dict(d["training"][1])))
+    return _analyze(root / "input.yaml"), "training[1].image and training[6].image are the same file"
+
+
+def class_names_fewer_than_label_values(root: Path) -> tuple[list[str], str]:
+    (root / "input.yaml").write_text("modality: MRI\ndatalist: datalist.json\nclass_names: [class1]\n")
+    return _analyze(root / "input.yaml"), "labelsTr/case_000.nii.gz: label holds the value 2"
+
+
+def all_labels_empty(root: Path) -> tuple[list[str], str]:
+    for path in (root / "labelsTr").glob("case_*.nii.gz"):
+        label, affine = _nifti(path)
+        _save(path, np.zeros_like(label), affine)
+    return _analyze(root / "input.yaml"), "all 6 labels are empty"
+
+
 def num_fold_zero(root: Path) -> tuple[list[str], str]:
     return _analyze(root / "input.yaml", "--num-fold", "0"), "--num-fold"
 
@@ -205,7 +222,8 @@ BREAKERS: list[Breaker] = [
     bad_json, empty_training, training_not_a_list, entry_without_label, negative_fold, path_escaping_dataroot,
     folder_without_dataset_json, unknown_input_type, sigmoid_not_boolean, missing_image_file, corrupt_nifti,
     corrupt_inside_gzip, truncated_gzip, shape_mismatch, affine_mismatch, non_integer_labels, image_2d,
-    label_beyond_declared_labels, num_fold_zero, more_folds_than_cases, cases_zero, size_too_small,
+    label_beyond_declared_labels, case_listed_twice, class_names_fewer_than_label_values, all_labels_empty,
+    num_fold_zero, more_folds_than_cases, cases_zero, size_too_small,
     demo_unknown_modality,
 ]
 

@@ -54,6 +54,7 @@ def _run_analyze(args: argparse.Namespace) -> int:
     print(f"data_src:  {result.data_src}")
     print(f"cases:     {result.n_cases}")
     print(f"hash:      {result.content_hash}")
+    print(f"warnings:  {len(result.warnings)}")
     return 0
 
 

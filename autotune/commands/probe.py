@@ -70,7 +70,8 @@ def register(sub: argparse._SubParsersAction) -> None:
             "no memory) and count tensor memory as the CPU probe does. Prints the estimated peaks, the "
             "affine fit peak = intercept + slope * N for both phases (two passes each), and with "
             "--memory-limit the largest N and M that fit. Figures are raw tensor bytes; for CUDA the "
-            "allowance column adds the context, workspace and allocator slack (defaults not validated on a GPU)."
+            "allowance column adds the context, workspace and allocator slack (from the GPU's calibration file when "
+            "one exists, else defaults not validated on a GPU)."
         ),
         epilog="exit codes: 0 estimated, 2 bad input or the estimate failed",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -200,6 +201,6 @@ def run_estimate_command(args: argparse.Namespace) -> int:
         if limit is not None:
             msg = f"    largest {knob.split()[0]} within {format_bytes(limit)}: {entry['max_fitting_raw']} (raw)"
             if cuda:
-                msg += f", {entry['max_fitting_with_allowance']} with the default CUDA allowance (not validated on a GPU)"
+                msg += f", {entry['max_fitting_with_allowance']} with the CUDA allowance ({allowance.source})"
             print(msg)
     return EXIT_OK

@@ -29,6 +29,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
                         help="fast: cache, thread loader, AMP, template recipe; regular: the seed's baseline")
     parser.add_argument("--nproc", type=int, default=1, metavar="N",
                         help="processes for DistributedDataParallel (gloo on CPU, NCCL on CUDA)")
+    parser.add_argument("--memory-limit", default=None, metavar="SIZE",
+                        help="cap the CUDA caching allocator at SIZE (e.g. 16GiB), as the tuner's probes were; "
+                             "peaks per epoch go to metrics.csv either way")
     parser.add_argument("--quiet", "-q", action="store_true", help="no progress bars or epoch lines")
 
 
@@ -77,7 +80,7 @@ def run_train(args: argparse.Namespace) -> int:
         raise SpecError(f"--epochs must be at least 1, got {args.epochs}")
     summary = train(args.bundle, device=_device(args.device), epochs=args.epochs, max_time=max_time,
                     val_every=args.val_every, resume=args.resume, mode=args.mode, nproc=args.nproc,
-                    progress=not args.quiet)
+                    progress=not args.quiet, memory_limit=args.memory_limit)
     if int(os.environ.get("RANK", "0")) != 0:
         return 0  # under torchrun only rank 0 reports
     best = summary.get("best_metric")

@@ -5,7 +5,8 @@
 - ``datalist.json``: the Auto3DSeg datalist, absolute paths, a fold per training case;
 - ``data_src.yaml``: an Auto3DSeg input.yaml pointing at that datalist;
 - ``datastats.yaml``: DataAnalyzer's ``stats_summary`` (same keys as Auto3DSeg) plus an
-  ``autotune`` block that records the content hash the statistics were computed from.
+  ``autotune`` block that records the content hash the statistics were computed from and
+  the integrity warnings (``autotune.data.integrity``).
 
 The per-case statistics go to ``datastats_by_case.json``. A second run with the same
 content hash and folds does nothing.
@@ -22,7 +23,7 @@ import os
 import sys
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ from autotune.data.datalist import (
     write_data_src_config,
     write_datalist,
 )
+from autotune.data.integrity import check_dataset, check_duplicates, log_warnings
 from autotune.data.validate import check_cases
 from autotune.errors import AutotuneError, DataError, InputError
 from autotune.utils import atomic_write_json, atomic_write_yaml, read_yaml
@@ -47,7 +49,7 @@ DATASTATS_BY_CASE = "datastats_by_case.json"
 DATALIST = "datalist.json"
 DATA_SRC = "data_src.yaml"
 ANALYZER = "monai.apps.auto3dseg.DataAnalyzer"
-_HASH_VERSION = "autotune-datastats-1"  # bump when the statistics written change meaning
+_HASH_VERSION = "autotune-datastats-2"  # bump when the statistics or checks change meaning (2: integrity pass)
 _MONAI_LOGGERS = ("monai.apps.auto3dseg.data_analyzer", "monai.auto3dseg", "monai.apps.auto3dseg")
 
 
@@ -62,6 +64,7 @@ class AnalysisResult:
         skipped: True if the statistics were already up to date.
         content_hash: The hash the statistics belong to (see ``content_hash``).
         n_cases: Number of training cases analysed.
+        warnings: The integrity warnings, one line each (also logged, and kept in datastats.yaml).
     """
 
     datastats: Path
@@ -70,6 +73,7 @@ class AnalysisResult:
     skipped: bool
     content_hash: str
     n_cases: int
+    warnings: list[str] = field(default_factory=list)
 
 
 def content_hash(source: DataSource) -> str:
@@ -119,8 +123,9 @@ def analyze(input: str | Path, work_dir: str | Path, num_fold: int = 5, force: b
         Where the files are and whether the analysis was skipped as up to date.
 
     Raises:
-        InputError: The input or work folder is unusable.
-        DataError: An image or label is missing, unreadable or inconsistent, or the analyzer failed.
+        InputError: The input or work folder is unusable, or its labels and class_names disagree.
+        DataError: An image or label is missing, unreadable or inconsistent, a file is listed twice,
+            a label holds an undeclared value, every label is empty, or the analyzer failed.
     """
     source = load_data_source(input, num_fold=num_fold)
     work = Path(os.path.abspath(_expand_home(Path(work_dir), "work dir")))
@@ -131,14 +136,19 @@ def analyze(input: str | Path, work_dir: str | Path, num_fold: int = 5, force: b
     n_cases = len(source.training)
     result = AnalysisResult(datastats=datastats_path, datalist=datalist_path, data_src=data_src_path,
                             skipped=False, content_hash=digest, n_cases=n_cases)
-    if not force and datalist_path.is_file() and data_src_path.is_file() and _is_up_to_date(
-            datastats_path, digest, source.num_fold):
+    outputs_exist = datalist_path.is_file() and data_src_path.is_file()
+    block = _up_to_date_block(datastats_path, digest, source.num_fold) if outputs_exist and not force else None
+    if block is not None:
         _say(progress, f"{datastats_path}: up to date ({n_cases} cases, hash {digest[:12]}); use --force to redo")
         result.skipped = True
+        result.warnings = [str(line) for line in block.get("warnings") or []]
+        log_warnings(result.warnings)
         return result
 
     _say(progress, f"analyzing {n_cases} cases ...")
-    check_cases(source, progress=progress)
+    check_duplicates(source)  # before reading any file: a duplicate is wrong whatever the files hold
+    result.warnings = check_dataset(source, check_cases(source, progress=progress))
+    log_warnings(result.warnings)
     work.mkdir(parents=True, exist_ok=True)
     datastats_path.unlink(missing_ok=True)  # stale from here on: new datalist, statistics not yet computed
     write_datalist(source, datalist_path)
@@ -154,6 +164,7 @@ def analyze(input: str | Path, work_dir: str | Path, num_fold: int = 5, force: b
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "monai_version": _monai_version(),
             "analyzer": ANALYZER,
+            "warnings": result.warnings,
         },
     }
     atomic_write_json(work / DATASTATS_BY_CASE, by_case)
@@ -162,17 +173,20 @@ def analyze(input: str | Path, work_dir: str | Path, num_fold: int = 5, force: b
     return result
 
 
-def _is_up_to_date(path: Path, digest: str, num_fold: int) -> bool:
+def _up_to_date_block(path: Path, digest: str, num_fold: int) -> dict[str, Any] | None:
+    """The ``autotune`` block of ``path`` if it belongs to ``digest`` and ``num_fold``, else None."""
     if not path.is_file():
-        return False
+        return None
     try:
         data = read_yaml(path, error=DataError)
     except AutotuneError as exc:
         logger.warning("%s; analysing again", exc)
-        return False
+        return None
     block = data.get("autotune") if isinstance(data, dict) else None
-    return (isinstance(block, dict) and "stats_summary" in data and block.get("content_hash") == digest
-            and block.get("num_fold") == num_fold)
+    if (isinstance(block, dict) and "stats_summary" in data and block.get("content_hash") == digest
+            and block.get("num_fold") == num_fold):
+        return block
+    return None
 
 
 def _run_data_analyzer(source: DataSource, progress: bool) -> tuple[dict[str, Any], list[Any]]:

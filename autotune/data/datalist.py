@@ -50,6 +50,7 @@ class DataSource:
         name: Dataset name.
         num_channels: Images per case: the length of the image list, the number of Decathlon
             modalities, or 1. ``validate.check_cases`` reports what the files really hold.
+        listed_in: The file that holds the training list (datalist JSON or dataset.json), absolute.
     """
 
     source: Path
@@ -63,6 +64,7 @@ class DataSource:
     folds_given: bool
     name: str
     num_channels: int
+    listed_in: Path | None = None
 
     @property
     def num_fold(self) -> int:
@@ -303,7 +305,7 @@ def _build(*, source: Path, listed_in: Path, datalist: dict[str, Any], dataroot:
     return DataSource(
         source=source, dataroot=dataroot, modality=modality, training=training, testing=testing,
         class_names=class_names, labels=labels, sigmoid=sigmoid, folds_given=folds_given, name=name,
-        num_channels=num_channels,
+        num_channels=num_channels, listed_in=listed_in,
     )
 
 

@@ -3,7 +3,9 @@
 Each problem raises ``DataError`` naming the file and saying what to do. What is
 accepted on purpose (real datasets have these): uint8 or float images, float
 labels that hold whole numbers, shapes that vary from case to case, 4D images
-whose last axis holds the channels.
+whose last axis holds the channels. Each ``CaseInfo`` also records the label values
+present and the orientation, so that ``autotune.data.integrity`` can check the dataset
+as a whole without reading a file again.
 """
 
 from __future__ import annotations
@@ -16,12 +18,14 @@ from typing import Any
 import numpy as np
 
 from autotune.data.datalist import DataSource
+from autotune.data.integrity import DeclaredClasses, declared_classes, refuse_undeclared
 from autotune.errors import DataError
 
 __all__ = ["CaseInfo", "check_cases", "check_case"]
 
 AFFINE_ATOL = 1e-3  # mm; scanners and converters round affines differently
 _MAX_REASON = 200
+_LOOP_VALUES = 16  # below this label maximum, one comparison per value is faster than np.unique
 
 
 @dataclass
@@ -34,6 +38,9 @@ class CaseInfo:
         shape: Spatial shape in voxels.
         spacing: Voxel size in mm, from the image header.
         channels: Image channels in all (files times channels per file).
+        label_values: The label values present in the label, ascending (0 included when present).
+        orientation: Axis codes of the image (nibabel ``aff2axcodes``, e.g. ``"RAS"``; ``?`` for an
+            axis the affine leaves undefined).
     """
 
     image: list[str]
@@ -41,10 +48,15 @@ class CaseInfo:
     shape: tuple[int, int, int]
     spacing: tuple[float, float, float]
     channels: int
+    label_values: tuple[int, ...] = ()
+    orientation: str = ""
 
 
 def check_cases(source: DataSource, progress: bool = True) -> list[CaseInfo]:
     """Check every training case of ``source`` (see ``check_case``) and that all have the same channels.
+
+    Label values are checked against the classes the dataset declares (``labels``, or
+    ``class_names`` without ``sigmoid``; see ``integrity.declared_classes``).
 
     Args:
         source: The data source to check.
@@ -55,13 +67,15 @@ def check_cases(source: DataSource, progress: bool = True) -> list[CaseInfo]:
 
     Raises:
         DataError: A file is missing, unreadable or inconsistent; the message names it.
+        InputError: ``labels`` and ``class_names`` disagree.
     """
     from tqdm import tqdm
 
+    declared = declared_classes(source)
     infos: list[CaseInfo] = []
     for entry in tqdm(source.training, desc="checking cases", unit="case", file=sys.stderr,
                       disable=not progress, leave=False):
-        info = check_case(entry, known_labels=source.labels)
+        info = check_case(entry, declared=declared)
         if infos and info.channels != infos[0].channels:
             raise DataError(f"{info.image[0]}: image has {info.channels} channel(s) but {infos[0].image[0]} has "
                             f"{infos[0].channels}; every case needs the same channels")
@@ -69,12 +83,14 @@ def check_cases(source: DataSource, progress: bool = True) -> list[CaseInfo]:
     return infos
 
 
-def check_case(entry: dict[str, Any], known_labels: list[int] | None = None) -> CaseInfo:
+def check_case(entry: dict[str, Any], known_labels: list[int] | None = None,
+               declared: DeclaredClasses | None = None) -> CaseInfo:
     """Check one ``{"image", "label"}`` case: readable, 3D, aligned, integer labels.
 
     Args:
         entry: A training entry with absolute paths.
-        known_labels: Label values the dataset declares; a label holding a larger value is an error.
+        known_labels: Label values the dataset declares; a label holding another value is an error.
+        declared: The same with where they are declared (wins over ``known_labels``).
 
     Returns:
         What the case holds.
@@ -116,10 +132,18 @@ def check_case(entry: dict[str, Any], known_labels: list[int] | None = None) -> 
         difference = float(np.max(np.abs(np.asarray(label.affine) - np.asarray(affine))))
         raise DataError(f"{label_path}: the label does not align with image {images[0]} (affines differ by up to "
                         f"{difference:.3g}); resample the label onto the image grid")
-    _check_label_values(_read(label, label_path), label_path, known_labels)
+    values = _check_label_values(_read(label, label_path), label_path)
+    if declared is None and known_labels:
+        declared = DeclaredClasses(values=tuple(sorted(known_labels)), names={},
+                                   where=f"is not among the dataset's labels {sorted(known_labels)}",
+                                   fix="fix the label or the labels list")
+    if declared is not None:
+        refuse_undeclared(label_path, values, declared)
     zooms = first.header.get_zooms()
     spacing = (float(zooms[0]), float(zooms[1]), float(zooms[2]))
-    return CaseInfo(image=list(images), label=label_path, shape=shape, spacing=spacing, channels=channels)
+    codes = nib.aff2axcodes(affine)
+    return CaseInfo(image=list(images), label=label_path, shape=shape, spacing=spacing, channels=channels,
+                    label_values=values, orientation="".join(code or "?" for code in codes))
 
 
 def _open(nib: Any, path: str) -> Any:
@@ -148,9 +172,8 @@ def _image_shape(image: Any, path: str) -> tuple[tuple[int, int, int], int]:
     raise DataError(f"{path}: image has shape {shape}; autotune needs a 3D volume (or 4D with the channels last)")
 
 
-def _check_label_values(data: np.ndarray, path: str, known_labels: list[int] | None) -> None:
-    if data.dtype.kind == "b":
-        return
+def _check_label_values(data: np.ndarray, path: str) -> tuple[int, ...]:
+    """Refuse NaN, fractional, negative or non-numeric labels; return the values present, ascending."""
     if data.dtype.kind == "f":
         if not np.all(np.isfinite(data)):
             raise DataError(f"{path}: label holds NaN or infinite values; labels must be class indices 0, 1, 2, ...")
@@ -159,16 +182,16 @@ def _check_label_values(data: np.ndarray, path: str, known_labels: list[int] | N
             example = float(data[fractional].flat[0])
             raise DataError(f"{path}: label holds non-integer values (e.g. {example:g}); labels must be class "
                             "indices 0, 1, 2, ... (was the label resampled with linear interpolation?)")
-    elif data.dtype.kind not in "iu":
+    elif data.dtype.kind not in "iub":
         raise DataError(f"{path}: label data type {data.dtype} is not numeric; save labels as integers")
     if data.size == 0:
         raise DataError(f"{path}: label is empty; re-export it")
     low, high = float(data.min()), float(data.max())
     if low < 0:
         raise DataError(f"{path}: label holds the negative value {low:g}; labels must be class indices 0, 1, 2, ...")
-    if known_labels and high > max(known_labels):
-        raise DataError(f"{path}: label holds the value {high:g}, which is not among the dataset's labels "
-                        f"{known_labels}; fix the label or the labels list")
+    if high < _LOOP_VALUES:
+        return tuple(value for value in range(int(high) + 1) if np.any(data == value))
+    return tuple(int(value) for value in np.unique(data))
 
 
 def _reason(exc: BaseException, path: str) -> str:

@@ -12,23 +12,26 @@ GPU also needs:
   blocks, larger for big ones) and cannot always reuse freed blocks, so reserved memory
   exceeds allocated memory.
 
-THE DEFAULTS BELOW HAVE NOT BEEN VALIDATED ON A GPU. They are conservative round
-figures from PyTorch's documentation and common reports (a CUDA context with cuDNN
-loaded takes roughly 300-600 MiB; cuDNN's 3D convolution workspaces reach a few hundred
-MiB; reserved exceeds allocated by roughly 5-20%). Replace them with figures measured
-with ``autotune probe --device cuda`` on your GPU (compare ``cuda_max_memory_reserved``
-with the estimate's ``peak_bytes``). On CPU the allowance is zero: the estimate is the
-tracked peak itself.
+A GPU with a calibration file (``autotune.probe.calibration``, written by
+``benchmarks/gpu_check.py`` from real probes on that card) uses the fitted figures.
+Any other GPU uses the defaults below, which are round guesses NOT validated on a GPU
+(a CUDA context with cuDNN loaded takes roughly 300-600 MiB; cuDNN's 3D convolution
+workspaces reach a few hundred MiB; reserved exceeds allocated by roughly 5-20%).
+``source`` says which applied, and is recorded in the tuning provenance. On CPU the
+allowance is zero: the estimate is the tracked peak itself.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
-__all__ = ["CudaAllowance", "DEFAULT_CUDA_ALLOWANCE", "NO_ALLOWANCE", "allowance_for", "apply_allowance"]
+__all__ = ["CudaAllowance", "DEFAULT_CUDA_ALLOWANCE", "NO_ALLOWANCE", "DEFAULT_SOURCE", "allowance_for",
+           "apply_allowance", "is_calibrated"]
 
 _MIB = 1024**2
+DEFAULT_SOURCE = "default (not validated on a GPU)"
 
 
 @dataclass(frozen=True)
@@ -39,20 +42,59 @@ class CudaAllowance:
         context_bytes: CUDA context and library code/handles, outside the caching allocator.
         cudnn_workspace_bytes: largest cuDNN/cuBLAS workspace alive at the peak.
         allocator_slack_fraction: reserved minus allocated, as a fraction of the tensor peak.
+        source: where the figures come from: ``DEFAULT_SOURCE``, or ``calibration: FILE (GPU, versions)``.
     """
 
     context_bytes: int = 512 * _MIB
     cudnn_workspace_bytes: int = 256 * _MIB
     allocator_slack_fraction: float = 0.10
+    source: str = DEFAULT_SOURCE
 
 
 DEFAULT_CUDA_ALLOWANCE = CudaAllowance()
-NO_ALLOWANCE = CudaAllowance(context_bytes=0, cudnn_workspace_bytes=0, allocator_slack_fraction=0.0)
 
 
-def allowance_for(device: str) -> CudaAllowance:
-    """The default allowance for ``device``: ``DEFAULT_CUDA_ALLOWANCE`` for CUDA, none for CPU."""
-    return DEFAULT_CUDA_ALLOWANCE if str(device).startswith("cuda") else NO_ALLOWANCE
+NO_ALLOWANCE = CudaAllowance(context_bytes=0, cudnn_workspace_bytes=0, allocator_slack_fraction=0.0, source="cpu")
+
+
+def is_calibrated(allowance: CudaAllowance) -> bool:
+    """True when the figures were fitted on a real GPU (a calibration file), not the defaults."""
+    return str(allowance.source).startswith("calibration")
+
+
+def _visible_gpu_name(device: str) -> str | None:
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is None:
+        import torch
+    try:
+        if torch.cuda.is_available():
+            return str(torch.cuda.get_device_name(torch.device(device)))
+    except (RuntimeError, AssertionError, ValueError):
+        pass
+    return None
+
+
+def allowance_for(device: str, gpu_name: str | None = None) -> CudaAllowance:
+    """The allowance for ``device``: none on the CPU; on CUDA the calibration of the GPU named
+    ``gpu_name`` (default: the visible GPU of ``device``) when one exists, else the defaults."""
+    if not str(device).startswith("cuda"):
+        return NO_ALLOWANCE
+    from autotune.probe.calibration import find_calibration
+
+    name = gpu_name or _visible_gpu_name(str(device))
+    found = find_calibration(name)
+    if found is None:
+        return DEFAULT_CUDA_ALLOWANCE
+    fitted = found["allowance"]
+    versions = ", ".join(f"{k} {found.get(k)}" for k in ("driver", "torch", "cuda", "cudnn") if found.get(k))
+    return CudaAllowance(
+        context_bytes=int(fitted["context_bytes"]),
+        cudnn_workspace_bytes=int(fitted["cudnn_workspace_bytes"]),
+        allocator_slack_fraction=float(fitted["allocator_slack_fraction"]),
+        source=f"calibration: {Path(found['path']).name} ({found['gpu_name']}; {versions}; {found.get('measured_at')})",
+    )
 
 
 def apply_allowance(peak_bytes: float, allowance: CudaAllowance, *, include_context: bool = True) -> int:

@@ -39,6 +39,7 @@ __all__ = [
     "cuda_reset_peaks",
     "cuda_peaks",
     "cuda_set_memory_limit",
+    "nvml_used_bytes",
 ]
 
 GRANULARITY = 512  # bytes; the CUDA caching allocator rounds every block up to this
@@ -235,6 +236,27 @@ def device_name(device: str) -> str:
     return _cpu_name()
 
 
+def _nvml_memory(index: int) -> Any:
+    """NVML's memory info of CUDA device ``index`` (mapped through CUDA_VISIBLE_DEVICES); raises if NVML fails."""
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        # NVML numbers devices physically; map through CUDA_VISIBLE_DEVICES when it lists indices.
+        visible = [v for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+        physical = int(visible[index]) if index < len(visible) and visible[index].strip().isdigit() else index
+        return pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(physical))
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def _cuda_index(device: str) -> int:
+    import torch
+
+    dev = torch.device(device)
+    return dev.index if dev.index is not None else torch.cuda.current_device()
+
+
 def device_total_memory(device: str) -> int | None:
     """Total memory of ``device``: NVML where present, else torch, for CUDA; physical RAM for CPU."""
     import torch
@@ -242,21 +264,23 @@ def device_total_memory(device: str) -> int | None:
     dev = torch.device(device)
     if dev.type != "cuda":
         return total_ram_bytes()
-    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    index = _cuda_index(device)
     try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        try:
-            # NVML numbers devices physically; map through CUDA_VISIBLE_DEVICES when it lists indices.
-            visible = [v for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
-            physical = int(visible[index]) if index < len(visible) and visible[index].strip().isdigit() else index
-            handle = pynvml.nvmlDeviceGetHandleByIndex(physical)
-            return int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
-        finally:
-            pynvml.nvmlShutdown()
+        return int(_nvml_memory(index).total)
     except Exception:  # noqa: BLE001 - NVML is optional; torch knows the total too
         return int(torch.cuda.get_device_properties(index).total_memory)
+
+
+def nvml_used_bytes(device: str) -> int | None:
+    """Memory in use on CUDA ``device`` as NVML sees it (all processes, the CUDA context included);
+    None on the CPU or where NVML is not available. Does not create a CUDA context."""
+    if not str(device).startswith("cuda"):
+        return None
+    index = int(str(device).split(":")[1]) if ":" in str(device) else 0
+    try:
+        return int(_nvml_memory(index).used)
+    except Exception:  # noqa: BLE001 - NVML is optional
+        return None
 
 
 def cuda_set_memory_limit(device: str, limit_bytes: int) -> float:

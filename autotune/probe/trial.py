@@ -31,6 +31,9 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = [
     "EXIT_OK",
     "EXIT_ERROR",
+    "CUDA_PHASE_FIELDS",
+    "phase_key",
+    "cuda_result_keys",
     "EXIT_OOM",
     "FAULT_ENV",
     "FAULTS",
@@ -43,6 +46,21 @@ __all__ = [
 ]
 
 EXIT_OK, EXIT_ERROR, EXIT_OOM = 0, 1, 3
+# Per-phase CUDA measurements, each stored as ``f"{phase}_{field}"`` (``phase_key``): the
+# allocator's peaks, NVML's used memory at the phase's end and the allocator's reserve then.
+CUDA_PHASE_FIELDS = ("cuda_max_memory_reserved", "cuda_max_memory_allocated", "nvml_used_bytes",
+                     "cuda_memory_reserved_now")
+
+
+def phase_key(phase: str, field: str) -> str:
+    """The result key of a per-phase measurement: ``train_cuda_max_memory_reserved``."""
+    return f"{phase}_{field}"
+
+
+def cuda_result_keys() -> tuple[str, ...]:
+    """Every CUDA key a trial's result may hold (the evaluator copies these onto trials)."""
+    return ("nvml_baseline_used_bytes",
+            *(phase_key(p, f) for p in ("train", "infer") for f in CUDA_PHASE_FIELDS))
 FAULT_ENV = "AUTOTUNE_PROBE_FAULT"
 FAULTS = ("oom", "segfault", "sigkill", "hang", "raise")
 _TAIL_LINES = 15
@@ -210,10 +228,24 @@ def _measured_loop(req: Mapping[str, Any], parts: dict[str, Any], result: dict[s
                 peaks = memory.cuda_peaks(str(device))
             except RuntimeError:  # a broken CUDA context after a failure: keep the failure, not this one
                 peaks = {}
-            result[f"{phase}_cuda_max_memory_reserved"] = peaks.get("cuda_max_memory_reserved")
-            result[f"{phase}_cuda_max_memory_allocated"] = peaks.get("cuda_max_memory_allocated")
+            for field in ("cuda_max_memory_reserved", "cuda_max_memory_allocated"):
+                result[phase_key(phase, field)] = peaks.get(field)
             result[f"{phase}_peak_bytes"] = peaks.get("cuda_max_memory_reserved")
+            # NVML sees what the allocator does not: context, library code and handles. The
+            # allocator keeps its reserve, so used - reserved now - baseline is that overhead.
+            result[phase_key(phase, "nvml_used_bytes")] = memory.nvml_used_bytes(str(device))
+            try:
+                result[phase_key(phase, "cuda_memory_reserved_now")] = int(torch_cuda_reserved(device))
+            except RuntimeError:
+                result[phase_key(phase, "cuda_memory_reserved_now")] = None
     return times
+
+
+def torch_cuda_reserved(device: Any) -> int:
+    """Bytes the caching allocator holds on ``device`` now."""
+    import torch
+
+    return int(torch.cuda.memory_reserved(device))
 
 
 def _build(req: Mapping[str, Any]) -> dict[str, Any]:
@@ -227,6 +259,8 @@ def _build(req: Mapping[str, Any]) -> dict[str, Any]:
     device = torch.device(req["device"])
     if device.type == "cuda":
         torch.cuda.set_device(device)
+        # Fast training sets this (the roi is fixed): the probe must pick the same kernels and workspaces.
+        torch.backends.cudnn.benchmark = True
         if req.get("memory_limit"):
             memory.cuda_set_memory_limit(str(device), int(req["memory_limit"]))
     torch.manual_seed(int(cfg.get("seed", 0)))
@@ -288,6 +322,8 @@ def run_trial(req: Mapping[str, Any]) -> dict[str, Any]:
 
         lap("imports")
 
+        # NVML before this process touches CUDA: memory other processes already hold on the device.
+        result["nvml_baseline_used_bytes"] = memory.nvml_used_bytes(req["device"])
         result.update(torch_version=torch.__version__, monai_version=monai.__version__,
                       device_name=memory.device_name(req["device"]),
                       device_total_memory=memory.device_total_memory(req["device"]))

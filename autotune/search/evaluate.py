@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from autotune.probe.trial import cuda_result_keys
 from autotune.search.study import owner_tag
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -36,10 +37,6 @@ _RESULT_ATTRS = (
     "peak_bytes",
     "train_peak_rss_bytes",
     "infer_peak_rss_bytes",
-    "cuda_train_max_memory_reserved",
-    "cuda_train_max_memory_allocated",
-    "cuda_infer_max_memory_reserved",
-    "cuda_infer_max_memory_allocated",
     "step_seconds_median",
     "samples_per_s",
     "sw_seconds_per_volume",
@@ -50,6 +47,7 @@ _RESULT_ATTRS = (
     "error_type",
     "signal",
     "allowance_bytes",
+    *cuda_result_keys(),  # one definition with the trial that writes them, so the names cannot drift
 )
 
 

@@ -2,8 +2,9 @@
 
 Memory is each card's total as NVIDIA lists it (MiB as nvidia-smi reports a typical
 board); none of these was measured on this project's machines. The CUDA allowances
-(context, cuDNN workspace, allocator slack) come from ``autotune.probe.allowances`` and
-are not yet validated on a GPU either.
+(context, cuDNN workspace, allocator slack) come from ``autotune.probe.allowances``: a
+calibration measured on that card when one ships (see ``autotune.probe.calibration``),
+else defaults that were not validated on a GPU.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ def resolve_target(
         name = f"GPU with {target_memory}"
     from dataclasses import asdict
 
-    from autotune.probe.allowances import DEFAULT_CUDA_ALLOWANCE
+    from autotune.probe.allowances import DEFAULT_CUDA_ALLOWANCE, allowance_for
 
-    return {"catalogue": key, "name": name, "memory": total, "allowances": asdict(DEFAULT_CUDA_ALLOWANCE),
-            "device": "cuda:0"}
+    allowance = allowance_for("cuda:0", gpu_name=name) if key != "custom" else DEFAULT_CUDA_ALLOWANCE
+    return {"catalogue": key, "name": name, "memory": total, "allowances": asdict(allowance), "device": "cuda:0"}

@@ -70,7 +70,8 @@ def _check_writable(folders: Sequence[Path]) -> None:
 
 
 def _allowance(target: Mapping[str, Any] | None, device: str) -> Any:
-    """The CUDA allowances (not validated on a GPU; see autotune.probe.allowances); none on the CPU."""
+    """The CUDA allowances (a calibration for this GPU, else the defaults; see autotune.probe.allowances);
+    none on the CPU."""
     from autotune.probe.allowances import CudaAllowance, allowance_for
 
     if target is not None and target.get("allowances"):
@@ -374,8 +375,10 @@ def _search(
     if ctx.device.startswith("cuda"):
         from dataclasses import asdict
 
+        from autotune.probe.allowances import is_calibrated
+
         record["allowances"] = asdict(ctx.allowance)
-        record["allowances_validated_on_gpu"] = False
+        record["allowances_validated_on_gpu"] = is_calibrated(ctx.allowance)
     return record
 
 

@@ -45,11 +45,12 @@ class DistContext:
     world_size: int = 1
     local_rank: int = 0
     device: str = "cpu"
+    distributed: bool = False
 
     @property
     def enabled(self) -> bool:
-        """True when more than one process trains together."""
-        return self.world_size > 1
+        """True when this process is in a process group: more than one process, or torchrun (any size)."""
+        return self.distributed or self.world_size > 1
 
     @property
     def is_main(self) -> bool:
@@ -88,12 +89,15 @@ def init_from_env(device: str) -> DistContext:
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", str(rank)))
-    resolved = _resolve_device(device, local_rank, world_size > 1)
+    # Under torchrun even one process joins a group (DDP with world size 1 is a real NCCL run).
+    distributed = world_size > 1 or "TORCHELASTIC_RUN_ID" in os.environ
+    resolved = _resolve_device(device, local_rank, distributed)
     if resolved.startswith("cuda"):
         torch.cuda.set_device(torch.device(resolved))
-    if world_size > 1 and not dist.is_initialized():
+    if distributed and not dist.is_initialized():
         dist.init_process_group(backend="nccl" if resolved.startswith("cuda") else "gloo", init_method="env://")
-    return DistContext(rank=rank, world_size=world_size, local_rank=local_rank, device=resolved)
+    return DistContext(rank=rank, world_size=world_size, local_rank=local_rank, device=resolved,
+                       distributed=distributed)
 
 
 def cleanup(ctx: DistContext) -> None:

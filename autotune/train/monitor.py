@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 BASE_COLUMNS = (
     "epoch", "loss", "mean_dice", "epoch_s", "train_s", "data_wait_s", "data_wait_share",
     "samples", "samples_per_s", "lr", "val_s", "elapsed_s", "world_size", "rank_samples",
+    "train_peak_bytes", "train_peak_allocated_bytes", "val_peak_bytes", "val_peak_allocated_bytes",
 )
 
 

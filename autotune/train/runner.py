@@ -19,7 +19,7 @@ from typing import Any
 
 from autotune.errors import ConfigError, SpecError
 from autotune.train.checkpoint import restore, rng_state, save_checkpoint
-from autotune.utils import atomic_write_json, read_json
+from autotune.utils import atomic_write_json, format_bytes, parse_bytes, read_json
 
 __all__ = ["train", "run_worker", "parse_duration"]
 
@@ -76,6 +76,7 @@ def train(
     mode: str = "fast",
     nproc: int = 1,
     progress: bool = True,
+    memory_limit: int | str | None = None,
 ) -> dict[str, Any]:
     """Train a bundle; returns the run summary (also written to ``model_fold<k>/train_summary.json``).
 
@@ -101,8 +102,9 @@ def train(
     cfg = load_bundle_config(bundle)  # fail here, in one process, on a bad bundle
     resolve_options(cfg, mode, "cpu")
     _check_device(device, nproc)
+    limit = None if memory_limit is None else parse_bytes(memory_limit, "--memory-limit")
     kwargs = dict(bundle=str(bundle), device=device, epochs=epochs, max_time=max_time, val_every=val_every,
-                  resume=resume, mode=mode, progress=progress)
+                  resume=resume, mode=mode, progress=progress, memory_limit=limit)
     if nproc > 1 and int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         from autotune.train.ddp import spawn
         from autotune.train.infer import model_dir
@@ -129,7 +131,8 @@ class _TrainingRun:
     """One rank's training run: build everything, then epochs until done, out of time or stalled."""
 
     def __init__(self, *, ctx: Any, bundle: str, epochs: int | None, max_time: float | None,
-                 val_every: int | None, resume: bool, mode: str, progress: bool) -> None:
+                 val_every: int | None, resume: bool, mode: str, progress: bool,
+                 memory_limit: int | None = None) -> None:
         from autotune.bundles.config import load_bundle_config
         from autotune.train.infer import class_labels, model_dir
         from autotune.train.monitor import MetricsLog
@@ -148,6 +151,39 @@ class _TrainingRun:
             for torn in self.out.glob(".*.pt.*.tmp"):  # left by a kill during a checkpoint write
                 torn.unlink(missing_ok=True)
         self.metrics = MetricsLog(self.out, class_labels(self.cfg), enabled=ctx.is_main)
+        self.memory_limit = memory_limit
+        self.peaks: dict[str, int] = {}
+
+    def _apply_memory_limit(self) -> None:
+        """Cap the CUDA caching allocator at the limit, as the probe does (CPU: not enforced)."""
+        if self.memory_limit is None:
+            return
+        if not self.ctx.device.startswith("cuda"):
+            self.say(f"--memory-limit {format_bytes(self.memory_limit)} is enforced on CUDA only; on the CPU "
+                     "training reports no memory peak")
+            return
+        from autotune.probe.memory import cuda_set_memory_limit
+
+        cuda_set_memory_limit(self.ctx.device, int(self.memory_limit))
+
+    def _reset_peak(self) -> None:
+        if self.ctx.device.startswith("cuda"):
+            from autotune.probe.memory import cuda_reset_peaks
+
+            cuda_reset_peaks(self.ctx.device)
+
+    def _read_peak(self, row: dict[str, Any], phase: str) -> None:
+        """Put the CUDA allocator's peaks since the last reset into ``row`` (None on the CPU)."""
+        reserved = allocated = None
+        if self.ctx.device.startswith("cuda"):
+            from autotune.probe.memory import cuda_peaks
+
+            peaks = cuda_peaks(self.ctx.device)
+            reserved, allocated = peaks["cuda_max_memory_reserved"], peaks["cuda_max_memory_allocated"]
+            self.peaks[f"{phase}_peak_bytes"] = max(self.peaks.get(f"{phase}_peak_bytes", 0), reserved)
+            self.peaks[f"{phase}_peak_allocated_bytes"] = max(self.peaks.get(f"{phase}_peak_allocated_bytes", 0),
+                                                              allocated)
+        row[f"{phase}_peak_bytes"], row[f"{phase}_peak_allocated_bytes"] = reserved, allocated
 
     def say(self, message: str) -> None:
         if self.progress:
@@ -167,6 +203,10 @@ class _TrainingRun:
             import torch
 
             free = int(torch.cuda.mem_get_info(self.ctx.device)[0])
+            if self.memory_limit is not None:
+                # Under a limit the cache may only take what the tuned peak leaves (the probe never held it).
+                tuned_peak = int((self.cfg.get("tuning") or {}).get("peak_bytes") or 0)
+                free = max(0, min(free, int(self.memory_limit) - tuned_peak))
         self.opts = opts = data.resolve_options(self.cfg, self.mode, self.ctx.device, cache_bytes, free)
         self.train_transforms = build_transforms(self.cfg, "train",
                                                  device=self.ctx.device if opts.cache_on_device else None)
@@ -260,6 +300,7 @@ class _TrainingRun:
         torch.manual_seed(self.seed + 1000 * epoch + self.ctx.rank)
         self.train_transforms.set_random_state(seed=self.seed + 1000 * epoch + self.ctx.rank)
         self.net.train()
+        self._reset_peak()
         loss_sum, passes, samples, wait = torch.zeros((), device=device), 0, 0, 0.0
         bar = tqdm(total=len(self.train_loader), desc=f"epoch {epoch}/{self.total_epochs}", unit="batch",
                    leave=False, disable=not self.progress, file=sys.stderr)
@@ -289,7 +330,9 @@ class _TrainingRun:
         bar.close()
         total_loss, total_passes = all_reduce_sum(self.ctx, [float(loss_sum.item()), float(passes)])
         rank_samples = all_gather_int(self.ctx, samples)
-        return {
+        peak_row: dict[str, Any] = {}
+        self._read_peak(peak_row, "train")
+        return {**peak_row,
             "epoch": epoch, "loss": total_loss / max(total_passes, 1), "train_s": train_s, "data_wait_s": wait,
             "data_wait_share": wait / train_s if train_s > 0 else 0.0, "samples": sum(rank_samples),
             "samples_per_s": sum(rank_samples) / train_s if train_s > 0 else 0.0,
@@ -301,9 +344,11 @@ class _TrainingRun:
         from autotune.train.infer import evaluate
 
         t0 = time.perf_counter()
+        self._reset_peak()
         per_class, mean = evaluate(self.model, self.val_loader, self.cfg, self.ctx.device, self.amp_dtype,
                                    self.ctx)
         row["val_s"] = time.perf_counter() - t0
+        self._read_peak(row, "val")
         row.update({c: v for c, v in zip(self.metrics.dice_columns, per_class, strict=True)})
         row["mean_dice"] = mean
         if mean is not None and (self.best is None or mean > self.best):
@@ -317,6 +362,7 @@ class _TrainingRun:
         from autotune.train.ddp import barrier, broadcast_flag
         from autotune.train.monitor import GpuMonitor, epoch_line, fmt, plot_curves
 
+        self._apply_memory_limit()
         self._setup_data()
         self._setup_model()
         self._restore()
@@ -335,7 +381,7 @@ class _TrainingRun:
                 row = self._train_epoch(epoch)
                 over = self.max_time is not None and time.monotonic() - self.t_start >= self.max_time
                 time_up = broadcast_flag(self.ctx, over)
-                row.update(val_s=0.0, mean_dice=None)
+                row.update(val_s=0.0, mean_dice=None, val_peak_bytes=None, val_peak_allocated_bytes=None)
                 if epoch % self.val_every == 0 or epoch == self.total_epochs or time_up:
                     self._validate(row)
                 row["epoch_s"] = row["train_s"] + row["val_s"]
@@ -369,6 +415,10 @@ class _TrainingRun:
                                                   ("metrics_csv", "metrics.csv"), ("metrics_json", "metrics.json"),
                                                   ("curves", "curves.png"))},
             "gpu_monitor": str(monitor.path) if monitor.samples else None,
+            "memory_limit": self.memory_limit,
+            "tuned_peak_bytes": (self.cfg.get("tuning") or {}).get("peak_bytes"),
+            **{k: self.peaks.get(k) for k in ("train_peak_bytes", "train_peak_allocated_bytes", "val_peak_bytes",
+                                              "val_peak_allocated_bytes")},
         }
         if self.ctx.is_main:
             atomic_write_json(self.out / "train_summary.json", summary)
