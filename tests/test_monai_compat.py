@@ -86,6 +86,29 @@ def test_train_and_predict_params_are_checked(analysed, tmp_path: Path) -> None:
     run = parse_train_params(segresnet._config(), {"num_epochs": 4, "num_warmup_epochs": 1, "device": "cpu"})
     assert run.updates["num_epochs"] == 4 and run.device == "cpu"
     assert run.updates["lr_scheduler"]["args"]["warmup_fraction"] == pytest.approx(0.25)
+    assert parse_train_params(segresnet._config(), {"memory_limit": "2GiB"}).memory_limit == 2 * 1024**3
+    with pytest.raises(ConfigError, match="memory_limit.*not a size"):
+        parse_train_params(segresnet._config(), {"memory_limit": "lots"})
+    assert not (tmp_path / "segresnet_0" / "configs" / "hyper_parameters_train.yaml").exists()
+
+
+def test_train_runs_the_runner_with_the_tuned_memory_limit(analysed, tmp_path: Path, monkeypatch) -> None:
+    """What reaches ``autotune.train.runner.train`` (replaced here: the CUDA path runs without a GPU)."""
+    from autotune.bundles.config import update_bundle_config
+
+    gen = _gen(analysed, "segresnet")
+    gen.generate(tmp_path, num_fold=1, overrides="tiny")
+    update_bundle_config(tmp_path / "segresnet_0", {"tuning": {"memory_limit": 3 * 1024**3, "device": "cuda:0"}})
+    calls: list[dict] = []
+    monkeypatch.setattr("autotune.train.runner.train", lambda bundle, **kw: calls.append({"bundle": bundle, **kw}))
+    algo = gen.get_history()[0]["algo_instance"]
+    algo.train({"device": "cuda:0", "learning_rate": 0.01}, device_setting={"n_devices": 2})
+    algo.train({"device": "cpu"})
+    algo.train({"device": "cuda:0", "memory_limit": "1GiB"})
+    assert [c["memory_limit"] for c in calls] == [3 * 1024**3, None, 1024**3]
+    assert [c["nproc"] for c in calls] == [2, 1, 1]
+    assert calls[0]["bundle"].endswith("configs/hyper_parameters_train.yaml") and calls[0]["mode"] == "fast"
+    assert Path(calls[1]["bundle"]) == tmp_path / "segresnet_0"  # no config change: the generated config
     assert not (tmp_path / "segresnet_0" / "configs" / "hyper_parameters_train.yaml").exists()
 
 

@@ -5,7 +5,9 @@ Code written for MONAI's ``BundleGen`` reads ``history[i]["algo_instance"]`` and
 ensembles with ``AlgoEnsembleBestN`` / ``AlgoEnsembleBuilder``. ``AutotuneAlgo`` answers
 those calls with autotune's own runner and inference: fast mode by default, the bundle's
 tuned values (patches per iteration, sliding-window batch, validation device), which
-``train_params`` cannot change (they were measured for the bundle's memory limit).
+``train_params`` cannot change (they were measured for the bundle's memory limit), and on
+CUDA that memory limit (``tuning.memory_limit``) enforced as ``autotune train --memory-limit``
+does.
 
 ``train_params`` that change config values are written, merged into the bundle config,
 to ``configs/hyper_parameters_train.yaml`` and training reads that file, so
@@ -272,7 +274,8 @@ class AutotuneAlgo(Algo):
             train_params: MONAI template keys ``num_epochs``, ``num_epochs_per_validation``,
                 ``num_warmup_epochs``, ``learning_rate``, ``amp``, ``cache_rate``, ``num_workers``,
                 autotune's ``early_stop_patience``, and the run options ``device``, ``mode``
-                (``fast``/``regular``), ``max_time``, ``resume``, ``progress``.
+                (``fast``/``regular``), ``max_time``, ``resume``, ``progress``, ``memory_limit``
+                (on CUDA default the limit the bundle was tuned for, ``tuning.memory_limit``).
             device_setting: MONAI's device settings; ``n_devices`` above 1 on CUDA trains with
                 that many processes (DistributedDataParallel).
 
@@ -297,8 +300,12 @@ class AutotuneAlgo(Algo):
         else:
             target.unlink(missing_ok=True)  # an earlier run's overrides no longer describe the weights
             bundle = self.output_path
+        memory_limit = run.memory_limit
+        if memory_limit is None and device.startswith("cuda"):  # the limit the bundle was tuned for
+            tuned_limit = (cfg.get("tuning") or {}).get("memory_limit")
+            memory_limit = int(tuned_limit) if tuned_limit else None
         summary = run_training(bundle, device=device, max_time=run.max_time, resume=run.resume, mode=run.mode,
-                               nproc=nproc, progress=run.progress)
+                               nproc=nproc, progress=run.progress, memory_limit=memory_limit)
         self._inferer = None
         self.refresh_history()
         self.export()

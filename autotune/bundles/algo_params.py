@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.errors import ConfigError, SpecError
+from autotune.utils import parse_bytes
 
 __all__ = [
     "TRAIN_CONFIG_KEYS",
@@ -39,7 +40,7 @@ TRAIN_CONFIG_KEYS = (
     "early_stop_patience",
 )
 # autotune's own options of one training run (``autotune train`` flags).
-TRAIN_RUN_KEYS = ("device", "mode", "max_time", "resume", "progress")
+TRAIN_RUN_KEYS = ("device", "mode", "max_time", "resume", "progress", "memory_limit")
 # Set by the tuner for the bundle's memory limit: not changed per run.
 TUNED_KEYS = (
     "num_images_per_batch",
@@ -66,6 +67,7 @@ class TrainRun:
     max_time: float | None = None
     resume: bool = False
     progress: bool = True
+    memory_limit: int | None = None
 
 
 @dataclass
@@ -153,6 +155,11 @@ def parse_train_params(
                 run.max_time = parse_duration(value)
             except SpecError as exc:
                 raise ConfigError(f"{where}['max_time'] must be a duration such as 90s, 30m or 2h, got {value!r}") from exc
+        elif key == "memory_limit":
+            try:
+                run.memory_limit = parse_bytes(value, f"{where}['memory_limit']")
+            except SpecError as exc:
+                raise ConfigError(str(exc)) from exc
         else:  # resume, progress
             if not isinstance(value, bool):
                 raise ConfigError(f"{where}[{key!r}] must be true or false, got {value!r}")
