@@ -28,6 +28,8 @@ _EXPORTS: dict[str, str] = {
     "make_demo_dataset": "autotune.data.synthetic",
     # bundles
     "BundleGen": "autotune.bundles.bundlegen",
+    "AutotuneAlgo": "autotune.bundles.algo",
+    "load_overrides": "autotune.bundles.templates",
     "load_bundle_config": "autotune.bundles.config",
     "list_templates": "autotune.bundles.templates",
     # probe and estimate

@@ -7,9 +7,14 @@ Shaped like MONAI's ``monai.apps.auto3dseg.BundleGen``:
     gen.get_bundles()
 
 A bundle is a folder ``<algo>_<fold>/`` holding ``configs/hyper_parameters.yaml``
-(plain data, filled from the stats) and ``bundle.json`` (template name and version,
-the datastats hash, the fold). Training outputs inside an existing bundle are kept
-when it is regenerated; the two generated files are replaced atomically.
+(plain data, filled from the stats), ``bundle.json`` (template name and version,
+the datastats hash, the fold) and ``scripts/infer.py`` (MONAI's ``InferClass`` entry,
+two lines that import autotune's). Training outputs inside an existing bundle are kept
+when it is regenerated; the generated files are replaced atomically.
+
+``get_history()`` gives MONAI-shaped items whose ``algo_instance`` trains, scores and
+predicts (``autotune.bundles.algo.AutotuneAlgo``), so MONAI's ``AlgoEnsembleBuilder``
+and ``AlgoEnsembleBestN`` work on them.
 """
 
 from __future__ import annotations
@@ -27,14 +32,32 @@ from typing import Any
 from autotune import __version__
 from autotune.bundles.config import CONFIG_RELPATH, check_bundle_config
 from autotune.bundles.render import render_config
-from autotune.bundles.templates import list_templates, load_template
-from autotune.errors import ConfigError
-from autotune.utils import atomic_write_json, atomic_write_yaml, expand_path, look_up_option, read_yaml
+from autotune.bundles.templates import list_templates, load_overrides, load_template
+from autotune.errors import ConfigError, SpecError
+from autotune.utils import (
+    atomic_write_json,
+    atomic_write_text,
+    atomic_write_yaml,
+    expand_path,
+    look_up_option,
+    read_yaml,
+)
 
 __all__ = ["BundleGen", "BUNDLE_META", "parse_algos"]
 
 log = logging.getLogger(__name__)
 BUNDLE_META = "bundle.json"
+INFER_SCRIPT = Path("scripts") / "infer.py"
+# What MONAI's BundleAlgo.get_inferer and AlgoEnsembleBuilder look for in a bundle.
+_INFER_SCRIPT_TEXT = '''"""Inference entry of this bundle for MONAI Auto3DSeg (``BundleAlgo.get_inferer`` loads ``InferClass``).
+
+Written by ``autotune generate``; the work is done by autotune (as ``autotune infer`` does).
+"""
+
+from autotune.bundles.algo import InferClass
+
+__all__ = ["InferClass"]
+'''
 
 
 def parse_algos(algos: str | Sequence[str] | None, valid: Sequence[str]) -> list[str]:
@@ -81,6 +104,7 @@ class BundleGen:
         self.data_stats_filename = expand_path(data_stats_filename or self.algo_path / "datastats.yaml").resolve()
         self.data_src_cfg_name = expand_path(data_src_cfg_name or self.algo_path / "data_src.yaml").resolve()
         self._bundles: list[dict[str, Any]] = []
+        self._history: list[dict[str, Any]] = []
 
     def _data_src(self, num_fold: int) -> dict[str, Any]:
         from autotune.data.datalist import load_data_source
@@ -112,8 +136,8 @@ class BundleGen:
         output_folder: str | os.PathLike[str] | None = None,
         num_fold: int = 5,
         gpu_customization: bool = False,
-        gpu_customization_specs: Mapping[str, Any] | None = None,
-        overrides: Mapping[str, Any] | None = None,
+        gpu_customization_specs: Mapping[str, Any] | str | os.PathLike[str] | None = None,
+        overrides: Mapping[str, Any] | str | os.PathLike[str] | None = None,
         **tune_kwargs: Any,
     ) -> list[dict[str, Any]]:
         """Write ``<output_folder>/<algo>_<fold>/`` for every algorithm and fold; tune them if asked.
@@ -124,9 +148,11 @@ class BundleGen:
             gpu_customization: run the tuner on the generated bundles (one study per
                 tuning key, so folds share one search).
             gpu_customization_specs: Auto3DSeg-style specs (``universal`` or per algorithm:
-                ``num_trials``, ``range_num_images_per_batch``, ``range_num_sw_batch_size``).
-            overrides: plain data merged into every config; a key naming an algorithm
-                (e.g. ``{"dints": {...}}``) applies to that algorithm only.
+                ``num_trials``, ``range_num_images_per_batch``, ``range_num_sw_batch_size``), as a
+                mapping or a YAML file (as ``--specs`` takes them).
+            overrides: plain data merged into every config, as a mapping, a preset name
+                (``"tiny"``) or a YAML file, as ``--overrides`` takes them; a key naming an
+                algorithm (e.g. ``{"dints": {...}}``) applies to that algorithm only.
             **tune_kwargs: passed to ``autotune.search.tune_bundles`` (device, memory_limit,
                 storage, strategy, ...).
 
@@ -141,7 +167,7 @@ class BundleGen:
             raise ConfigError(f"{self.data_stats_filename}: not a datastats file; run 'autotune analyze' first")
         stats_hash = str((stats.get("autotune") or {}).get("content_hash") or _file_hash(self.data_stats_filename))
         data_src = self._data_src(num_fold)
-        overrides = dict(overrides or {})
+        overrides = load_overrides(overrides, self.templates_path)
         common = {k: v for k, v in overrides.items() if k not in self.algos and k not in list_templates(self.templates_path)}
         self._bundles = []
         for algo in self.algos:
@@ -174,7 +200,12 @@ class BundleGen:
         if gpu_customization:
             from autotune.search.tune import tune_bundles
 
-            tune_bundles([b["path"] for b in self._bundles], specs=gpu_customization_specs, **tune_kwargs)
+            specs = gpu_customization_specs
+            if isinstance(specs, (str, os.PathLike)):
+                specs = read_yaml(expand_path(specs, SpecError), SpecError)
+                if specs is not None and not isinstance(specs, Mapping):
+                    raise SpecError(f"{gpu_customization_specs}: specs must be a mapping of 'universal' or algorithm names")
+            tune_bundles([b["path"] for b in self._bundles], specs=specs, **tune_kwargs)
         return self.get_bundles()
 
     @staticmethod
@@ -185,11 +216,13 @@ class BundleGen:
         if target.is_dir():
             atomic_write_yaml(target / CONFIG_RELPATH, cfg)
             atomic_write_json(target / BUNDLE_META, meta)
+            atomic_write_text(target / INFER_SCRIPT, _INFER_SCRIPT_TEXT)
             return target
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
         try:
             atomic_write_yaml(tmp / CONFIG_RELPATH, cfg)
             atomic_write_json(tmp / BUNDLE_META, meta)
+            atomic_write_text(tmp / INFER_SCRIPT, _INFER_SCRIPT_TEXT)
             os.replace(tmp, target)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -200,4 +233,20 @@ class BundleGen:
         """The bundles of the last ``generate``: dicts with identifier, algo, fold and path."""
         return [dict(b) for b in self._bundles]
 
-    get_history = get_bundles
+    def get_history(self) -> list[dict[str, Any]]:
+        """The bundles of the last ``generate`` as MONAI's ``BundleGen.get_history()`` gives them.
+
+        Each item has MONAI's ``AlgoKeys``: ``identifier``, ``algo_instance`` (an
+        ``autotune.bundles.algo.AutotuneAlgo`` with MONAI's ``Algo`` interface: ``train``,
+        ``get_score``, ``predict``, ``get_output_path``), ``is_trained`` and ``best_metric``
+        (kept current by ``algo_instance.train()`` and re-read at each call). The same
+        list is returned each time, as MONAI does. Imports torch and MONAI.
+        """
+        from autotune.bundles.algo import AutotuneAlgo
+
+        paths = [b["path"] for b in self._bundles]
+        if [str(h["algo_instance"].get_output_path()) for h in self._history] != paths:
+            self._history[:] = [AutotuneAlgo(b["path"], name=b["identifier"]).history_item() for b in self._bundles]
+        for item in self._history:
+            item["algo_instance"].refresh_history()
+        return self._history

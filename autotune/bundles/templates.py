@@ -24,6 +24,7 @@ __all__ = [
     "reject_expressions",
     "list_presets",
     "preset_path",
+    "load_overrides",
 ]
 
 TEMPLATE_FILE = "template.yaml"
@@ -79,6 +80,41 @@ def preset_path(name_or_path: str | os.PathLike[str], templates_path: str | os.P
         look_up_option(text, list_presets(templates_path), "overrides preset")
         return _root(templates_path) / "presets" / f"{text}.yaml"
     return expand_path(text)
+
+
+def load_overrides(
+    overrides: Mapping[str, Any] | str | os.PathLike[str] | None,
+    templates_path: str | os.PathLike[str] | None = None,
+) -> dict[str, Any]:
+    """Overrides as the CLI's ``--overrides`` takes them: a preset name (``tiny``), a YAML file or a mapping.
+
+    Returns:
+        A new dict of plain data ({} for ``None`` or an empty file).
+
+    Raises:
+        ConfigError: an unknown preset (the valid names are listed), an unreadable file,
+            a top level that is not a mapping, or a ``$`` expression.
+    """
+    if overrides is None:
+        return {}
+    if isinstance(overrides, Mapping):
+        data: Any = dict(overrides)
+        where = "overrides"
+    elif isinstance(overrides, (str, os.PathLike)):
+        if not str(overrides).strip():
+            return {}
+        data = read_yaml(preset_path(overrides, templates_path), ConfigError)
+        where = str(overrides)
+    else:
+        raise ConfigError(
+            f"overrides must be a preset name (tiny), a YAML file or a mapping, got {type(overrides).__name__}"
+        )
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: overrides must be a mapping of config keys to values")
+    reject_expressions(data, where)
+    return data
 
 
 def reject_expressions(value: Any, where: str) -> None:

@@ -37,20 +37,10 @@ def add_generate_args(p: argparse.ArgumentParser) -> None:
 
 
 def load_overrides(path: str | None) -> dict:
-    """Read an overrides YAML (plain data, a mapping) or return {}."""
-    if not path:
-        return {}
-    from autotune.bundles.templates import preset_path, reject_expressions
-    from autotune.errors import ConfigError
-    from autotune.utils import read_yaml
+    """Read ``--overrides`` (a preset name or a YAML of plain data) or return {}."""
+    from autotune.bundles.templates import load_overrides as load
 
-    data = read_yaml(preset_path(path), ConfigError)
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: overrides must be a mapping of config keys to values")
-    reject_expressions(data, str(path))
-    return data
+    return load(path)
 
 
 def generate_bundles(args: argparse.Namespace) -> list[dict]:
