@@ -26,7 +26,35 @@ __all__ = [
     "parse_bytes",
     "format_bytes",
     "look_up_option",
+    "bars_enabled",
+    "unique_tmp_name",
+    "fsync_path",
 ]
+
+
+def bars_enabled(progress: bool) -> bool:
+    """Progress bars only on a terminal: in a log file or a pipe each repaint would be a new line
+    (one line per epoch or trial is printed there instead)."""
+    import sys
+
+    return bool(progress) and hasattr(sys.stderr, "isatty") and sys.stderr.isatty()
+
+
+def unique_tmp_name(path: str | os.PathLike[str], suffix: str = ".tmp") -> Path:
+    """A temp name beside ``path`` that two processes writing the same file never share."""
+    import uuid
+
+    path = Path(path)
+    return path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}{suffix}")
+
+
+def fsync_path(path: str | os.PathLike[str]) -> None:
+    """Flush a file (or a folder's entries, after a rename into it) to the disk."""
+    fd = os.open(str(path), os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:

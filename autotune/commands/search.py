@@ -262,6 +262,10 @@ def run_dashboard(args: argparse.Namespace) -> int:
         raise AutotuneError("optuna-dashboard is not installed; pip install 'autotune[dashboard]'") from exc
     url = args.storage or default_storage_url()
     storage = open_storage(url, heartbeat=False)
+    if args.host not in ("127.0.0.1", "localhost", "::1"):
+        print(f"warning: --host {args.host} serves the dashboard beyond this machine with no login: anyone who "
+              "reaches it can read and delete studies (optuna-dashboard's write API); prefer 127.0.0.1 and an "
+              "SSH tunnel", file=sys.stderr, flush=True)
     print(f"optuna-dashboard on {redact_url(url)}: http://{args.host}:{args.port}/dashboard/", flush=True)
     optuna_dashboard.run_server(storage, host=args.host, port=args.port)
     return 0

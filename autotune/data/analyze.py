@@ -38,7 +38,7 @@ from autotune.data.datalist import (
 from autotune.data.integrity import check_dataset, check_duplicates, log_warnings
 from autotune.data.validate import check_cases
 from autotune.errors import AutotuneError, DataError, InputError
-from autotune.utils import atomic_write_json, atomic_write_yaml, read_yaml
+from autotune.utils import atomic_write_json, atomic_write_yaml, bars_enabled, read_yaml
 
 __all__ = ["AnalysisResult", "analyze", "content_hash", "DATASTATS", "DATALIST", "DATA_SRC"]
 
@@ -199,7 +199,7 @@ def _run_data_analyzer(source: DataSource, progress: bool) -> tuple[dict[str, An
 
     datalist = {"training": source.as_datalist()["training"]}
     failures: list[str] = []
-    bar = functools.partial(tqdm, desc="analyzing", unit="case", file=sys.stderr, disable=not progress, leave=False)
+    bar = functools.partial(tqdm, desc="analyzing", unit="case", file=sys.stderr, disable=not bars_enabled(progress), leave=False)
     with _quiet_monai(failures), _patched(analyzer_module, "tqdm", bar), _torch_threads(1), \
             warnings.catch_warnings():
         warnings.simplefilter("ignore")

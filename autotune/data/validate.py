@@ -20,6 +20,7 @@ import numpy as np
 from autotune.data.datalist import DataSource
 from autotune.data.integrity import DeclaredClasses, declared_classes, refuse_undeclared
 from autotune.errors import DataError
+from autotune.utils import bars_enabled
 
 __all__ = ["CaseInfo", "check_cases", "check_case"]
 
@@ -74,7 +75,7 @@ def check_cases(source: DataSource, progress: bool = True) -> list[CaseInfo]:
     declared = declared_classes(source)
     infos: list[CaseInfo] = []
     for entry in tqdm(source.training, desc="checking cases", unit="case", file=sys.stderr,
-                      disable=not progress, leave=False):
+                      disable=not bars_enabled(progress), leave=False):
         info = check_case(entry, declared=declared)
         if infos and info.channels != infos[0].channels:
             raise DataError(f"{info.image[0]}: image has {info.channels} channel(s) but {infos[0].image[0]} has "

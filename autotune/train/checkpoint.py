@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import ConfigError
+from autotune.utils import fsync_path
 
 __all__ = ["save_checkpoint", "load_checkpoint", "rng_state", "set_rng_state", "fit_schedule", "restore"]
 
@@ -26,7 +27,9 @@ def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
     os.close(fd)
     try:
         torch.save(state, tmp)
+        fsync_path(tmp)  # the bytes are on disk before the rename makes them the checkpoint
         os.replace(tmp, path)
+        fsync_path(path.parent)  # and the rename itself survives a power loss
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

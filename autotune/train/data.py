@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import ConfigError, DataError
-from autotune.utils import look_up_option, read_json
+from autotune.utils import bars_enabled, look_up_option, read_json
 
 __all__ = [
     "MODES",
@@ -265,7 +265,7 @@ def make_dataset(
         transform=transform,
         cache_rate=opts.cache_rate,
         num_workers=max(1, opts.num_workers or (os.cpu_count() or 1)),
-        progress=progress,
+        progress=bars_enabled(progress),
         # Random crops copy what they take, so the cached items are never changed in place.
         copy_cache=False,
     )

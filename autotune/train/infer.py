@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune.errors import ConfigError, InputError
-from autotune.utils import read_json
+from autotune.utils import bars_enabled, read_json, unique_tmp_name
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -217,7 +217,7 @@ def infer(
     image_device = "cpu" if cfg.get("sw_input_on_cpu") else device
     dtype = amp_dtype(cfg, device)
     written, used = [], set()
-    for item in tqdm(files, desc="infer", unit="image", disable=not progress):
+    for item in tqdm(files, desc="infer", unit="image", disable=not bars_enabled(progress)):
         data = transforms({"image": item})
         logits = sliding_window_predict(
             model, plain(data["image"]).unsqueeze(0).to(image_device), device=device, amp_dtype=dtype,
@@ -233,7 +233,7 @@ def infer(
         array = array[0] if array.shape[0] == 1 else np.moveaxis(array, 0, -1)
         affine = np.asarray(plain(restored.affine).numpy(), dtype=np.float64)
         path = out / _output_name(item, used)
-        tmp = path.with_name(f".{path.name}.tmp.nii.gz")
+        tmp = unique_tmp_name(path, ".tmp.nii.gz")  # two runs writing the same output never share it
         nib.save(nib.Nifti1Image(np.rint(array).astype(np.uint8), affine), tmp)
         tmp.replace(path)
         written.append(path)

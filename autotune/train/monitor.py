@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from autotune.utils import atomic_write_json, atomic_write_text
+from autotune.utils import atomic_write_json, atomic_write_text, unique_tmp_name
 
 __all__ = ["NvtxRanges", "GpuMonitor", "MetricsLog", "plot_curves", "epoch_line", "fmt", "BASE_COLUMNS"]
 
@@ -250,7 +250,7 @@ def plot_curves(rows: Sequence[Mapping[str, Any]], path: Path, title: str = "") 
         fig.suptitle(title)
     fig.tight_layout()
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp.png")
+    tmp = unique_tmp_name(path, ".tmp.png")
     fig.savefig(tmp, dpi=90)
     plt.close(fig)
     tmp.replace(path)

@@ -20,7 +20,7 @@ from typing import Any
 from autotune.errors import ConfigError, SpecError
 from autotune.train.checkpoint import restore, rng_state, save_checkpoint
 from autotune.train.memory import PhaseMemory, training_limit
-from autotune.utils import atomic_write_json, format_bytes, read_json
+from autotune.utils import atomic_write_json, bars_enabled, format_bytes, read_json
 
 __all__ = ["train", "run_worker", "parse_duration"]
 
@@ -275,7 +275,7 @@ class _TrainingRun:
         tracker = self.memory.start(self.model, self.optimizer)
         loss_sum, passes, samples, wait = torch.zeros((), device=device), 0, 0, 0.0
         bar = tqdm(total=len(self.train_loader), desc=f"epoch {epoch}/{self.total_epochs}", unit="batch",
-                   leave=False, disable=not self.progress, file=sys.stderr)
+                   leave=False, disable=not bars_enabled(self.progress), file=sys.stderr)
         t0 = time.perf_counter()
         batches = iter(self.train_loader)
         while True:
