@@ -30,7 +30,7 @@ def training_set(cfg: Mapping[str, Any]) -> tuple[int, list[float]]:
     Raises:
         AutotuneError: the datalist or ``datastats.yaml`` cannot be read.
     """
-    from autotune.bundles.render import stat
+    from autotune.bundles.render import _xyz, stat
     from autotune.errors import ConfigError
     from autotune.train.data import split_datalist
     from autotune.utils import read_yaml
@@ -38,10 +38,8 @@ def training_set(cfg: Mapping[str, Any]) -> tuple[int, list[float]]:
     train, _val, _note = split_datalist(cfg)
     source = str(cfg.get("datastats") or "")
     stats = read_yaml(source, ConfigError)
-    shape = [float(v) for v in stat(stats, "image_stats.shape.median", source)[:3]]
-    spacing = [float(v) for v in stat(stats, "image_stats.spacing.median", source)[:3]]
-    if shape and isinstance(shape[0], list):  # one list per channel
-        shape = [float(v) for v in shape[0]]
+    shape = _xyz(stat(stats, "image_stats.shape.median", source), "image_stats#shape#median", source)
+    spacing = _xyz(stat(stats, "image_stats.spacing.median", source), "image_stats#spacing#median", source)
     resolution = [float(v) for v in cfg["resample_resolution"]]
     return len(train), [shape[i] * spacing[i] / resolution[i] for i in range(3)]
 
