@@ -109,10 +109,25 @@ def train_run(args: argparse.Namespace, bundle: Path, label: str, work: Path) ->
         "final_dice": validated[-1]["mean_dice"] if validated else None,
         "last_elapsed_s": rows[-1]["elapsed_s"] if rows else None,
         "curve": [[r["epoch"], round(r["elapsed_s"], 1), round(r["mean_dice"], 4), r["lr"]] for r in validated],
+        "loss_curve": _loss_curve(rows),
         "wall_s": round(wall, 1),
         "load_avg_before": load_before,
         "load_avg_after": os.getloadavg(),
     }
+
+
+def _loss_curve(rows: list[dict[str, Any]]) -> list[list[float]]:
+    """[epoch, wall s, mean training loss, optimizer steps] per epoch."""
+    return [[r["epoch"], round(r["elapsed_s"], 1), round(r["loss"], 4), r.get("steps")] for r in rows]
+
+
+def _add_loss_curves(report: dict[str, Any], work: Path) -> None:
+    """Runs recorded before the loss curve was kept: read it from their metrics in ``work``."""
+    for algo, entry in report["algos"].items():
+        for variant, run in entry.get("runs", {}).items():
+            metrics = work / "runs" / f"{algo}_{variant}" / "model_fold0" / "metrics.json"
+            if "loss_curve" not in run and metrics.is_file():
+                run["loss_curve"] = _loss_curve(json.loads(metrics.read_text())["rows"])
 
 
 def fmt(value: Any, spec: str = ".0f") -> str:
@@ -144,13 +159,15 @@ def table(report: dict[str, Any]) -> str:
 
 def curves(report: dict[str, Any]) -> str:
     """Validation mean Dice after each epoch, as ``wall s: Dice`` pairs, for both variants."""
-    lines = ["| algo | variant | (wall s from process start: mean Dice) after each epoch |", "|---|---|---|"]
+    lines = ["| algo | variant | (wall s: validation mean Dice) after each epoch | training loss per epoch |",
+             "|---|---|---|---|"]
     for algo, entry in report["algos"].items():
         for variant in VARIANTS:
             run = entry.get("runs", {}).get(variant)
             if run:
                 points = ", ".join(f"{c[1]:.0f}: {c[2]:.3f}" for c in run["curve"])
-                lines.append(f"| {algo} | {variant} | {points} |")
+                losses = ", ".join(f"{c[2]:.3f}" for c in run.get("loss_curve", []))
+                lines.append(f"| {algo} | {variant} | {points} | {losses} |")
     return "\n".join(lines)
 
 
@@ -182,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     if args.report_only:
         report = json.loads(out.read_text())
+        _add_loss_curves(report, Path(args.work))
+        out.write_text(json.dumps(report, indent=2) + "\n")
         print(table(report))
         print()
         print(curves(report))
