@@ -80,8 +80,9 @@ def batch_report(record: Mapping[str, Any], cap: Mapping[str, Any], predicted_ma
     """The largest batch that fits, the batch handed to training, and why they differ."""
     handed, largest = record.get("num_patches_per_iter"), record.get("max_num_patches_per_iter")
     lo, top = (cap.get("range") or [None, None])[:2]
-    if predicted_max is not None and cap.get("template_range"):
-        predicted_max = min(int(predicted_max), int(cap["template_range"][1]))
+    whole = cap.get("template_range") or cap.get("range")
+    if predicted_max is not None and whole:  # the estimate, read no further than the template's range
+        predicted_max = min(int(predicted_max), int(whole[1]))
     if handed is None:
         reason = "nothing fits"
     elif largest is not None and handed < largest:
