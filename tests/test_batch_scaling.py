@@ -158,3 +158,16 @@ def test_overridden_learning_rate_is_the_new_reference(demo_data: Path, tmp_path
     cfg = load_bundle_config(bundle["path"])
     assert cfg["batch_scaling"]["reference_learning_rate"] == 0.003
     assert cfg["batch_scaling"]["reference_batch"] == cfg["num_patches_per_iter"] == 2
+
+
+def test_batch_report_says_why_the_handed_batch_differs() -> None:
+    from autotune.search.handoff import batch_report
+
+    capped = {"applied": True, "range": [1, 3], "template_range": [1, 64], "train_cases": 128}
+    by_cap = batch_report({"num_patches_per_iter": 3, "max_num_patches_per_iter": 3}, capped, 10**9)
+    assert by_cap["predicted_largest_fit"] == 64 and "training-set cap 3" in by_cap["reason"]
+    by_speed = batch_report({"num_patches_per_iter": 2, "max_num_patches_per_iter": 3}, capped, 40)
+    assert by_speed["handed_to_training"] == 2 and "faster" in by_speed["reason"]
+    open_range = {"applied": False, "range": [1, 64], "template_range": [1, 64]}
+    by_memory = batch_report({"num_patches_per_iter": 9, "max_num_patches_per_iter": 9}, open_range, 9)
+    assert by_memory["largest_fit_in_range"] == 9 and by_memory["reason"].startswith("memory")
