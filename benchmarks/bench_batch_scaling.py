@@ -187,7 +187,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
                 ax.plot([c[1] for c in run["curve"]], [c[2] for c in run["curve"]], style, ms=3,
                         label=f"{variant} ({n} patches/step)")
         ax.axhline(report["settings"]["target"], color="grey", lw=0.8, ls="--")
-        ax.set(title=algo, xlabel="wall s (from process start)", ylabel="validation mean Dice", ylim=(0, 1))
+        ax.set(title=algo, xlabel="wall s (from the run's start, caching included)", ylabel="validation mean Dice", ylim=(0, 1))
         ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
@@ -201,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         report = json.loads(out.read_text())
         _add_loss_curves(report, Path(args.work))
         out.write_text(json.dumps(report, indent=2) + "\n")
+        plot(report, out.with_suffix(".png"))
         print(table(report))
         print()
         print(curves(report))
