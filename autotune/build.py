@@ -223,15 +223,26 @@ def build_optimizer(cfg: Mapping[str, Any], params: Iterable[Any]) -> torch.opti
 
 
 def build_lr_scheduler(
-    cfg: Mapping[str, Any], optimizer: torch.optim.Optimizer, total_steps: int
+    cfg: Mapping[str, Any], optimizer: torch.optim.Optimizer, total_steps: int, warmup_steps: int = 0,
+    warmup_start_factor: float = 1.0,
 ) -> torch.optim.lr_scheduler.LRScheduler | None:
-    """Build the schedule in ``cfg['lr_scheduler']``, stepped ``total_steps`` times in all."""
+    """Build the schedule in ``cfg['lr_scheduler']``, stepped ``total_steps`` times in all.
+
+    With ``warmup_steps`` and ``warmup_start_factor < 1`` (a learning rate scaled up for a
+    larger batch, see ``autotune.bundles.scaling``) the rate ramps from that share of
+    itself to all of it first, and the template's schedule multiplies on top.
+    """
     import torch
 
     section = cfg.get("lr_scheduler") or {"name": "none"}
     name = look_up_option(str(section.get("name", "none")), SCHEDULERS, "lr_scheduler")
     args = dict(section.get("args") or {})
     total_steps = max(1, int(total_steps))
+    if warmup_steps > 0 and warmup_start_factor < 1.0:
+        from autotune.train.schedule import build_scaled_scheduler
+
+        return build_scaled_scheduler({"name": name, "args": args}, optimizer, total_steps, warmup_steps,
+                                      warmup_start_factor)
     if name == "none":
         return None
     if name == "WarmupCosineSchedule":

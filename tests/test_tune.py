@@ -21,6 +21,9 @@ from autotune.data.analyze import analyze
 from autotune.search.tune import tune_bundles
 
 MARGIN = 0.10
+# an explicit range, searched as given: the demo set's training-set cap (2) would stop the search
+# below the memory maximum these tests are about (tests/test_batch_scaling.py covers the cap)
+SPECS = {"universal": {"range_num_images_per_batch": [1, 64]}}
 
 
 @pytest.fixture(scope="module")
@@ -45,8 +48,8 @@ def limit(work: Path) -> int:
 @pytest.fixture(scope="module")
 def tuned(work: Path, limit: int, tmp_path_factory: pytest.TempPathFactory) -> dict:
     storage = f"sqlite:///{tmp_path_factory.mktemp('studies') / 'tune.db'}"
-    results = tune_bundles([work / "unet_0", work / "unet_1"], device="cpu", memory_limit=limit, storage=storage,
-                           margin=MARGIN, progress=None, summary_path=work / "summary.json")
+    results = tune_bundles([work / "unet_0", work / "unet_1"], SPECS, device="cpu", memory_limit=limit,
+                           storage=storage, margin=MARGIN, progress=None, summary_path=work / "summary.json")
     return {"results": results, "storage": storage}
 
 
@@ -90,7 +93,7 @@ def test_write_back_and_folds_share_one_search(work: Path, tuned: dict) -> None:
 
 def test_rerun_answers_from_storage_without_trials(work: Path, limit: int, tuned: dict) -> None:
     before = len(_trials(tuned["storage"], tuned["results"][0]["study_name"]))
-    again = tune_bundles([work / "unet_0"], device="cpu", memory_limit=limit, storage=tuned["storage"],
+    again = tune_bundles([work / "unet_0"], SPECS, device="cpu", memory_limit=limit, storage=tuned["storage"],
                          margin=MARGIN, progress=None)
     assert again[0]["from_storage"] is True and again[0]["probes"] == 0
     assert again[0]["num_patches_per_iter"] == tuned["results"][0]["num_patches_per_iter"]
@@ -101,7 +104,7 @@ def test_kill_midway_then_resume(work: Path, limit: int, tuned: dict, tmp_path: 
     db = tmp_path / "killed.db"
     storage = f"sqlite:///{db}"
     cmd = [sys.executable, "-m", "autotune", "tune", str(work / "unet_0"), "--device", "cpu", "--memory-limit",
-           str(limit), "--storage", storage, "--quiet"]
+           str(limit), "--storage", storage, "--quiet", "--range-num-images-per-batch", "1", "64"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     study_name = tuned["results"][0]["study_name"]
     deadline = time.time() + 240
@@ -121,8 +124,8 @@ def test_kill_midway_then_resume(work: Path, limit: int, tuned: dict, tmp_path: 
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     assert done_before, "a trial finished before the kill"
-    resumed = tune_bundles([work / "unet_0"], device="cpu", memory_limit=limit, storage=storage, margin=MARGIN,
-                           progress=None, write_back=False)[0]
+    resumed = tune_bundles([work / "unet_0"], SPECS, device="cpu", memory_limit=limit, storage=storage,
+                           margin=MARGIN, progress=None, write_back=False)[0]
     trials = {t.number: t for t in _trials(storage, study_name)}
     for number in done_before:  # nothing finished was lost
         assert trials[number].state == optuna.trial.TrialState.COMPLETE

@@ -72,6 +72,17 @@ def _output_classes(labels: list[int], sigmoid: bool) -> int:
     return int(max(labels)) + 1 if labels else 2
 
 
+def _follow_overrides(cfg: dict[str, Any], overrides: Mapping[str, Any]) -> None:
+    """An overridden learning rate or batch is the new baseline, unless ``batch_scaling`` is overridden too."""
+    block = cfg.get("batch_scaling")
+    given = overrides.get("batch_scaling") if isinstance(overrides.get("batch_scaling"), Mapping) else {}
+    if not isinstance(block, dict):
+        return
+    for key, ref in (("learning_rate", "reference_learning_rate"), ("num_patches_per_iter", "reference_batch")):
+        if key in overrides and ref not in given:
+            block[ref] = cfg[key]
+
+
 def render_config(
     template: Mapping[str, Any],
     datastats: Mapping[str, Any],
@@ -142,8 +153,11 @@ def render_config(
         "tuning_ranges": copy.deepcopy((template.get("tuning") or {}).get("ranges", {})),
         "tuning_validation_devices": list((template.get("tuning") or {}).get("validation_devices", ["device", "cpu"])),
     }
+    if template.get("batch_scaling") is not None:
+        cfg["batch_scaling"] = copy.deepcopy(template["batch_scaling"])
     if overrides:
         cfg = deep_merge(cfg, overrides)
+        _follow_overrides(cfg, overrides)
 
     from autotune.build import roi_divisor
 
@@ -159,5 +173,8 @@ def render_config(
             raise ConfigError(
                 f"roi_size {roi} does not suit {cfg['network']['name']}: each size must be a multiple of {divisor}"
             )
+    from autotune.bundles.scaling import batch_scaling_of
+
+    batch_scaling_of(cfg)  # a malformed block fails at generation, not at tuning
     cfg["infer_volume_shape"] = [max(int(a), int(b)) for a, b in zip(cfg["infer_volume_shape"], cfg["roi_size"], strict=True)]
     return cfg

@@ -12,12 +12,14 @@ __all__ = ["format_results"]
 
 
 def format_results(results: Sequence[Mapping[str, Any]]) -> str:
-    """One row per bundle: tuned values, measured peak against the limit, throughput, source."""
+    """One row per bundle: tuned values, measured peak against the limit, throughput, source; then, per
+    algorithm, why the batch handed to training differs from the largest that fits, and the new rate."""
     header = (
-        f"{'bundle':<14} {'status':<10} {'patches/iter':>12} {'images x crops':>14} {'sw batch':>8} "
+        f"{'bundle':<14} {'status':<10} {'patches/iter':>12} {'fits':>5} {'lr':>8} {'images x crops':>14} {'sw batch':>8} "
         f"{'val on':>6} {'peak':>10} {'limit':>10} {'samples/s':>9} {'method':<9} {'probes':>6} source"
     )
     lines = [header, "-" * len(header)]
+    notes: dict[str, str] = {}
     for r in results:
         name = Path(str(r.get("bundle", "?"))).name
         if r.get("status") != "tuned":
@@ -29,10 +31,23 @@ def format_results(results: Sequence[Mapping[str, Any]]) -> str:
         if method == "estimated":
             method = "ESTIMATED"
         source = "storage" if r.get("from_storage") else "searched"
+        batch = r.get("batch") or {}
+        fits = batch.get("predicted_largest_fit") or batch.get("largest_fit_in_range") or "-"
+        lr = r.get("learning_rate")
+        recipe = r.get("tuning", {}).get("recipe", {}) if isinstance(r.get("tuning"), Mapping) else {}
+        if batch.get("reason") and r.get("algo") not in notes:
+            rate = recipe.get("learning_rate") or {}
+            steps = (recipe.get("schedule") or {}).get("steps_per_epoch") or {}
+            notes[str(r.get("algo"))] = (
+                f"{r.get('algo')}: {r['num_patches_per_iter']} patches/step to training: {batch['reason']}; "
+                f"lr {rate.get('before', '-')} -> {rate.get('after', '-')} ({recipe.get('lr_scaling', 'none')}), "
+                f"steps/epoch {steps.get('before', '-')} -> {steps.get('after', '-')}")
         lines.append(
-            f"{name:<14} {'tuned':<10} {r['num_patches_per_iter']:>12} {loader:>14} {r['num_sw_batch_size']:>8} "
+            f"{name:<14} {'tuned':<10} {r['num_patches_per_iter']:>12} {fits:>5} "
+            f"{(f'{lr:.3g}' if isinstance(lr, (int, float)) else '-'):>8} {loader:>14} {r['num_sw_batch_size']:>8} "
             f"{('cpu' if r.get('sw_input_on_cpu') else 'device'):>6} {format_bytes(r.get('peak_bytes')):>10} "
             f"{format_bytes(r.get('memory_limit')):>10} {(f'{sps:.2f}' if sps else '-'):>9} {method:<9} "
             f"{r.get('probes', 0):>6} {source}"
         )
+    lines += [f"  {note}" for note in notes.values()]
     return "\n".join(lines)

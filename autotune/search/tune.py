@@ -12,7 +12,6 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import json
-import math
 import os
 import sys
 import time
@@ -23,6 +22,7 @@ from typing import Any
 
 from autotune.bundles.config import bundle_config_path, load_bundle_config, update_bundle_config
 from autotune.errors import SpecError
+from autotune.search.handoff import batch_report, cap_range, handoff_updates
 from autotune.search.space import AlgoSpec, parse_specs, spec_for
 from autotune.utils import atomic_write_json, format_bytes, look_up_option, parse_bytes
 
@@ -34,8 +34,10 @@ DEFAULT_MARGIN = 0.10
 
 def loader_settings(num_patches_per_iter: int, num_crops_per_image: int) -> dict[str, int]:
     """Loader batch that splits into whole forward passes of N patches: images x crops = lcm(N, crops)."""
+    from autotune.step import loader_batch_patches
+
     n, crops = int(num_patches_per_iter), max(1, int(num_crops_per_image))
-    images = math.lcm(n, crops) // crops
+    images = loader_batch_patches(n, crops) // crops  # the probe holds this batch too
     return {"num_patches_per_iter": n, "num_images_per_batch": images, "num_crops_per_image": crops}
 
 
@@ -240,7 +242,7 @@ def _tune_group(ctx: _Context, key: Any, cfg: Mapping[str, Any], n_bundles: int,
     if not cfg.get("tuning_supported", True):
         ctx.say(f"[{algo}] this template does not support tuning; bundles left as generated")
         return {"algo": algo, "status": "unsupported", "reason": "template does not support tuning"}
-    spec = spec_for(ctx.explicit[algo], cfg)
+    spec, batch_cap = cap_range(spec_for(ctx.explicit[algo], cfg), cfg, ctx.say)
     devices = _validation_devices(spec, ctx.device)
     tag = _result_tag(ctx.strategy, ctx.margin, spec, devices, ctx.estimate_only)
     sampler = None
@@ -283,6 +285,7 @@ def _tune_group(ctx: _Context, key: Any, cfg: Mapping[str, Any], n_bundles: int,
         )
         started = time.perf_counter()
         record = _search(study, cfg, spec, devices, ctx)
+        record["batch"] = batch_report(record, batch_cap, record.pop("predicted_max_num_patches_per_iter", None))
         record.update(
             study_name=study_name,
             storage=ctx.shown_storage,
@@ -327,10 +330,12 @@ def _search(
     evaluator = Evaluator(
         study, prober, ctx.budget, distributions(spec, devices), progress=ctx.say, label=cfg["algo"], claims=ctx.claims
     )
+    predicted = None
     if ctx.strategy == "tpe":
         outcome = run_tpe(evaluator, spec, devices, seed=int(cfg.get("seed", 0)))
     else:
         train_model = prober.memory_model("train", {})
+        predicted = getattr(train_model, "max_fitting", None)
         outcome = run_fast(
             evaluator,
             spec,
@@ -345,6 +350,8 @@ def _search(
         "reused_points": evaluator.reused,
         "trials": evaluator.trial_numbers,
     }
+    if predicted is not None:
+        record["predicted_max_num_patches_per_iter"] = int(predicted(ctx.budget))
     if outcome.num_patches_per_iter is None:
         record.update(status="infeasible", reason=(
             f"even {spec.patches_range[0]} patch(es) per iteration does not fit in the budget; "
@@ -392,7 +399,10 @@ def _write_back(
     updates: dict[str, Any] = loader_settings(record["num_patches_per_iter"], cfg.get("num_crops_per_image", 1))
     updates["num_sw_batch_size"] = int(record["num_sw_batch_size"])
     updates["sw_input_on_cpu"] = bool(record["sw_input_on_cpu"])
+    handed = handoff_updates(cfg, int(record["num_patches_per_iter"]))  # lr and schedule follow the batch
     provenance = {k: v for k, v in record.items() if k not in ("from_storage",)}
+    provenance["recipe"] = handed.pop("record")
+    updates.update(handed)
     updates["tuning"] = provenance
     result.update(updates)
     if write_back:

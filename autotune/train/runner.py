@@ -8,7 +8,6 @@ to ``BUNDLE/model_fold<k>/``: ``best.pt``, ``last.pt``, ``metrics.csv``, ``metri
 
 from __future__ import annotations
 
-import math
 import os
 import re
 import sys
@@ -17,6 +16,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from autotune.bundles.scaling import plan_schedule
 from autotune.errors import ConfigError, SpecError
 from autotune.train.checkpoint import restore, rng_state, save_checkpoint
 from autotune.train.memory import PhaseMemory, training_limit
@@ -186,10 +186,9 @@ class _TrainingRun:
         self.batch_images = int(self.cfg["num_images_per_batch"])
         self.train_loader = data.make_loader(train_ds, self.batch_images, opts, shuffle=True)
         self.val_loader = data.make_loader(val_ds, 1, opts, shuffle=False)
-        crops, per_pass = int(self.cfg["num_crops_per_image"]), int(self.cfg["num_patches_per_iter"])
-        full, rest = divmod(len(train_ds), self.batch_images)
-        self.steps_per_epoch = full * math.ceil(self.batch_images * crops / per_pass) + (
-            math.ceil(rest * crops / per_pass) if rest else 0)
+        # the schedule counts samples: epochs x cases x crops, in ceil(samples / N) optimizer steps
+        self.plan = plan_schedule(self.cfg, len(train_ds), self.total_epochs)
+        self.steps_per_epoch = self.plan.steps_per_epoch
         self.num_train_cases = len(train_ds)
 
     def _setup_model(self) -> None:
@@ -205,7 +204,8 @@ class _TrainingRun:
         if self.opts.template_recipe:
             self.loss_fn = build.build_loss(cfg)
             self.optimizer = build.build_optimizer(cfg, self.model.parameters())
-            self.scheduler = build.build_lr_scheduler(cfg, self.optimizer, self.total_epochs * self.steps_per_epoch)
+            self.scheduler = build.build_lr_scheduler(cfg, self.optimizer, self.plan.total_steps,
+                                                      self.plan.warmup_steps, self.plan.warmup_start_factor)
         else:  # the seed's baseline recipe
             from monai.losses import DiceLoss
 
@@ -254,6 +254,10 @@ class _TrainingRun:
             "total_steps": self.total_epochs * self.steps_per_epoch, "rng": rng_state(),
             "algo": self.cfg["algo"], "network": self.cfg["network"]["name"],
         }
+
+    def _base_lr(self) -> float:
+        group = self.optimizer.param_groups[0]
+        return float(group.get("initial_lr", group["lr"]))
 
     def elapsed(self) -> float:
         return self.elapsed_before + time.monotonic() - self.t_start
@@ -312,6 +316,7 @@ class _TrainingRun:
         return {**peak_row,
             "epoch": epoch, "loss": total_loss / max(total_passes, 1), "train_s": train_s, "data_wait_s": wait,
             "data_wait_share": wait / train_s if train_s > 0 else 0.0, "samples": sum(rank_samples),
+            "steps": int(total_passes) // self.ctx.world_size,
             "samples_per_s": sum(rank_samples) / train_s if train_s > 0 else 0.0,
             "lr": float(self.optimizer.param_groups[0]["lr"]), "world_size": self.ctx.world_size,
             "rank_samples": rank_samples,
@@ -370,7 +375,9 @@ class _TrainingRun:
         self.say(f"{self.mode} mode on {self.ctx.device} x{self.ctx.world_size}: {self.split_note}; cache {cache}"
                  f"{' (' + opts.cache_note + ')' if opts.cache_note else ''}, "
                  f"{'ThreadDataLoader' if opts.thread_loader else f'DataLoader({opts.num_workers} workers)'}, "
-                 f"amp {self.amp_dtype or 'off'}, {self.steps_per_epoch} steps/epoch")
+                 f"amp {self.amp_dtype or 'off'}, {self.steps_per_epoch} steps/epoch of "
+                 f"{self.plan.batch} patches, lr {self._base_lr():.3g}"
+                 f"{f' (ramp over {self.plan.warmup_steps} steps)' if self.plan.warmup_steps else ''}")
         monitor = GpuMonitor(self.out / "gpu_monitor.csv", self.ctx.device, opts.gpu_monitor_interval_s)
         if self.ctx.is_main and opts.gpu_monitor:
             monitor.start()

@@ -1,0 +1,147 @@
+"""From the largest batch that fits to the batch, learning rate and schedule training gets.
+
+Called by ``autotune.search.tune``: ``cap_range`` before the search (the training set
+caps the searched range of patches per iteration), ``handoff_updates`` at write-back
+(the learning rate and the sample-counted schedule follow the handed batch). The rules
+are in ``autotune.bundles.scaling``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from autotune.bundles.scaling import (
+    batch_scaling_of,
+    coverage_cap,
+    scaled_learning_rate,
+    steps_per_epoch,
+)
+from autotune.errors import AutotuneError
+
+__all__ = ["training_set", "cap_range", "batch_report", "handoff_updates"]
+
+
+def training_set(cfg: Mapping[str, Any]) -> tuple[int, list[float]]:
+    """(training cases of the bundle's fold, median case shape at the training spacing).
+
+    Raises:
+        AutotuneError: the datalist or ``datastats.yaml`` cannot be read.
+    """
+    from autotune.bundles.render import _xyz, stat
+    from autotune.errors import ConfigError
+    from autotune.train.data import split_datalist
+    from autotune.utils import read_yaml
+
+    train, _val, _note = split_datalist(cfg)
+    source = str(cfg.get("datastats") or "")
+    stats = read_yaml(source, ConfigError)
+    shape = _xyz(stat(stats, "image_stats.shape.median", source), "image_stats#shape#median", source)
+    spacing = _xyz(stat(stats, "image_stats.spacing.median", source), "image_stats#spacing#median", source)
+    resolution = [float(v) for v in cfg["resample_resolution"]]
+    return len(train), [shape[i] * spacing[i] / resolution[i] for i in range(3)]
+
+
+def _reference_batch(cfg: Mapping[str, Any]) -> int:
+    block = batch_scaling_of(cfg)
+    return int(block["reference_batch"]) if block else 1
+
+
+def cap_range(spec: Any, cfg: Mapping[str, Any], say: Callable[[str], None]) -> tuple[Any, dict[str, Any]]:
+    """Cap ``spec.patches_range`` by the training set; an explicit range is searched as given.
+
+    Returns:
+        (the spec to search, the cap's record for the ``tuning:`` block).
+    """
+    algo = cfg.get("algo", "?")
+    lo, hi = spec.patches_range
+    explicit = "range_num_patches_per_iter" in spec.given
+    try:
+        cases, shape = training_set(cfg)
+    except AutotuneError as exc:
+        say(f"[{algo}] no training-set cap on patches/iter: {exc}")
+        return spec, {"applied": False, "reason": f"training set unreadable: {exc}", "range": [lo, hi]}
+    cap = coverage_cap(cases, shape, cfg["roi_size"], _reference_batch(cfg))
+    info: dict[str, Any] = {**cap.as_dict(), "template_range": [lo, hi], "explicit_range": explicit}
+    if explicit:
+        if hi > cap.value:
+            say(f"[{algo}] warning: patches/iter range {[lo, hi]} passes the training-set cap {cap.value} "
+                f"({cases} cases, 5% of their voxels per step); searched as given")
+        info.update(applied=False, range=[lo, hi])
+        return spec, info
+    top = max(lo, min(hi, cap.value))
+    info.update(applied=top < hi, range=[lo, top])
+    return dataclasses.replace(spec, patches_range=(lo, top)), info
+
+
+def batch_report(record: Mapping[str, Any], cap: Mapping[str, Any], predicted_max: int | None) -> dict[str, Any]:
+    """The largest batch that fits, the batch handed to training, and why they differ."""
+    handed, largest = record.get("num_patches_per_iter"), record.get("max_num_patches_per_iter")
+    lo, top = (cap.get("range") or [None, None])[:2]
+    whole = cap.get("template_range") or cap.get("range")
+    if predicted_max is not None and whole:  # the estimate, read no further than the template's range
+        predicted_max = min(int(predicted_max), int(whole[1]))
+    if handed is None:
+        reason = "nothing fits"
+    elif largest is not None and handed < largest:
+        reason = (f"{largest} fits, but {handed} trained faster by more than the 10% tie margin "
+                  "(throughput decides; ties go to the larger batch)")
+    elif cap.get("applied") and largest == top:
+        reason = (f"the training-set cap {top} stops the range (5% of the fold's {cap.get('train_cases')} "
+                  f"cases' voxels per step); memory would hold more"
+                  + (f" (about {predicted_max}, estimated, not probed)" if predicted_max else ""))
+    elif largest == top:
+        reason = f"the top of the searched range {[lo, top]}"
+    else:
+        reason = f"memory: {handed} is the largest that fits the budget"
+    return {"largest_fit_in_range": largest, "predicted_largest_fit": predicted_max, "handed_to_training": handed,
+            "searched_range": [lo, top], "reason": reason,
+            "cap": {k: v for k, v in cap.items() if k != "range"}}
+
+
+def handoff_updates(cfg: Mapping[str, Any], batch: int) -> dict[str, Any]:
+    """Learning rate, warm-up and the ``tuning:`` record of both, for ``batch`` patches per step.
+
+    Returns:
+        top-level keys for the bundle (``learning_rate``, ``lr_warmup_samples``,
+        ``lr_warmup_start_factor``) and ``record`` for the ``tuning:`` block.
+    """
+    block = batch_scaling_of(cfg)
+    crops = max(1, int(cfg.get("num_crops_per_image", 1)))
+    epochs = int(cfg["num_epochs"])
+    try:
+        cases = training_set(cfg)[0]
+    except AutotuneError:
+        cases = None
+    if block is None:
+        lr = float(cfg.get("learning_rate", 1e-3))
+        return {"learning_rate": lr, "lr_warmup_samples": 0, "lr_warmup_start_factor": 1.0,
+                "record": {"lr_scaling": "none", "reason": "bundle has no batch_scaling block; regenerate it",
+                           "learning_rate": {"before": lr, "after": lr}}}
+    ref_batch, ref_lr = int(block["reference_batch"]), float(block["reference_learning_rate"])
+    lr = scaled_learning_rate(ref_lr, ref_batch, batch, block["lr_scaling"])
+    ramp = lr > ref_lr
+    samples_per_epoch = cases * crops if cases is not None else None
+    warmup_samples = int(round(block["warmup_epochs"] * samples_per_epoch)) if ramp and samples_per_epoch else 0
+    start = ref_lr / lr if warmup_samples else 1.0
+    record: dict[str, Any] = {
+        "lr_scaling": block["lr_scaling"], "reference_batch": ref_batch, "batch": int(batch),
+        "learning_rate": {"before": ref_lr, "after": lr},
+        "warmup": {"samples": warmup_samples, "start_factor": round(start, 6),
+                   "steps": -(-warmup_samples // int(batch)) if warmup_samples else 0},
+    }
+    if cases is not None:
+        def steps(n: int) -> int:
+            images = math.lcm(n, crops) // crops  # the loader batch loader_settings writes
+            return steps_per_epoch(cases, images, crops, n)
+
+        record["schedule"] = {
+            "unit": "samples", "train_cases": cases, "samples_per_epoch": samples_per_epoch, "epochs": epochs,
+            "total_samples": samples_per_epoch * epochs,
+            "steps_per_epoch": {"before": steps(ref_batch), "after": steps(int(batch))},
+            "total_steps": {"before": steps(ref_batch) * epochs, "after": steps(int(batch)) * epochs},
+        }
+    return {"learning_rate": lr, "lr_warmup_samples": warmup_samples, "lr_warmup_start_factor": start,
+            "record": record}

@@ -1,0 +1,248 @@
+"""Time to mean Dice 0.80: each template as generated against the same bundle after tuning.
+
+For each algorithm, fold 0 of 5 of the dataset, full-size templates (no preset): the
+generated bundle, and a copy tuned by ``autotune tune --strategy estimate`` at a fixed
+memory limit (so the largest batch that fits is far above the template's), which gets
+the training-set cap, the scaled learning rate and the sample-counted schedule. Both train
+in fast mode for the same wall budget, one after the other (the order alternates from one
+algorithm to the next), each in its own process, validating every epoch. Prints a table,
+writes JSON (and a PNG of the curves) after every run, so a cut-off run keeps what it had.
+
+    python benchmarks/bench_batch_scaling.py --budget 420 --epochs 20
+    python benchmarks/bench_batch_scaling.py --report-only            # table from the JSON
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+DEFAULT_DATA = "/work/shared/datasets/Task04_Hippocampus"
+VARIANTS = ("generated", "tuned")
+
+
+def _args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--data", default=DEFAULT_DATA)
+    p.add_argument("--work", default="/tmp/autotune_bench_batch_scaling", help="scratch folder (replaced)")
+    p.add_argument("--algos", default="unet,segresnet,dints")
+    p.add_argument("--budget", type=float, default=420, help="wall seconds per training run (--max-time)")
+    p.add_argument("--epochs", type=int, default=20, help="epochs the schedule is planned for (both variants)")
+    p.add_argument("--limit", default="8GiB", help="memory limit to tune at (a round figure, not from the estimator)")
+    p.add_argument("--range", type=int, nargs=2, default=None, metavar=("MIN", "MAX"),
+                   help="explicit --range-num-images-per-batch for the tuned variant (default: the capped range)")
+    p.add_argument("--target", type=float, default=0.80)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--report-only", action="store_true")
+    p.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "batch_scaling.json"))
+    return p.parse_args(argv)
+
+
+def _run(command: list[str], log: Path) -> None:
+    with open(log, "w") as handle:
+        code = subprocess.call(command, stdout=handle, stderr=subprocess.STDOUT,
+                               env={**os.environ, "PYTHONPATH": str(REPO)})
+    if code != 0:
+        raise SystemExit(f"failed (exit {code}): {' '.join(command)}; see {log}")
+
+
+def prepare(args: argparse.Namespace, work: Path, algo: str) -> dict[str, Any]:
+    """The generated bundle of fold 0 and a tuned copy; returns their folders and the tuning record."""
+    from autotune.bundles.config import load_bundle_config
+
+    generated = work / f"{algo}_0"
+    tuned = work / "tuned" / f"{algo}_0"
+    shutil.rmtree(tuned, ignore_errors=True)
+    shutil.copytree(generated, tuned)
+    command = [sys.executable, "-m", "autotune", "tune", str(tuned), "--device", args.device, "--memory-limit",
+               args.limit, "--strategy", "estimate", "--storage", f"sqlite:///{work / 'studies.db'}"]
+    if args.range:
+        command += ["--range-num-images-per-batch", *map(str, args.range)]
+    t0 = time.monotonic()
+    _run(command, work / f"tune_{algo}.log")
+    cfg, gen = load_bundle_config(tuned), load_bundle_config(generated)
+    return {"generated": str(generated), "tuned": str(tuned), "tune_command": " ".join(command[1:]),
+            "tune_wall_s": round(time.monotonic() - t0, 1), "batch": cfg["tuning"]["batch"],
+            "recipe": cfg["tuning"]["recipe"],
+            "settings": {v: {k: c[k] for k in ("num_patches_per_iter", "num_images_per_batch", "num_crops_per_image",
+                                             "learning_rate", "roi_size")}
+                         | {"lr_warmup_samples": c.get("lr_warmup_samples", 0)}
+                         for v, c in (("generated", gen), ("tuned", cfg))}}
+
+
+def train_run(args: argparse.Namespace, bundle: Path, label: str, work: Path) -> dict[str, Any]:
+    """Train a private copy of ``bundle`` for the budget; return its measurements."""
+    copy = work / "runs" / label
+    shutil.rmtree(copy, ignore_errors=True)
+    shutil.copytree(bundle, copy, ignore=shutil.ignore_patterns("model_fold*"))
+    command = [sys.executable, "-m", "autotune.train", str(copy), "--mode", "fast", "--device", args.device,
+               "--epochs", str(args.epochs), "--max-time", f"{args.budget:g}", "--val-every", "1"]
+    load_before = os.getloadavg()
+    t0 = time.monotonic()
+    _run(command, work / f"{label}.log")
+    wall = time.monotonic() - t0
+    rows = json.loads((copy / "model_fold0" / "metrics.json").read_text())["rows"]
+    validated = [r for r in rows if r.get("mean_dice") is not None]
+    reached = next((r for r in validated if r["mean_dice"] >= args.target), None)
+    steady = rows[1:] or rows
+    return {
+        "command": " ".join(command[1:]).replace(str(copy), "BUNDLE"),
+        "epochs": len(rows),
+        "steps_per_epoch": rows[0].get("steps"),
+        "train_s_per_epoch": statistics.median(r["train_s"] for r in steady),
+        "samples_per_s": statistics.median(r["samples_per_s"] for r in steady),
+        "time_to_target_s": reached["elapsed_s"] if reached else None,
+        "epoch_at_target": reached["epoch"] if reached else None,
+        "best_dice": max((r["mean_dice"] for r in validated), default=None),
+        "final_dice": validated[-1]["mean_dice"] if validated else None,
+        "last_elapsed_s": rows[-1]["elapsed_s"] if rows else None,
+        "curve": [[r["epoch"], round(r["elapsed_s"], 1), round(r["mean_dice"], 4), r["lr"]] for r in validated],
+        "loss_curve": _loss_curve(rows),
+        "wall_s": round(wall, 1),
+        "load_avg_before": load_before,
+        "load_avg_after": os.getloadavg(),
+    }
+
+
+def _loss_curve(rows: list[dict[str, Any]]) -> list[list[float]]:
+    """[epoch, wall s, mean training loss, optimizer steps] per epoch."""
+    return [[r["epoch"], round(r["elapsed_s"], 1), round(r["loss"], 4), r.get("steps")] for r in rows]
+
+
+def _add_loss_curves(report: dict[str, Any], work: Path) -> None:
+    """Runs recorded before the loss curve was kept: read it from their metrics in ``work``."""
+    for algo, entry in report["algos"].items():
+        for variant, run in entry.get("runs", {}).items():
+            metrics = work / "runs" / f"{algo}_{variant}" / "model_fold0" / "metrics.json"
+            if "loss_curve" not in run and metrics.is_file():
+                run["loss_curve"] = _loss_curve(json.loads(metrics.read_text())["rows"])
+
+
+def fmt(value: Any, spec: str = ".0f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def table(report: dict[str, Any]) -> str:
+    """The markdown table of a report (what goes into BENCHMARKS.md)."""
+    lines = ["| algo | variant | patches/step (largest that fits) | lr | steps/epoch | epochs run | "
+             "samples/s | time to Dice 0.80 | best mean Dice in the run | load avg before |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for algo, entry in report["algos"].items():
+        for variant in VARIANTS:
+            run = entry.get("runs", {}).get(variant)
+            s = entry["settings"][variant]
+            fits = f" ({entry['batch'].get('predicted_largest_fit')})" if variant == "tuned" else ""
+            if run is None:
+                lines.append(f"| {algo} | {variant} | {s['num_patches_per_iter']}{fits} | {s['learning_rate']:.3g} "
+                             "| not run | | | | | |")
+                continue
+            reached = (f"{run['time_to_target_s']:.0f} s (epoch {run['epoch_at_target']})"
+                       if run["time_to_target_s"] else f"not in {run['last_elapsed_s']:.0f} s")
+            lines.append(
+                f"| {algo} | {variant} | {s['num_patches_per_iter']}{fits} | {s['learning_rate']:.3g} | "
+                f"{fmt(run['steps_per_epoch'], 'd')} | {run['epochs']} | {run['samples_per_s']:.2f} | {reached} | "
+                f"{fmt(run['best_dice'], '.3f')} | {run['load_avg_before'][0]:.1f} |")
+    return "\n".join(lines)
+
+
+def curves(report: dict[str, Any]) -> str:
+    """Validation mean Dice after each epoch, as ``wall s: Dice`` pairs, for both variants."""
+    lines = ["| algo | variant | (wall s: validation mean Dice) after each epoch | training loss per epoch |",
+             "|---|---|---|---|"]
+    for algo, entry in report["algos"].items():
+        for variant in VARIANTS:
+            run = entry.get("runs", {}).get(variant)
+            if run:
+                points = ", ".join(f"{c[1]:.0f}: {c[2]:.3f}" for c in run["curve"])
+                losses = ", ".join(f"{c[2]:.3f}" for c in run.get("loss_curve", []))
+                lines.append(f"| {algo} | {variant} | {points} | {losses} |")
+    return "\n".join(lines)
+
+
+def plot(report: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    algos = list(report["algos"])
+    fig, axes = plt.subplots(1, len(algos), figsize=(5 * len(algos), 3.6), squeeze=False)
+    for ax, algo in zip(axes[0], algos, strict=True):
+        for variant, style in zip(VARIANTS, ("-o", "-s"), strict=True):
+            run = report["algos"][algo].get("runs", {}).get(variant)
+            if run and run["curve"]:
+                n = report["algos"][algo]["settings"][variant]["num_patches_per_iter"]
+                ax.plot([c[1] for c in run["curve"]], [c[2] for c in run["curve"]], style, ms=3,
+                        label=f"{variant} ({n} patches/step)")
+        ax.axhline(report["settings"]["target"], color="grey", lw=0.8, ls="--")
+        ax.set(title=algo, xlabel="wall s (from the run's start, caching included)", ylabel="validation mean Dice", ylim=(0, 1))
+        ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _args(argv)
+    out = Path(args.out)
+    if args.report_only:
+        report = json.loads(out.read_text())
+        _add_loss_curves(report, Path(args.work))
+        out.write_text(json.dumps(report, indent=2) + "\n")
+        plot(report, out.with_suffix(".png"))
+        print(table(report))
+        print()
+        print(curves(report))
+        return 0
+    import monai
+    import torch
+
+    from autotune.bundles.bundlegen import BundleGen
+    from autotune.data.analyze import analyze
+
+    work = Path(args.work)
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    algos = args.algos.split(",")
+    res = analyze(args.data, work, num_fold=5, progress=False)
+    BundleGen(work, algos=algos, data_stats_filename=res.datastats, data_src_cfg_name=res.data_src).generate(
+        work, num_fold=5)
+    report: dict[str, Any] = {
+        "benchmark": "time to Dice: generated vs tuned bundle (batch cap, lr rule, sample-counted schedule)",
+        "data": args.data, "fold": 0,
+        "settings": {k: v for k, v in vars(args).items() if k not in ("out", "work", "report_only")},
+        "environment": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+                        "torch": torch.__version__, "monai": monai.__version__, "python": platform.python_version()},
+        "command": "python benchmarks/bench_batch_scaling.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "algos": {},
+    }
+    for index, algo in enumerate(algos):
+        entry = report["algos"][algo] = prepare(args, work, algo)
+        entry["runs"] = {}
+        order = VARIANTS if index % 2 == 0 else VARIANTS[::-1]  # alternate who goes first
+        entry["order"] = list(order)
+        for variant in order:
+            print(f"[{algo}] training {variant} for {args.budget:g} s ...", flush=True)
+            entry["runs"][variant] = train_run(args, Path(entry[variant]), f"{algo}_{variant}", work)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(report, indent=2) + "\n")
+            plot(report, out.with_suffix(".png"))
+    print(table(report))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
