@@ -217,3 +217,35 @@ def test_objective_is_in_the_key_and_named_on_the_study(tmp_path) -> None:
     assert keys["throughput"].as_dict()["objective"] == "throughput"
     study = open_study(open_storage(f"sqlite:///{tmp_path / 'k.db'}"), keys["throughput"])
     assert study.metric_names == [metric_name("throughput")]
+
+
+def test_dashboard_story_names_the_objective_and_plots_each_phase(tmp_path) -> None:
+    pytest.importorskip("optuna_dashboard")
+    import json
+
+    from optuna_dashboard import get_note
+
+    from autotune.search.story import estimates_attr, tell_story
+
+    limit = 2048 * MiB
+    budget = int(limit * 0.9)
+    study = _study(tmp_path)
+    device = BentDevice(limit)
+    outcome = _search(study, device, budget)
+    study.set_user_attr(estimates_attr("train"), {str(n): int(device.true_train(n)) for n in (1, 32, 48, 56)})
+    record = {"algo": "unet", "status": "tuned", "objective": "max-batch", "strategy": "fast",
+              "memory_limit": limit, "budget_bytes": budget, "margin": 0.1, "peak_bytes": 1,
+              "num_patches_per_iter": outcome.num_patches_per_iter,
+              "max_num_patches_per_iter": outcome.max_num_patches_per_iter,
+              "num_sw_batch_size": outcome.num_sw_batch_size, "validation_device": "device"}
+    assert tell_story(study, record)
+    note = get_note(study)
+    assert "max-batch" in note and f"{outcome.num_patches_per_iter} patches per iteration" in note
+    assert "Real train probes (2)" in note
+    plots = {k: v for k, v in study._storage.get_study_system_attrs(study._study_id).items() if "autotune-" in k and "-memory" in k}
+    assert any("train" in k for k in plots) and any("infer" in k for k in plots)
+    train_plot = json.loads("".join(v for k, v in sorted(plots.items()) if "train" in k))
+    names = [trace["name"] for trace in train_plot["data"]]
+    assert names[:2] == ["estimate (no compute)", "probe: ok"] and "budget" in names
+    budget_trace = next(trace for trace in train_plot["data"] if trace["name"] == "budget")
+    assert budget_trace["y"][0] == pytest.approx(budget / MiB, rel=1e-4)

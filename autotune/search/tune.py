@@ -306,6 +306,9 @@ def _tune_group(ctx: _Context, key: Any, cfg: Mapping[str, Any], n_bundles: int,
         )
         if ctx.target is not None:
             record["target"] = dict(ctx.target)
+        from autotune.search.story import tell_story
+
+        tell_story(study, record)  # the dashboard's note and memory plots
         if record["status"] == "tuned":
             study.set_user_attr(tag, {k: v for k, v in record.items() if k != "from_storage"})
         return record
