@@ -10,6 +10,7 @@ import monai.losses  # noqa: F401
 import monai.networks.nets  # noqa: F401
 import monai.optimizers  # noqa: F401
 import torch  # noqa: F401
+import torch._dynamo  # noqa: F401  (building an optimizer imports it, and sympy: ~3 s a child otherwise)
 
 import autotune.build  # noqa: F401
 import autotune.probe.memory  # noqa: F401
