@@ -17,6 +17,7 @@ round figures (not from the estimator). For each case:
 
     python benchmarks/bench_search.py                      # writes benchmarks/results/search.json
     python benchmarks/bench_search.py --cases demo:unet:256MiB --tpe-cases ''
+    python benchmarks/bench_search.py --table-from benchmarks/results/search.json   # the table, from the JSON
 """
 
 from __future__ import annotations
@@ -225,7 +226,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-kill", action="store_true")
     parser.add_argument("--skip-workers", action="store_true")
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "search.json"))
+    parser.add_argument("--table-from", default=None, help="print the markdown table of a results JSON and exit")
     args = parser.parse_args(argv)
+    if args.table_from:
+        print(_table(json.loads(Path(args.table_from).read_text())["rows"]))
+        return 0
 
     import monai
     import torch
