@@ -38,7 +38,20 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--algos", default="segresnet,dints,unet")
     p.add_argument("--repeats", type=int, default=3, help="probes per template (default 3)")
     p.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "probe_overhead.json"))
+    p.add_argument("--table-from", nargs="+", default=None, help="print the fixed-cost table of result JSONs and exit")
     return p.parse_args(argv)
+
+
+def fixed_cost_table(paths: list[str]) -> str:
+    """Markdown table of the fixed cost per isolation mode, from result JSONs."""
+    lines = ["| isolation | algo | wall | interpreter start / fork | torch+monai imports | build | exit | "
+             "fixed cost (median) | first probe's fixed cost |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for path in paths:
+        for r in json.loads(Path(path).read_text(encoding="utf-8"))["rows"]:
+            lines.append(f"| {r.get('isolation', 'subprocess')} | {r['algo']} | {r['wall']:.2f} s | "
+                         f"{r['interpreter_start']:.2f} s | {r['imports']:.2f} s | {r['build']:.2f} s | "
+                         f"{r['exit_and_ipc']:.2f} s | **{r['fixed_cost']:.2f} s** | {r['first_run_fixed_cost']:.2f} s |")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -51,6 +64,9 @@ def main(argv: list[str] | None = None) -> int:
     from autotune.probe.runner import run_probe
 
     args = _args(argv)
+    if args.table_from:
+        print(fixed_cost_table(args.table_from))
+        return 0
     algos = [a for a in args.algos.split(",") if a]
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="bench_probe_overhead_") as tmp:
