@@ -17,7 +17,7 @@ round figures (not from the estimator). For each case:
 
     python benchmarks/bench_search.py                      # writes benchmarks/results/search.json
     python benchmarks/bench_search.py --cases demo:unet:256MiB --tpe-cases ''
-    python benchmarks/bench_search.py --table-from benchmarks/results/search.json   # the table, from the JSON
+    python benchmarks/bench_search.py --table-from benchmarks/results/search.json   # the table, from the JSON(s)
 """
 
 from __future__ import annotations
@@ -226,10 +226,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-kill", action="store_true")
     parser.add_argument("--skip-workers", action="store_true")
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "search.json"))
-    parser.add_argument("--table-from", default=None, help="print the markdown table of a results JSON and exit")
+    parser.add_argument("--table-from", nargs="+", default=None, help="print the markdown table of result JSONs and exit")
     args = parser.parse_args(argv)
     if args.table_from:
-        print(_table(json.loads(Path(args.table_from).read_text())["rows"]))
+        print(_table([row for path in args.table_from for row in json.loads(Path(path).read_text())["rows"]]))
         return 0
 
     import monai
