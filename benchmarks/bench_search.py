@@ -173,6 +173,7 @@ def _case(root: Path, bundle: Path, dataset: str, algo: str, limit_text: str, ar
         found == hi or (found + 1 in points and (points[found + 1][0] == "oom" or points[found + 1][1] > budget))))
     row["estimate_equals_measured"] = all(est_peaks.get(n) == p[1] for n, p in points.items() if p[0] == "ok"
                                           and n in est_peaks)
+    row["estimates_at_probes"] = {n: est_peaks.get(n) for n in points}
     row["exact"] = found == est_max
     if est_max <= args.exhaustive_probe_max:
         row["probe_scan"] = _probe_edge(bundle, limit, budget, min(est_max + 1, hi))
