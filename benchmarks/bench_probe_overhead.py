@@ -11,6 +11,7 @@ the columns need not add up). Prints a table and writes JSON.
 
     python benchmarks/bench_probe_overhead.py
     python benchmarks/bench_probe_overhead.py --repeats 5 --algos unet
+    AUTOTUNE_PROBE_ISOLATION=subprocess python benchmarks/bench_probe_overhead.py   # a fresh interpreter per probe
 """
 
 from __future__ import annotations
@@ -37,7 +38,20 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--algos", default="segresnet,dints,unet")
     p.add_argument("--repeats", type=int, default=3, help="probes per template (default 3)")
     p.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "probe_overhead.json"))
+    p.add_argument("--table-from", nargs="+", default=None, help="print the fixed-cost table of result JSONs and exit")
     return p.parse_args(argv)
+
+
+def fixed_cost_table(paths: list[str]) -> str:
+    """Markdown table of the fixed cost per isolation mode, from result JSONs."""
+    lines = ["| isolation | algo | wall | interpreter start / fork | torch+monai imports | build | exit | "
+             "fixed cost (median) | first probe's fixed cost |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for path in paths:
+        for r in json.loads(Path(path).read_text(encoding="utf-8"))["rows"]:
+            lines.append(f"| {r.get('isolation', 'subprocess')} | {r['algo']} | {r['wall']:.2f} s | "
+                         f"{r['interpreter_start']:.2f} s | {r['imports']:.2f} s | {r['build']:.2f} s | "
+                         f"{r['exit_and_ipc']:.2f} s | **{r['fixed_cost']:.2f} s** | {r['first_run_fixed_cost']:.2f} s |")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,9 +60,13 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from probe_fixtures import make_tiny_bundles
 
+    from autotune.probe.isolation import isolation_mode
     from autotune.probe.runner import run_probe
 
     args = _args(argv)
+    if args.table_from:
+        print(fixed_cost_table(args.table_from))
+        return 0
     algos = [a for a in args.algos.split(",") if a]
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="bench_probe_overhead_") as tmp:
@@ -66,9 +84,14 @@ def main(argv: list[str] | None = None) -> int:
                 run["warmup_and_setup"] = run["train"] + run["infer"] - run["work"]  # warm-up passes, inputs
                 run["exit_and_ipc"] = run["wall"] - sum(run[part] for part in PARTS)  # teardown, files, reaping
                 runs.append(run)
-            row: dict[str, Any] = {"algo": algo, "repeats": args.repeats}
+            row: dict[str, Any] = {"algo": algo, "repeats": args.repeats, "isolation": isolation_mode()}
             for key in runs[0]:
                 row[key] = statistics.median(run[key] for run in runs)
+            # fixed cost: everything before and after the phases (start, imports, build, exit)
+            row["fixed_cost"] = statistics.median(run["interpreter_start"] + run["imports"] + run["build"]
+                                                  + run["exit_and_ipc"] for run in runs)
+            row["first_run_fixed_cost"] = (runs[0]["interpreter_start"] + runs[0]["imports"] + runs[0]["build"]
+                                           + runs[0]["exit_and_ipc"])  # with forkserver: includes the server start
             row["overhead_fraction"] = statistics.median(run["overhead"] / run["wall"] for run in runs)
             row["runs"] = runs
             rows.append(row)
@@ -81,7 +104,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['algo']:<10} {r['wall']:>7.2f} {r['interpreter_start']:>6.2f} {r['imports']:>8.2f} "
               f"{r['build']:>6.2f} {r['train']:>6.2f} {r['infer']:>6.2f} {r['work']:>13.2f} "
               f"{r['warmup_and_setup']:>8.2f} {r['exit_and_ipc']:>5.2f} "
-              f"{r['overhead']:>6.2f} s ({r['overhead_fraction']:.0%})")
+              f"{r['overhead']:>6.2f} s ({r['overhead_fraction']:.0%})  fixed cost {r['fixed_cost']:.2f} s "
+              f"(first run {r['first_run_fixed_cost']:.2f} s; {r['isolation']})")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({

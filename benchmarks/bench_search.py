@@ -1,131 +1,274 @@
-"""Search benchmark: `fast` against Auto3DSeg-style `tpe` (20 trials), against the truth.
+"""Search benchmark on full-size templates: the edge found and confirmed, the probes it took,
+the same answer undisturbed, killed and resumed, and with two workers; `fast` against `tpe`.
 
-For each template (tiny preset, 32^3, synthetic demo data) and three memory limits, the
-true largest patches-per-iteration under the budget (limit less the 10% margin) is found
-by exhaustive probing (N = 1, 2, ... until one does not fit); then each strategy runs on
-a fresh SQLite study, and we record the real probes it used, its wall time and whether it
-found the true maximum. Everything runs in one process, side by side, on the CPU.
+Cases are (dataset, template, memory limit): full-size templates (no preset), the demo data
+(``autotune demo-data`` defaults) and the shared Task04_Hippocampus, limits chosen by hand as
+round figures (not from the estimator). For each case:
 
-    python benchmarks/bench_search.py [--algos segresnet,dints,unet] [--tpe-trials 20] [--out benchmarks/results/search.json]
+- truth: on the CPU the probe and the estimator count bytes with the same tracker, so the
+  estimator scanned at every N from 1 up to the first that does not fit gives the true
+  edge for the tracked peak (``est_max``); the search's own real probes at N (fits) and
+  N+1 (does not) confirm it, and where the edge is small (``--exhaustive-probe-max``) real
+  probes at every N = 1 .. edge+1 check it again;
+- ``fast`` undisturbed (fresh study): maximum found, real training probes, all probes, wall s;
+- the same search killed with SIGKILL after its first finished trial and resumed;
+- two workers started together on one fresh study (``workers_share``);
+- ``tpe`` with 20 trials on the cases in ``--tpe-cases`` (wall time against ``fast``).
+
+    python benchmarks/bench_search.py                      # writes benchmarks/results/search.json
+    python benchmarks/bench_search.py --cases demo:unet:256MiB --tpe-cases ''
+    python benchmarks/bench_search.py --table-from benchmarks/results/search.json   # the table, from the JSON(s)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
 
 MARGIN = 0.10
+HIPPOCAMPUS = Path("/work/shared/datasets/Task04_Hippocampus")
+DEFAULT_CASES = "demo:unet:128MiB,demo:unet:256MiB,demo:unet:512MiB,demo:segresnet:1GiB,demo:dints:1GiB," \
+                "hippocampus:unet:256MiB"
+VALUES = ("num_patches_per_iter", "max_num_patches_per_iter", "num_sw_batch_size", "validation_device")
+WORKER = """
+import json, sys
+sys.path.insert(0, {repo!r})
+from autotune.search.tune import tune_bundles
+r = tune_bundles([{bundle!r}], device="cpu", memory_limit={limit}, storage={storage!r}, margin={margin},
+                 workers_share=True, write_back=False, progress=None)[0]
+print(json.dumps({{k: r.get(k) for k in {values!r}}}))
+"""
 
 
-def make_bundles(root: Path, algos: list[str]) -> dict[str, Path]:
+def _bundles(root: Path, dataset: str, algos: list[str]) -> dict[str, Path]:
     from autotune.bundles.bundlegen import BundleGen
-    from autotune.commands.bundles import load_overrides
     from autotune.data.analyze import analyze
     from autotune.data.synthetic import make_demo_dataset
 
-    data = make_demo_dataset(root / "data", cases=2, size=32, classes=2, seed=0)
-    res = analyze(data, root / "work", num_fold=1, progress=False)
-    gen = BundleGen(root / "work", algos=algos, data_stats_filename=res.datastats, data_src_cfg_name=res.data_src)
-    return {b["algo"]: Path(b["path"]) for b in gen.generate(root / "work", num_fold=1, overrides=load_overrides("tiny"))}
+    source = make_demo_dataset(root / "demo-data") if dataset == "demo" else HIPPOCAMPUS
+    work = root / f"work-{dataset}"
+    res = analyze(source, work, num_fold=1, progress=False)
+    gen = BundleGen(work, algos=algos, data_stats_filename=res.datastats, data_src_cfg_name=res.data_src)
+    return {b["algo"]: Path(b["path"]) for b in gen.generate(work, num_fold=1)}
 
 
-def exhaustive_max(bundle: Path, limit: int, hi: int) -> tuple[int, int, float]:
-    """Probe N = 1, 2, ... (training phase) until one does not fit; returns (max, probes, seconds)."""
+def _estimate_edge(bundle: Path, budget: int, hi: int) -> tuple[int, dict[int, int], float]:
+    """Scan the estimator at N = 1, 2, ... until one does not fit: (edge, peaks, seconds)."""
+    from autotune.probe.estimate import estimate
+
+    start, peaks, edge = time.perf_counter(), {}, 0
+    for n in range(1, hi + 1):
+        peaks[n] = int(estimate(bundle, phases=("train",), num_patches_per_iter=n)["train_peak_bytes"])
+        if peaks[n] > budget:
+            break
+        edge = n
+    return edge, peaks, time.perf_counter() - start
+
+
+def _probe_edge(bundle: Path, limit: int, budget: int, upto: int) -> dict[str, Any]:
     from autotune.probe.runner import run_probe
 
-    budget = int(limit * (1 - MARGIN))
-    start = time.perf_counter()
-    best, probes = 0, 0
-    for n in range(1, hi + 1):
+    start, peaks, edge = time.perf_counter(), {}, 0
+    for n in range(1, upto + 1):
         res = run_probe(bundle, num_patches_per_iter=n, device="cpu", memory_limit=limit, phases=("train",))
-        probes += 1
-        if res["status"] == "ok" and res["peak_bytes"] <= budget:
-            best = n
-        else:
+        peaks[n] = res.get("peak_bytes")
+        if res["status"] != "ok" or res["peak_bytes"] > budget:
             break
-    return best, probes, time.perf_counter() - start
+        edge = n
+    return {"edge": edge, "peaks": peaks, "seconds": round(time.perf_counter() - start, 1)}
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--algos", default="segresnet,dints,unet")
-    parser.add_argument("--points", default="2.5,5.5,9.5", help="limits as patches' worth of estimated memory")
-    parser.add_argument("--tpe-trials", type=int, default=20)
-    parser.add_argument("--out", default="benchmarks/results/search.json")
-    args = parser.parse_args()
+def _trials(storage: str, study_name: str) -> list[Any]:
+    import optuna
 
-    from autotune.probe.estimate import fit_memory_model
+    return optuna.load_study(study_name=study_name, storage=storage).get_trials()
+
+
+def _fast(bundle: Path, limit: int, storage: str, strategy: str = "fast", trials: int = 20) -> dict[str, Any]:
     from autotune.search.tune import tune_bundles
 
-    algos = [a.strip() for a in args.algos.split(",") if a.strip()]
-    points = [float(p) for p in args.points.split(",")]
-    rows = []
+    specs = {"universal": {"num_trials": trials}} if strategy == "tpe" else None
+    start = time.perf_counter()
+    res = tune_bundles([bundle], specs, device="cpu", memory_limit=limit, storage=storage, strategy=strategy,
+                       margin=MARGIN, progress=None, write_back=False)[0]
+    seconds = time.perf_counter() - start
+    done = [t for t in _trials(storage, res["study_name"]) if t.user_attrs.get("kind") == "probe"
+            and "reused_trial" not in t.user_attrs]
+    train = {t.params["num_patches_per_iter"]: t.user_attrs for t in done if t.user_attrs.get("phases") == ["train"]}
+    return {"values": {k: res.get(k) for k in VALUES}, "status": res.get("status"), "seconds": round(seconds, 1),
+            "probes": len(done), "train_probes": len(train), "study_name": res["study_name"],
+            "train_points": {n: [a.get("status"), a.get("peak_bytes")] for n, a in sorted(train.items())}}
+
+
+def _killed_and_resumed(bundle: Path, limit: int, storage: str, study_name: str) -> dict[str, Any]:
+    from optuna.trial import TrialState
+
+    from autotune.search.tune import tune_bundles
+
+    cmd = [sys.executable, "-m", "autotune", "tune", str(bundle), "--device", "cpu", "--memory-limit", str(limit),
+           "--storage", storage, "--quiet"]
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, env=env)
+    killed_after = None
+    while proc.poll() is None:
+        time.sleep(0.5)
+        try:
+            trials = _trials(storage, study_name)
+        except Exception:  # the study does not exist yet
+            continue
+        complete = [t for t in trials if t.state == TrialState.COMPLETE]
+        if complete:
+            killed_after = len(complete)
+            os.killpg(proc.pid, signal.SIGKILL)
+            break
+    proc.wait()
+    res = tune_bundles([bundle], device="cpu", memory_limit=limit, storage=storage, margin=MARGIN, progress=None,
+                       write_back=False)[0]
+    return {"values": {k: res.get(k) for k in VALUES}, "killed_after_trials": killed_after,
+            "finished_before_kill": killed_after is None}
+
+
+def _two_workers(bundle: Path, limit: int, storage: str) -> list[dict[str, Any]]:
+    code = WORKER.format(repo=str(REPO), bundle=str(bundle), limit=limit, storage=storage, margin=MARGIN,
+                         values=VALUES)
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                              text=True) for _ in range(2)]
+    out = []
+    for proc in procs:
+        stdout, _ = proc.communicate()
+        lines = [line for line in stdout.splitlines() if line.startswith("{")]
+        out.append(json.loads(lines[-1]) if lines else {"error": f"exit {proc.returncode}"})
+    return out
+
+
+def _case(root: Path, bundle: Path, dataset: str, algo: str, limit_text: str, args: argparse.Namespace) -> dict:
+    from autotune.bundles.config import load_bundle_config
+    from autotune.utils import parse_bytes
+
+    limit = parse_bytes(limit_text, "limit")
+    budget = int(limit * (1 - MARGIN))
+    hi = int(load_bundle_config(bundle)["tuning_ranges"]["num_patches_per_iter"][1]) \
+        if "tuning_ranges" in load_bundle_config(bundle) else 64
+    tag = f"{dataset}-{algo}-{limit_text}"
+    row: dict[str, Any] = {"dataset": dataset, "algo": algo, "limit": limit_text, "limit_bytes": limit,
+                           "budget_bytes": budget, "range_hi": hi}
+    est_max, est_peaks, est_s = _estimate_edge(bundle, budget, hi)
+    row["estimate_scan"] = {"edge": est_max, "estimates": len(est_peaks), "seconds": round(est_s, 1)}
+    fast = _fast(bundle, limit, f"sqlite:///{root / f'{tag}-fast.db'}")
+    row["fast"] = fast
+    points = fast["train_points"]
+    found = fast["values"]["max_num_patches_per_iter"]
+    row["confirmed"] = bool(found and points.get(found, [None])[0] == "ok" and points[found][1] <= budget and (
+        found == hi or (found + 1 in points and (points[found + 1][0] == "oom" or points[found + 1][1] > budget))))
+    row["estimate_equals_measured"] = all(est_peaks.get(n) == p[1] for n, p in points.items() if p[0] == "ok"
+                                          and n in est_peaks)
+    row["estimates_at_probes"] = {n: est_peaks.get(n) for n in points}
+    row["exact"] = found == est_max
+    if est_max <= args.exhaustive_probe_max:
+        row["probe_scan"] = _probe_edge(bundle, limit, budget, min(est_max + 1, hi))
+    print(f"  {tag}: fast {fast['values']} in {fast['seconds']} s, {fast['train_probes']} training probes "
+          f"({fast['probes']} in all); estimator edge {est_max}", flush=True)
+    if not args.skip_kill:
+        row["killed_resumed"] = _killed_and_resumed(bundle, limit, f"sqlite:///{root / f'{tag}-kill.db'}",
+                                                    fast["study_name"])
+        print(f"  {tag}: killed+resumed {row['killed_resumed']}", flush=True)
+    if not args.skip_workers:
+        row["two_workers"] = _two_workers(bundle, limit, f"sqlite:///{root / f'{tag}-workers.db'}")
+        print(f"  {tag}: two workers {row['two_workers']}", flush=True)
+    same = [fast["values"]]
+    same += [row["killed_resumed"]["values"]] if "killed_resumed" in row else []
+    same += row.get("two_workers", [])
+    row["same_values_everywhere"] = all(v == fast["values"] for v in same)
+    if f"{dataset}:{algo}:{limit_text}" in args.tpe_cases.split(","):
+        row["tpe"] = _fast(bundle, limit, f"sqlite:///{root / f'{tag}-tpe.db'}", "tpe", args.tpe_trials)
+        print(f"  {tag}: tpe {row['tpe']['values']} in {row['tpe']['seconds']} s", flush=True)
+    return row
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+    head = ("| data | algo | limit | est. edge (scan) | real scan | fast: max found | confirmed N/N+1 | est = measured "
+            "| training probes (all) | fast s | killed+resumed | 2 workers | tpe-20 max / s |")
+    lines = [head, "|" + "---|" * 13]
+    for r in rows:
+        f = r["fast"]
+        scan = r.get("probe_scan", {}).get("edge", "-")
+        kill = r.get("killed_resumed", {}).get("values")
+        kill_txt = "-" if kill is None else ("same" if kill == f["values"] else f"DIFFERENT {kill}")
+        workers = r.get("two_workers")
+        work_txt = "-" if workers is None else ("same" if all(w == f["values"] for w in workers) else "DIFFERENT")
+        tpe = r.get("tpe")
+        tpe_txt = "-" if tpe is None else f"{tpe['values']['max_num_patches_per_iter']} / {tpe['seconds']}"
+        lines.append(f"| {r['dataset']} | {r['algo']} | {r['limit']} | {r['estimate_scan']['edge']} | {scan} | "
+                     f"{f['values']['max_num_patches_per_iter']} (N={f['values']['num_patches_per_iter']}, "
+                     f"sw {f['values']['num_sw_batch_size']}) | {'yes' if r['confirmed'] else 'NO'} | "
+                     f"{'yes' if r['estimate_equals_measured'] else 'NO'} | {f['train_probes']} ({f['probes']}) | "
+                     f"{f['seconds']} | {kill_txt} | {work_txt} | {tpe_txt} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cases", default=DEFAULT_CASES, help="comma-separated dataset:algo:limit")
+    parser.add_argument("--tpe-cases", default="demo:unet:128MiB", help="cases also run with tpe")
+    parser.add_argument("--tpe-trials", type=int, default=20)
+    parser.add_argument("--exhaustive-probe-max", type=int, default=6,
+                        help="probe every N up to edge+1 for real where the edge is at most this")
+    parser.add_argument("--skip-kill", action="store_true")
+    parser.add_argument("--skip-workers", action="store_true")
+    parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "search.json"))
+    parser.add_argument("--table-from", nargs="+", default=None, help="print the markdown table of result JSONs and exit")
+    args = parser.parse_args(argv)
+    if args.table_from:
+        print(_table([row for path in args.table_from for row in json.loads(Path(path).read_text())["rows"]]))
+        return 0
+
+    import monai
+    import torch
+
+    cases = [tuple(c.split(":")) for c in args.cases.split(",") if c]
+    rows: list[dict[str, Any]] = []
+    started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bench-search-") as tmp:
         root = Path(tmp)
-        bundles = make_bundles(root, algos)
-        for algo in algos:
-            bundle = bundles[algo]
-            model = fit_memory_model(bundle, phase="train", device="cpu")
-            for k, point in enumerate(points):
-                limit = int((model.intercept + point * model.slope) / (1 - MARGIN))
-                true_max, ex_probes, ex_seconds = exhaustive_max(bundle, limit, 64)
-                row = {"algo": algo, "limit_bytes": limit, "true_max": true_max, "exhaustive_probes": ex_probes,
-                       "exhaustive_seconds": round(ex_seconds, 2)}
-                for strategy, specs in (("fast", None), ("tpe", {"universal": {"num_trials": args.tpe_trials}})):
-                    storage = f"sqlite:///{root / f'{algo}-{k}-{strategy}.db'}"
-                    start = time.perf_counter()
-                    res = tune_bundles([bundle], specs, device="cpu", memory_limit=limit, storage=storage,
-                                       strategy=strategy, margin=MARGIN, progress=None, write_back=False)[0]
-                    seconds = time.perf_counter() - start
-                    found = res.get("max_num_patches_per_iter")
-                    import optuna
-
-                    trials = optuna.load_study(study_name=res["study_name"], storage=storage).get_trials()
-                    train_probes = sum(1 for t in trials if t.user_attrs.get("phases") == ["train"])
-                    row[strategy] = {
-                        "probes": res.get("probes"),
-                        "train_probes": train_probes,
-                        "seconds": round(seconds, 2),
-                        "max_found": found,
-                        "chosen": res.get("num_patches_per_iter"),
-                        "sw_batch": res.get("num_sw_batch_size"),
-                        "exact": found == true_max,
-                    }
-                rows.append(row)
-                f, t = row["fast"], row["tpe"]
-                print(f"{algo:<10} limit {limit / 2**20:7.1f} MiB  true max {true_max:>3} | fast: max {f['max_found']!s:>3} "
-                      f"({'exact' if f['exact'] else 'WRONG'}) {f['probes']} probes ({f['train_probes']} training) "
-                      f"{f['seconds']:6.1f} s | tpe-{args.tpe_trials}: max {t['max_found']!s:>3} "
-                      f"({'exact' if t['exact'] else 'not exact'}) {t['probes']} probes {t['seconds']:6.1f} s",
-                      flush=True)
-    fast_s = sum(r["fast"]["seconds"] for r in rows)
-    tpe_s = sum(r["tpe"]["seconds"] for r in rows)
+        bundles: dict[str, dict[str, Path]] = {}
+        for dataset in sorted({c[0] for c in cases}):
+            bundles[dataset] = _bundles(root, dataset, sorted({c[1] for c in cases if c[0] == dataset}))
+        for dataset, algo, limit_text in cases:
+            rows.append(_case(root, bundles[dataset][algo], dataset, algo, limit_text, args))
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)  # keep what is done should a later case fail
+            Path(args.out).write_text(json.dumps({"rows": rows, "partial": True}, indent=2, default=str) + "\n")
+    tpe_rows = [r for r in rows if "tpe" in r]
     summary = {
         "rows": rows,
-        "fast_exact_everywhere": all(r["fast"]["exact"] for r in rows),
-        "fast_max_training_probes": max(r["fast"]["train_probes"] for r in rows),
-        "tpe_exact_count": sum(r["tpe"]["exact"] for r in rows),
-        "fast_seconds_total": round(fast_s, 1),
-        "tpe_seconds_total": round(tpe_s, 1),
-        "tpe_over_fast_wall_ratio": round(tpe_s / fast_s, 2) if fast_s else None,
-        "command": " ".join(["python", *sys.argv]),
+        "exact_everywhere": all(r["exact"] and r["confirmed"] for r in rows),
+        "most_training_probes": max(r["fast"]["train_probes"] for r in rows),
+        "same_values_everywhere": all(r["same_values_everywhere"] for r in rows),
+        "tpe_over_fast_wall": [round(r["tpe"]["seconds"] / r["fast"]["seconds"], 2) for r in tpe_rows],
+        "wall_seconds": round(time.perf_counter() - started, 1),
+        "load_average_end": os.getloadavg(),
+        "torch": torch.__version__, "monai": monai.__version__,
+        "command": " ".join(["python", "benchmarks/bench_search.py", *(argv if argv is not None else sys.argv[1:])]),
     }
+    table = _table(rows)
+    summary["table"] = table
     print()
-    print(f"{'algo':<10} {'limit MiB':>9} {'true':>5} {'fast max':>8} {'fast probes':>11} {'fast s':>7} "
-          f"{'tpe max':>7} {'tpe probes':>10} {'tpe s':>7}")
-    for r in rows:
-        print(f"{r['algo']:<10} {r['limit_bytes'] / 2**20:9.1f} {r['true_max']:>5} {r['fast']['max_found']!s:>8} "
-              f"{r['fast']['train_probes']:>5} ({r['fast']['probes']:>3}) {r['fast']['seconds']:>7.1f} "
-              f"{r['tpe']['max_found']!s:>7} {r['tpe']['probes']:>10} {r['tpe']['seconds']:>7.1f}")
-    print(f"fast exact everywhere: {summary['fast_exact_everywhere']}; most training probes: "
-          f"{summary['fast_max_training_probes']}; tpe exact in {summary['tpe_exact_count']}/{len(rows)}; "
-          f"wall: fast {fast_s:.0f} s, tpe {tpe_s:.0f} s ({summary['tpe_over_fast_wall_ratio']}x)")
+    print(table)
+    print(f"exact and confirmed everywhere: {summary['exact_everywhere']}; most training probes: "
+          f"{summary['most_training_probes']}; same values undisturbed/killed+resumed/2 workers: "
+          f"{summary['same_values_everywhere']}; tpe/fast wall: {summary['tpe_over_fast_wall']}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(summary, indent=2) + "\n")
+    Path(args.out).write_text(json.dumps(summary, indent=2, default=str) + "\n")
     return 0
 
 

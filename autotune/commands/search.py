@@ -16,6 +16,9 @@ def add_tuning_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--memory-limit", default=None, help="e.g. 8GiB; default the device's total memory")
     g.add_argument("--storage", default=None, help="SQLAlchemy URL of the Optuna storage (default sqlite under studies/)")
     g.add_argument("--strategy", default="fast", help="fast (default), tpe (Auto3DSeg baseline) or estimate (no probes)")
+    g.add_argument("--objective", default="max-batch",
+                   help="max-batch (default: the largest batch that fits) or throughput (the fastest that fits; a "
+                   "smaller batch wins only if its advantage survives a repeated measurement)")
     g.add_argument("--margin", type=float, default=0.10, help="share of the limit kept free (default 0.10)")
     g.add_argument("--specs", default=None, help="YAML of Auto3DSeg gpu_customization_specs")
     g.add_argument("--num-trials", type=int, default=None, help="trial budget of the tpe strategy (default 20)")
@@ -70,6 +73,7 @@ def tune_from_args(
         memory_limit=args.memory_limit,
         storage=args.storage,
         strategy=args.strategy,
+        objective=args.objective,
         margin=args.margin,
         timeout=args.timeout,
         target=target,
@@ -89,7 +93,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "tune",
         help="tune bundles' patches per iteration, sw batch size and validation device",
         description="Find, for each bundle, the largest patches per iteration and sliding-window batch size that fit "
-        "the memory limit (less a margin) and run fastest; write them back with provenance. Folds share one search.",
+        "the memory limit (less a margin) (or, with --objective throughput, run fastest); write them back with provenance. Folds share one search.",
     )
     p.add_argument("bundles", nargs="+", help="bundle folders made by 'autotune generate'")
     add_tuning_args(p)

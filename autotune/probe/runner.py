@@ -1,8 +1,10 @@
 """Run one probe (a short real trial) in an isolated child process and classify how it ended.
 
-``run_probe`` writes a JSON request, starts ``python -m autotune.probe.trial REQUEST`` in its
-own session (so it leads its own process group), waits up to ``timeout`` seconds and reads
-the child's JSON result. How the trial ended is decided from the exit code or signal and
+``run_probe`` writes a JSON request, starts the trial in a child process in its own session
+(so it leads its own process group), waits up to ``timeout`` seconds and reads the child's
+JSON result. The child is forked from a server that has imported torch and MONAI once
+(``autotune.probe.isolation``), or with ``AUTOTUNE_PROBE_ISOLATION=subprocess`` it is a fresh
+``python -m autotune.probe.trial REQUEST``. How the trial ended is decided from the exit code or signal and
 the JSON, never from error text alone:
 
 =========  ==================================================================
@@ -47,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import ProbeError
+from autotune.probe.isolation import isolation_mode
 from autotune.utils import atomic_write_json, look_up_option, parse_bytes
 
 __all__ = ["PHASES", "VALIDATION_DEVICES", "resolve_request", "run_probe"]
@@ -166,6 +169,42 @@ def _signal_name(number: int) -> str:
         return f"signal {number}"
 
 
+def _run_subprocess(tmpdir: Path, child_env: dict[str, str], timeout: float) -> tuple[Any, bool]:
+    """A fresh interpreter in its own session: ``python -m autotune.probe.trial REQUEST``."""
+    with open(tmpdir / "stdout.txt", "wb") as out, open(tmpdir / "stderr.txt", "wb") as err:
+        try:
+            proc = subprocess.Popen([sys.executable, "-m", "autotune.probe.trial", str(tmpdir / "request.json")],
+                                    stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=child_env,
+                                    start_new_session=True)
+        except OSError as exc:
+            raise ProbeError(f"could not start the probe process ({exc}); check {sys.executable}") from exc
+        try:
+            finished = _wait_unreaped(proc.pid, timeout)
+        finally:
+            _kill_group(proc.pid)  # the leader is not reaped yet, so this group id is still the child's
+            proc.wait()
+    return proc, finished
+
+
+def _run_forked(tmpdir: Path, child_env: dict[str, str], timeout: float) -> tuple[Any, bool]:
+    """A child forked from the preloaded server (``autotune.probe.isolation``), in its own session."""
+    from autotune.probe.isolation import start_forked
+
+    try:
+        proc = start_forked(str(tmpdir / "request.json"), str(tmpdir / "stdout.txt"), str(tmpdir / "stderr.txt"),
+                            child_env)
+    except OSError as exc:
+        raise ProbeError(f"could not start the probe process ({exc}); set AUTOTUNE_PROBE_ISOLATION=subprocess") \
+            from exc
+    try:
+        finished = proc.wait_for(timeout)
+    finally:
+        # the child leads its own group (setsid): kill what is left of it, leader and any stragglers
+        _kill_group(proc.pid)
+        proc.wait()
+    return proc, finished
+
+
 def run_probe(bundle: str | Path | dict, *, num_patches_per_iter: int | None = None, num_sw_batch_size: int | None = None,
               validation_device: str = "device", device: str = "cpu", memory_limit: int | None = None,
               timeout: float = 300.0, phases: tuple[str, ...] = PHASES, warmup_steps: int = 1, measure_steps: int = 2,
@@ -205,18 +244,10 @@ def run_probe(bundle: str | Path | dict, *, num_patches_per_iter: int | None = N
         req.update(result_path=str(tmpdir / "result.json"), state_path=str(tmpdir / "state.json"),
                    launched_at=time.time())
         atomic_write_json(tmpdir / "request.json", req)
-        with open(tmpdir / "stdout.txt", "wb") as out, open(tmpdir / "stderr.txt", "wb") as err:
-            try:
-                proc = subprocess.Popen([sys.executable, "-m", "autotune.probe.trial", str(tmpdir / "request.json")],
-                                        stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=child_env,
-                                        start_new_session=True)
-            except OSError as exc:
-                raise ProbeError(f"could not start the probe process ({exc}); check {sys.executable}") from exc
-            try:
-                finished = _wait_unreaped(proc.pid, float(timeout))
-            finally:
-                _kill_group(proc.pid)  # the leader is not reaped yet, so this group id is still the child's
-                proc.wait()
+        if isolation_mode() == "forkserver":
+            proc, finished = _run_forked(tmpdir, child_env, float(timeout))
+        else:
+            proc, finished = _run_subprocess(tmpdir, child_env, float(timeout))
         state = _read_json(tmpdir / "state.json") or {}
         child = _read_json(tmpdir / "result.json")
         stderr_tail = _tail(tmpdir / "stderr.txt")

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from autotune.probe.trial import cuda_result_keys
+from autotune.search.objective import trial_value
 from autotune.search.study import owner_tag
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -145,7 +146,9 @@ class Evaluator:
         label: str = "",
         claims: Any = None,
         poll_seconds: float = 1.0,
+        objective: str = "max-batch",
     ) -> None:
+        self.objective = objective
         self.claims = claims
         self.poll_seconds = float(poll_seconds)
         self.study = study
@@ -200,13 +203,15 @@ class Evaluator:
         return Evaluation(point, phases, "skipped", False, None, 0.0, failed[-1] if failed else None, True, result)
 
     # -- evaluation --------------------------------------------------------------------
-    def evaluate(self, point: Mapping[str, Any], phases: tuple[str, ...], trial: Any = None) -> Evaluation:
+    def evaluate(self, point: Mapping[str, Any], phases: tuple[str, ...], trial: Any = None,
+                 repeat: int = 0) -> Evaluation:
         """Evaluate ``point``: from the study when it is there, else with the prober.
 
         ``trial`` may be a trial already asked (the TPE strategy); otherwise one is made.
+        ``repeat`` > 0 asks for a repeated measurement of a point (a point of its own in the study).
         """
         if trial is None:
-            return self._evaluate(dict(point), phases, None, beating=False)
+            return self._evaluate(dict(point), phases, None, beating=False, repeat=repeat)
         # a trial the sampler asked is RUNNING already: mark it as this worker's and keep its heartbeat
         # while it waits for a point claim too, so a worker killed at any moment leaves a trial that
         # fail_stale_trials can fail (this host: the owner's pid is gone; any host: the heartbeat expired)
@@ -214,8 +219,9 @@ class Evaluator:
         with _heartbeat(self.study, trial):
             return self._evaluate(dict(point), phases, trial, beating=True)
 
-    def _evaluate(self, point: dict[str, Any], phases: tuple[str, ...], trial: Any, beating: bool) -> Evaluation:
-        pid = point_id(point, phases)
+    def _evaluate(self, point: dict[str, Any], phases: tuple[str, ...], trial: Any, beating: bool,
+                  repeat: int = 0) -> Evaluation:
+        pid = point_id(point, phases) + (f"|repeat={repeat}" if repeat else "")
         previous, failures = self._previous(pid)
         claimed = False
         # with several workers: probe a point only while holding its claim; otherwise wait for
@@ -249,6 +255,8 @@ class Evaluator:
                 storage.set_trial_param(trial._trial_id, name, dist.to_internal_repr(value), dist)
         trial.set_user_attr("point_id", pid)
         trial.set_user_attr("phases", list(phases))
+        if repeat:
+            trial.set_user_attr("repeat", repeat)
         trial.set_user_attr("owner", owner_tag())
         trial.set_user_attr("kind", "probe" if self.prober.measured else "estimate")
         trial.set_user_attr("budget_bytes", self.budget_bytes)
@@ -294,7 +302,7 @@ class Evaluator:
             else:
                 over = int(peak) - self.budget_bytes
             trial.set_constraint("memory", float(over))
-            value = _throughput(result, phases) if status == "ok" else 0.0
+            value = trial_value(self.objective, result, phases, point) if status == "ok" else 0.0
             self.study.tell(trial, value)
             feasible = status == "ok" and over <= 0
             return Evaluation(point, phases, status, feasible, peak, value, trial.number, reused_from is not None,
@@ -320,9 +328,10 @@ class Evaluator:
         if evaluation.peak_bytes:
             share = f" ({100.0 * evaluation.peak_bytes / max(self.budget_bytes, 1):.0f}% of budget)"
         value = ""
-        if evaluation.status == "ok" and evaluation.value and not math.isnan(evaluation.value):
+        speed = _throughput(evaluation.result, phases)
+        if evaluation.status == "ok" and speed and not math.isnan(speed):
             unit = "samples/s" if "train" in phases else "volumes/s"
-            value = f", {evaluation.value:.3g} {unit}" if self.prober.measured else ""
+            value = f", {speed:.3g} {unit}" if self.prober.measured else ""
         trial = f"#{evaluation.trial_number}" if evaluation.trial_number is not None else "-"
         verdict = "fits" if evaluation.feasible else "does not fit" if evaluation.status in ("ok", "oom") else "failed"
         self.progress(

@@ -8,7 +8,7 @@ give the strategies an affine memory model from two estimator passes.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +53,53 @@ class _ModelMixin:
         return LinearModel(
             float(model.intercept) * self.scale + self.offset, float(model.slope) * self.scale, int(cap) if cap else None
         )
+
+
+    def memory_curve(
+        self,
+        phase: str,
+        point: Mapping[str, Any],
+        known: Mapping[int, float] | None = None,
+        on_estimate: Callable[[int, int], None] | None = None,
+    ) -> Any:
+        """The estimator's peak (plus the device allowance) at each batch size, computed on demand:
+        ``num_patches_per_iter`` for "train", ``num_sw_batch_size`` for "infer" (capped at the
+        number of windows). None when the estimator fails at the first point asked (bisection then).
+
+        Args:
+            known: raw estimates already computed (n -> bytes), e.g. read back from the study.
+            on_estimate: called with (n, raw bytes) for each new estimate (to store it).
+        """
+        from autotune.probe.estimate import estimate
+        from autotune.search.edge import CorrectedCurve, EstimatedCurve
+
+        kwargs = _point_kwargs(point)
+        size = "num_patches_per_iter" if phase == "train" else "num_sw_batch_size"
+        kwargs.pop(size, None)
+        if phase == "train":
+            kwargs.pop("validation_device", None)
+        cap = None
+        if phase == "infer":
+            from autotune.probe.estimate import _num_windows
+            from autotune.probe.runner import resolve_request
+
+            cap = _num_windows(resolve_request(self.bundle, check_device=False)["config"])
+
+        def raw_peak(n: int) -> float:
+            raw = int(estimate(self.bundle, device=self.device, phases=(phase,), **{size: n}, **kwargs)[f"{phase}_peak_bytes"])
+            if on_estimate is not None:
+                on_estimate(n, raw)
+            return float(raw)
+
+        raw_curve = EstimatedCurve(raw_peak, cap, {int(k): float(v) for k, v in (known or {}).items()})
+        try:
+            raw_curve.predict(1)
+        except Exception as exc:  # the estimator is an aid: fall back to bisection without it
+            log.warning("estimate for %s (%s) failed, bisecting without it: %s", Path(self.bundle).name, phase, exc)
+            return None
+        if self.scale == 1.0 and self.offset == 0:
+            return raw_curve
+        return CorrectedCurve(raw_curve, self.scale, float(self.offset))
 
 
 class ProbeProber(_ModelMixin):

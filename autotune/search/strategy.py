@@ -1,17 +1,18 @@
 """Search strategies: ``fast`` (estimate, confirm, bisect only when wrong) and ``tpe`` (baseline).
 
-``fast``: two estimator passes give ``peak(N) = a + b*N``; the largest N under the
-budget is probed, then N+1 to confirm the edge. Each real measurement corrects the
-model (one point shifts its intercept, two fix its slope); a prediction that misses
-twice falls back to bisection. Then the sliding-window batch size the same way (inference-only
-probes: training's peak is already known to fit), for
-the validation volume held on the device first (fastest) and on the CPU only when
-nothing fits on the device. Among the points that fit, the highest throughput wins;
-throughputs within ``TIE_TOLERANCE`` (10%) count as a tie and go to the larger batch.
+``fast``: the largest N the estimator puts under the budget is found by bisection over
+the estimator's answers (``autotune.search.edge``), then probed, then N+1 to confirm the
+edge. Each real measurement corrects the device allowance (scale and offset of the
+estimate), not the curve's shape; a prediction that misses twice falls back to bisection
+on real probes. Then the sliding-window batch size the same way (inference-only probes:
+training's peak is already known to fit), for the validation volume held on the device
+first (fastest) and on the CPU only when nothing fits on the device. The choice among the
+points that fit follows the objective (``autotune.search.objective``): the largest batch
+(default), or with ``throughput`` one smaller candidate (N/2) races the largest.
 
 ``tpe``: Optuna's TPE over (patches per iteration, sw batch size, validation device)
-with the specs' trial budget, as Auto3DSeg does, each trial probing both phases; the
-objective is measured samples/s, subject to the memory constraint.
+with the specs' trial budget, as Auto3DSeg does, each trial probing both phases and
+valued by the objective, subject to the memory constraint.
 """
 
 from __future__ import annotations
@@ -20,11 +21,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from autotune.search.edge import find_max_feasible
 from autotune.search.evaluate import Evaluation, Evaluator
+from autotune.search.objective import DEFAULT_OBJECTIVE, TIE_TOLERANCE, choose
 
 __all__ = ["TIE_TOLERANCE", "LinearModel", "find_max_feasible", "choose_best", "run_fast", "run_tpe", "SearchOutcome"]
-
-TIE_TOLERANCE = 0.10  # timings closer than this are noise on a shared machine: prefer the larger batch
 
 
 @dataclass
@@ -45,91 +46,9 @@ class LinearModel:
         return int((budget - self.intercept) // self.slope)
 
 
-def _as_linear(model: Any) -> LinearModel | None:
-    if model is None:
-        return None
-    cap = getattr(model, "cap", None) or getattr(model, "n_cap", None)
-    return LinearModel(float(model.intercept), float(model.slope), int(cap) if cap else None)
-
-
-def _corrected(model: LinearModel | None, measured: dict[int, int]) -> LinearModel | None:
-    """Correct an estimated model with real peaks: two points fix it, one shifts it."""
-    if len(measured) >= 2:
-        (n1, p1), (n2, p2) = sorted(measured.items())[-2:]
-        slope = (p2 - p1) / (n2 - n1)
-        if slope <= 0:  # measured flat: the batch is not what sets the peak here
-            return LinearModel(float(max(p1, p2)), 0.0)
-        return LinearModel(p2 - slope * n2, slope)
-    if measured and model is not None:
-        n, peak = max(measured.items())
-        return LinearModel(peak - model.slope * n, model.slope)
-    return model
-
-
-def find_max_feasible(
-    evaluate: Callable[[int], Evaluation],
-    lo: int,
-    hi: int,
-    model: LinearModel | None,
-    budget: int,
-) -> tuple[int | None, list[Evaluation]]:
-    """The largest n in [lo, hi] that fits, with as few evaluations as the model allows.
-
-    The model's predicted maximum is probed first, then one above it. Each measurement
-    corrects the model (one point shifts it, two fix its slope, a flat pair makes it flat);
-    after two predictions that measurements contradict, it bisects (doubling while
-    nothing above is known to fail), so a wrong model costs O(log range) probes.
-
-    Returns:
-        (largest feasible n or None when even ``lo`` does not fit, evaluations made)
-    """
-    lo_ok, hi_bad = lo - 1, hi + 1
-    measured: dict[int, int] = {}
-    evaluations: list[Evaluation] = []
-    misses = 0
-    current = model
-
-    def predicted_edge(m: LinearModel | None) -> int | None:
-        return None if m is None else min(max(m.max_fitting(budget), lo - 1), hi)
-
-    while lo_ok + 1 < hi_bad:
-        edge = predicted_edge(current)
-        if misses >= 2 or edge is None:
-            # bisection; doubling while nothing above is known to fail
-            n = (lo_ok + hi_bad) // 2 if hi_bad <= hi else min(hi, max(lo, 2 * max(lo_ok, 1)))
-            n = n if lo_ok < n < hi_bad else lo_ok + 1
-        elif lo_ok < edge < hi_bad:
-            n = edge  # the predicted maximum
-        elif edge <= lo_ok:
-            n = lo_ok + 1  # the model says lo_ok is the edge: confirm one above
-        else:
-            n = hi_bad - 1
-        evaluation = evaluate(n)
-        evaluations.append(evaluation)
-        if evaluation.failed:  # a crash says nothing about memory: try the point once more
-            evaluation = evaluate(n)
-            evaluations.append(evaluation)
-        if evaluation.feasible:
-            lo_ok = n
-        else:
-            hi_bad = n
-        # a miss: the measurement contradicts the prediction it was made with
-        if edge is not None and ((evaluation.feasible and n > edge) or (not evaluation.feasible and n <= edge)):
-            misses += 1
-        if evaluation.status == "ok" and evaluation.peak_bytes:
-            measured[n] = int(evaluation.peak_bytes)
-        current = _corrected(model, measured)
-    return (lo_ok if lo_ok >= lo else None), evaluations
-
-
-def choose_best(evaluations: list[Evaluation], size_key: str) -> Evaluation | None:
-    """Highest throughput among feasible points; within ``TIE_TOLERANCE``, the larger batch."""
-    feasible = [e for e in evaluations if e.feasible]
-    if not feasible:
-        return None
-    top = max(e.value for e in feasible)
-    near = [e for e in feasible if e.value >= top * (1 - TIE_TOLERANCE)]
-    return max(near, key=lambda e: (e.point.get(size_key, 0), e.value))
+def choose_best(evaluations: list[Evaluation], size_key: str, objective: str = DEFAULT_OBJECTIVE) -> Evaluation | None:
+    """The chosen feasible point of one phase (see ``autotune.search.objective``; no repeats)."""
+    return choose(evaluations, lambda e: e.point.get(size_key, 0), objective)
 
 
 @dataclass
@@ -151,41 +70,60 @@ def run_fast(
     validation_devices: tuple[str, ...],
     train_model: Any,
     infer_model_for: Callable[[int, str], Any],
+    objective: str = DEFAULT_OBJECTIVE,
 ) -> SearchOutcome:
-    """The default strategy; see the module docstring."""
+    """The default strategy; see the module docstring. Models are ``autotune.search.edge.Curve``s."""
     budget = evaluator.budget_bytes
     lo, hi = spec.patches_range
-    n_max, train_evals = find_max_feasible(
-        lambda n: evaluator.evaluate({"num_patches_per_iter": n}, ("train",)), lo, hi, _as_linear(train_model), budget
-    )
-    evaluations = list(train_evals)
-    best_train = choose_best(train_evals, "num_patches_per_iter")
-    if n_max is None or best_train is None:
+    evaluations: list[Evaluation] = []
+
+    def measured(point: dict[str, Any], phases: tuple[str, ...], repeat: int = 0) -> Evaluation:
+        evaluation = evaluator.evaluate(point, phases, repeat=repeat)
+        evaluations.append(evaluation)
+        return evaluation
+
+    def train(n: int, repeat: int = 0) -> Evaluation:
+        return measured({"num_patches_per_iter": n}, ("train",), repeat)
+
+    n_max, train_evals = find_max_feasible(train, lo, hi, train_model, budget)
+    if n_max is None:
+        return SearchOutcome(None, None, None, None, None, None, evaluations)
+    if objective == "throughput" and max(lo, n_max // 2) < n_max:  # one smaller candidate to race the largest
+        train_evals.append(train(max(lo, n_max // 2)))
+    best_train = choose(train_evals, lambda e: e.point["num_patches_per_iter"], objective,
+                        lambda e: train(e.point["num_patches_per_iter"], repeat=1))
+    if best_train is None:
         return SearchOutcome(None, None, None, None, None, None, evaluations)
     n = int(best_train.point["num_patches_per_iter"])
     sw_lo, sw_hi = spec.sw_range
     for device in validation_devices:
-        def evaluate_sw(m: int, device: str = device) -> Evaluation:
+        def evaluate_sw(m: int, device: str = device, repeat: int = 0) -> Evaluation:
             # the training peak at n is measured and fits; validation runs with the model,
             # gradients and optimizer state alive (the probe creates them), so the combined peak
             # is max(train, infer) and only the inference pass needs measuring
             point = {"num_patches_per_iter": n, "num_sw_batch_size": m, "validation_device": device}
-            return evaluator.evaluate(point, ("infer",))
+            return measured(point, ("infer",), repeat)
 
-        infer_model = _as_linear(infer_model_for(n, device))
+        infer_model = infer_model_for(n, device)
+        cap = getattr(infer_model, "cap", None)
         # past the number of windows a larger batch holds no more memory (and gains nothing)
-        top = max(sw_lo, min(sw_hi, infer_model.cap)) if infer_model is not None and infer_model.cap else sw_hi
+        top = max(sw_lo, min(sw_hi, int(cap))) if cap else sw_hi
         m_max, sw_evals = find_max_feasible(evaluate_sw, sw_lo, top, infer_model, budget)
-        evaluations += sw_evals
-        best_sw = choose_best(sw_evals, "num_sw_batch_size")
-        if m_max is not None and best_sw is not None:
+        if m_max is None:
+            continue
+        if objective == "throughput" and max(sw_lo, m_max // 2) < m_max:
+            sw_evals.append(evaluate_sw(max(sw_lo, m_max // 2)))
+        best_sw = choose(sw_evals, lambda e: e.point["num_sw_batch_size"], objective,
+                         lambda e, device=device: evaluate_sw(e.point["num_sw_batch_size"], device, repeat=1))
+        if best_sw is not None:
             return SearchOutcome(
                 n, n_max, int(best_sw.point["num_sw_batch_size"]), device, best_train, best_sw, evaluations
             )
     return SearchOutcome(n, n_max, None, None, best_train, None, evaluations)
 
 
-def run_tpe(evaluator: Evaluator, spec: Any, validation_devices: tuple[str, ...], seed: int = 0) -> SearchOutcome:
+def run_tpe(evaluator: Evaluator, spec: Any, validation_devices: tuple[str, ...], seed: int = 0,
+            objective: str = DEFAULT_OBJECTIVE) -> SearchOutcome:
     """The Auto3DSeg-style baseline: ``spec.num_trials`` TPE trials, each probing both phases."""
     import time
 
@@ -234,9 +172,8 @@ def run_tpe(evaluator: Evaluator, spec: Any, validation_devices: tuple[str, ...]
     feasible = [e for e in all_evals if e.feasible]
     if not feasible:
         return SearchOutcome(None, None, None, None, None, None, evaluations)
-    top = max(e.value for e in feasible)
-    near = [e for e in feasible if e.value >= top * (1 - TIE_TOLERANCE)]
-    best = max(near, key=lambda e: (e.point["num_patches_per_iter"], e.point["num_sw_batch_size"], e.value))
+    best = choose(feasible, lambda e: (e.point["num_patches_per_iter"], e.point["num_sw_batch_size"]), objective,
+                  lambda e: evaluator.evaluate(e.point, ("train", "infer"), repeat=1))
     n_max = max(e.point["num_patches_per_iter"] for e in feasible)
     return SearchOutcome(
         int(best.point["num_patches_per_iter"]),

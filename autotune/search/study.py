@@ -164,6 +164,7 @@ class TuningKey:
     torch_version: str
     monai_version: str
     strategy: str
+    objective: str = "max-batch"
 
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -186,8 +187,9 @@ def _section_hash(cfg: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
-def make_key(cfg: Mapping[str, Any], device: Mapping[str, Any], memory_limit: int, strategy: str) -> TuningKey:
-    """The tuning key of a bundle config on a device under a memory limit."""
+def make_key(cfg: Mapping[str, Any], device: Mapping[str, Any], memory_limit: int, strategy: str,
+             objective: str = "max-batch") -> TuningKey:
+    """The tuning key of a bundle config on a device under a memory limit, for a strategy and objective."""
     import monai
     import torch
 
@@ -206,6 +208,7 @@ def make_key(cfg: Mapping[str, Any], device: Mapping[str, Any], memory_limit: in
         torch_version=str(torch.__version__),
         monai_version=str(monai.__version__),
         strategy=strategy,
+        objective=objective,
     )
 
 
@@ -222,6 +225,10 @@ def open_study(
         sampler=sampler,
         load_if_exists=True,
     )
+    if not study.metric_names:
+        from autotune.search.objective import metric_name
+
+        study.set_metric_names([metric_name(key.objective)])
     if "tuning_key" not in study.user_attrs:
         study.set_user_attr("tuning_key", key.as_dict())
         for name, value in key.as_dict().items():

@@ -105,6 +105,7 @@ def tune_bundles(
     summary_path: str | os.PathLike[str] | None = None,
     progress: Callable[[str], None] | None = _print,
     write_back: bool = True,
+    objective: str = "max-batch",
 ) -> list[dict[str, Any]]:
     """Tune ``bundles`` and write the tuned values (with provenance) into each.
 
@@ -124,6 +125,8 @@ def tune_bundles(
         summary_path: where to write the JSON summary.
         progress: called with one line per step; None for silence.
         write_back: write the tuned values into the bundles.
+        objective: ``max-batch`` (default: the largest batch that fits) or ``throughput`` (the fastest;
+            see ``autotune.search.objective``); part of the study key and of the ``tuning:`` block.
 
     Returns:
         One result per bundle (dicts; ``status`` is ``tuned``, ``infeasible`` or ``unsupported``).
@@ -142,6 +145,9 @@ def tune_bundles(
 
     say = progress or (lambda _line: None)
     strategy = look_up_option(strategy, STRATEGIES, "strategy", SpecError)
+    from autotune.search.objective import OBJECTIVES
+
+    objective = look_up_option(objective, OBJECTIVES, "objective", SpecError)
     if strategy == "estimate":  # the fast search, answered by the estimator alone
         strategy, estimate_only = "fast", True
     if not isinstance(margin, (int, float)) or not 0.0 <= float(margin) < 1.0:
@@ -177,7 +183,7 @@ def tune_bundles(
     groups: dict[str, list[str]] = {}
     keys: dict[str, Any] = {}
     for path, cfg in configs.items():
-        key = make_key(cfg, info, limit, strategy + ("-estimate" if estimate_only else ""))
+        key = make_key(cfg, info, limit, strategy + ("-estimate" if estimate_only else ""), objective)
         groups.setdefault(key.study_name, []).append(path)
         keys[key.study_name] = key
 
@@ -188,7 +194,7 @@ def tune_bundles(
 
         claim_store = ClaimStore(storage_url, owner_tag())
     context = _Context(store, info, device, limit, budget, float(margin), strategy, estimate_only, timeout,
-                       allowance, probe_env, target, shown_storage, explicit, claim_store, say)
+                       allowance, probe_env, target, shown_storage, explicit, claim_store, say, objective)
     records: dict[str, dict[str, Any]] = {}
     pending: list[str] = []
     try:
@@ -231,6 +237,7 @@ class _Context:
     explicit: dict[str, dict[str, Any]]
     claims: Any
     say: Callable[[str], None]
+    objective: str = "max-batch"
 
 
 def _tune_group(ctx: _Context, key: Any, cfg: Mapping[str, Any], n_bundles: int, wait: bool) -> dict[str, Any] | None:
@@ -279,13 +286,14 @@ def _tune_group(ctx: _Context, key: Any, cfg: Mapping[str, Any], n_bundles: int,
             ctx.say(f"[{algo}] marked stale RUNNING trials {stale} as failed (their worker is gone)")
         ctx.say(
             f"[{algo}] tuning {study_name} ({n_bundles} bundle{'s' if n_bundles > 1 else ''}) on "
-            f"{ctx.info['device_name']}, strategy {ctx.strategy}{' (estimates only)' if ctx.estimate_only else ''}: "
+            f"{ctx.info['device_name']}, strategy {ctx.strategy}{' (estimates only)' if ctx.estimate_only else ''}, objective {ctx.objective}: "
             f"limit {format_bytes(ctx.limit)}, budget {format_bytes(ctx.budget)} (margin {ctx.margin:.0%}), "
             f"patches/iter {list(spec.patches_range)}, sw batch {list(spec.sw_range)}"
         )
         started = time.perf_counter()
         record = _search(study, cfg, spec, devices, ctx)
-        record["batch"] = batch_report(record, batch_cap, record.pop("predicted_max_num_patches_per_iter", None))
+        record["batch"] = batch_report(record, batch_cap, _predicted_fit(record.pop("_train_curve", None), batch_cap,
+                                                                         ctx.budget))
         record.update(
             study_name=study_name,
             storage=ctx.shown_storage,
@@ -303,12 +311,28 @@ def _tune_group(ctx: _Context, key: Any, cfg: Mapping[str, Any], n_bundles: int,
         )
         if ctx.target is not None:
             record["target"] = dict(ctx.target)
+        from autotune.search.story import tell_story
+
+        tell_story(study, record)  # the dashboard's note and memory plots
         if record["status"] == "tuned":
             study.set_user_attr(tag, {k: v for k, v in record.items() if k != "from_storage"})
         return record
     finally:
         if exclusive:
             ctx.claims.release(study_name, "key:" + tag, done=False)
+
+
+def _predicted_fit(curve: Any, batch_cap: Mapping[str, Any], budget: int) -> int | None:
+    """The estimator's largest fit over the template's whole range (the cap may stop the search below it)."""
+    from autotune.search.edge import largest_under
+
+    whole = batch_cap.get("template_range") or batch_cap.get("range")
+    if curve is None or not whole:
+        return None
+    try:
+        return int(largest_under(curve, int(whole[0]), int(whole[1]), budget))
+    except Exception:  # noqa: BLE001 - the estimate only explains the cap; its failure costs nothing
+        return None
 
 
 def _search(
@@ -328,30 +352,26 @@ def _search(
             bundle, ctx.device, ctx.limit, timeout=ctx.timeout, env=ctx.probe_env, scale=scale, offset=offset
         )
     evaluator = Evaluator(
-        study, prober, ctx.budget, distributions(spec, devices), progress=ctx.say, label=cfg["algo"], claims=ctx.claims
+        study, prober, ctx.budget, distributions(spec, devices), progress=ctx.say, label=cfg["algo"], claims=ctx.claims,
+        objective=ctx.objective,
     )
-    predicted = None
+    train_model = None
     if ctx.strategy == "tpe":
-        outcome = run_tpe(evaluator, spec, devices, seed=int(cfg.get("seed", 0)))
+        outcome = run_tpe(evaluator, spec, devices, seed=int(cfg.get("seed", 0)), objective=ctx.objective)
     else:
-        train_model = prober.memory_model("train", {})
-        predicted = getattr(train_model, "max_fitting", None)
-        outcome = run_fast(
-            evaluator,
-            spec,
-            devices,
-            train_model,
-            lambda n, vd: prober.memory_model("infer", {"num_patches_per_iter": n, "validation_device": vd}),
-        )
+        from autotune.search.story import search_curves
+
+        train_model, infer_model_for = search_curves(study, prober)
+        outcome = run_fast(evaluator, spec, devices, train_model, infer_model_for, ctx.objective)
     record: dict[str, Any] = {
         "algo": cfg["algo"],
+        "objective": ctx.objective,
         "method": "measured" if prober.measured else "estimated",
         "probes": evaluator.probes,
         "reused_points": evaluator.reused,
         "trials": evaluator.trial_numbers,
     }
-    if predicted is not None:
-        record["predicted_max_num_patches_per_iter"] = int(predicted(ctx.budget))
+    record["_train_curve"] = train_model  # read (and dropped) by _predicted_fit
     if outcome.num_patches_per_iter is None:
         record.update(status="infeasible", reason=(
             f"even {spec.patches_range[0]} patch(es) per iteration does not fit in the budget; "

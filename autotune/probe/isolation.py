@@ -1,0 +1,141 @@
+"""Start probe children cheaply: fork them from a server that has imported torch and MONAI once.
+
+A fresh interpreter spends seconds importing torch and MONAI before a probe measures
+anything. Here a ``multiprocessing`` fork server, started once per tuner process, preloads
+them (``autotune.probe.preload``) and forks one child per trial. The isolation is kept: each
+child is a process of its own, in a session of its own (so the whole group can be killed),
+with its own stdout/stderr files and the environment the parent asked for; a crash, an
+out-of-memory kill or a hang ends that child only. The server never touches CUDA (importing
+torch does not initialise it), so a child may still choose and initialise its device.
+
+``AUTOTUNE_PROBE_ISOLATION=subprocess`` starts a fresh interpreter per probe instead (the
+old way; slower, for comparison and as a fallback where a fork server cannot start).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import sys
+import threading
+from collections.abc import Mapping
+from multiprocessing import context, forkserver, popen_forkserver, reduction, spawn, util
+from typing import Any
+
+__all__ = ["ISOLATION_ENV", "PRELOAD", "isolation_mode", "ForkedChild", "start_forked"]
+
+ISOLATION_ENV = "AUTOTUNE_PROBE_ISOLATION"
+PRELOAD = ["autotune.probe.preload"]
+_LOCK = threading.Lock()
+_CONTEXT: Any = None
+
+
+def isolation_mode() -> str:
+    """``forkserver`` (default on Linux/macOS) or ``subprocess`` (``$AUTOTUNE_PROBE_ISOLATION``)."""
+    mode = os.environ.get(ISOLATION_ENV, "").strip().lower()
+    if mode in ("subprocess", "forkserver"):
+        return mode
+    import multiprocessing
+
+    return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "subprocess"
+
+
+def _context() -> Any:
+    global _CONTEXT
+    with _LOCK:
+        if _CONTEXT is None:
+            import multiprocessing
+
+            ctx = multiprocessing.get_context("forkserver")
+            ctx.set_forkserver_preload(PRELOAD)
+            _CONTEXT = ctx
+        return _CONTEXT
+
+
+class _Popen(popen_forkserver.Popen):
+    """Fork-server Popen whose child does not re-import the parent's ``__main__``.
+
+    multiprocessing runs the parent's main script again in each child (as ``__mp_main__``);
+    a script that calls the tuner without an ``if __name__ == "__main__"`` guard would then
+    tune again in every probe. A probe needs nothing from ``__main__``, so its preparation
+    data leaves the main module out. (``_launch`` follows CPython 3.11's popen_forkserver.)
+    """
+
+    def _launch(self, process_obj: Any) -> None:
+        prep_data = {k: v for k, v in spawn.get_preparation_data(process_obj._name).items()
+                     if k not in ("init_main_from_path", "init_main_from_name")}
+        buf = io.BytesIO()
+        context.set_spawning_popen(self)
+        try:
+            reduction.dump(prep_data, buf)
+            reduction.dump(process_obj, buf)
+        finally:
+            context.set_spawning_popen(None)
+        self.sentinel, w = forkserver.connect_to_new_process(self._fds)
+        _parent_w = os.dup(w)
+        self.finalizer = util.Finalize(self, util.close_fds, (_parent_w, self.sentinel))
+        with open(w, "wb", closefd=True) as f:
+            f.write(buf.getbuffer())
+        self.pid = forkserver.read_signed(self.sentinel)
+
+
+class _ProbeProcess(context.ForkServerProcess):
+    @staticmethod
+    def _Popen(process_obj: Any) -> Any:
+        _context()  # the preload list is set before the server starts
+        return _Popen(process_obj)
+
+
+def _child_main(request_path: str, stdout_path: str, stderr_path: str, env: Mapping[str, str]) -> None:
+    """In the forked child: own session, own output files, the asked environment, then the trial."""
+    os.setsid()  # lead a process group of its own, as a subprocess started with start_new_session
+    for fd, path in ((1, stdout_path), (2, stderr_path)):
+        handle = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(handle, fd)
+        os.close(handle)
+    os.environ.clear()
+    os.environ.update(env)
+    code = 1
+    try:
+        from autotune.probe.trial import main
+
+        code = main([request_path])
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)  # the result is on disk; skip the teardown of torch
+
+
+class ForkedChild:
+    """A probe child forked from the server; ``pid``, ``wait`` and ``returncode`` as a Popen's."""
+
+    def __init__(self, process: Any) -> None:
+        self._process = process
+        self.pid: int = int(process.pid)
+
+    def wait_for(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` s for the child to end; True when it has."""
+        self._process.join(timeout)
+        return self._process.exitcode is not None
+
+    def wait(self) -> int:
+        self._process.join()
+        return int(self._process.exitcode)
+
+    @property
+    def returncode(self) -> int | None:
+        return self._process.exitcode
+
+
+def start_forked(request_path: str, stdout_path: str, stderr_path: str, env: Mapping[str, str]) -> ForkedChild:
+    """Fork a child that runs the trial of ``request_path`` (starts the server on first use).
+
+    Raises:
+        OSError: the server or the child could not be started.
+    """
+    process = _ProbeProcess(
+        target=_child_main, args=(request_path, stdout_path, stderr_path, dict(env)), name="autotune-probe",
+        daemon=False,
+    )
+    process.start()
+    return ForkedChild(process)

@@ -1,0 +1,163 @@
+"""What a key's study tells: the estimator's curves, kept in the study, and the dashboard's story.
+
+Each estimate the fast search asks for (peak bytes at one batch size) is stored as a
+study attribute as soon as it is computed, so a resumed run does not recompute it and
+the dashboard's plot can draw the curve the search saw. After a search, ``tell_story``
+attaches to the study (optuna-dashboard's note and plotly-figure API) a note naming the
+objective, the limit and the probes, and one plot per phase (training: peak against N;
+inference: peak against the sw batch; different units, so never on one axis) with the
+estimate, the probes, the budget and the limit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["estimates_attr", "stored_estimates", "search_curves", "memory_figure", "story_note", "tell_story"]
+
+
+def estimates_attr(phase: str, point: dict[str, Any] | None = None) -> str:
+    """The study attribute holding raw estimates of ``phase`` (infer: per training batch and volume place)."""
+    if phase == "train":
+        return "estimates:train"
+    point = point or {}
+    return f"estimates:infer:n={point.get('num_patches_per_iter')}:vd={point.get('validation_device')}"
+
+
+def stored_estimates(study: Any, name: str) -> dict[int, int]:
+    """Raw estimates stored under ``name`` (n -> bytes)."""
+    return {int(n): int(v) for n, v in (study.user_attrs.get(name) or {}).items()}
+
+
+def _store(study: Any, name: str) -> Callable[[int, int], None]:
+    def store(n: int, raw: int) -> None:
+        known = stored_estimates(study, name)
+        known[int(n)] = int(raw)
+        study.set_user_attr(name, {str(k): v for k, v in sorted(known.items())})
+
+    return store
+
+
+def search_curves(study: Any, prober: Any) -> tuple[Any, Callable[[int, str], Any]]:
+    """The training curve and a factory of sliding-window curves for ``run_fast``, backed by ``study``."""
+    name = estimates_attr("train")
+    train = prober.memory_curve("train", {}, stored_estimates(study, name), _store(study, name))
+
+    def infer_for(n: int, validation_device: str) -> Any:
+        point = {"num_patches_per_iter": n, "validation_device": validation_device}
+        attr = estimates_attr("infer", point)
+        return prober.memory_curve("infer", point, stored_estimates(study, attr), _store(study, attr))
+
+    return train, infer_for
+
+
+class _Figure:
+    """A plotly figure as JSON (what optuna-dashboard stores); plotly itself is not needed."""
+
+    def __init__(self, data: list[dict[str, Any]], layout: dict[str, Any]) -> None:
+        self.data, self.layout = data, layout
+
+    def to_json(self) -> str:
+        import json
+
+        return json.dumps({"data": self.data, "layout": self.layout})
+
+
+def _mib(value: float | None) -> float | None:
+    return None if value is None else round(float(value) / 2**20, 3)
+
+
+def memory_figure(study: Any, phase: str, record: dict[str, Any]) -> _Figure | None:
+    """Peak memory against the batch size of ``phase``: the estimate, the probes, the budget and the limit."""
+    from optuna.trial import TrialState
+
+    size = "num_patches_per_iter" if phase == "train" else "num_sw_batch_size"
+    point = {"num_patches_per_iter": record.get("num_patches_per_iter"),
+             "validation_device": record.get("validation_device")}
+    if phase == "train":
+        estimates = stored_estimates(study, estimates_attr("train"))
+    else:
+        estimates = stored_estimates(study, estimates_attr("infer", point))
+    probes = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+              if t.user_attrs.get("phases") == [phase] and size in t.params
+              and (phase == "train" or t.params.get("num_patches_per_iter") == point["num_patches_per_iter"])]
+    if not estimates and not probes:
+        return None
+    data: list[dict[str, Any]] = []
+    if estimates:
+        xs = sorted(estimates)
+        data.append({"type": "scatter", "mode": "lines+markers", "name": "estimate (no compute)",
+                     "x": xs, "y": [_mib(estimates[n]) for n in xs]})
+    for status, symbol in (("ok", "circle"), ("oom", "x")):
+        chosen = [t for t in probes if t.user_attrs.get("status") == status]
+        if chosen:
+            data.append({"type": "scatter", "mode": "markers", "name": f"probe: {status}",
+                         "marker": {"size": 11, "symbol": symbol},
+                         "x": [t.params[size] for t in chosen], "y": [_mib(t.user_attrs.get("peak_bytes")) for t in chosen],
+                         "text": [f"trial #{t.number}" for t in chosen]})
+    xs_all = [x for trace in data for x in trace["x"]] or [1]
+    span = [min(xs_all), max(xs_all)]
+    for name, value in (("budget", record.get("budget_bytes")), ("limit", record.get("memory_limit"))):
+        if value:
+            data.append({"type": "scatter", "mode": "lines", "name": name, "line": {"dash": "dash"},
+                         "x": span, "y": [_mib(value)] * 2})
+    label = "patches per iteration (N)" if phase == "train" else f"sliding-window batch (at N = {point['num_patches_per_iter']})"
+    layout = {"title": {"text": f"{phase}: peak memory against {size}"},
+              "xaxis": {"title": {"text": label}}, "yaxis": {"title": {"text": "peak memory (MiB)"}}}
+    return _Figure(data, layout)
+
+
+def story_note(study: Any, record: dict[str, Any]) -> str:
+    """The study's note: the objective, the limit, what was chosen and which points were probed."""
+    from optuna.trial import TrialState
+
+    from autotune.search.objective import metric_name
+    from autotune.utils import format_bytes
+
+    objective = record.get("objective", "max-batch")
+    lines = [
+        f"### {record.get('algo')}: {record.get('status')}",
+        f"Objective **{objective}**; trial values are the {metric_name(objective)}. "
+        "Training trials (`phases: [train]`) and inference trials (`phases: [infer]`) are different "
+        "units: compare them only among themselves.",
+        f"Strategy {record.get('strategy')}; limit {format_bytes(record.get('memory_limit'))}, budget "
+        f"{format_bytes(record.get('budget_bytes'))} (margin {float(record.get('margin') or 0):.0%}).",
+    ]
+    if record.get("status") == "tuned":
+        lines.append(
+            f"Chosen: **{record['num_patches_per_iter']} patches per iteration** (largest that fits: "
+            f"{record.get('max_num_patches_per_iter')}), **sw batch {record['num_sw_batch_size']}** with the "
+            f"volume on the {record.get('validation_device')}; peak {format_bytes(record.get('peak_bytes'))}.")
+    else:
+        lines.append(f"Not tuned: {record.get('reason', '')}")
+    for phase in ("train", "infer"):
+        trials = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL))
+                  if t.user_attrs.get("phases") == [phase] and t.user_attrs.get("kind") == "probe"]
+        if trials:
+            size = "num_patches_per_iter" if phase == "train" else "num_sw_batch_size"
+            shown = ", ".join(f"#{t.number} {size}={t.params.get(size)}: {t.user_attrs.get('status')} "
+                              f"{format_bytes(t.user_attrs.get('peak_bytes'))}" for t in trials)
+            lines.append(f"Real {phase} probes ({len(trials)}): {shown}.")
+    estimates = stored_estimates(study, estimates_attr("train"))
+    if estimates:
+        lines.append(f"Estimator asked at N = {sorted(estimates)} (bisection over its answers; no compute).")
+    return "\n\n".join(lines)
+
+
+def tell_story(study: Any, record: dict[str, Any]) -> bool:
+    """Attach the note and the memory plots to ``study`` for optuna-dashboard; False when it is not
+    installed or the storage refuses (the tuning result never depends on this)."""
+    try:
+        from optuna_dashboard import save_note, save_plotly_graph_object
+    except ImportError:
+        return False
+    try:
+        save_note(study, story_note(study, record))
+        for phase in ("train", "infer"):
+            figure = memory_figure(study, phase, record)
+            if figure is not None:
+                save_plotly_graph_object(study, figure, graph_object_id=f"autotune-{phase}-memory")
+    except Exception:  # noqa: BLE001 - a dashboard annotation must never fail a tuning run
+        return False
+    return True

@@ -1,0 +1,57 @@
+"""Probe children forked from the preloaded server: imports paid once, isolation kept, the
+parent's main script never run again in a child."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from probe_fixtures import shared_tiny_bundles
+
+from autotune.probe.isolation import ISOLATION_ENV, isolation_mode
+from autotune.probe.runner import run_probe
+
+REPO = Path(__file__).resolve().parents[1]
+QUICK = {"warmup_steps": 0, "measure_steps": 1, "num_patches_per_iter": 1, "num_sw_batch_size": 1, "timeout": 240,
+         "phases": ("train",)}
+
+
+@pytest.fixture(scope="module")
+def unet(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return shared_tiny_bundles(tmp_path_factory, algos=("unet",))["unet"]
+
+
+def test_forked_child_finds_torch_and_monai_imported(unet: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(ISOLATION_ENV, raising=False)
+    assert isolation_mode() == "forkserver"
+    result = run_probe(unet, **QUICK)
+    assert result["status"] == "ok", result["error_tail"]
+    # a fresh interpreter spends seconds importing torch and MONAI; a forked child finds them loaded
+    assert result["timings"]["imports"] < 0.5, result["timings"]
+
+
+def test_subprocess_isolation_still_works(unet: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ISOLATION_ENV, "subprocess")
+    result = run_probe(unet, env={"AUTOTUNE_PROBE_FAULT": "raise"}, **QUICK)
+    assert result["status"] == "error" and result["error_type"] == "ValueError"
+
+
+def test_a_script_without_main_guard_runs_once(unet: Path, tmp_path: Path) -> None:
+    script = tmp_path / "unguarded.py"
+    script.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(REPO)!r})\n"
+        "from autotune.probe.runner import run_probe\n"
+        "print('main ran', flush=True)\n"
+        f"r = run_probe({str(unet)!r}, env={{'AUTOTUNE_PROBE_FAULT': 'raise'}}, num_patches_per_iter=1, timeout=120)\n"
+        "print('status', r['status'], r['error_type'], flush=True)\n"
+        "import torch\n"
+        "print('cuda initialised in parent', torch.cuda.is_initialized(), flush=True)\n"
+    )
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, check=False)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.count("main ran") == 1, out.stdout
+    assert "status error ValueError" in out.stdout
+    assert "cuda initialised in parent False" in out.stdout
