@@ -86,8 +86,8 @@ def batch_report(record: Mapping[str, Any], cap: Mapping[str, Any], predicted_ma
     if handed is None:
         reason = "nothing fits"
     elif largest is not None and handed < largest:
-        reason = (f"{largest} fits, but {handed} trained faster by more than the 10% tie margin "
-                  "(throughput decides; ties go to the larger batch)")
+        reason = (f"{largest} fits, but {handed} trained faster on a repeated measurement "
+                  "(objective throughput)")
     elif cap.get("applied") and largest == top:
         reason = (f"the training-set cap {top} stops the range (5% of the fold's {cap.get('train_cases')} "
                   f"cases' voxels per step); memory would hold more"
