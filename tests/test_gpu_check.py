@@ -30,6 +30,9 @@ def test_gpu_check_dry_run(tmp_path: Path) -> None:
         assert p["probe"]["status"] == "ok"
         assert p["estimate"]["train"] == p["probe"]["train_peak_bytes"]
         assert p["estimate"]["infer"] == p["probe"]["infer_peak_bytes"]
+    calibrate = sections["calibrate"]  # on the CPU the fit runs on tracked peaks and finds no allowance
+    assert calibrate["rows_count"] == 2 * len(points) and calibrate["worst_estimate_vs_allocated"] == 0
+    assert calibrate["fit"]["cudnn_workspace_bytes"] == 0 and calibrate["fit"]["allocator_slack_fraction"] == 0
     [tuned] = sections["tune_train"]["bundles"].values()
     assert tuned["train_rc"] == 0 and tuned["epochs_run"] == 1
     assert 0 < tuned["peak_bytes"] <= tuned["budget_bytes"]
