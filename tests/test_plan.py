@@ -77,8 +77,11 @@ def test_plan_for_a_catalogue_gpu_without_one(bundle: Path, tmp_path: Path) -> N
     assert tuning["target"]["catalogue"] == "a100-80gb" and tuning["device_name"] == "NVIDIA A100 80GB"
     assert tuning["allowances"]["context_bytes"] > 0 and tuning["allowances_validated_on_gpu"] is False
     assert tuning["budget_bytes"] == int(target["memory"] * 0.9) - tuning["allowances"]["context_bytes"]
-    # 80 GB holds the tiny network's whole range
-    assert result["num_patches_per_iter"] == load_bundle_config(bundle)["tuning_ranges"]["num_patches_per_iter"][1]
+    # 80 GB holds the tiny network's whole range: the plan is the top of the searched (capped) range,
+    # and the estimate says the template's whole range would fit
+    whole_top = load_bundle_config(bundle)["tuning_ranges"]["num_patches_per_iter"][1]
+    assert result["num_patches_per_iter"] == tuning["batch"]["searched_range"][1]
+    assert tuning["batch"]["predicted_largest_fit"] == whole_top
 
 
 def test_target_memory_and_errors() -> None:

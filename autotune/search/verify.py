@@ -59,7 +59,10 @@ def verify_bundle(
     n = int(cfg["num_patches_per_iter"])
     m = int(cfg["num_sw_batch_size"])
     vd = "cpu" if cfg.get("sw_input_on_cpu") else "device"
-    n_hi = int((cfg.get("tuning_ranges") or {}).get("num_patches_per_iter", [1, 10**6])[1])
+    # The top of the range the plan was searched in (the training-set cap may stop it below the template's).
+    searched_top = ((tuning.get("batch") or {}).get("searched_range") or [None, None])[1]
+    n_hi = int(searched_top) if searched_top else int(
+        (cfg.get("tuning_ranges") or {}).get("num_patches_per_iter", [1, 10**6])[1])
     common = {"device": device, "memory_limit": limit, "timeout": timeout, "env": probe_env}
 
     say(f"verifying {bundle}: {n} patches/iter, sw batch {m} ({vd}) on {info['device_name']}, "
