@@ -1,4 +1,4 @@
-"""The registry of algorithm templates: ``algorithm_templates/<algo>/template.yaml``.
+"""The registry of algorithm templates: ``autotune/algorithm_templates/<algo>/template.yaml``.
 
 Templates are plain data read with ``yaml.safe_load``. A value that looks like a
 MONAI bundle expression (a string starting with ``$``) is refused: nothing in a
@@ -45,11 +45,12 @@ REQUIRED_TRAINING_KEYS = (
 
 
 def default_templates_path() -> Path:
-    """``$AUTOTUNE_TEMPLATES`` if set, else the ``algorithm_templates/`` folder beside the package."""
+    """``$AUTOTUNE_TEMPLATES`` if set, else the ``algorithm_templates/`` folder shipped inside the package
+    (package data, so a wheel install finds it too)."""
     env = os.environ.get("AUTOTUNE_TEMPLATES")
     if env:
         return expand_path(env).resolve()
-    return Path(__file__).resolve().parents[2] / "algorithm_templates"
+    return Path(__file__).resolve().parents[1] / "algorithm_templates"
 
 
 def _root(templates_path: str | os.PathLike[str] | None) -> Path:
@@ -57,7 +58,7 @@ def _root(templates_path: str | os.PathLike[str] | None) -> Path:
     if not root.is_dir():
         raise ConfigError(
             f"templates folder {root} not found; pass templates_path or set AUTOTUNE_TEMPLATES to the "
-            "algorithm_templates/ folder of an autotune checkout"
+            "autotune/algorithm_templates/ folder of an autotune checkout"
         )
     return root
 
