@@ -197,12 +197,12 @@ def datasets(check: Check, hippocampus: Path | None) -> dict[str, Path]:
     return found
 
 
-def generate(check: Check, name: str, source: Path, algos: tuple[str, ...], tag: str = "") -> dict[str, Path]:
+def generate(check: Check, name: str, source: Path, algos: tuple[str, ...]) -> dict[str, Path]:
     """Analyse and generate one fold of bundles for ``algos``; returns algo -> bundle folder."""
     from autotune.bundles.bundlegen import BundleGen
     from autotune.data import analyze
 
-    work = check.work / f"work_{name}{tag}"
+    work = check.work / f"work_{name}"
     res = analyze(str(source), str(work), num_fold=1)
     gen = BundleGen(str(work), algos=list(algos), data_stats_filename=res.datastats, data_src_cfg_name=res.data_src)
     if check.dry_run:
@@ -275,7 +275,6 @@ def section_probes(check: Check, record: dict[str, Any], sources: dict[str, Path
     for name in sources:
         for algo in algos:
             bundle = bundles[name][algo]
-            cfg_text = (bundle / "configs" / "hyper_parameters.yaml").read_text(encoding="utf-8")
             for n in check.cfg[name]["n_values"]:
                 if check.left() < 30:
                     record["status"] = "partial: deadline"
@@ -296,7 +295,6 @@ def section_probes(check: Check, record: dict[str, Any], sources: dict[str, Path
                 points.append(point)
                 check.say(_point_line(point))
                 check.save()
-            del cfg_text
     if check.device.startswith("cuda") and check.left() > 60:  # as a machine without a GPU would plan
         request = check.work / "emulated_points.json"
         request.write_text(json.dumps([{"bundle": p["bundle"], "n": p["n"]} for p in points]), encoding="utf-8")

@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from autotune.errors import ConfigError
+from tests.test_infer import _oblique_copy
 
 TRAIN_PARAMS = {"num_epochs": 1, "num_epochs_per_validation": 1, "num_warmup_epochs": 1, "progress": False}
 
@@ -26,17 +27,6 @@ def _gen(analysed, algos: str):
 
     return BundleGen(analysed.datastats.parent, algos=algos, data_stats_filename=analysed.datastats,
                      data_src_cfg_name=analysed.data_src)
-
-
-def _oblique_copy(source: Path, dest: Path) -> Path:
-    """The same voxels with an anisotropic, flipped, shifted affine: the prediction must come back in it."""
-    import nibabel as nib
-
-    image = nib.load(source)
-    affine = np.diag([-1.4, 0.8, 1.25, 1.0])
-    affine[:3, 3] = [30.0, -12.0, 5.5]
-    nib.save(nib.Nifti1Image(np.asarray(image.dataobj), affine), dest)
-    return dest
 
 
 def test_generate_takes_overrides_as_the_cli_does(analysed, tmp_path: Path) -> None:
