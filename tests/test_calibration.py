@@ -160,3 +160,27 @@ def test_cuda_peaks_reach_the_study(tmp_path: Path) -> None:
                 "infer_cuda_max_memory_allocated", "train_nvml_used_bytes", "nvml_baseline_used_bytes"):
         assert attrs.get(key) is not None, key
     assert attrs["train_cuda_max_memory_reserved"] == cuda_fields["train_cuda_max_memory_reserved"]
+
+
+def test_budget_arithmetic_is_one_formula_and_its_inverse() -> None:
+    from autotune.probe.allowances import (
+        CudaAllowance,
+        allocator_budget,
+        allowance_from_record,
+        apply_allowance,
+        tensor_budget,
+    )
+
+    a = CudaAllowance(context_bytes=300 << 20, cudnn_workspace_bytes=100 << 20, allocator_slack_fraction=0.2)
+    budget = allocator_budget(8 << 30, 0.1, a)
+    assert budget == int((8 << 30) * 0.9) - (300 << 20)
+    raw = tensor_budget(budget, a)
+    # the largest raw peak whose allowance-adjusted bytes stay within the budget: equal at the edge
+    assert abs(apply_allowance(raw, a, include_context=False) - budget) <= 1
+    assert apply_allowance(raw + 4096, a, include_context=False) > budget
+    scale, offset = a.affine()
+    assert int(raw * scale + offset) <= budget
+    # a record's allowances win on CUDA; the CPU has none whatever a record says
+    rec = {"allowances": {"context_bytes": 1, "cudnn_workspace_bytes": 2, "allocator_slack_fraction": 0.5}}
+    assert allowance_from_record(rec, "cuda:0").cudnn_workspace_bytes == 2
+    assert allowance_from_record(rec, "cpu").allocator_slack_fraction == 0.0

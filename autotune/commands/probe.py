@@ -158,7 +158,7 @@ def run_probe_command(args: argparse.Namespace) -> int:
 
 def run_estimate_command(args: argparse.Namespace) -> int:
     """Handler of ``autotune estimate``: prints the estimate, both fits and what fits a limit."""
-    from autotune.probe.allowances import allowance_for, apply_allowance
+    from autotune.probe.allowances import allowance_for, apply_allowance, tensor_budget
     from autotune.probe.estimate import estimate, fit_memory_model
     from autotune.utils import format_bytes
 
@@ -177,8 +177,7 @@ def run_estimate_command(args: argparse.Namespace) -> int:
         if limit is not None:
             entry["max_fitting_raw"] = model.max_fitting(limit)
             if cuda:  # the largest N whose peak plus allowance (without the context, as the probe's cap) fits
-                budget = (limit - allowance.cudnn_workspace_bytes) / (1.0 + allowance.allocator_slack_fraction)
-                entry["max_fitting_with_allowance"] = model.max_fitting(budget)
+                entry["max_fitting_with_allowance"] = model.max_fitting(tensor_budget(limit, allowance))
                 entry["check"] = apply_allowance(model.predict(entry["max_fitting_with_allowance"]), allowance,
                                                  include_context=False)
         report["fits"][phase] = entry

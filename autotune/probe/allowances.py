@@ -24,11 +24,13 @@ allowance is zero: the estimate is the tracked peak itself.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 __all__ = ["CudaAllowance", "DEFAULT_CUDA_ALLOWANCE", "NO_ALLOWANCE", "DEFAULT_SOURCE", "allowance_for",
-           "apply_allowance", "is_calibrated"]
+           "allowance_from_record", "apply_allowance", "allocator_budget", "is_calibrated", "tensor_budget"]
 
 _MIB = 1024**2
 DEFAULT_SOURCE = "default (not validated on a GPU)"
@@ -49,6 +51,10 @@ class CudaAllowance:
     cudnn_workspace_bytes: int = 256 * _MIB
     allocator_slack_fraction: float = 0.10
     source: str = DEFAULT_SOURCE
+
+    def affine(self) -> tuple[float, int]:
+        """``(scale, offset)`` with ``raw * scale + offset`` = :func:`apply_allowance` without the context."""
+        return 1.0 + float(self.allocator_slack_fraction), int(self.cudnn_workspace_bytes)
 
 
 DEFAULT_CUDA_ALLOWANCE = CudaAllowance()
@@ -95,6 +101,29 @@ def allowance_for(device: str, gpu_name: str | None = None) -> CudaAllowance:
         allocator_slack_fraction=float(fitted["allocator_slack_fraction"]),
         source=f"calibration: {Path(found['path']).name} ({found['gpu_name']}; {versions}; {found.get('measured_at')})",
     )
+
+
+def allowance_from_record(record: Mapping[str, Any] | None, device: str) -> CudaAllowance:
+    """The allowance a plan or tuning record names (``record["allowances"]``, e.g. a target GPU's
+    calibration) on CUDA, else :func:`allowance_for` ``device``. None applies on the CPU."""
+    if not str(device).startswith("cuda"):
+        return NO_ALLOWANCE
+    if record and record.get("allowances"):
+        return CudaAllowance(**record["allowances"])
+    return allowance_for(device)
+
+
+def allocator_budget(limit_bytes: int, margin: float, allowance: CudaAllowance) -> int:
+    """What the caching allocator may hold under a device memory limit: the limit less the
+    safety margin (a fraction) and the CUDA context, which lives outside the allocator.
+    The one formula tune, verify and estimate use; may be <= 0 (nothing fits)."""
+    return int(limit_bytes * (1.0 - float(margin))) - int(allowance.context_bytes)
+
+
+def tensor_budget(allocator_bytes: float, allowance: CudaAllowance) -> float:
+    """The largest raw tensor peak whose :func:`apply_allowance` (without the context) stays
+    within ``allocator_bytes``: the inverse of ``peak * (1 + slack) + workspace``."""
+    return (float(allocator_bytes) - allowance.cudnn_workspace_bytes) / (1.0 + allowance.allocator_slack_fraction)
 
 
 def apply_allowance(peak_bytes: float, allowance: CudaAllowance, *, include_context: bool = True) -> int:

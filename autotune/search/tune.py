@@ -71,16 +71,6 @@ def _check_writable(folders: Sequence[Path]) -> None:
             ) from exc
 
 
-def _allowance(target: Mapping[str, Any] | None, device: str) -> Any:
-    """The CUDA allowances (a calibration for this GPU, else the defaults; see autotune.probe.allowances);
-    none on the CPU."""
-    from autotune.probe.allowances import CudaAllowance, allowance_for
-
-    if target is not None and target.get("allowances"):
-        return CudaAllowance(**target["allowances"])
-    return allowance_for(device)
-
-
 def _validation_devices(spec: AlgoSpec, device: str) -> tuple[str, ...]:
     """On the CPU the volume is on the compute device either way: one search, not two."""
     if not device.startswith("cuda"):
@@ -171,9 +161,10 @@ def tune_bundles(
         raise SpecError(
             f"memory limit {format_bytes(limit)} is above the {info['device_name']}'s {format_bytes(info['device_total_memory'])}"
         )
-    allowance = _allowance(target, device)
-    # the budget for what the allocator holds: the limit less the margin and the CUDA context
-    budget = int(limit * (1.0 - float(margin))) - int(allowance.context_bytes)
+    from autotune.probe.allowances import allocator_budget, allowance_from_record
+
+    allowance = allowance_from_record(target, device)
+    budget = allocator_budget(limit, float(margin), allowance)
     if budget <= 0:
         raise SpecError(f"memory limit {format_bytes(limit)} leaves nothing after the margin and allowances")
     storage_url = storage or default_storage_url()
@@ -343,8 +334,7 @@ def _search(
     from autotune.search.strategy import distributions, run_fast, run_tpe
 
     bundle = cfg["bundle_root"]
-    scale = 1.0 + float(ctx.allowance.allocator_slack_fraction)
-    offset = int(ctx.allowance.cudnn_workspace_bytes)
+    scale, offset = ctx.allowance.affine()
     if ctx.estimate_only:
         prober: Any = EstimateProber(bundle, ctx.device, ctx.budget, scale=scale, offset=offset)
     else:

@@ -53,9 +53,14 @@ def verify_bundle(
             f"{format_bytes(info['device_total_memory'])}; pass a smaller --memory-limit"
         )
     margin = float(tuning.get("margin", 0.1))
-    from autotune.probe.allowances import allowance_for as _allowance_for
+    from autotune.probe.allowances import (
+        allocator_budget,
+        allowance_for,
+        allowance_from_record,
+        apply_allowance,
+    )
 
-    budget = int(limit * (1.0 - margin)) - int(_allowance_for(device).context_bytes)
+    budget = allocator_budget(limit, margin, allowance_for(device))
     n = int(cfg["num_patches_per_iter"])
     m = int(cfg["num_sw_batch_size"])
     vd = "cpu" if cfg.get("sw_input_on_cpu") else "device"
@@ -80,13 +85,9 @@ def verify_bundle(
         say(f"  one above ({n + 1}): {above.get('status')}, peak {format_bytes(above.get('peak_bytes'))}"
             f" -> {'fits: the plan left room' if above_fits else 'does not fit'}")
     est = estimate(bundle, num_patches_per_iter=n, num_sw_batch_size=m, validation_device=vd, device=device)
-    from autotune.probe.allowances import CudaAllowance, allowance_for
-
-    allowance = CudaAllowance(**tuning["allowances"]) if tuning.get("allowances") else allowance_for(device)
-    if not device.startswith("cuda"):
-        allowance = allowance_for(device)
+    allowance = allowance_from_record(tuning, device)
     raw = int(est.get("peak_bytes") or 0)
-    predicted = int(raw * (1.0 + allowance.allocator_slack_fraction)) + int(allowance.cudnn_workspace_bytes)
+    predicted = apply_allowance(raw, allowance, include_context=False)
     measured = int(at.get("peak_bytes") or 0)
     error = abs(predicted - measured) / measured if measured else None
     holds = bool(fits and is_max)
