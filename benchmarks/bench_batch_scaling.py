@@ -29,6 +29,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from common import LoadSampler, write_json  # noqa: E402  (benchmarks/ is the script's folder)
+
 DEFAULT_DATA = "/work/shared/datasets/Task04_Hippocampus"
 VARIANTS = ("generated", "tuned")
 
@@ -91,7 +93,8 @@ def train_run(args: argparse.Namespace, bundle: Path, label: str, work: Path) ->
                "--epochs", str(args.epochs), "--max-time", f"{args.budget:g}", "--val-every", "1"]
     load_before = os.getloadavg()
     t0 = time.monotonic()
-    _run(command, work / f"{label}.log")
+    with LoadSampler() as load:
+        _run(command, work / f"{label}.log")
     wall = time.monotonic() - t0
     rows = json.loads((copy / "model_fold0" / "metrics.json").read_text())["rows"]
     validated = [r for r in rows if r.get("mean_dice") is not None]
@@ -113,6 +116,7 @@ def train_run(args: argparse.Namespace, bundle: Path, label: str, work: Path) ->
         "wall_s": round(wall, 1),
         "load_avg_before": load_before,
         "load_avg_after": os.getloadavg(),
+        "load_during_run": load.summary(),
     }
 
 
@@ -134,10 +138,18 @@ def fmt(value: Any, spec: str = ".0f") -> str:
     return "-" if value is None else format(value, spec)
 
 
+def _load_cell(run: dict[str, Any]) -> str:
+    """The load during the run (mean, min-max) where it was sampled, else the 1-minute load just before it."""
+    during = run.get("load_during_run")
+    if during and during.get("samples"):
+        return f"{during['mean']:.1f} ({during['min']:.1f}-{during['max']:.1f}) during"
+    return f"{run['load_avg_before'][0]:.1f} before"
+
+
 def table(report: dict[str, Any]) -> str:
     """The markdown table of a report (what goes into BENCHMARKS.md)."""
     lines = ["| algo | variant | patches/step (largest that fits) | lr | steps/epoch | epochs run | "
-             "samples/s | time to Dice 0.80 | best mean Dice in the run | load avg before |",
+             "samples/s | time to Dice 0.80 | best mean Dice in the run | load average |",
              "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for algo, entry in report["algos"].items():
         for variant in VARIANTS:
@@ -153,7 +165,7 @@ def table(report: dict[str, Any]) -> str:
             lines.append(
                 f"| {algo} | {variant} | {s['num_patches_per_iter']}{fits} | {s['learning_rate']:.3g} | "
                 f"{fmt(run['steps_per_epoch'], 'd')} | {run['epochs']} | {run['samples_per_s']:.2f} | {reached} | "
-                f"{fmt(run['best_dice'], '.3f')} | {run['load_avg_before'][0]:.1f} |")
+                f"{fmt(run['best_dice'], '.3f')} | {_load_cell(run)} |")
     return "\n".join(lines)
 
 
@@ -200,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.report_only:
         report = json.loads(out.read_text())
         _add_loss_curves(report, Path(args.work))
-        out.write_text(json.dumps(report, indent=2) + "\n")
+        write_json(out, report)
         plot(report, out.with_suffix(".png"))
         print(table(report))
         print()
@@ -236,8 +248,7 @@ def main(argv: list[str] | None = None) -> int:
         for variant in order:
             print(f"[{algo}] training {variant} for {args.budget:g} s ...", flush=True)
             entry["runs"][variant] = train_run(args, Path(entry[variant]), f"{algo}_{variant}", work)
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(json.dumps(report, indent=2) + "\n")
+            write_json(out, report)
             plot(report, out.with_suffix(".png"))
     print(table(report))
     print(f"wrote {out}")

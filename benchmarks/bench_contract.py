@@ -25,10 +25,36 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from common import LoadSampler, write_json  # noqa: E402  (benchmarks/ is the script's folder)
+
 ALGOS = ("unet", "segresnet", "dints")
+
+
+def _mib(value: int | None) -> str:
+    return "-" if value is None else f"{value / 2**20:.2f} MiB"
+
+
+def markdown_table(report: dict[str, Any]) -> str:
+    """The markdown table of a report (what BENCHMARKS.md shows); a training peak off the tuned one by
+    a little shows the difference in brackets."""
+    lines = ["| algo | tuned N | tuned peak | budget | training peak | validation peak | training / budget | OOM |",
+             "|---|---:|---:|---:|---:|---:|---:|---|"]
+    for r in report["rows"]:
+        train_peak = _mib(r.get("train_peak_bytes"))
+        if r.get("train_peak_bytes") is not None and r.get("tuned_peak_bytes") is not None:
+            diff = r["train_peak_bytes"] - r["tuned_peak_bytes"]
+            if diff:
+                train_peak += f" ({diff / 1024:+.0f} KiB)"
+        ratio = f"{100 * r['train_peak_over_budget']:.1f}%" if r.get("train_peak_over_budget") else "-"
+        status = r.get("train_status")
+        oom = "-" if status is None else ("no" if status == "ok" else f"yes ({status})")
+        lines.append(f"| {r['algo']} | {r['num_patches_per_iter'] or '-'} | {_mib(r.get('tuned_peak_bytes'))} | "
+                     f"{_mib(r.get('budget_bytes'))} | {train_peak} | {_mib(r.get('val_peak_bytes'))} | {ratio} | {oom} |")
+    return "\n".join(lines)
 
 
 def main() -> int:
@@ -46,7 +72,7 @@ def main() -> int:
     from autotune.data.analyze import analyze
     from autotune.search.tune import tune_bundles
     from autotune.train.runner import train
-    from autotune.utils import format_bytes, parse_bytes
+    from autotune.utils import parse_bytes
 
     data = Path(args.data)
     dataset = json.loads((data / "dataset.json").read_text())
@@ -63,18 +89,21 @@ def main() -> int:
         for algo in args.algos.split(","):
             t0 = time.perf_counter()
             # The range as given, so the batch cap (which hands a smaller batch than fits) stays out of it.
-            [tuned] = tune_bundles([bundles[algo]], device="cpu", memory_limit=args.limit,
-                                   storage=f"sqlite:///{root / 'studies.db'}", progress=None,
-                                   specs={"universal": {"range_num_images_per_batch": [1, 64]}})
+            with LoadSampler() as load:
+                [tuned] = tune_bundles([bundles[algo]], device="cpu", memory_limit=args.limit,
+                                       storage=f"sqlite:///{root / 'studies.db'}", progress=None,
+                                       specs={"universal": {"range_num_images_per_batch": [1, 64]}})
             tune_s = time.perf_counter() - t0
             row = {"algo": algo, "limit": parse_bytes(args.limit), "status": tuned["status"],
                    "num_patches_per_iter": tuned.get("num_patches_per_iter"),
                    "num_sw_batch_size": tuned.get("num_sw_batch_size"), "tuned_peak_bytes": tuned.get("peak_bytes"),
-                   "budget_bytes": tuned.get("budget_bytes"), "probes": tuned.get("probes"), "tune_s": round(tune_s, 1)}
+                   "budget_bytes": tuned.get("budget_bytes"), "probes": tuned.get("probes"), "tune_s": round(tune_s, 1),
+                   "load_during_tune": load.summary()}
             if tuned["status"] == "tuned":
                 t1 = time.perf_counter()
                 try:
-                    summary = train(bundles[algo], device="cpu", epochs=args.epochs, val_every=1, progress=False)
+                    with LoadSampler() as load:
+                        summary = train(bundles[algo], device="cpu", epochs=args.epochs, val_every=1, progress=False)
                     row.update(train_status="ok", epochs_run=summary["epochs_run"],
                                train_peak_bytes=summary["train_peak_bytes"], val_peak_bytes=summary["val_peak_bytes"],
                                memory_limit_kept=summary["memory_limit"], best_metric=summary["best_metric"],
@@ -84,20 +113,14 @@ def main() -> int:
                 except Exception as exc:  # noqa: BLE001 - an OOM in training is the finding
                     row.update(train_status=f"{type(exc).__name__}: {exc}")
                 row["train_s"] = round(time.perf_counter() - t1, 1)
+                row["load_during_train"] = load.summary()
             rows.append(row)
             print(json.dumps(row), flush=True)
     out = {"command": "python benchmarks/bench_contract.py " + " ".join(sys.argv[1:]), "cases": args.cases,
            "limit": args.limit, "epochs": args.epochs, "load_average_at_end": os.getloadavg(), "rows": rows}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=2))
-    print(f"\n{'algo':<10} {'N':>3} {'sw':>3} {'tuned peak':>11} {'budget':>11} {'train peak':>11} {'val peak':>11} "
-          f"{'train/budget':>12} {'status':<8}")
-    for r in rows:
-        ratio = f"{100 * r['train_peak_over_budget']:.1f}%" if r.get("train_peak_over_budget") else "-"
-        print(f"{r['algo']:<10} {r['num_patches_per_iter'] or '-':>3} {r['num_sw_batch_size'] or '-':>3} "
-              f"{format_bytes(r['tuned_peak_bytes']):>11} {format_bytes(r['budget_bytes']):>11} "
-              f"{format_bytes(r.get('train_peak_bytes')):>11} {format_bytes(r.get('val_peak_bytes')):>11} "
-              f"{ratio:>12} {r.get('train_status', r['status']):<8}")
+    write_json(Path(args.out), out)
+    print()
+    print(markdown_table(out))
     return 0
 
 

@@ -14,7 +14,6 @@ the measured peak. Prints a table and writes JSON.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import sys
 import tempfile
@@ -25,6 +24,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
+
+from common import LoadSampler, write_json  # noqa: E402  (benchmarks/ is the script's folder)
 
 
 def _args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -38,6 +39,19 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def _rel(estimated: float, measured: float) -> float:
     return abs(estimated - measured) / measured
+
+
+def markdown_table(report: dict[str, Any]) -> str:
+    """The markdown table of an estimator report (what BENCHMARKS.md shows)."""
+    lines = ["| algo | amp | N = M | train measured | train est. error | train fit error | infer measured | "
+             "infer est. error | infer fit error | one estimate | one measured step |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in report["rows"]:
+        lines.append(f"| {r['algo']} | {'on' if r['amp'] else 'off'} | {r['n']} | {r['train_measured'] / 2**20:.2f} MiB | "
+                     f"{abs(r['train_error']):.3%} | {abs(r['train_fit_error']):.3%} | "
+                     f"{r['infer_measured'] / 2**20:.2f} MiB | {abs(r['infer_error']):.3%} | "
+                     f"{abs(r['infer_fit_error']):.2%} | {r['estimate_seconds']:.2f} s | {r['step_seconds']:.3f} s |")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
                 cfg = {**load_bundle_config(bundles[algo]), "amp": amp}
                 fits = {phase: fit_memory_model(cfg, phase=phase) for phase in ("train", "infer")}
                 for n in sizes:
-                    measured = run_probe(cfg, num_patches_per_iter=n, num_sw_batch_size=n, timeout=600)
+                    with LoadSampler() as load:
+                        measured = run_probe(cfg, num_patches_per_iter=n, num_sw_batch_size=n, timeout=600)
                     if measured["status"] != "ok":
                         raise SystemExit(f"{algo} amp={amp} N={n}: probe {measured['status']}: {measured['error_tail']}")
                     start = time.perf_counter()
@@ -76,32 +91,25 @@ def main(argv: list[str] | None = None) -> int:
                         "estimate_seconds": est_seconds, "step_seconds": measured["step_seconds_median"],
                         "sw_seconds_per_volume": measured["sw_seconds_per_volume"],
                         "probe_wall_seconds": measured["wall_seconds"],
+                        "load_during_probe": load.summary(),
                     }
                     for phase in ("train", "infer"):
                         row[f"{phase}_error"] = _rel(row[f"{phase}_estimated"], row[f"{phase}_measured"])
                         row[f"{phase}_fit_error"] = _rel(row[f"{phase}_fit"], row[f"{phase}_measured"])
                     rows.append(row)
                     print(f"  {algo} amp={'on' if amp else 'off'} N={n}: done", file=sys.stderr)
-    header = (f"{'algo':<10} {'amp':<4} {'N=M':>3} {'train meas MiB':>14} {'err':>7} {'fit err':>7} "
-              f"{'infer meas MiB':>14} {'err':>7} {'fit err':>7} {'estimate s':>10} {'step s':>7}")
-    print(header)
-    print("-" * len(header))
-    for r in rows:
-        print(f"{r['algo']:<10} {'on' if r['amp'] else 'off':<4} {r['n']:>3} {r['train_measured'] / 2**20:>14.2f} "
-              f"{r['train_error']:>7.2%} {r['train_fit_error']:>7.2%} {r['infer_measured'] / 2**20:>14.2f} "
-              f"{r['infer_error']:>7.2%} {r['infer_fit_error']:>7.2%} {r['estimate_seconds']:>10.2f} "
-              f"{r['step_seconds']:>7.3f}")
     worst = max(max(r["train_error"], r["infer_error"]) for r in rows)
-    print(f"worst estimate error {worst:.4%} (goal 5%)")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({
+    report = {
         "benchmark": "estimator", "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": {"platform": platform.platform(), "processor": platform.processor(),
                     "torch": torch.__version__, "monai": monai.__version__, "device": "cpu"},
         "command": "python benchmarks/bench_estimator.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "worst_error": worst, "rows": rows,
-    }, indent=2) + "\n", encoding="utf-8")
+    }
+    print(markdown_table(report))
+    print(f"worst estimate error {worst:.4%} (goal 5%)")
+    out = Path(args.out)
+    write_json(out, report)
     print(f"wrote {out}")
     return 0 if worst <= 0.05 else 1
 

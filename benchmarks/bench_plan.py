@@ -4,7 +4,9 @@ Part 1: for the three full templates on the hippocampus data and three catalogue
 the time of one plan per algorithm and the planned patches per iteration / sw batch size.
 Part 2 (the exactness check): on the CPU, the estimate-only plan next to the fast search
 with real probes under the same memory limit (tiny preset, so real probes stay cheap);
-the goal is identical values, since on the CPU the estimate is exact.
+the goal is identical values, since on the CPU the estimate is exact. (On the CPU the probe
+and the estimator count bytes with one tracker, so this checks the fake pass and the search,
+not real device memory.)
 
     python benchmarks/bench_plan.py [--data ../shared/datasets/Task04_Hippocampus] [--out benchmarks/results/plan.json]
 """
@@ -17,6 +19,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
+
+from common import LoadSampler, write_json  # benchmarks/ is the script's folder
 
 TARGETS = ("t4", "a100-80gb", "h100-80gb")
 ALGOS = ("segresnet", "dints", "unet")
@@ -29,6 +34,27 @@ def bundles(data: Path, work: Path, overrides: dict) -> dict[str, Path]:
     res = analyze(data, work, num_fold=5, progress=False)
     gen = BundleGen(work, algos=list(ALGOS), data_stats_filename=res.datastats, data_src_cfg_name=res.data_src)
     return {b["algo"]: Path(b["path"]) for b in gen.generate(work, num_fold=1, overrides=overrides)}
+
+
+def plans_table(report: dict[str, Any]) -> str:
+    """Part 1: one row per catalogue target and template (what BENCHMARKS.md shows)."""
+    lines = ["| target | algo | plan seconds | patches/iter | sw batch |", "|---|---|---:|---:|---:|"]
+    for r in report["plans"]:
+        lines.append(f"| {r['target']} | {r['algo']} | {r['seconds']} | {r['num_patches_per_iter']} | "
+                     f"{r['num_sw_batch_size']} |")
+    return "\n".join(lines)
+
+
+def checks_table(report: dict[str, Any]) -> str:
+    """Part 2: the estimate-only plan next to the fast search with real probes, on the CPU."""
+    lines = ["| limit | algo | planned N / M (seconds) | probed N / M (probes, seconds) | identical |",
+             "|---:|---|---|---|---|"]
+    for c in report["cpu_checks"]:
+        plan, fast = c["estimate"], c["fast"]
+        lines.append(f"| {c['limit_mib']} MiB | {c['algo']} | {plan['max_N']} / {plan['M']} ({plan['seconds']:.2f} s) | "
+                     f"{fast['max_N']} / {fast['M']} ({fast['probes']}, {fast['seconds']:.2f} s) | "
+                     f"{'yes' if c['identical'] else 'NO'} |")
+    return "\n".join(lines)
 
 
 def main() -> int:
@@ -51,15 +77,16 @@ def main() -> int:
             target = resolve_target("estimate", target_name, None, "cpu")
             for algo in ALGOS:
                 start = time.perf_counter()
-                res = tune_bundles([full[algo]], storage=f"sqlite:///{root / f'{target_name}.db'}",
-                                   strategy="estimate", target=target, progress=None, write_back=False)[0]
+                with LoadSampler() as load:
+                    res = tune_bundles([full[algo]], storage=f"sqlite:///{root / f'{target_name}.db'}",
+                                       strategy="estimate", target=target, progress=None, write_back=False)[0]
                 seconds = time.perf_counter() - start
                 rows.append({"target": target_name, "algo": algo, "seconds": round(seconds, 2),
                              "roi": json.loads(json.dumps(res.get("key", {}).get("roi_size"))),
                              "num_patches_per_iter": res.get("num_patches_per_iter"),
                              "num_sw_batch_size": res.get("num_sw_batch_size"),
                              "validation_device": res.get("validation_device"),
-                             "estimated_points": len(res.get("trials", []))})
+                             "estimated_points": len(res.get("trials", [])), "load_during_plan": load.summary()})
                 print(f"plan {target_name:<10} {algo:<10} {seconds:6.1f} s  N={res.get('num_patches_per_iter')} "
                       f"M={res.get('num_sw_batch_size')} on {res.get('validation_device')}", flush=True)
         tiny = bundles(Path(args.data), root / "tiny", load_overrides("tiny"))
@@ -69,12 +96,13 @@ def main() -> int:
                 out = {}
                 for strategy in ("estimate", "fast"):
                     start = time.perf_counter()
-                    res = tune_bundles([tiny[algo]], device="cpu", memory_limit=limit,
-                                       storage=f"sqlite:///{root / f'cpu-{strategy}.db'}", strategy=strategy,
-                                       progress=None, write_back=False)[0]
+                    with LoadSampler() as load:
+                        res = tune_bundles([tiny[algo]], device="cpu", memory_limit=limit,
+                                           storage=f"sqlite:///{root / f'cpu-{strategy}.db'}", strategy=strategy,
+                                           progress=None, write_back=False)[0]
                     out[strategy] = {"N": res.get("num_patches_per_iter"), "max_N": res.get("max_num_patches_per_iter"),
                                      "M": res.get("num_sw_batch_size"), "probes": res.get("probes"),
-                                     "seconds": round(time.perf_counter() - start, 2)}
+                                     "seconds": round(time.perf_counter() - start, 2), "load": load.summary()}
                 same = out["estimate"]["max_N"] == out["fast"]["max_N"] and out["estimate"]["M"] == out["fast"]["M"]
                 checks.append({"algo": algo, "limit_mib": limit_mib, **out, "identical": same})
                 print(f"cpu {limit_mib:>4} MiB {algo:<10} plan N={out['estimate']['max_N']} M={out['estimate']['M']} "
@@ -83,8 +111,10 @@ def main() -> int:
                       f"{'identical' if same else 'DIFFERENT'}", flush=True)
     summary = {"plans": rows, "cpu_checks": checks, "all_identical": all(c["identical"] for c in checks),
                "max_plan_seconds": max(r["seconds"] for r in rows), "command": " ".join(["python", *sys.argv])}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(summary, indent=2) + "\n")
+    write_json(Path(args.out), summary)
+    print(plans_table(summary))
+    print()
+    print(checks_table(summary))
     print(f"longest plan {summary['max_plan_seconds']} s; CPU plan identical to the probed search: "
           f"{summary['all_identical']}")
     return 0

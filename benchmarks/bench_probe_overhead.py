@@ -17,7 +17,6 @@ the columns need not add up). Prints a table and writes JSON.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
 import sys
@@ -29,6 +28,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
+
+from common import LoadSampler, read_json, write_json  # noqa: E402  (benchmarks/ is the script's folder)
 
 PARTS = ("interpreter_start", "imports", "build", "train", "infer")
 
@@ -42,12 +43,23 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def fixed_cost_table(paths: list[str]) -> str:
-    """Markdown table of the fixed cost per isolation mode, from result JSONs."""
+def overhead_table(report: dict[str, Any]) -> str:
+    """Markdown table of where one probe's wall time goes, from one result JSON."""
+    lines = ["| algo | wall | interpreter start | torch+monai imports | build | train phase | infer phase | "
+             "measured work | overhead |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in report["rows"]:
+        lines.append(f"| {r['algo']} | {r['wall']:.2f} s | {r['interpreter_start']:.2f} s | {r['imports']:.2f} s | "
+                     f"{r['build']:.2f} s | {r['train']:.2f} s | {r['infer']:.2f} s | {r['work']:.2f} s | "
+                     f"{r['overhead']:.2f} s ({r['overhead_fraction']:.0%}) |")
+    return "\n".join(lines)
+
+
+def fixed_cost_table(*reports: dict[str, Any]) -> str:
+    """Markdown table of the fixed cost per isolation mode, from result JSONs (one or more reports)."""
     lines = ["| isolation | algo | wall | interpreter start / fork | torch+monai imports | build | exit | "
              "fixed cost (median) | first probe's fixed cost |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for path in paths:
-        for r in json.loads(Path(path).read_text(encoding="utf-8"))["rows"]:
+    for report in reports:
+        for r in report["rows"]:
             lines.append(f"| {r.get('isolation', 'subprocess')} | {r['algo']} | {r['wall']:.2f} s | "
                          f"{r['interpreter_start']:.2f} s | {r['imports']:.2f} s | {r['build']:.2f} s | "
                          f"{r['exit_and_ipc']:.2f} s | **{r['fixed_cost']:.2f} s** | {r['first_run_fixed_cost']:.2f} s |")
@@ -65,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args = _args(argv)
     if args.table_from:
-        print(fixed_cost_table(args.table_from))
+        print(fixed_cost_table(*(read_json(Path(path)) for path in args.table_from)))
         return 0
     algos = [a for a in args.algos.split(",") if a]
     rows: list[dict[str, Any]] = []
@@ -74,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
         for algo in algos:
             runs = []
             for _ in range(args.repeats):
-                result = run_probe(bundles[algo], timeout=600)
+                with LoadSampler() as load:
+                    result = run_probe(bundles[algo], timeout=600)
                 if result["status"] != "ok":
                     raise SystemExit(f"{algo}: probe {result['status']}: {result['error_tail']}")
                 run = {"wall": result["wall_seconds"],
@@ -83,9 +96,10 @@ def main(argv: list[str] | None = None) -> int:
                 run["overhead"] = run["wall"] - run["work"]
                 run["warmup_and_setup"] = run["train"] + run["infer"] - run["work"]  # warm-up passes, inputs
                 run["exit_and_ipc"] = run["wall"] - sum(run[part] for part in PARTS)  # teardown, files, reaping
+                run["load_during_probe"] = load.summary()
                 runs.append(run)
             row: dict[str, Any] = {"algo": algo, "repeats": args.repeats, "isolation": isolation_mode()}
-            for key in runs[0]:
+            for key in PARTS + ("wall", "work", "overhead", "warmup_and_setup", "exit_and_ipc"):
                 row[key] = statistics.median(run[key] for run in runs)
             # fixed cost: everything before and after the phases (start, imports, build, exit)
             row["fixed_cost"] = statistics.median(run["interpreter_start"] + run["imports"] + run["build"]
@@ -96,25 +110,18 @@ def main(argv: list[str] | None = None) -> int:
             row["runs"] = runs
             rows.append(row)
             print(f"  {algo}: done", file=sys.stderr)
-    header = (f"{'algo':<10} {'wall s':>7} {'start':>6} {'imports':>8} {'build':>6} {'train':>6} {'infer':>6} "
-              f"{'measured work':>13} {'warm-up':>8} {'exit':>5} {'overhead':>9}")
-    print(header)
-    print("-" * len(header))
-    for r in rows:
-        print(f"{r['algo']:<10} {r['wall']:>7.2f} {r['interpreter_start']:>6.2f} {r['imports']:>8.2f} "
-              f"{r['build']:>6.2f} {r['train']:>6.2f} {r['infer']:>6.2f} {r['work']:>13.2f} "
-              f"{r['warmup_and_setup']:>8.2f} {r['exit_and_ipc']:>5.2f} "
-              f"{r['overhead']:>6.2f} s ({r['overhead_fraction']:.0%})  fixed cost {r['fixed_cost']:.2f} s "
-              f"(first run {r['first_run_fixed_cost']:.2f} s; {r['isolation']})")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({
+    report = {
         "benchmark": "probe_overhead", "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": {"platform": platform.platform(), "processor": platform.processor(),
                     "torch": torch.__version__, "monai": monai.__version__, "device": "cpu"},
         "command": "python benchmarks/bench_probe_overhead.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "rows": rows,
-    }, indent=2) + "\n", encoding="utf-8")
+    }
+    print(overhead_table(report))
+    print()
+    print(fixed_cost_table(report))
+    out = Path(args.out)
+    write_json(out, report)
     print(f"wrote {out}")
     return 0
 

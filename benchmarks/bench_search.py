@@ -36,6 +36,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from common import LoadSampler, read_json, write_json  # noqa: E402  (benchmarks/ is the script's folder)
+
 MARGIN = 0.10
 HIPPOCAMPUS = Path("/work/shared/datasets/Task04_Hippocampus")
 DEFAULT_CASES = "demo:unet:128MiB,demo:unet:256MiB,demo:unet:512MiB,demo:segresnet:1GiB,demo:dints:1GiB," \
@@ -100,15 +102,17 @@ def _fast(bundle: Path, limit: int, storage: str, strategy: str = "fast", trials
 
     specs = {"universal": {"num_trials": trials}} if strategy == "tpe" else None
     start = time.perf_counter()
-    res = tune_bundles([bundle], specs, device="cpu", memory_limit=limit, storage=storage, strategy=strategy,
-                       margin=MARGIN, progress=None, write_back=False)[0]
+    with LoadSampler() as load:
+        res = tune_bundles([bundle], specs, device="cpu", memory_limit=limit, storage=storage, strategy=strategy,
+                           margin=MARGIN, progress=None, write_back=False)[0]
     seconds = time.perf_counter() - start
     done = [t for t in _trials(storage, res["study_name"]) if t.user_attrs.get("kind") == "probe"
             and "reused_trial" not in t.user_attrs]
     train = {t.params["num_patches_per_iter"]: t.user_attrs for t in done if t.user_attrs.get("phases") == ["train"]}
     return {"values": {k: res.get(k) for k in VALUES}, "status": res.get("status"), "seconds": round(seconds, 1),
             "probes": len(done), "train_probes": len(train), "study_name": res["study_name"],
-            "train_points": {n: [a.get("status"), a.get("peak_bytes")] for n, a in sorted(train.items())}}
+            "train_points": {n: [a.get("status"), a.get("peak_bytes")] for n, a in sorted(train.items())},
+            "load_during_search": load.summary()}
 
 
 def _killed_and_resumed(bundle: Path, limit: int, storage: str, study_name: str) -> dict[str, Any]:
@@ -196,6 +200,11 @@ def _case(root: Path, bundle: Path, dataset: str, algo: str, limit_text: str, ar
     return row
 
 
+def markdown_table(*reports: dict[str, Any]) -> str:
+    """The markdown table of one or more result JSONs, their rows in order (what BENCHMARKS.md shows)."""
+    return _table([row for report in reports for row in report["rows"]])
+
+
 def _table(rows: list[dict[str, Any]]) -> str:
     head = ("| data | algo | limit | est. edge (scan) | real scan | fast: max found | confirmed N/N+1 | est = measured "
             "| training probes (all) | fast s | killed+resumed | 2 workers | tpe-20 max / s |")
@@ -230,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--table-from", nargs="+", default=None, help="print the markdown table of result JSONs and exit")
     args = parser.parse_args(argv)
     if args.table_from:
-        print(_table([row for path in args.table_from for row in json.loads(Path(path).read_text())["rows"]]))
+        print(markdown_table(*(read_json(Path(path)) for path in args.table_from)))
         return 0
 
     import monai
@@ -246,8 +255,7 @@ def main(argv: list[str] | None = None) -> int:
             bundles[dataset] = _bundles(root, dataset, sorted({c[1] for c in cases if c[0] == dataset}))
         for dataset, algo, limit_text in cases:
             rows.append(_case(root, bundles[dataset][algo], dataset, algo, limit_text, args))
-            Path(args.out).parent.mkdir(parents=True, exist_ok=True)  # keep what is done should a later case fail
-            Path(args.out).write_text(json.dumps({"rows": rows, "partial": True}, indent=2, default=str) + "\n")
+            write_json(Path(args.out), {"rows": rows, "partial": True})  # keep what is done should a later case fail
     tpe_rows = [r for r in rows if "tpe" in r]
     summary = {
         "rows": rows,
@@ -260,15 +268,12 @@ def main(argv: list[str] | None = None) -> int:
         "torch": torch.__version__, "monai": monai.__version__,
         "command": " ".join(["python", "benchmarks/bench_search.py", *(argv if argv is not None else sys.argv[1:])]),
     }
-    table = _table(rows)
-    summary["table"] = table
     print()
-    print(table)
+    print(markdown_table(summary))
     print(f"exact and confirmed everywhere: {summary['exact_everywhere']}; most training probes: "
           f"{summary['most_training_probes']}; same values undisturbed/killed+resumed/2 workers: "
           f"{summary['same_values_everywhere']}; tpe/fast wall: {summary['tpe_over_fast_wall']}")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    write_json(Path(args.out), summary)
     return 0
 
 

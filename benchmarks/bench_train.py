@@ -27,6 +27,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from common import LoadSampler, write_json  # noqa: E402  (benchmarks/ is the script's folder)
+
 DEFAULT_DATA = "/work/shared/datasets/Task04_Hippocampus"
 
 
@@ -100,14 +102,17 @@ def run_mode(bundle: Path, mode: str, args: argparse.Namespace, work: Path) -> d
     command = [sys.executable, "-m", "autotune.train", str(copy), "--mode", mode, "--device", args.device,
                "--epochs", str(args.epochs), "--max-time", f"{args.budget:g}", "--val-every", str(args.val_every)]
     log = work / f"{mode}.log"
-    load_before, wall = os.getloadavg(), None
+    # With --report-only nothing runs, so no load is recorded (the load now says nothing about that run).
+    load_before, load_during, wall = None, None, None
     if not args.report_only:
         shutil.copytree(bundle, copy)
+        load_before = os.getloadavg()
         t0 = time.monotonic()
-        with open(log, "w") as handle:
+        with open(log, "w") as handle, LoadSampler() as load:
             code = subprocess.call(command, stdout=handle, stderr=subprocess.STDOUT,
                                    env={**os.environ, "PYTHONPATH": str(REPO)})
         wall = time.monotonic() - t0
+        load_during = load.summary()
         if code != 0:
             raise SystemExit(f"{mode} run failed (exit {code}); see {log}")
     record = json.loads((copy / "model_fold0" / "metrics.json").read_text())
@@ -134,7 +139,8 @@ def run_mode(bundle: Path, mode: str, args: argparse.Namespace, work: Path) -> d
         "dice_curve": [[r["epoch"], round(r["elapsed_s"], 1), round(r["mean_dice"], 4)] for r in validated],
         "wall_s": wall,
         "load_avg_before": load_before,
-        "load_avg_after": os.getloadavg(),
+        "load_avg_after": None if args.report_only else os.getloadavg(),
+        "load_during_run": load_during,
         "options": record.get("options"),
         "log": str(log),
     }
@@ -144,20 +150,51 @@ def epoch_rounds(bundle: Path, args: argparse.Namespace, work: Path, modes: list
     """Alternate short runs of each mode; the second epoch's time of each run (the first sets up kernels)."""
     times: dict[str, list[float]] = {m: [] for m in modes}
     waits: dict[str, list[float]] = {m: [] for m in modes}
+    loads: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
     for index in range(args.epoch_rounds):
         for mode in modes:
             copy = work / f"round{index}_{mode}"
             shutil.rmtree(copy, ignore_errors=True)
             shutil.copytree(bundle, copy)
-            subprocess.check_call([sys.executable, "-m", "autotune.train", str(copy), "--mode", mode, "--device",
-                                   args.device, "--epochs", "2", "--val-every", "2", "-q"],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                  env={**os.environ, "PYTHONPATH": str(REPO)})
+            with LoadSampler() as load:
+                subprocess.check_call([sys.executable, "-m", "autotune.train", str(copy), "--mode", mode, "--device",
+                                       args.device, "--epochs", "2", "--val-every", "2", "-q"],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                      env={**os.environ, "PYTHONPATH": str(REPO)})
             row = json.loads((copy / "model_fold0" / "metrics.json").read_text())["rows"][1]
             times[mode].append(row["train_s"])
             waits[mode].append(row["data_wait_share"])
+            loads[mode].append(load.summary())
     return {m: {"train_s": times[m], "min_s": min(times[m]), "median_s": statistics.median(times[m]),
-                "data_wait_share": waits[m]} for m in modes}
+                "data_wait_share": waits[m], "load_during_runs": loads[m]} for m in modes}
+
+
+def _dice_cell(run: dict[str, Any]) -> str:
+    """Best Dice within the budget, then the run's best with its epoch and time when it came later."""
+    if run["best_dice_in_budget"] is None:
+        return "-"
+    cell = f"{run['best_dice_in_budget']:.3f}"
+    best = max(run["dice_curve"], key=lambda point: point[2]) if run["dice_curve"] else None
+    if best is not None and best[2] > run["best_dice_in_budget"]:
+        cell += f" ({best[2]:.3f} at epoch {best[0]}, {best[1]:.0f} s)"
+    return cell
+
+
+def markdown_table(report: dict[str, Any]) -> str:
+    """The markdown table of a report (what BENCHMARKS.md shows)."""
+    target, budget = report["settings"]["target"], report["settings"]["budget"]
+    lines = [f"| mode | epochs run (budget checked at epoch ends) | train s/epoch (median / min) | data-wait share | time to mean Dice "
+             f"{target:.2f} | epoch reaching {target:.2f} | best mean Dice within {budget:g} s |",
+             "|---|---|---|---|---|---|---|"]
+    for r in report["results"].values():
+        per_epoch = f"{r['train_s_per_epoch']:.1f}"
+        if r.get("train_s_per_epoch_min") is not None:
+            per_epoch += f" / {r['train_s_per_epoch_min']:.1f}"
+        reached = "not reached" if r["time_to_target_s"] is None else f"{r['time_to_target_s']:.0f} s"
+        epoch = "–" if r["epoch_at_target"] is None else str(r["epoch_at_target"])
+        lines.append(f"| {r['mode']} | {r['epochs']} | {per_epoch} | {100 * r['data_wait_share']:.1f} % | {reached} | "
+                     f"{epoch} | {_dice_cell(r)} |")
+    return "\n".join(lines)
 
 
 def _ratio(slow: float | None, fast: float | None) -> float | None:
@@ -212,8 +249,7 @@ def main(argv: list[str] | None = None) -> int:
         "summary": summary,
     }
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
+    write_json(out, report)
 
     def fmt(value: Any, spec: str = ".2f") -> str:
         return "-" if value is None else format(value, spec)
@@ -228,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{fmt(r['epoch_at_target'], 'd'):>10} {fmt(r['best_dice_in_budget'], '.4f'):>9}")
     for key, value in summary.items():
         print(f"{key}: {fmt(value)}")
+    print(markdown_table(report))
     print(f"wrote {out}")
     return 0
 

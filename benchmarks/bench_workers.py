@@ -42,6 +42,8 @@ SPACE = {"range_num_images_per_batch": [1, 64], "range_num_sw_batch_size": [1, 6
 STALE_SECONDS = 10
 HERE = Path(__file__).resolve().parent
 
+from common import LoadSampler, write_json  # noqa: E402  (benchmarks/ is the script's folder)
+
 
 # -- the worker process ---------------------------------------------------------------
 def _install_model_answers(models: dict[str, Any], crash_every: int) -> None:
@@ -184,6 +186,7 @@ def run(url: str, workers: int, spec_path: Path, args: argparse.Namespace, crash
     _prepare(url)
     env = {**os.environ, "AUTOTUNE_CLAIM_STALE_SECONDS": str(STALE_SECONDS)}
     procs = []
+    load = LoadSampler(interval_s=1.0).start()  # runs last seconds: sample often
     barrier = Path(tempfile.mkdtemp(prefix="barrier-", dir=spec_path.parent))
     for index in range(workers):
         cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--spec", str(spec_path), "--storage", url,
@@ -217,6 +220,7 @@ def run(url: str, workers: int, spec_path: Path, args: argparse.Namespace, crash
                 killed_pid = victims[0]
                 os.killpg(killed_pid, signal.SIGKILL)
                 alive[killed_pid].wait()
+    load_during_run = load.stop()
     errors = [p.stderr.read().strip()[-300:] for p in procs if p.returncode not in (0, -signal.SIGKILL)]
     stale_failed: list[int] = []
     if killed_pid is not None:  # what the next worker to start does first: fail the dead worker's trials
@@ -255,18 +259,41 @@ def run(url: str, workers: int, spec_path: Path, args: argparse.Namespace, crash
         "stale_trials_failed": len(stale_failed),
         "finished_trials_lost": len(lost),
         "worker_errors": errors,
+        "load_during_run": load_during_run,
     }
 
 
-def _table(rows: list[dict[str, Any]]) -> str:
-    head = ("| storage | workers | finished trials | new points | seconds | trials/min | new points/min "
-            "| evaluated twice |\n|---|---:|---:|---:|---:|---:|---:|---:|")
-    lines = [head]
+STORAGE_NAMES = {"postgresql": "PostgreSQL", "sqlite": "SQLite"}
+
+
+def _rows_table(rows: list[dict[str, Any]]) -> str:
+    lines = ["| storage | workers | finished trials | new points | seconds | trials/min | new points/min "
+             "| points evaluated twice |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        lines.append(f"| {r['storage']} | {r['workers']} | {r['finished_trials']} | {r['new_points']} | "
-                     f"{r['seconds']} | {r['trials_per_minute']} | {r['new_points_per_minute']} | "
-                     f"{r['points_evaluated_twice']} |")
+        lines.append(f"| {STORAGE_NAMES.get(r['storage'], r['storage'])} | {r['workers']} | {r['finished_trials']} | "
+                     f"{r['new_points']} | {r['seconds']} | {r['trials_per_minute']:.0f} | "
+                     f"{r['new_points_per_minute']:.0f} | {r['points_evaluated_twice']} |")
     return "\n".join(lines)
+
+
+def markdown_table(report: dict[str, Any]) -> str:
+    """The markdown table of the undisturbed runs (what BENCHMARKS.md shows)."""
+    return _rows_table(report["runs"])
+
+
+def fault_summary(report: dict[str, Any]) -> str:
+    """One line on the fault run, or a note that there was none."""
+    fault = report.get("fault_run")
+    if not fault:
+        return "No fault run in this report."
+    return (f"Fault run ({fault['workers']} {STORAGE_NAMES.get(fault['storage'], fault['storage'])} workers, "
+            f"{fault['crash_answers']} simulated probe crashes, {fault['workers_killed']} worker SIGKILLed halfway): "
+            f"{fault['finished_trials']} finished trials, **{fault['finished_trials_lost']} finished trials lost**, "
+            f"{fault['points_evaluated_twice']} points evaluated twice, {fault['left_running']} trials left RUNNING, "
+            f"{fault['stale_trials_failed']} stale trials failed by the next worker's sweep, "
+            f"{len(fault.get('worker_errors') or [])} surviving worker(s) ending with an error"
+            + (f" (last line: `{fault['worker_errors'][0].splitlines()[-1]}`)" if fault.get("worker_errors") else "")
+            + ".")
 
 
 def main() -> int:
@@ -328,9 +355,9 @@ def main() -> int:
         "fault_run": fault,
     }
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
-    print(_table(rows + ([fault] if fault else [])))
+    write_json(out, report)
+    print(markdown_table(report))
+    print(fault_summary(report))
     print(f"wrote {out}")
     return 0
 

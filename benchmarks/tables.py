@@ -1,0 +1,112 @@
+"""Regenerate the tables in BENCHMARKS.md from the committed result JSON.
+
+Each table in BENCHMARKS.md that comes from a benchmark lies between ``<!-- table:NAME -->``
+and ``<!-- /table:NAME -->``; ``TABLES`` below says which script's render function makes it
+from which JSON in ``benchmarks/results/``. The render functions are the ones the benchmark
+scripts print with, so a script's own output and BENCHMARKS.md cannot disagree.
+
+    python benchmarks/tables.py            # rewrite the marked blocks of BENCHMARKS.md
+    python benchmarks/tables.py --check    # exit 1 (and show a diff) when BENCHMARKS.md differs
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import importlib
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from common import block_names, read_block, read_json, replace_block, write_text_atomic
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+DEFAULT_DOC = HERE.parent / "BENCHMARKS.md"
+#: per-topic notes that repeat some of the tables; their blocks are regenerated too
+TOPIC_DOCS = (HERE / "PROBE_RESULTS.md", HERE / "TRAIN_RESULTS.md")
+
+#: block name -> (benchmark module, render function, result JSONs in benchmarks/results/)
+TABLES: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "search": ("bench_search", "markdown_table", ("search.json", "search_unet_1gib.json")),
+    "estimator": ("bench_estimator", "markdown_table", ("estimator.json",)),
+    "probe-overhead": ("bench_probe_overhead", "overhead_table", ("probe_overhead.json",)),
+    "probe-fixed-cost": ("bench_probe_overhead", "fixed_cost_table",
+                         ("probe_overhead_subprocess.json", "probe_overhead_forkserver.json")),
+    "train-subset-300s": ("bench_train", "markdown_table", ("train.json",)),
+    "train-full-fold-300s": ("bench_train", "markdown_table", ("train_full_fold_300s.json",)),
+    "workers": ("bench_workers", "markdown_table", ("workers.json",)),
+    "workers-faults": ("bench_workers", "fault_summary", ("workers.json",)),
+    "plan-targets": ("bench_plan", "plans_table", ("plan.json",)),
+    "plan-cpu-check": ("bench_plan", "checks_table", ("plan.json",)),
+    "batch-scaling": ("bench_batch_scaling", "table", ("batch_scaling.json",)),
+    "batch-scaling-curves": ("bench_batch_scaling", "curves", ("batch_scaling.json",)),
+    "contract": ("bench_contract", "markdown_table", ("contract.json",)),
+}
+
+
+def render(name: str, results: Path = RESULTS) -> str:
+    """The markdown of table ``name``, rendered from its JSON under ``results``."""
+    module_name, function_name, files = TABLES[name]
+    function: Callable[..., str] = getattr(importlib.import_module(module_name), function_name)
+    reports: list[Any] = [read_json(results / file) for file in files]
+    return function(*reports)
+
+
+def regenerate(text: str, results: Path = RESULTS, complete: bool = True) -> str:
+    """``text`` with every table block rendered afresh.
+
+    Args:
+        text: the markdown (BENCHMARKS.md, or a per-topic note).
+        results: the folder of result JSONs.
+        complete: require a block for every entry of ``TABLES`` (BENCHMARKS.md holds them all).
+
+    Raises:
+        ValueError: a block in ``text`` has no entry in ``TABLES``, or (``complete``) an entry no block.
+    """
+    names = block_names(text)
+    unknown = sorted(set(names) - set(TABLES))
+    missing = sorted(set(TABLES) - set(names)) if complete else []
+    if unknown or missing:
+        raise ValueError(f"table blocks without a source: {unknown}; sources without a block: {missing}")
+    for name in names:
+        text = replace_block(text, name, render(name, results))
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 when a document's tables differ from the JSON")
+    parser.add_argument("--doc", default=None,
+                        help="one markdown file holding every table (default: BENCHMARKS.md and the per-topic notes)")
+    parser.add_argument("--results", default=str(RESULTS), help="the folder of result JSONs")
+    args = parser.parse_args(argv)
+    docs = [(Path(args.doc), True)] if args.doc else [(DEFAULT_DOC, True), *((d, False) for d in TOPIC_DOCS)]
+    status = 0
+    for doc, complete in docs:
+        text = doc.read_text(encoding="utf-8")
+        try:
+            new = regenerate(text, Path(args.results), complete)
+        except ValueError as exc:
+            print(f"{doc}: {exc}", file=sys.stderr)
+            status = 2
+            continue
+        if new == text:
+            print(f"{doc}: {len(block_names(text))} tables agree with {args.results}")
+        elif args.check:
+            stale = [name for name in block_names(text) if read_block(text, name) != read_block(new, name)]
+            sys.stdout.writelines(difflib.unified_diff(
+                text.splitlines(keepends=True), new.splitlines(keepends=True),
+                fromfile=f"{doc} (committed)", tofile=f"{doc} (from the JSON)"))
+            print(f"{doc}: tables differ from the JSON: {', '.join(stale)}; run python benchmarks/tables.py",
+                  file=sys.stderr)
+            status = max(status, 1)
+        else:
+            write_text_atomic(doc, new)
+            print(f"{doc}: rewrote {len(block_names(text))} tables from {args.results}")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
