@@ -1,0 +1,109 @@
+"""BENCHMARKS.md agrees with benchmarks/results/*.json, and the benchmarks' load sampler samples."""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCHMARKS = ROOT / "benchmarks"
+
+
+def _load(name: str) -> ModuleType:
+    """Import benchmarks/<name>.py by path (benchmarks/ is scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location(f"_bench_{name}", BENCHMARKS / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+common = _load("common")
+
+
+def _tables(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(BENCHMARKS / "tables.py"), *args], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT)
+
+
+def test_benchmarks_md_tables_agree_with_the_json() -> None:
+    proc = _tables("--check")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    text = (ROOT / "BENCHMARKS.md").read_text(encoding="utf-8")
+    # the workers table once drifted from its JSON: it is generated now
+    assert "workers" in common.block_names(text)
+
+
+def test_check_fails_on_a_retyped_number(tmp_path: Path) -> None:
+    text = (ROOT / "BENCHMARKS.md").read_text(encoding="utf-8")
+    block = common.read_block(text, "workers")
+    edited = block.replace("| 4.39 |", "| 6.1 |")
+    assert edited != block, "the workers table no longer holds the 4.39 s run: update this test"
+    doc = tmp_path / "BENCHMARKS.md"
+    doc.write_text(common.replace_block(text, "workers", edited), encoding="utf-8")
+    proc = _tables("--check", "--doc", str(doc))
+    assert proc.returncode == 1
+    assert "workers" in proc.stderr
+    assert "-| PostgreSQL | 2 | 120 | 120 | 6.1 |" in proc.stdout  # the diff shows the retyped row
+    # without --check the block is rewritten from the JSON, and then it agrees
+    assert _tables("--doc", str(doc)).returncode == 0
+    assert doc.read_text(encoding="utf-8") == text
+
+
+def test_check_refuses_a_block_without_a_source(tmp_path: Path) -> None:
+    doc = tmp_path / "BENCHMARKS.md"
+    text = (ROOT / "BENCHMARKS.md").read_text(encoding="utf-8")
+    doc.write_text(text + "\n<!-- table:nothing -->\n| a |\n<!-- /table:nothing -->\n", encoding="utf-8")
+    proc = _tables("--check", "--doc", str(doc))
+    assert proc.returncode == 2
+    assert "nothing" in proc.stderr
+
+
+def test_replace_block_keeps_the_text_around_it() -> None:
+    text = "before\n<!-- table:x -->\nold\n<!-- /table:x -->\nafter\n"
+    assert common.replace_block(text, "x", "new") == "before\n<!-- table:x -->\nnew\n<!-- /table:x -->\nafter\n"
+    with pytest.raises(KeyError):
+        common.replace_block(text, "y", "new")
+
+
+def test_load_sampler_samples_through_a_busy_interval() -> None:
+    sampler = common.LoadSampler(interval_s=0.05)
+    with sampler:
+        end = time.monotonic() + 0.6
+        while time.monotonic() < end:  # keep a core busy, as a measured run would
+            sum(i * i for i in range(1000))
+    summary = sampler.summary()
+    # entry + exit give 2; the thread must add about one per 50 ms over 0.6 s
+    assert summary["samples"] >= 6, summary
+    assert summary["seconds"] >= 0.6
+    assert summary["min"] <= summary["mean"] <= summary["max"]
+    count = len(sampler.samples)
+    time.sleep(0.2)
+    assert len(sampler.samples) == count, "the sampler thread kept running after the run"
+
+
+def test_load_sampler_summarises_what_it_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    readings = itertools.count(1.0)
+    monkeypatch.setattr(common.os, "getloadavg", lambda: (next(readings), 0.0, 0.0))
+    with common.LoadSampler(interval_s=0.02) as sampler:
+        time.sleep(0.3)
+    summary = sampler.summary()
+    n = summary["samples"]
+    assert n >= 5
+    assert sampler.samples == [float(i) for i in range(1, n + 1)]  # in order, none lost
+    assert (summary["min"], summary["max"]) == (1.0, float(n))
+    assert summary["mean"] == pytest.approx((n + 1) / 2, abs=0.01)
+
+
+def test_write_json_is_atomic_and_leaves_no_temporary(tmp_path: Path) -> None:
+    path = tmp_path / "r" / "out.json"
+    common.write_json(path, {"a": [1, 2]})
+    assert common.read_json(path) == {"a": [1, 2]}
+    assert [p.name for p in path.parent.iterdir()] == ["out.json"]
