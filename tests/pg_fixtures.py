@@ -16,8 +16,8 @@ Fixtures:
 
 When the server truly cannot start (no PostgreSQL binaries and no way to install them, no
 ``postgres`` user to run them as root, ``initdb`` or ``pg_ctl`` failing) the tests skip with
-the reason. Set ``AUTOTUNE_REQUIRE_POSTGRES=1`` to turn such a skip into a failure (CI
-machines that must run these tests).
+the reason. Set ``AUTOTUNE_REQUIRE_SYSTEM_DEPS=1`` (``.ci/run`` does) or the older
+``AUTOTUNE_REQUIRE_POSTGRES=1`` to turn such a skip into a failure (``tests/system_deps.py``).
 
 Safety: the server listens on 127.0.0.1 only (checked after start), its Unix socket lies in
 its own 0700 folder, and every cluster this process started is stopped by the fixture's
@@ -42,8 +42,10 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
+from system_deps import unavailable
 
 __all__ = ["postgres_url", "pg_database_url", "PostgresCluster"]
 
@@ -275,11 +277,8 @@ def _check_loopback_only(url: str) -> None:
         raise RuntimeError(f"test PostgreSQL listens on {listen!r}, expected only 127.0.0.1")
 
 
-def _unavailable(reason: str) -> None:
-    message = f"PostgreSQL test server unavailable: {reason}"
-    if os.environ.get("AUTOTUNE_REQUIRE_POSTGRES", "") not in ("", "0"):
-        pytest.fail(f"{message} (AUTOTUNE_REQUIRE_POSTGRES is set)", pytrace=False)
-    pytest.skip(message)
+def _unavailable(reason: str) -> NoReturn:
+    unavailable("PostgreSQL test server", reason, "AUTOTUNE_REQUIRE_POSTGRES")
 
 
 @pytest.fixture(scope="session")
@@ -297,7 +296,6 @@ def postgres_url() -> Iterator[str]:
         cluster = _start_cluster()
     except _Unavailable as exc:
         _unavailable(str(exc))
-        raise AssertionError("unreachable") from exc  # _unavailable always raises
     try:
         _check_loopback_only(cluster.url)
         yield cluster.url

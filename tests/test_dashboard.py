@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from system_deps import unavailable
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 SERVER_START_TIMEOUT_S = 30.0
@@ -224,10 +225,19 @@ def test_dashboard_listens_on_loopback_only(dashboard: Dashboard) -> None:
         assert from_ss == {"127.0.0.1"}
 
 
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    """The headless Chromium binary; skips (fails under AUTOTUNE_REQUIRE_SYSTEM_DEPS) where it is missing.
+
+    Session-scoped so that it is checked before the module's tuning fixtures spend their time.
+    """
+    if CHROMIUM is None:
+        unavailable("headless Chromium", "not installed (apt-get install chromium); .ci/run installs it")
+    return CHROMIUM
+
+
 @pytest.mark.chromium
-@pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium is not installed (apt-get install chromium); "
-                    ".ci/run installs it")
-def test_chromium_renders_the_trials_page(dashboard: Dashboard, tuned_study: TunedStudy) -> None:
+def test_chromium_renders_the_trials_page(chromium: str, dashboard: Dashboard, tuned_study: TunedStudy) -> None:
     """The JavaScript-drawn trials page shows the study name, the trial count and a user attribute name."""
     url = f"{dashboard.base_url}/dashboard/studies/{tuned_study.study_id}/trials"
     dom = _chromium("--dump-dom", url)
