@@ -4,19 +4,29 @@ Accepted: (1) an Auto3DSeg input.yaml (``modality``, ``datalist``, ``dataroot``,
 ``class_names``, ``sigmoid``, ``labels``, ``name``); (2) an Auto3DSeg datalist JSON
 (``{"training": [{"image", "label", "fold"?}], "testing": [...]}``); (3) a Decathlon task
 folder with ``dataset.json``. All give absolute paths and a fold for every training case.
-Only the lists are read here; ``autotune.data.validate`` checks the image files.
+Only the lists are read here; ``autotune.data.validate`` checks the image files. The
+``DataSource`` type lives in ``autotune.data.source``, the checks of single values in
+``autotune.data.values``; both are re-exported here.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import random
-import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from autotune.data.source import DataSource, assign_folds
+from autotune.data.values import (
+    MODALITIES,
+    class_names_value,
+    flag_value,
+    is_int_text,
+    kind_of,
+    labels_value,
+    normalise_modality,
+    text_value,
+)
 from autotune.errors import InputError
 from autotune.utils import atomic_write_json, atomic_write_yaml, read_json, read_yaml
 
@@ -24,108 +34,6 @@ __all__ = ["MODALITIES", "DataSource", "load_data_source", "assign_folds", "norm
            "write_data_src_config"]
 
 logger = logging.getLogger(__name__)
-
-MODALITIES = ("CT", "MRI")
-
-# Lower-case names with spaces, dashes and underscores removed -> modality family.
-# Decathlon dataset.json files name MRI sequences (T2, ADC, FLAIR, ...) rather than "MRI".
-_MODALITY_ALIASES = {"ct": "CT", "mr": "MRI", "mri": "MRI", **dict.fromkeys(
-    ("t1", "t1w", "t1gd", "t1ce", "t1c", "t2", "t2w", "flair", "adc", "dwi", "pd", "pdw", "swi", "cine"), "MRI")}
-
-
-@dataclass
-class DataSource:
-    """A dataset as autotune sees it: absolute file paths, folds and a few facts.
-
-    Attributes:
-        source: What the user gave (input.yaml, datalist .json or Decathlon folder), absolute.
-        dataroot: Folder that relative paths were resolved against, absolute.
-        modality: ``"CT"`` or ``"MRI"``.
-        training: ``{"image": str | list[str], "label": str, "fold": int}`` with absolute paths.
-        testing: ``{"image": str | list[str]}`` with absolute paths.
-        class_names: Names of the foreground classes, if known.
-        labels: Label values, if known (Decathlon ``labels`` keys or ``labels`` in input.yaml).
-        sigmoid: Whether classes overlap (region-based, sigmoid output) rather than softmax.
-        folds_given: True if the input carried a ``fold`` for every training case.
-        name: Dataset name.
-        num_channels: Images per case: the length of the image list, the number of Decathlon
-            modalities, or 1. ``validate.check_cases`` reports what the files really hold.
-        listed_in: The file that holds the training list (datalist JSON or dataset.json), absolute.
-    """
-
-    source: Path
-    dataroot: Path
-    modality: str
-    training: list[dict]
-    testing: list[dict]
-    class_names: list[str] | None
-    labels: list[int] | None
-    sigmoid: bool
-    folds_given: bool
-    name: str
-    num_channels: int
-    listed_in: Path | None = None
-
-    @property
-    def num_fold(self) -> int:
-        """Number of folds the training cases are split into (highest fold + 1)."""
-        return max(int(entry["fold"]) for entry in self.training) + 1
-
-    def as_datalist(self) -> dict[str, Any]:
-        """The Auto3DSeg datalist form: ``{"training": [...], "testing": [...]}``, absolute paths."""
-        return {
-            "training": [{"image": e["image"], "label": e["label"], "fold": int(e["fold"])} for e in self.training],
-            "testing": [{"image": e["image"]} for e in self.testing],
-        }
-
-
-def assign_folds(num_cases: int, num_fold: int, seed: int = 0) -> list[int]:
-    """Assign each case a fold: balanced (fold sizes differ by at most one), shuffled, deterministic.
-
-    Args:
-        num_cases: Number of training cases.
-        num_fold: Number of folds, at least 1.
-        seed: Seed of the shuffle; the same arguments always give the same folds.
-
-    Returns:
-        One fold index in ``range(num_fold)`` per case.
-
-    Raises:
-        InputError: ``num_fold`` is below 1 or ``num_cases`` is negative.
-    """
-    if isinstance(num_fold, bool) or not isinstance(num_fold, int) or num_fold < 1:
-        raise InputError(f"num_fold {num_fold!r} must be an integer of at least 1")
-    if num_cases < 0:
-        raise InputError(f"num_cases {num_cases!r} must not be negative")
-    folds = [index % num_fold for index in range(num_cases)]
-    random.Random(seed).shuffle(folds)
-    return folds
-
-
-def normalise_modality(value: Any, where: str) -> str:
-    """Map a modality given as text, a list or a Decathlon ``{"0": "MRI"}`` dict to ``"CT"`` or ``"MRI"``.
-
-    Args:
-        value: The ``modality`` value as read from the file.
-        where: The file that holds it, for error messages.
-
-    Raises:
-        InputError: The value is unknown, empty, or mixes CT and MRI channels.
-    """
-    names = list(value.values()) if isinstance(value, dict) else value if isinstance(value, list) else [value]
-    if not names:
-        raise InputError(f"{where}: key 'modality' is empty; use one of {', '.join(MODALITIES)}")
-    families = []
-    for name in names:
-        key = str(name).lower().replace(" ", "").replace("-", "").replace("_", "") if isinstance(name, str) else ""
-        if key not in _MODALITY_ALIASES:
-            raise InputError(f"{where}: key 'modality' is {name!r}; use one of {', '.join(MODALITIES)}")
-        families.append(_MODALITY_ALIASES[key])
-    if len(set(families)) > 1:
-        raise InputError(f"{where}: key 'modality' mixes CT and MRI ({names}); all channels of a case must be "
-                         "one modality family")
-    return families[0]
-
 
 def load_data_source(path: str | Path, num_fold: int = 5, seed: int = 0) -> DataSource:
     """Read an input.yaml, a datalist JSON or a Decathlon task folder.
@@ -180,14 +88,14 @@ def _load_config(path: Path, num_fold: int, seed: int) -> DataSource:
     config = read_yaml(path, error=InputError)
     if not isinstance(config, dict):
         raise InputError(f"{path}: top level must be a mapping with keys modality, datalist, dataroot; "
-                         f"found {_kind(config)}")
+                         f"found {kind_of(config)}")
     if "datalist" not in config:
         raise InputError(f"{path}: key 'datalist' missing; add datalist: <path to the datalist .json>")
-    datalist_path = _absolute(path.parent / _text(config["datalist"], path, "datalist"))
+    datalist_path = _absolute(path.parent / text_value(config["datalist"], path, "datalist"))
     if not datalist_path.is_file():
         raise InputError(f"{path}: key 'datalist' points to {datalist_path}, which does not exist; fix the path "
                          f"(relative paths are taken from {path.parent})")
-    dataroot = _absolute(path.parent / _text(config.get("dataroot", "."), path, "dataroot"))
+    dataroot = _absolute(path.parent / text_value(config.get("dataroot", "."), path, "dataroot"))
     if not dataroot.is_dir():
         raise InputError(f"{path}: key 'dataroot' points to {dataroot}, which is not a folder; fix the path")
     datalist = _read_datalist_json(datalist_path)
@@ -213,10 +121,10 @@ def _build_from_settings(settings: dict[str, Any], source: Path, listed_in: Path
     return _build(
         source=source, listed_in=listed_in, datalist=datalist, dataroot=dataroot,
         modality=normalise_modality(settings["modality"], str(source)),
-        name=_text(settings.get("name") or default_name, source, "name"),
-        class_names=_class_names(settings.get("class_names"), source),
-        labels=_labels(settings.get("labels"), source),
-        sigmoid=_flag(settings.get("sigmoid", False), source, "sigmoid"),
+        name=text_value(settings.get("name") or default_name, source, "name"),
+        class_names=class_names_value(settings.get("class_names"), source),
+        labels=labels_value(settings.get("labels"), source),
+        sigmoid=flag_value(settings.get("sigmoid", False), source, "sigmoid"),
         num_fold=num_fold, seed=seed,
     )
 
@@ -231,10 +139,10 @@ def _load_decathlon(folder: Path, num_fold: int, seed: int) -> DataSource:
         raise InputError(f"{dataset_json}: key 'modality' missing; add e.g. \"modality\": {{\"0\": \"MRI\"}}")
     modality_value = dataset["modality"]
     label_map = dataset.get("labels")
-    if label_map is not None and (not isinstance(label_map, dict) or not all(map(_is_int_text, label_map))):
+    if label_map is not None and (not isinstance(label_map, dict) or not all(map(is_int_text, label_map))):
         raise InputError(f"{dataset_json}: key 'labels' must map label values to names, e.g. "
                          "{\"0\": \"background\", \"1\": \"tumour\"}")
-    labels = _labels(label_map, dataset_json)
+    labels = labels_value(label_map, dataset_json)
     class_names = [str(label_map[k]) for k in sorted(label_map, key=int) if int(k) != 0] if label_map else None
     if "testing" not in dataset and "test" in dataset:
         dataset = {**dataset, "testing": dataset["test"]}
@@ -242,7 +150,7 @@ def _load_decathlon(folder: Path, num_fold: int, seed: int) -> DataSource:
     return _build(
         source=folder, listed_in=dataset_json, datalist=dataset, dataroot=folder,
         modality=normalise_modality(modality_value, str(dataset_json)),
-        name=_text(dataset.get("name") or folder.name, dataset_json, "name"),
+        name=text_value(dataset.get("name") or folder.name, dataset_json, "name"),
         class_names=class_names, labels=labels, sigmoid=False,
         num_fold=num_fold, seed=seed, channel_hint=channel_hint,
     )
@@ -251,7 +159,7 @@ def _load_decathlon(folder: Path, num_fold: int, seed: int) -> DataSource:
 def _read_datalist_json(path: Path) -> dict[str, Any]:
     data = read_json(path, error=InputError)
     if not isinstance(data, dict):
-        raise InputError(f"{path}: top level must be an object with a 'training' list; found {_kind(data)}")
+        raise InputError(f"{path}: top level must be an object with a 'training' list; found {kind_of(data)}")
     return data
 
 
@@ -263,7 +171,7 @@ def _build(*, source: Path, listed_in: Path, datalist: dict[str, Any], dataroot:
         raise InputError(f"{listed_in}: key 'training' missing; add a 'training' list of {{image, label}} cases")
     entries = datalist["training"]
     if not isinstance(entries, list):
-        raise InputError(f"{listed_in}: key 'training' must be a list of {{image, label}} cases; found {_kind(entries)}")
+        raise InputError(f"{listed_in}: key 'training' must be a list of {{image, label}} cases; found {kind_of(entries)}")
     if not entries:
         raise InputError(f"{listed_in}: key 'training' is empty; add at least one {{image, label}} case")
     training: list[dict] = []
@@ -272,7 +180,7 @@ def _build(*, source: Path, listed_in: Path, datalist: dict[str, Any], dataroot:
     for index, entry in enumerate(entries):
         where = f"training[{index}]"
         if not isinstance(entry, dict):
-            raise InputError(f"{listed_in}: {where} must be an object with 'image' and 'label'; found {_kind(entry)}")
+            raise InputError(f"{listed_in}: {where} must be an object with 'image' and 'label'; found {kind_of(entry)}")
         for key in ("image", "label"):
             if key not in entry:
                 raise InputError(f"{listed_in}: {where} has no {key!r}; every training case needs an image and a label")
@@ -313,7 +221,7 @@ def _testing(entries: Any, dataroot: Path, listed_in: Path) -> list[dict]:
     if entries is None:
         return []
     if not isinstance(entries, list):
-        raise InputError(f"{listed_in}: key 'testing' must be a list; found {_kind(entries)}")
+        raise InputError(f"{listed_in}: key 'testing' must be a list; found {kind_of(entries)}")
     testing = []
     for index, entry in enumerate(entries):
         where = f"testing[{index}]"
@@ -348,68 +256,17 @@ def _resolve(value: Any, dataroot: Path, listed_in: Path, where: str) -> str:
     return full
 
 
-def _class_names(value: Any, where: Path) -> list[str] | None:
-    """``class_names`` as a list of names; Auto3DSeg's ``{"name": ..., "index": [...]}`` entries give their name."""
-    if value is None:
-        return None
-    if not isinstance(value, list):
-        raise InputError(f"{where}: key 'class_names' must be a list of names; found {_kind(value)}")
-    names = []
-    for item in value:
-        if isinstance(item, dict) and isinstance(item.get("name"), str):
-            item = item["name"]
-        if not isinstance(item, str):
-            raise InputError(f"{where}: key 'class_names' holds {item!r}; give each class name as text")
-        names.append(item)
-    return names
-
-
-def _labels(value: Any, where: Path) -> list[int] | None:
-    if value is None:
-        return None
-    if isinstance(value, dict) and all(_is_int_text(key) for key in value):
-        return sorted(int(key) for key in value)
-    if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-        raise InputError(f"{where}: key 'labels' must be a list of integer label values, e.g. [0, 1, 2]")
-    return sorted(value)
-
-
-def _flag(value: Any, where: Path, key: str) -> bool:
-    if not isinstance(value, bool):
-        raise InputError(f"{where}: key {key!r} is {value!r}; use true or false")
-    return value
-
-
-def _text(value: Any, where: Path, key: str) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise InputError(f"{where}: key {key!r} must be non-empty text; found {value!r}")
-    return value
-
-
-def _is_int_text(value: Any) -> bool:
-    if isinstance(value, bool) or not isinstance(value, (str, int)):
-        return False
-    # ASCII digits only: str.isdigit() also accepts '²', which int() refuses.
-    if isinstance(value, str) and not re.fullmatch(r"-?[0-9]+", value.strip()):
-        return False
-    try:
-        int(value)  # still refuses text beyond Python's 4300-digit limit
-    except ValueError:
-        return False
-    return True
-
-
 def _expand_home(path: Path, what: str, instead: str = "an absolute path") -> Path:
-    """``path.expanduser()``, but an unknown ``~user`` is an InputError, not a RuntimeError."""
+    """``path.expanduser()``, but an unknown ``~user`` is an InputError, not a RuntimeError.
+
+    Kept until ``autotune.utils.expand_path`` takes the ``what``/``instead`` wording; then this
+    becomes ``expand_path(path, InputError, what, instead)`` (same message) and goes away.
+    """
     try:
         return path.expanduser()
     except RuntimeError as exc:
         raise InputError(f"{what} {str(path)!r}: cannot find the home folder of {path.parts[0]!r}; "
                          f"give {instead}") from exc
-
-
-def _kind(value: Any) -> str:
-    return "nothing (empty file)" if value is None else f"a {type(value).__name__}"
 
 
 def _absolute(path: Path) -> Path:
