@@ -35,7 +35,6 @@ def test_dispatch_mode_sees_backward_ops() -> None:
     with tracker:
         loss = (param * 2).sum()
         loss.backward()
-    assert param.grad is not None
     # param 4096 and, in backward, the gradient 4096 plus the scalar seed 512 at least
     assert tracker.peak_bytes >= 4096 * 2 + 512
     grad_key = id(param.grad.untyped_storage())
@@ -159,20 +158,66 @@ def test_apply_allowance() -> None:
 
 
 def test_cuda_helpers_with_a_stand_in(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The CUDA helpers are the CPU code with the device swapped; check their arithmetic here."""
+    """The CUDA helpers are the CPU code with the device swapped: check that each asks the device it
+    was given, in the right order, and computes the fraction from that device's memory.
+
+    The stand-ins answer per device (cuda:1 and cuda:2 differ), so a helper that read another
+    device, swapped reserved and allocated, or skipped the synchronise would fail here.
+    """
+    from collections.abc import Callable
     from types import SimpleNamespace
 
+    totals = {1: 80 * 2**30, 2: 16 * 2**30}
+    reserved = {"cuda:1": 3 * 2**30, "cuda:2": 5 * 2**30}
+    allocated = {"cuda:1": 2 * 2**30, "cuda:2": 4 * 2**30}
     calls: list[tuple[str, object]] = []
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda dev: SimpleNamespace(total_memory=80 * 2**30))
+
+    def properties(dev: torch.device) -> SimpleNamespace:
+        calls.append(("properties", str(dev)))
+        return SimpleNamespace(total_memory=totals[torch.device(dev).index])
+
+    def peak(table: dict[str, int], name: str) -> Callable[..., int]:
+        def read(dev: object = None) -> int:
+            calls.append((name, str(dev)))
+            return table[str(dev)]
+        return read
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", properties)
     monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction",
-                        lambda fraction, dev: calls.append(("fraction", fraction)))
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda dev=None: calls.append(("sync", dev)))
-    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda dev=None: calls.append(("reset", dev)))
-    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda dev=None: 3 * 2**30)
-    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda dev=None: 2 * 2**30)
-    assert memory.cuda_set_memory_limit("cuda:0", 40 * 2**30) == 0.5
-    assert memory.cuda_set_memory_limit("cuda:0", 100 * 2**30) == 1.0  # never more than the device
-    memory.cuda_reset_peaks("cuda:0")
-    assert memory.cuda_peaks("cuda:0") == {"cuda_max_memory_reserved": 3 * 2**30,
-                                           "cuda_max_memory_allocated": 2 * 2**30}
-    assert ("fraction", 0.5) in calls and ("reset", "cuda:0") in calls
+                        lambda fraction, dev: calls.append(("fraction", (fraction, str(dev)))))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda dev=None: calls.append(("sync", str(dev))))
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda dev=None: calls.append(("reset", str(dev))))
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", peak(reserved, "reserved"))
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", peak(allocated, "allocated"))
+
+    assert memory.cuda_set_memory_limit("cuda:1", 40 * 2**30) == 0.5
+    assert memory.cuda_set_memory_limit("cuda:2", 4 * 2**30) == 0.25  # the same limit is a share of *its* card
+    assert memory.cuda_set_memory_limit("cuda:2", 100 * 2**30) == 1.0  # never more than the device
+    assert calls == [("properties", "cuda:1"), ("fraction", (0.5, "cuda:1")),
+                     ("properties", "cuda:2"), ("fraction", (0.25, "cuda:2")),
+                     ("properties", "cuda:2"), ("fraction", (1.0, "cuda:2"))]
+
+    calls.clear()
+    memory.cuda_reset_peaks("cuda:2")
+    assert calls == [("sync", "cuda:2"), ("reset", "cuda:2")], "synchronise first, then reset that device"
+    calls.clear()
+    assert memory.cuda_peaks("cuda:2") == {"cuda_max_memory_reserved": 5 * 2**30,
+                                           "cuda_max_memory_allocated": 4 * 2**30}
+    assert calls[0] == ("sync", "cuda:2"), "pending kernels finish before the peaks are read"
+    assert sorted(calls[1:]) == [("allocated", "cuda:2"), ("reserved", "cuda:2")]
+
+
+def test_peak_rss_rises_with_an_allocation_and_resets() -> None:
+    """``peak_rss_bytes`` sees a 256 MiB allocation, and ``reset_peak_rss`` forgets it once freed
+    (the probe resets before each phase so that each phase reports its own peak)."""
+    if not memory.reset_peak_rss():
+        pytest.skip("/proc/self/clear_refs cannot be written here: the peak cannot be reset")
+    size = 256 * 2**20
+    before = memory.peak_rss_bytes()
+    block = b"\x01" * size  # written, so resident
+    with_block = memory.peak_rss_bytes()
+    del block
+    assert with_block - before >= 0.9 * size, (before, with_block)
+    assert memory.reset_peak_rss()
+    after_reset = memory.peak_rss_bytes()
+    assert after_reset <= with_block - 0.5 * size, (with_block, after_reset)

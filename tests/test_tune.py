@@ -87,7 +87,7 @@ def test_write_back_and_folds_share_one_search(work: Path, tuned: dict) -> None:
         assert block["method"] == "measured" and block["study_name"] == first["study_name"]
         assert block["memory_limit"] == first["memory_limit"] and block["margin"] == MARGIN
         assert block["peak_bytes"] <= block["budget_bytes"]
-        assert "***" not in block["storage"] or "@" in block["storage"]
+        assert block["storage"] == tuned["storage"]  # where the study lives (no password to hide here)
     assert (work / "summary.json").is_file()
 
 
@@ -177,3 +177,18 @@ def test_specs_file_unknown_key_is_named(work: Path, tmp_path: Path, capsys) -> 
     code = main(["tune", str(work / "unet_0"), "--specs", str(specs), "--storage", f"sqlite:///{tmp_path / 'x.db'}"])
     err = capsys.readouterr().err
     assert code == 2 and "num_trails" in err and "num_trials" in err
+
+
+@pytest.mark.parametrize(("url", "shown"), [
+    ("postgresql+psycopg://autotune:s3cret@db.example:5432/studies",
+     "postgresql+psycopg://autotune:***@db.example:5432/studies"),
+    ("postgresql://autotune:p%40ss@127.0.0.1/studies", "postgresql://autotune:***@127.0.0.1/studies"),
+    ("mysql+pymysql://u:pw@h/db?charset=utf8", "mysql+pymysql://u:***@h/db?charset=utf8"),
+    ("sqlite:////tmp/studies.db", "sqlite:////tmp/studies.db"),
+    ("postgresql://autotune@127.0.0.1/studies", "postgresql://autotune@127.0.0.1/studies"),
+])
+def test_redact_url_hides_only_the_password(url: str, shown: str) -> None:
+    """What the bundle's tuning block and every message show of a storage URL."""
+    from autotune.search.study import redact_url
+
+    assert redact_url(url) == shown
