@@ -50,6 +50,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from common import LoadSampler  # noqa: E402  (benchmarks/ is the script's folder)
+
 from autotune.utils import atomic_write_json, format_bytes  # noqa: E402
 
 SECTIONS = ("env", "probes", "calibrate", "tune_train", "fast_regular", "ddp")
@@ -108,6 +110,7 @@ class Check:
             return
         self.say(f"== {name}")
         start = time.monotonic()
+        load = LoadSampler().start()
         try:
             func(record)
             record["status"] = "ok" if record.get("status") == "running" else record["status"]
@@ -117,6 +120,7 @@ class Check:
             record["traceback"] = traceback.format_exc()[-3000:]
             self.say(f"   {name} failed: {record['error']}")
         record["seconds"] = round(time.monotonic() - start, 1)
+        record["load_during_section"] = load.stop()
         self.save()
 
     def run(self, cmd: list[str], log_name: str, timeout: float | None = None,
@@ -459,12 +463,13 @@ def _train_once(check: Check, bundle: Path, mode: str, epochs: int, log: str) ->
     model_dir = bundle / "model_fold0"
     shutil.rmtree(model_dir, ignore_errors=True)
     t0 = time.monotonic()
-    with _UtilSampler(check.device.startswith("cuda")) as sampler:
+    with _UtilSampler(check.device.startswith("cuda")) as sampler, LoadSampler() as load:
         proc = check.run([sys.executable, "-m", "autotune", "train", str(bundle), "--device", check.device,
                           "--mode", mode, "--epochs", str(epochs), "--val-every", "1000", "--quiet"], log,
                          timeout=check.left() - 10)
     out: dict[str, Any] = {"mode": mode, "rc": proc.returncode, "wall_s": round(time.monotonic() - t0, 1),
-                           "gpu_util_mean": sampler.mean_util(), "tail": ((proc.stdout or "") + (proc.stderr or ""))[-800:]}
+                           "gpu_util_mean": sampler.mean_util(), "load_during_run": load.summary(),
+                           "tail": ((proc.stdout or "") + (proc.stderr or ""))[-800:]}
     metrics = model_dir / "metrics.json"
     if metrics.is_file():
         rows = json.loads(metrics.read_text(encoding="utf-8")).get("rows") or []
