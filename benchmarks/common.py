@@ -120,12 +120,13 @@ def read_json(path: Path) -> Any:
 
 
 def _block_pattern(name: str) -> re.Pattern[str]:
-    return re.compile(rf"(<!-- table:{re.escape(name)} -->\n)(.*?)(<!-- /table:{re.escape(name)} -->)", re.DOTALL)
+    return re.compile(rf"^(<!-- table:{re.escape(name)} -->\n)(.*?)^(<!-- /table:{re.escape(name)} -->)$",
+                      re.DOTALL | re.MULTILINE)
 
 
 def block_names(text: str) -> list[str]:
-    """The names of the ``<!-- table:NAME -->`` blocks in ``text``, in order."""
-    return re.findall(r"<!-- table:([\w.-]+) -->", text)
+    """The names of the ``<!-- table:NAME -->`` blocks in ``text``, in order (markers on lines of their own)."""
+    return re.findall(r"^<!-- table:([\w.-]+) -->$", text, re.MULTILINE)
 
 
 def read_block(text: str, name: str) -> str:

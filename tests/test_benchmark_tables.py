@@ -71,6 +71,8 @@ def test_replace_block_keeps_the_text_around_it() -> None:
     assert common.replace_block(text, "x", "new") == "before\n<!-- table:x -->\nnew\n<!-- /table:x -->\nafter\n"
     with pytest.raises(KeyError):
         common.replace_block(text, "y", "new")
+    # a marker quoted in prose is not a block
+    assert common.block_names("Tables between `<!-- table:NAME -->` markers\n" + text) == ["x"]
 
 
 def test_load_sampler_samples_through_a_busy_interval() -> None:
