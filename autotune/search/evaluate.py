@@ -191,13 +191,13 @@ class Evaluator:
         that are not live (each live one finishes within its promise; a hung one is stale a grace later)."""
         from optuna.trial import TrialState
 
-        if self.claims is None:
+        live = self.liveness
+        if self.claims is None or live is None:
             return
-        liveness = self.claims.liveness
-        deadline = time.monotonic() + liveness.promise + 2 * liveness.stale_after
+        deadline = time.monotonic() + live.promise + 2 * live.stale_after
         while time.monotonic() < deadline and self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-            liveness.fail_stale_trials(self.storage, self.study)
-            self._step()
+            live.fail_stale_trials(self.storage, self.study)
+            live.progress()
             time.sleep(self.poll_seconds)
 
     # -- evaluation --------------------------------------------------------------------
@@ -213,10 +213,7 @@ class Evaluator:
             # that stops at any moment leaves a trial its liveness answers for (autotune.search.liveness)
             trial.set_user_attr("owner", self.owner)
         self._step()
-        try:
-            return self._evaluate(dict(point), phases, trial, repeat)
-        finally:
-            self._step()
+        return self._evaluate(dict(point), phases, trial, repeat)
 
     def _step(self) -> None:
         """Tell the liveness that this worker made a step (it keeps beating for another promise)."""
@@ -269,6 +266,7 @@ class Evaluator:
         started = time.perf_counter()
         try:
             result = self.prober.probe(point, phases)
+            self._step()  # the probe came back (the runner bounds it by its timeout, the promise)
             result.setdefault("wall_seconds", time.perf_counter() - started)
             if self.prober.measured:
                 self.probes += 1
