@@ -253,10 +253,10 @@ class Evaluator:
         if trial is None:
             trial = self.study.ask()
             trial.set_user_attr("owner", self.owner)
-            number = trial_id(self.storage, self.study, trial.number)
+            stored_id = trial_id(self.storage, self.study, trial.number)
             for name, value in point.items():
                 dist = self.distributions[name]
-                self.storage.set_trial_param(number, name, dist.to_internal_repr(value), dist)
+                self.storage.set_trial_param(stored_id, name, dist.to_internal_repr(value), dist)
         trial.set_user_attr("point_id", pid)
         trial.set_user_attr("phases", list(phases))
         if repeat:

@@ -16,6 +16,10 @@ marks its RUNNING trials FAIL with ``fail_reason`` ``stale: ...``. One shortcut 
 same question sooner: on the same host, a worker whose process no longer exists is not
 live (a rerun after a kill does not wait for the grace). A RUNNING trial with no owner yet
 (its worker died between asking it and tagging it) counts as stale a grace after it started.
+The thread lets a probe run up to its timeout with a grace much shorter than that timeout;
+the grace covers what the probe's own timer does not (starting the child, reading its
+result). A worker that comes back after it was taken over has its late result refused
+(``TakenOver``, raised by the evaluator) and waits for the taker's.
 """
 
 from __future__ import annotations
