@@ -100,16 +100,16 @@ def tune_bundles(
     budget = _budget(device, memory_limit, margin, target)
     session = Session(budget, _open_store(storage, workers_share, timeout), strategy, objective, estimate_only,
                       timeout, explicit, probe_env, say)
-    groups: dict[str, list[str]] = {}
-    keys: dict[str, Any] = {}
     from autotune.search.study import make_key
 
-    for path, cfg in configs.items():
-        key = make_key(cfg, budget.info, budget.limit, strategy + ("-estimate" if estimate_only else ""), objective)
-        groups.setdefault(key.study_name, []).append(path)
-        keys[key.study_name] = key
+    groups: dict[str, list[str]] = {}
+    keys: dict[str, Any] = {}
     records: dict[str, dict[str, Any]] = {}
     try:
+        for path, cfg in configs.items():
+            key = make_key(cfg, budget.info, budget.limit, strategy + ("-estimate" if estimate_only else ""), objective)
+            groups.setdefault(key.study_name, []).append(path)
+            keys[key.study_name] = key
         pending: list[str] = []
         for study_name, paths in groups.items():
             try:
