@@ -159,10 +159,13 @@ def _prepare(url: str) -> None:
     """Create the tables before the workers start (workers starting together on an empty
     database race to create them; see tests/test_workers.py)."""
     from autotune.search.claims import ClaimStore
+    from autotune.search.liveness import Liveness
     from autotune.search.study import open_storage
 
     open_storage(url).engine.dispose()
-    ClaimStore(url, "bench:0").close()
+    liveness = Liveness(url, "bench:0")
+    ClaimStore(liveness)
+    liveness.close()
 
 
 def _study_trials(url: str) -> list[Any]:
@@ -171,7 +174,7 @@ def _study_trials(url: str) -> list[Any]:
     storage = optuna.storages.RDBStorage(url)
     try:
         studies = storage.get_all_studies()
-        return [] if not studies else storage.get_all_trials(studies[0]._study_id, deepcopy=False)
+        return [] if not studies else storage.get_all_trials(storage.get_study_id_from_name(studies[0].study_name), deepcopy=False)
     finally:
         storage.engine.dispose()
 
@@ -224,11 +227,14 @@ def run(url: str, workers: int, spec_path: Path, args: argparse.Namespace, crash
     errors = [p.stderr.read().strip()[-300:] for p in procs if p.returncode not in (0, -signal.SIGKILL)]
     stale_failed: list[int] = []
     if killed_pid is not None:  # what the next worker to start does first: fail the dead worker's trials
-        from autotune.search.study import fail_stale_trials, open_storage
+        from autotune.search.liveness import Liveness, owner_tag
+        from autotune.search.study import open_storage
 
         storage = open_storage(url)
         study = optuna.load_study(study_name=storage.get_all_studies()[0].study_name, storage=storage)
-        stale_failed = fail_stale_trials(study)
+        liveness = Liveness(url, owner_tag())
+        stale_failed = liveness.fail_stale_trials(storage, study)
+        liveness.close()
         storage.engine.dispose()
     trials = _study_trials(url)
     finished = [t for t in trials if t.state.is_finished()]

@@ -152,8 +152,9 @@ def test_cuda_peaks_reach_the_study(tmp_path: Path) -> None:
             return None
 
     spec = AlgoSpec(num_trials=5, patches_range=(1, 4), sw_range=(1, 4), validation_devices=("device",))
-    study = optuna.create_study(storage=f"sqlite:///{tmp_path}/s.db", study_name="s")
-    Evaluator(study, Prober(), 10**9, distributions(spec, ("device",))).evaluate(
+    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path}/s.db")
+    study = optuna.create_study(storage=storage, study_name="s")
+    Evaluator(study, Prober(), 10**9, distributions(spec, ("device",)), storage=storage).evaluate(
         {"num_patches_per_iter": 2}, ("train",))
     attrs = study.trials[0].user_attrs
     for key in ("train_cuda_max_memory_reserved", "train_cuda_max_memory_allocated", "infer_cuda_max_memory_reserved",

@@ -75,13 +75,17 @@ class BentDevice:
         return EstimatedCurve(self.true_infer, cap=None)
 
 
+_STORAGES: dict[str, optuna.storages.RDBStorage] = {}  # study name -> the storage it was opened on
+
+
 def _study(tmp_path, name: str = "s") -> optuna.Study:
-    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'studies.db'}")
-    return optuna.create_study(storage=storage, study_name=name, direction="maximize", load_if_exists=True)
+    _STORAGES[name] = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'studies.db'}")
+    return optuna.create_study(storage=_STORAGES[name], study_name=name, direction="maximize", load_if_exists=True)
 
 
 def _search(study: optuna.Study, device: BentDevice, budget: int, objective: str = "max-batch") -> Any:
-    evaluator = Evaluator(study, device, budget, distributions(SPEC, ("device",)), objective=objective)
+    evaluator = Evaluator(study, device, budget, distributions(SPEC, ("device",)), objective=objective,
+                          storage=_STORAGES[study.study_name])
     return run_fast(evaluator, SPEC, ("device",), device.train_curve(), device.infer_curve, objective)
 
 

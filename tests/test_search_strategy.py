@@ -67,9 +67,12 @@ class SimulatedDevice:
         return LinearModel((self.base + self.sw_base * (0 if on_cpu else 1)) * k, self.per_window * k)
 
 
+def _storage(tmp_path) -> optuna.storages.RDBStorage:
+    return optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'studies.db'}")
+
+
 def _study(tmp_path, name: str = "s") -> optuna.Study:
-    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'studies.db'}")
-    return optuna.create_study(storage=storage, study_name=name, direction="maximize", load_if_exists=True)
+    return optuna.create_study(storage=_storage(tmp_path), study_name=name, direction="maximize", load_if_exists=True)
 
 
 def _true_max(device: SimulatedDevice, budget: int, hi: int) -> int:
@@ -79,12 +82,19 @@ def _true_max(device: SimulatedDevice, budget: int, hi: int) -> int:
 SPEC = AlgoSpec(patches_range=(1, 64), sw_range=(1, 64))
 
 
+def _evaluator(tmp_path, device: Any, budget: int, spec: AlgoSpec = SPEC, devices: tuple[str, ...] = ("device",),
+               study: optuna.Study | None = None) -> Evaluator:
+    """An evaluator on ``study`` (default: a fresh one in ``tmp_path``) over ``spec``'s space."""
+    study = study if study is not None else _study(tmp_path)
+    return Evaluator(study, device, budget, distributions(spec, devices), storage=_storage(tmp_path))
+
+
 @pytest.mark.parametrize("est_error", [0.0, 0.004, -0.2, 0.25, 1.5])
 def test_fast_finds_true_maximum(tmp_path, est_error: float) -> None:
     limit = 2048 * MiB
     budget = int(limit * 0.9)
     device = SimulatedDevice(limit, est_error=est_error)
-    evaluator = Evaluator(_study(tmp_path), device, budget, distributions(SPEC, ("device",)))
+    evaluator = _evaluator(tmp_path, device, budget)
     outcome = run_fast(evaluator, SPEC, ("device",), device.memory_model("train", {}),
                        lambda n, vd: device.memory_model("infer", {"validation_device": vd}))
     assert outcome.max_num_patches_per_iter == _true_max(device, budget, 64)
@@ -103,7 +113,7 @@ def test_fast_without_estimator_bisects(tmp_path) -> None:
     limit = 1500 * MiB
     device = SimulatedDevice(limit, estimator=False)
     budget = int(limit * 0.9)
-    evaluator = Evaluator(_study(tmp_path), device, budget, distributions(SPEC, ("device",)))
+    evaluator = _evaluator(tmp_path, device, budget)
     best, evals = find_max_feasible(
         lambda n: evaluator.evaluate({"num_patches_per_iter": n}, ("train",)), 1, 64, None, budget)
     assert best == _true_max(device, budget, 64)
@@ -113,7 +123,7 @@ def test_fast_without_estimator_bisects(tmp_path) -> None:
 def test_range_cap_needs_one_probe(tmp_path) -> None:
     device = SimulatedDevice(64 * 1024 * MiB)
     spec = AlgoSpec(patches_range=(1, 8), sw_range=(1, 4))
-    evaluator = Evaluator(_study(tmp_path), device, 10**12, distributions(spec, ("device",)))
+    evaluator = _evaluator(tmp_path, device, 10**12, spec=spec)
     best, evals = find_max_feasible(
         lambda n: evaluator.evaluate({"num_patches_per_iter": n}, ("train",)), 1, 8,
         device.memory_model("train", {}), 10**12)
@@ -122,7 +132,7 @@ def test_range_cap_needs_one_probe(tmp_path) -> None:
 
 def test_nothing_fits_is_reported(tmp_path) -> None:
     device = SimulatedDevice(120 * MiB)
-    evaluator = Evaluator(_study(tmp_path), device, 100 * MiB, distributions(SPEC, ("device",)))
+    evaluator = _evaluator(tmp_path, device, 100 * MiB)
     outcome = run_fast(evaluator, SPEC, ("device",), device.memory_model("train", {}), lambda n, vd: None)
     assert outcome.num_patches_per_iter is None
 
@@ -132,7 +142,7 @@ def test_validation_falls_back_to_cpu_when_device_cannot_hold_volume(tmp_path) -
     device = SimulatedDevice(limit)
     device.sw_base = 200 * MiB  # the volume itself does not fit on the device
     budget = int(limit * 0.9)
-    evaluator = Evaluator(_study(tmp_path), device, budget, distributions(SPEC, ("device", "cpu")))
+    evaluator = _evaluator(tmp_path, device, budget, devices=("device", "cpu"))
     outcome = run_fast(evaluator, SPEC, ("device", "cpu"), device.memory_model("train", {}),
                        lambda n, vd: device.memory_model("infer", {"validation_device": vd}))
     assert outcome.validation_device == "cpu"
@@ -144,7 +154,7 @@ def test_trials_record_states_and_constraints(tmp_path) -> None:
     budget = int(limit * 0.9)
     device = SimulatedDevice(limit, est_error=0.3)  # over-estimate: forces an oom and a bisection
     study = _study(tmp_path)
-    evaluator = Evaluator(study, device, budget, distributions(SPEC, ("device",)))
+    evaluator = _evaluator(tmp_path, device, budget, study=study)
     run_fast(evaluator, SPEC, ("device",), device.memory_model("train", {}), lambda n, vd: None)
     trials = study.get_trials()
     assert trials, "every evaluated point is a trial"
@@ -164,7 +174,7 @@ def test_failed_probe_is_fail_trial_retried_once(tmp_path) -> None:
     true_max = _true_max(device, budget, 64)
     device.faults = {true_max + 1: "killed"}  # the confirming probe above the edge crashes
     study = _study(tmp_path)
-    evaluator = Evaluator(study, device, budget, distributions(SPEC, ("device",)))
+    evaluator = _evaluator(tmp_path, device, budget, study=study)
     outcome = run_fast(evaluator, SPEC, ("device",), device.memory_model("train", {}), lambda n, vd: None)
     assert outcome.max_num_patches_per_iter == true_max
     failed = [t for t in study.get_trials() if t.state == optuna.trial.TrialState.FAIL]
@@ -172,7 +182,7 @@ def test_failed_probe_is_fail_trial_retried_once(tmp_path) -> None:
     assert all("signal 9" in t.user_attrs["fail_reason"] for t in failed)
     # a rerun answers the crashed point from the study: it failed twice, it is not probed again
     calls = len(device.calls)
-    again = Evaluator(study, device, budget, distributions(SPEC, ("device",))).evaluate(
+    again = _evaluator(tmp_path, device, budget, study=study).evaluate(
         {"num_patches_per_iter": true_max + 1}, ("train",))
     assert not again.feasible and again.reused
     assert len(device.calls) == calls
@@ -182,10 +192,10 @@ def test_resume_reuses_measured_points(tmp_path) -> None:
     limit = 2048 * MiB
     budget = int(limit * 0.9)
     device = SimulatedDevice(limit, est_error=-0.2)
-    first = run_fast(Evaluator(_study(tmp_path), device, budget, distributions(SPEC, ("device",))), SPEC,
+    first = run_fast(_evaluator(tmp_path, device, budget), SPEC,
                      ("device",), device.memory_model("train", {}), lambda n, vd: None)
     calls = len(device.calls)
-    again = run_fast(Evaluator(_study(tmp_path), device, budget, distributions(SPEC, ("device",))), SPEC,
+    again = run_fast(_evaluator(tmp_path, device, budget), SPEC,
                      ("device",), device.memory_model("train", {}), lambda n, vd: None)
     assert len(device.calls) == calls, "a rerun on the same study probes nothing new"
     assert again.num_patches_per_iter == first.num_patches_per_iter
@@ -197,9 +207,9 @@ def test_tpe_baseline_uses_its_budget_and_picks_a_feasible_point(tmp_path) -> No
     budget = int(limit * 0.9)
     device = SimulatedDevice(limit)
     spec = AlgoSpec(num_trials=12, patches_range=(1, 64), sw_range=(1, 64))
-    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'tpe.db'}", direction="maximize",
+    study = optuna.create_study(storage=_storage(tmp_path), direction="maximize",
                                 sampler=optuna.samplers.TPESampler(seed=0, n_startup_trials=6))
-    evaluator = Evaluator(study, device, budget, distributions(spec, ("device",)))
+    evaluator = _evaluator(tmp_path, device, budget, spec=spec, study=study)
     outcome = run_tpe(evaluator, spec, ("device",))
     assert len(study.get_trials()) == 12
     if outcome.num_patches_per_iter is not None:
@@ -216,7 +226,7 @@ def test_flat_memory_does_not_walk_one_step_at_a_time(tmp_path) -> None:
     device = SimulatedDevice(limit)
     device.per_window = 1  # flat: the sliding window never sets the peak
     device.sw_base = 0
-    evaluator = Evaluator(_study(tmp_path), device, budget, distributions(SPEC, ("device",)))
+    evaluator = _evaluator(tmp_path, device, budget)
     # an estimator that wrongly believes each window costs 11 MiB on top of the training peak
     wrong = LinearModel(device.train_peak(40), 11 * MiB)
     best, evals = find_max_feasible(
@@ -229,7 +239,7 @@ def test_flat_memory_does_not_walk_one_step_at_a_time(tmp_path) -> None:
 def test_window_cap_limits_the_sliding_window_range(tmp_path) -> None:
     limit = 2048 * MiB
     device = SimulatedDevice(limit)
-    evaluator = Evaluator(_study(tmp_path), device, int(limit * 0.9), distributions(SPEC, ("device",)))
+    evaluator = _evaluator(tmp_path, device, int(limit * 0.9))
     capped = LinearModel(device.base + device.sw_base, device.per_window, cap=6)
     outcome = run_fast(evaluator, SPEC, ("device",), device.memory_model("train", {}), lambda n, vd: capped)
     assert outcome.num_sw_batch_size == 6, "no batch larger than the number of windows"

@@ -3,14 +3,16 @@
 - workers started together on an empty database all open it (no table-creation race);
 - four workers, one tuning key: one searches, the others wait for its result; no point is
   evaluated twice, none is lost, every bundle gets the same values;
-- the same with the searching worker SIGKILLed halfway: another takes over once its claim is
-  stale, its RUNNING trial is failed as stale, nothing finished is lost, same values;
+- the same with the searching worker SIGKILLed halfway: another takes over once the killed
+  worker is not live (same host: its process is gone), its RUNNING trial is failed as stale,
+  nothing finished is lost, same values;
 - one worker SIGKILLed, then started again: the rerun resumes from the study;
 - four TPE workers with real probes share one study point by point: each point probed once.
 
 The estimate strategy (no probe children) keeps the first ones quick; the values are checked
 against an in-process run of the same search on SQLite. ``AUTOTUNE_CLAIM_STALE_SECONDS``
-shortens the claim takeover from 60 s to a few seconds.
+shortens the liveness grace from 60 s to a few seconds. A hung worker is
+``tests/test_liveness.py``.
 """
 
 from __future__ import annotations
@@ -120,10 +122,13 @@ def _prepare(url: str) -> None:
     """Create the tables once, so these tests see the workers, not the empty-database race
     (which ``test_workers_started_together_on_an_empty_database`` covers)."""
     from autotune.search.claims import ClaimStore
+    from autotune.search.liveness import Liveness
     from autotune.search.study import open_storage
 
     open_storage(url).engine.dispose()
-    ClaimStore(url, "test:0").close()
+    liveness = Liveness(url, "test:0")
+    ClaimStore(liveness)
+    liveness.close()
 
 
 def _trials(storage: optuna.storages.RDBStorage) -> list[optuna.trial.FrozenTrial]:
@@ -132,7 +137,7 @@ def _trials(storage: optuna.storages.RDBStorage) -> list[optuna.trial.FrozenTria
     assert len(studies) <= 1, "one tuning key, one study"
     if not studies:
         return []
-    return storage.get_all_trials(studies[0]._study_id, deepcopy=False)
+    return storage.get_all_trials(storage.get_study_id_from_name(studies[0].study_name), deepcopy=False)
 
 
 def _check_study(trials: list[optuna.trial.FrozenTrial]) -> None:
@@ -178,10 +183,13 @@ def test_workers_started_together_on_an_empty_database(pg_database_url: str, tmp
     script = (
         "import sys, time\n"
         "from autotune.search.claims import ClaimStore\n"
+        "from autotune.search.liveness import Liveness\n"
         "from autotune.search.study import open_storage\n"
         f"time.sleep(max(0.0, {start_at} - time.time()))\n"
         "open_storage(sys.argv[1]).engine.dispose()\n"
-        "ClaimStore(sys.argv[1], 'w').close()\n"
+        "liveness = Liveness(sys.argv[1], 'w')\n"
+        "ClaimStore(liveness)\n"
+        "liveness.close()\n"
         "print('opened')\n"
     )
     procs = [subprocess.Popen([sys.executable, "-c", script, pg_database_url], stdout=subprocess.PIPE,

@@ -7,24 +7,28 @@ measurement as user attributes, so the dashboard tells the whole story:
 - a crash, kill or timeout is a FAIL trial with ``fail_reason``.
 A point already measured in the study is answered from it (resume, folds, reruns);
 a point that failed twice is taken as infeasible without a third try.
+Each point is a step of this worker's liveness (``autotune.search.liveness``); a worker
+whose trial was failed as stale meanwhile (it hung past its promise) gets ``TakenOver``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
-import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from autotune.probe.trial import cuda_result_keys
+from autotune.search.liveness import TakenOver, owner_tag
 from autotune.search.objective import trial_value
-from autotune.search.study import owner_tag
+from autotune.search.study import trial_id
 
 if TYPE_CHECKING:  # pragma: no cover
     import optuna
+
+    from autotune.search.claims import ClaimStore
+    from autotune.search.liveness import Liveness
 
 __all__ = ["Prober", "Evaluation", "Evaluator", "point_id", "MAX_FAILURES"]
 
@@ -62,35 +66,6 @@ class Prober(Protocol):
 
     def memory_model(self, phase: str, point: Mapping[str, Any]) -> Any:
         """An affine model ``peak(n)`` with ``predict(n)`` and ``max_fitting(limit)``, or None."""
-
-
-@contextlib.contextmanager
-def _heartbeat(study: optuna.Study, trial: Any) -> Iterator[None]:
-    """Record the trial's heartbeat while its probe runs (RDB storages with heartbeats), so
-    other workers can tell a live trial from one whose worker died."""
-    storage = study._storage
-    if not getattr(storage, "is_heartbeat_enabled", lambda: False)():
-        yield
-        return
-    stop = threading.Event()
-    interval = float(storage.get_heartbeat_interval() or 10)
-
-    def beat() -> None:
-        while True:
-            try:
-                storage.record_heartbeat(trial._trial_id)
-            except Exception:  # a missed beat is retried at the next one
-                pass
-            if stop.wait(interval):
-                return
-
-    thread = threading.Thread(target=beat, name="autotune-trial-heartbeat", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join(timeout=2.0)
 
 
 def point_id(point: Mapping[str, Any], phases: tuple[str, ...]) -> str:
@@ -133,7 +108,10 @@ class Evaluator:
         prober: real probes or estimates.
         budget_bytes: the usable memory: the limit less the margin (and allowances).
         distributions: Optuna distributions of the parameters (for the dashboard's plots).
+        storage: the storage ``study`` was opened on (trials get their parameters through it).
         progress: called with one line per evaluated point.
+        liveness: this worker's heartbeat, told of each step (None: a run nobody watches).
+        claims: point claims when workers share the study (None: alone on it).
     """
 
     def __init__(
@@ -142,13 +120,19 @@ class Evaluator:
         prober: Prober,
         budget_bytes: int,
         distributions: Mapping[str, Any],
+        *,
+        storage: optuna.storages.BaseStorage,
         progress: Callable[[str], None] | None = None,
         label: str = "",
-        claims: Any = None,
+        liveness: Liveness | None = None,
+        claims: ClaimStore | None = None,
         poll_seconds: float = 1.0,
         objective: str = "max-batch",
     ) -> None:
         self.objective = objective
+        self.storage = storage
+        self.liveness = liveness
+        self.owner = liveness.owner if liveness is not None else owner_tag()
         self.claims = claims
         self.poll_seconds = float(poll_seconds)
         self.study = study
@@ -202,6 +186,20 @@ class Evaluator:
                                 "not probed again"}
         return Evaluation(point, phases, "skipped", False, None, 0.0, failed[-1] if failed else None, True, result)
 
+    def wait_for_others(self) -> None:
+        """With workers sharing the study: wait until none of its trials runs, failing those of workers
+        that are not live (each live one finishes within its promise; a hung one is stale a grace later)."""
+        from optuna.trial import TrialState
+
+        live = self.liveness
+        if self.claims is None or live is None:
+            return
+        deadline = time.monotonic() + live.promise + 2 * live.stale_after
+        while time.monotonic() < deadline and self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            live.fail_stale_trials(self.storage, self.study)
+            live.progress()
+            time.sleep(self.poll_seconds)
+
     # -- evaluation --------------------------------------------------------------------
     def evaluate(self, point: Mapping[str, Any], phases: tuple[str, ...], trial: Any = None,
                  repeat: int = 0) -> Evaluation:
@@ -210,17 +208,21 @@ class Evaluator:
         ``trial`` may be a trial already asked (the TPE strategy); otherwise one is made.
         ``repeat`` > 0 asks for a repeated measurement of a point (a point of its own in the study).
         """
-        if trial is None:
-            return self._evaluate(dict(point), phases, None, beating=False, repeat=repeat)
-        # a trial the sampler asked is RUNNING already: mark it as this worker's and keep its heartbeat
-        # while it waits for a point claim too, so a worker killed at any moment leaves a trial that
-        # fail_stale_trials can fail (this host: the owner's pid is gone; any host: the heartbeat expired)
-        trial.set_user_attr("owner", owner_tag())
-        with _heartbeat(self.study, trial):
-            return self._evaluate(dict(point), phases, trial, beating=True)
+        if trial is not None:
+            # a trial the sampler asked is RUNNING already: mark it as this worker's at once, so a worker
+            # that stops at any moment leaves a trial its liveness answers for (autotune.search.liveness)
+            trial.set_user_attr("owner", self.owner)
+        self._step()
+        return self._evaluate(dict(point), phases, trial, repeat)
 
-    def _evaluate(self, point: dict[str, Any], phases: tuple[str, ...], trial: Any, beating: bool,
-                  repeat: int = 0) -> Evaluation:
+    def _step(self) -> None:
+        """Tell the liveness that this worker made a step (it keeps beating for another promise)."""
+        if self.liveness is not None:
+            self.liveness.progress()
+
+    def _evaluate(self, point: dict[str, Any], phases: tuple[str, ...], trial: Any, repeat: int) -> Evaluation:
+        import optuna
+
         pid = point_id(point, phases) + (f"|repeat={repeat}" if repeat else "")
         previous, failures = self._previous(pid)
         claimed = False
@@ -235,6 +237,7 @@ class Evaluator:
                     claimed = False
                 break
             time.sleep(self.poll_seconds)
+            self._step()
             previous, failures = self._previous(pid)
         if previous is not None or failures >= MAX_FAILURES:
             if previous is not None:
@@ -249,29 +252,34 @@ class Evaluator:
 
         if trial is None:
             trial = self.study.ask()
-            storage = self.study._storage
+            trial.set_user_attr("owner", self.owner)
+            stored_id = trial_id(self.storage, self.study, trial.number)
             for name, value in point.items():
                 dist = self.distributions[name]
-                storage.set_trial_param(trial._trial_id, name, dist.to_internal_repr(value), dist)
+                self.storage.set_trial_param(stored_id, name, dist.to_internal_repr(value), dist)
         trial.set_user_attr("point_id", pid)
         trial.set_user_attr("phases", list(phases))
         if repeat:
             trial.set_user_attr("repeat", repeat)
-        trial.set_user_attr("owner", owner_tag())
         trial.set_user_attr("kind", "probe" if self.prober.measured else "estimate")
         trial.set_user_attr("budget_bytes", self.budget_bytes)
         started = time.perf_counter()
         try:
-            with contextlib.nullcontext() if beating else _heartbeat(self.study, trial):
-                result = self.prober.probe(point, phases)
-        except BaseException:
+            result = self.prober.probe(point, phases)
+            self._step()  # the probe came back (the runner bounds it by its timeout, the promise)
+            result.setdefault("wall_seconds", time.perf_counter() - started)
+            if self.prober.measured:
+                self.probes += 1
+            evaluation = self._tell(trial, result, phases, point)
+        except BaseException as exc:
             if claimed:
                 self.claims.release(self.study.study_name, "point:" + pid)
+            if isinstance(exc, optuna.exceptions.UpdateFinishedTrialError):
+                raise TakenOver(
+                    f"trial #{trial.number} of {self.study.study_name} was failed as stale while this worker was on "
+                    "it (no progress within its promise and the grace); another worker takes the work over"
+                ) from exc
             raise
-        result.setdefault("wall_seconds", time.perf_counter() - started)
-        if self.prober.measured:
-            self.probes += 1
-        evaluation = self._tell(trial, result, phases, point)
         if claimed:
             self.claims.release(self.study.study_name, "point:" + pid, done=not evaluation.failed)
         self._report(evaluation, phases, reused=False)

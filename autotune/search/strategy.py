@@ -125,8 +125,6 @@ def run_fast(
 def run_tpe(evaluator: Evaluator, spec: Any, validation_devices: tuple[str, ...], seed: int = 0,
             objective: str = DEFAULT_OBJECTIVE) -> SearchOutcome:
     """The Auto3DSeg-style baseline: ``spec.num_trials`` TPE trials, each probing both phases."""
-    import time
-
     from optuna.trial import TrialState
 
     study = evaluator.study
@@ -141,18 +139,7 @@ def run_tpe(evaluator: Evaluator, spec: Any, validation_devices: tuple[str, ...]
             "validation_device": trial.params["validation_device"],
         }
         evaluations.append(evaluator.evaluate(point, ("train", "infer"), trial=trial))
-    # every worker chooses from the same trials: wait until none is running (a dead worker's
-    # trial goes FAIL through its heartbeat or the stale sweep)
-    from autotune.search.study import UNCLAIMED_AFTER, fail_stale_trials
-
-    deadline = time.monotonic() + 2 * UNCLAIMED_AFTER
-    while (
-        evaluator.claims is not None
-        and time.monotonic() < deadline
-        and study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-    ):
-        fail_stale_trials(study)
-        time.sleep(1.0)
+    evaluator.wait_for_others()  # every worker chooses from the same trials
     # the answer comes from every trial of the study, including those of an earlier run
     all_evals = [
         Evaluation(

@@ -8,11 +8,9 @@ storage is an SQLite file under ``studies/`` (no server); any SQLAlchemy URL wor
 
 from __future__ import annotations
 
-import datetime as _dt
 import hashlib
 import json
 import os
-import socket
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
@@ -33,14 +31,10 @@ __all__ = [
     "device_info",
     "make_key",
     "open_study",
-    "fail_stale_trials",
-    "owner_tag",
+    "trial_id",
 ]
 
 STORAGE_ENV = "AUTOTUNE_STORAGE"
-HEARTBEAT_INTERVAL = 10
-GRACE_PERIOD = 30
-UNCLAIMED_AFTER = 120.0  # seconds a RUNNING trial may stay without an owner tag
 
 
 def default_storage_url() -> str:
@@ -67,19 +61,20 @@ def redact_url(url: str) -> str:
 
 
 def quiet_optuna() -> None:
-    """Keep Optuna's INFO lines and its experimental-feature warnings (heartbeats used with
-    ask/tell, which autotune records itself) out of the progress output."""
+    """Keep Optuna's INFO lines and its experimental-feature warnings out of the progress output."""
     import warnings
 
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-    warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used", category=UserWarning)
 
 
-def open_storage(url: str | None = None, heartbeat: bool = True) -> optuna.storages.BaseStorage:
-    """Open (and create) the Optuna RDB storage at ``url`` with trial heartbeats.
+def open_storage(url: str | None = None, heartbeat: bool = False) -> optuna.storages.BaseStorage:
+    """Open (and create) the Optuna RDB storage at ``url``.
+
+    ``heartbeat`` is accepted for older callers and has no effect: autotune does not use
+    Optuna's trial heartbeats (a worker's liveness is ``autotune.search.liveness``).
 
     Raises:
         StorageError: the URL is malformed, its driver is missing, or the database is
@@ -104,12 +99,7 @@ def open_storage(url: str | None = None, heartbeat: bool = True) -> optuna.stora
     try:
         for attempt in range(4):
             try:
-                return optuna.storages.RDBStorage(
-                    url,
-                    engine_kwargs=engine_kwargs,
-                    heartbeat_interval=HEARTBEAT_INTERVAL if heartbeat else None,
-                    grace_period=GRACE_PERIOD if heartbeat else None,
-                )
+                return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
             except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError):
                 # workers started together on an empty database race to create the tables
                 if attempt == 3:
@@ -236,56 +226,6 @@ def open_study(
     return study
 
 
-def owner_tag() -> str:
-    """``host:pid`` of this process, recorded on each trial it runs."""
-    return f"{socket.gethostname()}:{os.getpid()}"
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def fail_stale_trials(study: optuna.Study) -> list[int]:
-    """Mark RUNNING trials whose worker is gone as FAIL (with ``fail_reason``); return their numbers.
-
-    A trial is stale when its heartbeat expired (RDB heartbeat: a worker on any host), or
-    when it was run by a process on this host that no longer exists (a killed run).
-    Several workers may sweep at once: a trial another sweep failed first is skipped.
-    """
-    import optuna
-    from optuna.trial import TrialState
-
-    storage = study._storage
-    expired: set[int] = set()
-    if getattr(storage, "is_heartbeat_enabled", lambda: False)():
-        expired = set(storage._get_stale_trial_ids(study._study_id))
-    host = socket.gethostname()
-    failed: list[int] = []
-    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        owner = str(trial.user_attrs.get("owner", ""))
-        owner_host, _, pid = owner.rpartition(":")
-        reason = None
-        if trial._trial_id in expired:
-            reason = f"stale: heartbeat expired (worker {owner or 'unknown'})"
-        elif owner_host == host and pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
-            reason = f"stale: worker {owner} is gone"
-        elif not owner and trial.datetime_start is not None and (
-            _dt.datetime.now() - trial.datetime_start
-        ).total_seconds() > UNCLAIMED_AFTER:
-            # asked by a worker that died before it could tag the trial: no owner, no heartbeat
-            reason = f"stale: no worker took this trial within {UNCLAIMED_AFTER:.0f} s"
-        if reason is None:
-            continue
-        try:
-            storage.set_trial_user_attr(trial._trial_id, "fail_reason", reason)
-            if storage.set_trial_state_values(trial._trial_id, TrialState.FAIL):
-                failed.append(trial.number)
-        except optuna.exceptions.UpdateFinishedTrialError:
-            pass  # another worker's sweep failed it first
-    return failed
+def trial_id(storage: optuna.storages.BaseStorage, study: optuna.Study, number: int) -> int:
+    """The storage's id of trial ``number`` of ``study`` (what ``BaseStorage`` methods take)."""
+    return storage.get_trial_id_from_study_id_trial_number(storage.get_study_id_from_name(study.study_name), number)
