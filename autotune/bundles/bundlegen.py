@@ -92,8 +92,8 @@ class BundleGen:
         data_src_cfg_name: the data source config (``data_src.yaml`` from ``analyze``, or an
             Auto3DSeg ``input.yaml``).
         tuner: what ``generate(gpu_customization=True)`` calls with the bundle folders, the specs
-            and the extra keyword arguments. This package does not tune (the tuner lives above it,
-            in ``autotune.search``): ``autotune.BundleGen`` sets ``autotune.tune`` here.
+            and the extra keyword arguments. This package does not tune (``autotune.search``
+            imports it): ``autotune.BundleGen`` is this class with ``autotune.tune`` as its tuner.
 
     Raises:
         ConfigError: an unknown algorithm (the valid names are listed) or a missing file.
