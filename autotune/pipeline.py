@@ -16,7 +16,7 @@ arguments, call these and print. This module sits above ``autotune.bundles`` and
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict, cast
@@ -141,6 +141,7 @@ def run(
     max_time: float | str | None = None,
     folds: Collection[int] | None = None,
     progress: Progress | None = stderr_lines,
+    on_tuned: Callable[[list[dict[str, Any]], Path], None] | None = None,
     **options: Unpack[RunOptions],
 ) -> RunResult:
     """The whole job: analyse, generate, tune, write ``autotune_summary.json``; with ``train``, train.
@@ -157,6 +158,8 @@ def run(
         max_time: time budget per bundle: seconds or a duration such as ``"30m"`` (checked first).
         folds: which folds to train (default all generated).
         progress: called with one line per step; None for silence (and no progress bars).
+        on_tuned: called with the tuning records and the summary path when tuning ends, before
+            any training (the CLI prints its table there).
         **options: ``generate``'s (``algos``, ``num_fold``, ``templates``, ``overrides``) and
             ``tune``'s keyword arguments (``device``, ``memory_limit``, ``storage``, ``strategy``,
             ``objective``, ``margin``, ``timeout``, ``target_gpu``, ...).
@@ -183,6 +186,8 @@ def run(
     records = tune([b["path"] for b in bundles], specs, summary_path=summary_path, progress=progress,
                    **cast(TuneOptions, options))
     result = RunResult(work, bundles, records, summary_path)
+    if on_tuned is not None:
+        on_tuned(records, summary_path)
     if train:
         say("[3/3] training the tuned bundles")
         for bundle in bundles:

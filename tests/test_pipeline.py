@@ -26,7 +26,8 @@ def ran(demo_data: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, 
     storage = f"sqlite:///{root / 'studies.db'}"
     lines: list[str] = []
     result = autotune.run(demo_data, root / "w", num_fold=2, storage=storage, train=True, epochs=1, folds={1},
-                          progress=lines.append, **OPTIONS)
+                          progress=lines.append, on_tuned=lambda records, path: lines.append(f"tuned {len(records)} {path}"),
+                          **OPTIONS)
     return {"result": result, "work": root / "w", "storage": storage, "lines": lines}
 
 
@@ -41,7 +42,11 @@ def test_run_returns_the_tuned_bundles_and_their_records(ran: dict[str, Any]) ->
         tuning = load_bundle_config(record["bundle"])["tuning"]
         assert record["status"] == "tuned" and tuning["method"] == "estimated"
         assert tuning["num_patches_per_iter"] == record["num_patches_per_iter"] >= 1
-    assert ran["lines"][0].startswith("[1/3] analysing") and "[3/3] training the tuned bundles" in ran["lines"]
+    lines = ran["lines"]
+    assert lines[0].startswith("[1/3] analysing")
+    # on_tuned comes once, when tuning ends and before training starts
+    assert [line for line in lines if line.startswith("tuned ")] == [f"tuned 2 {result.summary_path}"]
+    assert lines.index(f"tuned 2 {result.summary_path}") < lines.index("[3/3] training the tuned bundles")
 
 
 def test_run_trains_only_the_folds_asked(ran: dict[str, Any]) -> None:

@@ -146,9 +146,11 @@ def run_run(args: argparse.Namespace) -> int:
             folds = {int(f) for f in args.folds.split(",") if f.strip()}
         except ValueError as exc:
             raise SpecError(f"--folds must be comma-separated integers, got {args.folds!r}") from exc
-    result = run(args.input, args.work_dir, train=args.train, epochs=args.epochs, max_time=args.max_time, folds=folds,
-                 **generation_options(args), **tuning_options(args))
-    return _report(result.tuning, result.summary_path)
+    codes: list[int] = []  # the table is printed when tuning ends, before any training
+    run(args.input, args.work_dir, train=args.train, epochs=args.epochs, max_time=args.max_time, folds=folds,
+        on_tuned=lambda records, summary: codes.append(_report(records, summary)),
+        **generation_options(args), **tuning_options(args))
+    return codes[0]
 
 
 def run_worker(args: argparse.Namespace) -> int:
