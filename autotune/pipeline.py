@@ -174,6 +174,9 @@ def run(
     from autotune.train.runner import parse_duration
     from autotune.train.runner import train as train_bundle
 
+    unknown = sorted(set(options) - RunOptions.__optional_keys__)
+    if unknown:  # before the analysis, not after it when tune() would refuse them
+        raise TypeError(f"run() got unexpected keyword arguments: {', '.join(unknown)}")
     say = progress or _quiet
     seconds = parse_duration(max_time) if max_time is not None else None
     device = options["device"] = resolve_device(options.get("device", "auto"))

@@ -81,6 +81,12 @@ def test_run_refuses_bad_arguments_before_any_work(demo_data: Path, tmp_path: Pa
     assert not (tmp_path / "w").exists()
 
 
+def test_run_refuses_an_unknown_keyword_before_any_work(demo_data: Path, tmp_path: Path) -> None:
+    with pytest.raises(TypeError, match="memroy_limit"):
+        autotune.run(demo_data, tmp_path / "w", memroy_limit="8GiB", progress=None)  # type: ignore[call-arg]
+    assert not (tmp_path / "w").exists()
+
+
 def test_cli_run_bad_folds_is_one_line_exit_2(demo_data: Path, tmp_path: Path, capsys) -> None:
     code = main(["run", "--input", str(demo_data), "--work-dir", str(tmp_path / "w"), "--folds", "one", "--quiet"])
     err = capsys.readouterr().err.strip()
