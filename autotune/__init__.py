@@ -1,5 +1,8 @@
 """autotune: generate, tune and train MONAI 3D segmentation bundles for the GPU you have.
 
+Every stage is a function: ``analyze``, ``generate``, ``tune``, ``verify``, ``train``,
+``infer``; ``run`` does the whole job (see ``autotune.pipeline``).
+
 The public API is what ``__all__`` lists; names are loaded lazily so that importing
 ``autotune`` (and running ``autotune --help``) does not import torch.
 """
@@ -26,8 +29,17 @@ _EXPORTS: dict[str, str] = {
     "DataSource": "autotune.data.datalist",
     "analyze": "autotune.data",
     "make_demo_dataset": "autotune.data.synthetic",
-    # bundles
-    "BundleGen": "autotune.bundles.bundlegen",
+    # the stages as functions, and the whole job (run)
+    "run": "autotune.pipeline",
+    "RunResult": "autotune.pipeline",
+    "generate": "autotune.pipeline",
+    "tune": "autotune.tuning",
+    "tune_worker": "autotune.tuning",
+    "verify": "autotune.tuning",
+    "find_bundles": "autotune.tuning",
+    "load_specs": "autotune.tuning",
+    # bundles (BundleGen tunes with gpu_customization=True, so it is assembled in the pipeline)
+    "BundleGen": "autotune.pipeline",
     "AutotuneAlgo": "autotune.bundles.algo",
     "load_overrides": "autotune.bundles.templates",
     "load_bundle_config": "autotune.bundles.config",

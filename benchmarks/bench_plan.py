@@ -65,7 +65,7 @@ def main() -> int:
     parser.add_argument("--out", default="benchmarks/results/plan.json")
     args = parser.parse_args()
 
-    from autotune.commands.bundles import load_overrides
+    from autotune.bundles.templates import load_overrides
     from autotune.search.targets import resolve_target
     from autotune.search.tune import tune_bundles
 

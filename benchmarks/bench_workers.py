@@ -104,7 +104,7 @@ def worker_main(args: argparse.Namespace) -> int:
 # -- the harness ----------------------------------------------------------------------
 def make_bundle(root: Path) -> Path:
     from autotune.bundles.bundlegen import BundleGen
-    from autotune.commands.bundles import load_overrides
+    from autotune.bundles.templates import load_overrides
     from autotune.data.analyze import analyze
     from autotune.data.synthetic import make_demo_dataset
 

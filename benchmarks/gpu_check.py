@@ -210,7 +210,7 @@ def generate(check: Check, name: str, source: Path, algos: tuple[str, ...]) -> d
     res = analyze(str(source), str(work), num_fold=1)
     gen = BundleGen(str(work), algos=list(algos), data_stats_filename=res.datastats, data_src_cfg_name=res.data_src)
     if check.dry_run:
-        from autotune.commands.bundles import load_overrides
+        from autotune.bundles.templates import load_overrides
 
         gen.generate(str(work), num_fold=1, overrides=load_overrides("tiny"))
     else:

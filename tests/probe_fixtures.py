@@ -22,7 +22,7 @@ def make_tiny_bundles(tmp_path: str | Path, algos: Sequence[str] = ALGOS) -> dic
     Takes a few seconds (the data analysis); use it from a session- or module-scoped fixture.
     """
     from autotune.bundles.bundlegen import BundleGen
-    from autotune.commands.bundles import load_overrides
+    from autotune.bundles.templates import load_overrides
     from autotune.data import analyze, make_demo_dataset
 
     root = Path(tmp_path)

@@ -148,7 +148,7 @@ def test_default_range_is_capped_and_explicit_range_warns(bundles: dict[str, Pat
 
 def test_overridden_learning_rate_is_the_new_reference(demo_data: Path, tmp_path: Path) -> None:
     from autotune.bundles.bundlegen import BundleGen
-    from autotune.commands.bundles import load_overrides
+    from autotune.bundles.templates import load_overrides
     from autotune.data.analyze import analyze
 
     res = analyze(demo_data, tmp_path, num_fold=2, progress=False)

@@ -10,9 +10,8 @@ import yaml
 
 from autotune.bundles.bundlegen import BundleGen
 from autotune.bundles.config import load_bundle_config
-from autotune.bundles.templates import list_templates, load_template
+from autotune.bundles.templates import list_templates, load_overrides, load_template
 from autotune.cli import main
-from autotune.commands.bundles import load_overrides
 from autotune.data.analyze import analyze
 from autotune.errors import ConfigError
 

@@ -124,7 +124,7 @@ def tuned_study(tmp_path_factory: pytest.TempPathFactory) -> TunedStudy:
         bundle = make_tiny_bundles(root, algos=("unet",))["unet"]
     else:
         from autotune.bundles.bundlegen import BundleGen
-        from autotune.commands.bundles import load_overrides
+        from autotune.bundles.templates import load_overrides
         from autotune.data.analyze import analyze
         from autotune.data.synthetic import make_demo_dataset
 

@@ -1,7 +1,10 @@
-"""The wheel carries what a non-editable install needs: the templates, the presets, the calibrations folder."""
+"""The wheel carries what a non-editable install needs: the templates, the presets, the calibrations folder;
+installed alone in a fresh virtual environment, it generates bundles from its own templates."""
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 import zipfile
@@ -10,16 +13,23 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+ALGOS = ("segresnet", "dints", "unet")
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                           str(out), str(ROOT)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    [built] = out.glob("autotune-*.whl")
+    return built
 
 
 @pytest.mark.slow
-def test_wheel_ships_templates_and_finds_them_in_the_package(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
-                           str(tmp_path), str(ROOT)], capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    [wheel] = tmp_path.glob("autotune-*.whl")
+def test_wheel_ships_templates_and_finds_them_in_the_package(wheel: Path, tmp_path: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
-    for algo in ("segresnet", "dints", "unet"):
+    for algo in ALGOS:
         assert f"autotune/algorithm_templates/{algo}/template.yaml" in names
     assert "autotune/algorithm_templates/presets/tiny.yaml" in names
     # installed from the wheel alone (no checkout beside it), the registry lists every template
@@ -34,3 +44,38 @@ def test_wheel_ships_templates_and_finds_them_in_the_package(tmp_path: Path) -> 
     path, templates, presets = out.stdout.split()
     assert path.startswith(str(target))
     assert templates == "dints,segresnet,unet" and presets == "tiny"
+
+
+@pytest.mark.slow
+def test_wheel_generates_bundles_in_a_fresh_venv(wheel: Path, tmp_path: Path) -> None:
+    """A venv that sees torch and MONAI (system site packages) but neither the checkout nor its editable
+    install: the wheel's ``autotune`` command writes every algorithm's bundle from the wheel's templates."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True,
+                   timeout=120)
+    python, autotune = venv / "bin" / "python", venv / "bin" / "autotune"
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+    cwd = tmp_path / "elsewhere"
+    cwd.mkdir()
+
+    def call(*argv: str | Path) -> str:
+        proc = subprocess.run([str(a) for a in argv], capture_output=True, text=True, cwd=cwd, env=env, timeout=300)
+        assert proc.returncode == 0, f"{argv}: {proc.stderr[-2000:]}"
+        return proc.stdout
+
+    # --ignore-installed: the interpreter's own site packages hold the editable install of the same version
+    call(python, "-m", "pip", "install", "--no-deps", "--ignore-installed", "-q", wheel)
+    [package_file, templates] = call(python, "-c", "import autotune.bundles.templates as t; "
+                                     "print(t.__file__); print(t.default_templates_path())").split()
+    assert Path(package_file).is_relative_to(venv) and Path(templates).is_relative_to(venv)
+
+    input_yaml = call(autotune, "demo-data", "data", "--cases", "4", "--size", "24").strip()
+    out = call(autotune, "generate", "--input", input_yaml, "--work-dir", "work", "--num-fold", "1",
+               "--overrides", "tiny")
+    assert "3 bundles in" in out
+    for algo in ALGOS:
+        bundle = cwd / "work" / f"{algo}_0"
+        meta = json.loads((bundle / "bundle.json").read_text())
+        assert meta["template"] == algo and Path(meta["template_path"]).is_relative_to(venv)
+        config = (bundle / "configs" / "hyper_parameters.yaml").read_text()
+        assert f"algo: {algo}" in config and "roi_size" in config

@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 def make_bundles(data: Path, work: Path, algos: str = "segresnet", num_fold: int = 2) -> dict[str, Path]:
     """Analyse ``data`` and generate tiny-preset bundles; returns {identifier: folder}."""
     from autotune.bundles.bundlegen import BundleGen
-    from autotune.commands.bundles import load_overrides
+    from autotune.bundles.templates import load_overrides
     from autotune.data.analyze import analyze
 
     result = analyze(data, work, num_fold=num_fold, progress=False)

@@ -13,10 +13,10 @@ from pathlib import Path
 import optuna
 import pytest
 
-from autotune.bundles.bundlegen import BundleGen
+from autotune import BundleGen
 from autotune.bundles.config import load_bundle_config
+from autotune.bundles.templates import load_overrides
 from autotune.cli import main
-from autotune.commands.bundles import load_overrides
 from autotune.data.analyze import analyze
 from autotune.search.tune import tune_bundles
 

@@ -6,6 +6,10 @@ Shaped like MONAI's ``monai.apps.auto3dseg.BundleGen``:
     gen.generate(work_dir, num_fold=5, gpu_customization=True, gpu_customization_specs={...})
     gen.get_bundles()
 
+``gpu_customization`` calls the generator's tuner; this package has none of its own
+(``autotune.search`` imports this package, not the other way round): ``autotune.BundleGen``
+is this class with ``autotune.tune`` as its tuner.
+
 A bundle is a folder ``<algo>_<fold>/`` holding ``configs/hyper_parameters.yaml``
 (plain data, filled from the stats), ``bundle.json`` (template name and version,
 the datastats hash, the fold) and ``scripts/infer.py`` (MONAI's ``InferClass`` entry,
@@ -25,7 +29,7 @@ import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +37,7 @@ from autotune import __version__
 from autotune.bundles.config import CONFIG_RELPATH, check_bundle_config
 from autotune.bundles.render import render_config
 from autotune.bundles.templates import list_templates, load_overrides, load_template
-from autotune.errors import ConfigError, SpecError
+from autotune.errors import ConfigError
 from autotune.utils import (
     atomic_write_json,
     atomic_write_text,
@@ -43,9 +47,11 @@ from autotune.utils import (
     read_yaml,
 )
 
-__all__ = ["BundleGen", "BUNDLE_META", "parse_algos"]
+__all__ = ["BundleGen", "BUNDLE_META", "Tuner", "parse_algos"]
 
 log = logging.getLogger(__name__)
+# tuner(bundle folders, gpu_customization_specs (a mapping, a YAML file or None), **options) -> one record per bundle
+Tuner = Callable[..., list[dict[str, Any]]]
 BUNDLE_META = "bundle.json"
 INFER_SCRIPT = Path("scripts") / "infer.py"
 # What MONAI's BundleAlgo.get_inferer and AlgoEnsembleBuilder look for in a bundle.
@@ -85,10 +91,15 @@ class BundleGen:
         data_stats_filename: the ``datastats.yaml`` written by ``autotune analyze``.
         data_src_cfg_name: the data source config (``data_src.yaml`` from ``analyze``, or an
             Auto3DSeg ``input.yaml``).
+        tuner: what ``generate(gpu_customization=True)`` calls with the bundle folders, the specs
+            and the extra keyword arguments. This package does not tune (``autotune.search``
+            imports it): ``autotune.BundleGen`` is this class with ``autotune.tune`` as its tuner.
 
     Raises:
         ConfigError: an unknown algorithm (the valid names are listed) or a missing file.
     """
+
+    tuner: Tuner | None = None
 
     def __init__(
         self,
@@ -97,7 +108,10 @@ class BundleGen:
         templates_path: str | os.PathLike[str] | None = None,
         data_stats_filename: str | os.PathLike[str] | None = None,
         data_src_cfg_name: str | os.PathLike[str] | None = None,
+        tuner: Tuner | None = None,
     ) -> None:
+        if tuner is not None:
+            self.tuner = tuner
         self.algo_path = expand_path(algo_path).resolve()
         self.templates_path = templates_path
         self.algos = parse_algos(algos, list_templates(templates_path))
@@ -147,13 +161,14 @@ class BundleGen:
             num_fold: folds 0..num_fold-1 get a bundle each.
             gpu_customization: run the tuner on the generated bundles (one study per
                 tuning key, so folds share one search).
+                Raises ConfigError where this BundleGen has no tuner.
             gpu_customization_specs: Auto3DSeg-style specs (``universal`` or per algorithm:
                 ``num_trials``, ``range_num_images_per_batch``, ``range_num_sw_batch_size``), as a
                 mapping or a YAML file (as ``--specs`` takes them).
             overrides: plain data merged into every config, as a mapping, a preset name
                 (``"tiny"``) or a YAML file, as ``--overrides`` takes them; a key naming an
                 algorithm (e.g. ``{"dints": {...}}``) applies to that algorithm only.
-            **tune_kwargs: passed to ``autotune.search.tune_bundles`` (device, memory_limit,
+            **tune_kwargs: passed to the tuner (for ``autotune.tune``: device, memory_limit,
                 storage, strategy, ...).
 
         Returns:
@@ -161,6 +176,11 @@ class BundleGen:
         """
         if not isinstance(num_fold, int) or isinstance(num_fold, bool) or num_fold < 1:
             raise ConfigError(f"num_fold must be a positive integer, got {num_fold!r}")
+        tuner = self.tuner if gpu_customization else None
+        if gpu_customization and tuner is None:
+            raise ConfigError(
+                "this BundleGen has no tuner for gpu_customization; use autotune.BundleGen, or pass tuner=autotune.tune"
+            )
         out = expand_path(output_folder).resolve() if output_folder else self.algo_path
         stats = read_yaml(self.data_stats_filename, ConfigError)
         if not isinstance(stats, dict):
@@ -197,15 +217,8 @@ class BundleGen:
                 path = self._write_bundle(out / name, cfg, meta)
                 self._bundles.append({"identifier": name, "algo": algo, "fold": fold, "path": str(path)})
                 log.info("generated %s", path)
-        if gpu_customization:
-            from autotune.search.tune import tune_bundles
-
-            specs = gpu_customization_specs
-            if isinstance(specs, (str, os.PathLike)):
-                specs = read_yaml(expand_path(specs, SpecError), SpecError)
-                if specs is not None and not isinstance(specs, Mapping):
-                    raise SpecError(f"{gpu_customization_specs}: specs must be a mapping of 'universal' or algorithm names")
-            tune_bundles([b["path"] for b in self._bundles], specs=specs, **tune_kwargs)
+        if tuner is not None:
+            tuner([b["path"] for b in self._bundles], gpu_customization_specs, **tune_kwargs)
         return self.get_bundles()
 
     @staticmethod

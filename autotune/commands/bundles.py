@@ -1,24 +1,19 @@
-"""``autotune generate``: analyse the data (when needed) and write one bundle per algorithm and fold."""
+"""``autotune generate``: a shim over ``autotune.pipeline.generate``."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
+
+from autotune.commands import add_command, at_least
+
+__all__ = ["register", "add_generate_args", "generation_options"]
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the ``generate`` subcommand."""
-    p = sub.add_parser(
-        "generate",
-        help="write training bundles <algo>_<fold>/ filled from the data stats",
-        description=(
-            "Analyse INPUT into WORK_DIR/datastats.yaml (skipped when unchanged), then write "
-            "WORK_DIR/<algo>_<fold>/configs/hyper_parameters.yaml and bundle.json for every algorithm and fold."
-        ),
-    )
-    add_generate_args(p)
-    p.add_argument("--quiet", action="store_true", help="no progress output")
-    p.set_defaults(func=run_generate)
+    add_command(sub, "generate", run_generate, add_generate_args, quiet="no progress output")
 
 
 def add_generate_args(p: argparse.ArgumentParser) -> None:
@@ -36,39 +31,22 @@ def add_generate_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def load_overrides(path: str | None) -> dict:
-    """Read ``--overrides`` (a preset name or a YAML of plain data) or return {}."""
-    from autotune.bundles.templates import load_overrides as load
-
-    return load(path)
-
-
-def generate_bundles(args: argparse.Namespace) -> list[dict]:
-    """Analyse then generate, as ``generate`` and ``run`` both do; returns the bundles."""
-    from autotune.bundles.bundlegen import BundleGen
-    from autotune.data.analyze import analyze
-    from autotune.errors import SpecError
-
-    if args.num_fold < 1:
-        raise SpecError(f"--num-fold must be at least 1, got {args.num_fold}")
-    work = Path(args.work_dir)
-    overrides = load_overrides(getattr(args, "overrides", None))
-    result = analyze(args.input, work, num_fold=max(args.num_fold, 1), progress=not args.quiet)
-    gen = BundleGen(
-        work,
-        algos=args.algos,
-        templates_path=getattr(args, "templates", None),
-        data_stats_filename=result.datastats,
-        data_src_cfg_name=result.data_src,
-    )
-    return gen.generate(work, num_fold=args.num_fold, overrides=overrides)
+def generation_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The keyword arguments of ``autotune.generate`` (and ``run``) from the options ``add_generate_args`` adds."""
+    at_least("--num-fold", args.num_fold, 1)
+    return {"algos": args.algos, "num_fold": args.num_fold, "templates": args.templates, "overrides": args.overrides}
 
 
 def run_generate(args: argparse.Namespace) -> int:
-    """Handler of ``autotune generate``."""
-    from autotune.bundles.config import load_bundle_config
+    """Write training bundles <algo>_<fold>/ filled from the data stats.
 
-    bundles = generate_bundles(args)
+    Analyse INPUT into WORK_DIR/datastats.yaml (skipped when unchanged), then write
+    WORK_DIR/<algo>_<fold>/configs/hyper_parameters.yaml and bundle.json for every algorithm and fold.
+    """
+    from autotune.bundles.config import load_bundle_config
+    from autotune.pipeline import generate
+
+    bundles = generate(args.input, args.work_dir, progress=not args.quiet, **generation_options(args))
     if not args.quiet:
         print(f"{'bundle':<14} {'network':<10} {'roi_size':<16} {'spacing':<20} {'in':>3} {'out':>4}")
         for b in bundles:

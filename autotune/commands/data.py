@@ -4,47 +4,43 @@ from __future__ import annotations
 
 import argparse
 
+from autotune.commands import add_command, at_least
 from autotune.errors import InputError
 
 __all__ = ["register"]
 
 
+def _analyze_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--input", "-i", required=True, metavar="INPUT",
+                   help="input.yaml, datalist .json, or a Decathlon task folder with dataset.json")
+    p.add_argument("--work-dir", "-w", required=True, metavar="DIR", help="folder for the outputs")
+    p.add_argument("--num-fold", type=int, default=5, metavar="N",
+                   help="folds to assign when the datalist has none (default 5)")
+    p.add_argument("--force", action="store_true", help="analyse again even if datastats.yaml is up to date")
+
+
+def _demo_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("out", metavar="OUT", help="folder to write the dataset into")
+    for flag, default, what in (("--cases", 8, "number of cases"), ("--size", 48, "edge length in voxels, at least 16"),
+                                ("--classes", 2, "foreground classes"), ("--seed", 0, "random seed")):
+        p.add_argument(flag, type=int, default=default, help=f"{what} (default {default})")
+    p.add_argument("--modality", default="MRI", help="MRI or CT (default MRI)")
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the data stage's subcommands to the ``autotune`` parser."""
-    analyze = sub.add_parser(
-        "analyze",
-        help="check a dataset and write datastats.yaml (MONAI Auto3DSeg statistics)",
-        description=(
-            "Load a dataset (input.yaml, datalist .json or Decathlon task folder), check every image and label, "
-            "assign folds, and write datalist.json, data_src.yaml and datastats.yaml into the work dir. "
-            "Does nothing if datastats.yaml is already up to date."
-        ),
-    )
-    analyze.add_argument("--input", "-i", required=True, metavar="INPUT",
-                         help="input.yaml, datalist .json, or a Decathlon task folder with dataset.json")
-    analyze.add_argument("--work-dir", "-w", required=True, metavar="DIR", help="folder for the outputs")
-    analyze.add_argument("--num-fold", type=int, default=5, metavar="N",
-                         help="folds to assign when the datalist has none (default 5)")
-    analyze.add_argument("--force", action="store_true", help="analyse again even if datastats.yaml is up to date")
-    analyze.add_argument("--quiet", "-q", action="store_true", help="no progress output")
-    analyze.set_defaults(func=_run_analyze)
-
-    demo = sub.add_parser(
-        "demo-data",
-        help="write a small synthetic dataset (Decathlon folder, datalist.json and input.yaml)",
-        description="Write a synthetic 3D segmentation dataset of noisy spheres, for demos and tests.",
-    )
-    demo.add_argument("out", metavar="OUT", help="folder to write the dataset into")
-    demo.add_argument("--cases", type=int, default=8, help="number of cases (default 8)")
-    demo.add_argument("--size", type=int, default=48, help="edge length in voxels, at least 16 (default 48)")
-    demo.add_argument("--classes", type=int, default=2, help="foreground classes (default 2)")
-    demo.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    demo.add_argument("--modality", default="MRI", help="MRI or CT (default MRI)")
-    demo.set_defaults(func=_run_demo_data)
+    add_command(sub, "analyze", _run_analyze, _analyze_args, quiet="no progress output")
+    add_command(sub, "demo-data", _run_demo_data, _demo_args)
 
 
 def _run_analyze(args: argparse.Namespace) -> int:
-    _at_least("--num-fold", args.num_fold, 1)
+    """Check a dataset and write datastats.yaml (MONAI Auto3DSeg statistics).
+
+    Load a dataset (input.yaml, datalist .json or Decathlon task folder), check every image and label,
+    assign folds, and write datalist.json, data_src.yaml and datastats.yaml into the work dir. Does
+    nothing if datastats.yaml is already up to date.
+    """
+    at_least("--num-fold", args.num_fold, 1)
     from autotune.data.analyze import analyze
 
     result = analyze(args.input, args.work_dir, num_fold=args.num_fold, force=args.force, progress=not args.quiet)
@@ -59,10 +55,13 @@ def _run_analyze(args: argparse.Namespace) -> int:
 
 
 def _run_demo_data(args: argparse.Namespace) -> int:
-    _at_least("--cases", args.cases, 1)
-    _at_least("--size", args.size, 16)
-    _at_least("--classes", args.classes, 1)
-    _at_least("--seed", args.seed, 0)
+    """Write a small synthetic dataset (Decathlon folder, datalist.json and input.yaml).
+
+    Write a synthetic 3D segmentation dataset of noisy spheres, for demos and tests.
+    """
+    for flag, value, minimum in (("--cases", args.cases, 1), ("--size", args.size, 16),
+                                 ("--classes", args.classes, 1), ("--seed", args.seed, 0)):
+        at_least(flag, value, minimum)
     from autotune.data.datalist import MODALITIES, normalise_modality
     from autotune.data.synthetic import make_demo_dataset
 
@@ -75,8 +74,3 @@ def _run_demo_data(args: argparse.Namespace) -> int:
                             modality=args.modality)
     print(out / "input.yaml")
     return 0
-
-
-def _at_least(flag: str, value: int, minimum: int) -> None:
-    if value < minimum:
-        raise InputError(f"{flag} {value}: must be at least {minimum}")

@@ -15,13 +15,13 @@ from autotune.errors import AutotuneError
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse the arguments and train; returns the exit code."""
-    from autotune.commands.train import add_train_arguments, run_train
+    from autotune.train.options import add_train_arguments, train_from_args
 
     parser = argparse.ArgumentParser(prog="python -m autotune.train", description="Train an autotune bundle.")
     add_train_arguments(parser)
     args = parser.parse_args(argv)
     try:
-        return run_train(args)
+        return train_from_args(args)
     except AutotuneError as exc:
         print(f"autotune train: error: {exc}", file=sys.stderr)
         return int(exc.exit_code)

@@ -1,0 +1,203 @@
+"""The whole job as one library function, ``run``, and the ``generate`` stage.
+
+    import autotune
+
+    result = autotune.run("/data/Task04_Hippocampus", "work", algos="segresnet,dints", num_fold=2,
+                          memory_limit="16GiB")
+    result.tuned_bundles        # bundle folders holding tuned values
+    result.tuning               # one tuning record per bundle (as autotune_summary.json holds)
+
+Each function takes keyword arguments with the CLI's defaults, returns data and raises
+``autotune.errors`` subclasses; the CLI's handlers in ``autotune/commands/`` only parse
+arguments, call these and print. This module sits above ``autotune.bundles`` and
+``autotune.search``: generating and tuning meet here (``BundleGen`` with
+``gpu_customization`` is assembled here), so neither package imports the other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypedDict, cast
+
+from autotune.bundles.bundlegen import BundleGen as _BundleGen
+from autotune.errors import SpecError
+from autotune.tuning import PathLike, Progress, TuneOptions, stderr_lines, tune
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+__all__ = ["BundleGen", "GenerateOptions", "RunOptions", "RunResult", "generate", "run"]
+
+SUMMARY_NAME = "autotune_summary.json"
+_DONE = ("tuned", "unsupported")  # statuses of a bundle the tuner finished with
+
+
+def _quiet(_line: str) -> None:
+    return None
+
+
+class BundleGen(_BundleGen):
+    """MONAI Auto3DSeg's ``BundleGen``: ``generate(..., gpu_customization=True)`` tunes with ``autotune.tune``.
+
+    The same as ``autotune.bundles.bundlegen.BundleGen`` (see there for the arguments) with
+    ``tune`` as its tuner; ``generate``'s extra keyword arguments (``device``, ``memory_limit``,
+    ``storage``, ``strategy``, ``progress``, ...) go to ``tune``.
+    """
+
+    tuner = staticmethod(tune)
+
+
+def generate(
+    input: PathLike,
+    work_dir: PathLike,
+    *,
+    algos: str | Sequence[str] | None = None,
+    num_fold: int = 5,
+    templates: PathLike | None = None,
+    overrides: Mapping[str, Any] | PathLike | None = None,
+    progress: bool = True,
+) -> list[dict[str, Any]]:
+    """Analyse ``input`` into ``work_dir`` (skipped when up to date), then write ``<algo>_<fold>/`` bundles.
+
+    Args:
+        input: an ``input.yaml``, a datalist ``.json`` or a Decathlon task folder.
+        work_dir: where ``datastats.yaml``, ``datalist.json`` and the bundles go.
+        algos: None (every template), a name, a comma-separated string or a list.
+        num_fold: folds 0..num_fold-1 get a bundle each.
+        templates: a folder of ``<algo>/template.yaml`` (default the shipped templates).
+        overrides: a preset name (``"tiny"``), a YAML file or a mapping merged into every config.
+        progress: print what the analysis does (stderr).
+
+    Returns:
+        The bundles: dicts with ``identifier``, ``algo``, ``fold`` and ``path``.
+
+    Raises:
+        InputError / DataError: the dataset is unusable. ConfigError: an unknown algorithm or
+        preset, or a template that does not fit the data. SpecError: a bad ``num_fold``.
+    """
+    from autotune.bundles.templates import load_overrides
+    from autotune.data.analyze import analyze
+
+    if not isinstance(num_fold, int) or isinstance(num_fold, bool) or num_fold < 1:
+        raise SpecError(f"num_fold must be a positive integer, got {num_fold!r}")
+    overrides = load_overrides(overrides)  # a bad preset fails before the analysis
+    analysis = analyze(input, work_dir, num_fold=num_fold, progress=progress)
+    gen = _BundleGen(work_dir, algos=algos, templates_path=templates, data_stats_filename=analysis.datastats,
+                     data_src_cfg_name=analysis.data_src)
+    return gen.generate(work_dir, num_fold=num_fold, overrides=overrides)
+
+
+class GenerateOptions(TypedDict, total=False):
+    """``generate``'s keyword arguments (see there), as ``run`` passes them on."""
+
+    algos: str | Sequence[str] | None
+    num_fold: int
+    templates: PathLike | None
+    overrides: Mapping[str, Any] | PathLike | None
+
+
+class RunOptions(GenerateOptions, TuneOptions, total=False):
+    """``run``'s keyword arguments for ``generate`` and for ``tune``."""
+
+
+@dataclass
+class RunResult:
+    """What ``run`` did.
+
+    Attributes:
+        work_dir: the work folder (``datastats.yaml``, ``datalist.json``, the bundles).
+        bundles: the generated bundles (``identifier``, ``algo``, ``fold``, ``path``).
+        tuning: one tuning record per bundle, as ``summary_path`` holds them.
+        summary_path: ``<work_dir>/autotune_summary.json``.
+        trained: identifier -> training summary (``best_metric``, ``model_dir``, ...) of each trained bundle.
+    """
+
+    work_dir: Path
+    bundles: list[dict[str, Any]]
+    tuning: list[dict[str, Any]]
+    summary_path: Path
+    trained: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        """Every bundle tuned (or its template does not support tuning)."""
+        return all(record.get("status") in _DONE for record in self.tuning)
+
+    @property
+    def tuned_bundles(self) -> list[str]:
+        """The bundle folders that hold tuned values."""
+        return [str(record["bundle"]) for record in self.tuning if record.get("status") == "tuned"]
+
+
+def run(
+    input: PathLike,
+    work_dir: PathLike,
+    *,
+    specs: Mapping[str, Any] | PathLike | None = None,
+    train: bool = False,
+    epochs: int | None = None,
+    max_time: float | str | None = None,
+    folds: Collection[int] | None = None,
+    progress: Progress | None = stderr_lines,
+    on_tuned: Callable[[list[dict[str, Any]], Path], None] | None = None,
+    **options: Unpack[RunOptions],
+) -> RunResult:
+    """The whole job: analyse, generate, tune, write ``autotune_summary.json``; with ``train``, train.
+
+    Rerunning resumes: an up-to-date analysis is skipped and finished tuning points are read
+    back from the storage.
+
+    Args:
+        input: an ``input.yaml``, a datalist ``.json`` or a Decathlon task folder.
+        work_dir: where the analysis, the bundles and ``autotune_summary.json`` go.
+        specs: the tuning specs, as ``tune`` takes them.
+        train: train the bundles after tuning (on the tuning device).
+        epochs: epochs per bundle (default the config's ``num_epochs``).
+        max_time: time budget per bundle: seconds or a duration such as ``"30m"`` (checked first).
+        folds: which folds to train (default all generated).
+        progress: called with one line per step; None for silence (and no progress bars).
+        on_tuned: called with the tuning records and the summary path when tuning ends, before
+            any training (the CLI prints its table there).
+        **options: ``generate``'s (``algos``, ``num_fold``, ``templates``, ``overrides``) and
+            ``tune``'s keyword arguments (``device``, ``memory_limit``, ``storage``, ``strategy``,
+            ``objective``, ``margin``, ``timeout``, ``target_gpu``, ...).
+
+    Returns:
+        A ``RunResult``: the bundles, their tuning records and, with ``train``, the training summaries.
+
+    Raises:
+        What ``generate``, ``tune`` and ``autotune.train`` raise (all ``AutotuneError``).
+    """
+    from autotune.device import resolve_device
+    from autotune.train.runner import parse_duration
+    from autotune.train.runner import train as train_bundle
+
+    unknown = sorted(set(options) - RunOptions.__optional_keys__)
+    if unknown:  # before the analysis, not after it when tune() would refuse them
+        raise TypeError(f"run() got unexpected keyword arguments: {', '.join(unknown)}")
+    say = progress or _quiet
+    seconds = parse_duration(max_time) if max_time is not None else None
+    device = options["device"] = resolve_device(options.get("device", "auto"))
+    generation = cast(GenerateOptions, {k: options.pop(k) for k in GenerateOptions.__optional_keys__ & set(options)})
+    work = Path(work_dir)
+    summary_path = work / SUMMARY_NAME
+    say(f"[1/3] analysing {input}")
+    bundles = generate(input, work, progress=progress is not None, **generation)
+    say(f"[2/3] generated {len(bundles)} bundles in {work.resolve()}; tuning")
+    records = tune([b["path"] for b in bundles], specs, summary_path=summary_path, progress=progress,
+                   **cast(TuneOptions, options))
+    result = RunResult(work, bundles, records, summary_path)
+    if on_tuned is not None:
+        on_tuned(records, summary_path)
+    if train:
+        say("[3/3] training the tuned bundles")
+        for bundle in bundles:
+            if folds is not None and bundle["fold"] not in folds:
+                continue
+            summary = train_bundle(bundle["path"], device=device, epochs=epochs, max_time=seconds,
+                                   progress=progress is not None)
+            result.trained[bundle["identifier"]] = summary
+            say(f"  {bundle['identifier']}: best mean Dice {summary.get('best_metric')}")
+    return result

@@ -1,0 +1,55 @@
+"""The options of ``autotune train``, shared with ``python -m autotune.train`` (torchrun's entry).
+
+They live in the training package, not in ``autotune.commands``, so that each DDP rank
+started by torchrun imports the trainer and nothing of the CLI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+__all__ = ["add_train_arguments", "train_from_args"]
+
+
+def add_train_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the options of ``autotune train`` to ``parser``."""
+    parser.add_argument("bundle", metavar="BUNDLE", help="a bundle folder made by 'autotune generate'")
+    parser.add_argument("--device", default="auto",
+                        help="cpu, cuda or cuda:N (default: the first GPU if there is one, else cpu)")
+    parser.add_argument("--epochs", type=int, default=None, metavar="N",
+                        help="train to epoch N (default: num_epochs of the bundle)")
+    parser.add_argument("--max-time", default=None, metavar="DURATION",
+                        help="stop at the first epoch end after this long, e.g. 90s, 30m, 2h")
+    parser.add_argument("--val-every", type=int, default=None, metavar="K",
+                        help="validate every K epochs (default: num_epochs_per_validation)")
+    parser.add_argument("--resume", action="store_true", help="continue from model_fold<k>/last.pt")
+    parser.add_argument("--mode", choices=("fast", "regular"), default="fast",
+                        help="fast: cache, thread loader, AMP, template recipe; regular: the seed's baseline")
+    parser.add_argument("--nproc", type=int, default=1, metavar="N",
+                        help="processes for DistributedDataParallel (gloo on CPU, NCCL on CUDA)")
+    parser.add_argument("--memory-limit", default=None, metavar="SIZE",
+                        help="cap the CUDA caching allocator at SIZE (e.g. 16GiB), as the tuner's probes were; "
+                             "peaks per epoch go to metrics.csv either way")
+    parser.add_argument("--quiet", "-q", action="store_true", help="no progress bars or epoch lines")
+
+
+def train_from_args(args: argparse.Namespace) -> int:
+    """Train as the parsed options say; rank 0 prints one summary line. Returns the exit code (0).
+
+    Raises:
+        What ``autotune.train`` raises (``AutotuneError`` subclasses for bad input).
+    """
+    from autotune.device import resolve_device
+    from autotune.train.runner import parse_duration, train
+
+    max_time = parse_duration(args.max_time) if args.max_time is not None else None
+    summary = train(args.bundle, device=resolve_device(args.device), epochs=args.epochs, max_time=max_time,
+                    val_every=args.val_every, resume=args.resume, mode=args.mode, nproc=args.nproc,
+                    progress=not args.quiet, memory_limit=args.memory_limit)
+    if int(os.environ.get("RANK", "0")) != 0:
+        return 0  # under torchrun only rank 0 reports
+    best = summary.get("best_metric")
+    print(f"best mean Dice {best:.4f} at epoch {summary['best_epoch']}" if best is not None else "not validated",
+          f"| {summary['epochs_run']} epochs ({summary['stopped']}) | {summary['model_dir']}")
+    return 0

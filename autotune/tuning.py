@@ -1,0 +1,189 @@
+"""The tuning stage as library functions: ``tune``, ``tune_worker``, ``verify``.
+
+They take keyword arguments with the CLI's defaults (``device="auto"``: the first GPU,
+else the CPU), return the tuning records and raise ``autotune.errors`` subclasses; the
+CLI's handlers (``autotune/commands/search.py``) only parse arguments, call these and
+print. They sit above ``autotune.search`` and ``autotune.bundles``: ``autotune.BundleGen``
+(``autotune.pipeline``) tunes with ``tune``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypedDict
+
+from autotune.errors import ConfigError, SpecError
+from autotune.utils import expand_path, read_yaml
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+__all__ = ["TuneOptions", "find_bundles", "load_specs", "tune", "tune_worker", "verify"]
+
+Progress = Callable[[str], None]
+PathLike = str | os.PathLike[str]
+
+
+def stderr_lines(line: str) -> None:
+    """The default ``progress``: each line to stderr, at once."""
+    print(line, file=sys.stderr, flush=True)
+
+
+class TuneOptions(TypedDict, total=False):
+    """``tune``'s keyword arguments (see there), as ``run`` and ``tune_worker`` pass them on."""
+
+    device: str
+    memory_limit: int | str | None
+    storage: str | None
+    strategy: str
+    objective: str
+    margin: float
+    timeout: float
+    target_gpu: str | None
+    target_memory: str | None
+    probe_env: Mapping[str, str] | None
+
+
+def load_specs(specs: Mapping[str, Any] | PathLike | None) -> dict[str, Any]:
+    """Auto3DSeg ``gpu_customization_specs`` as a mapping, a YAML file or None -> a new dict ({} for None).
+
+    Raises:
+        SpecError: the file cannot be read or its top level is not a mapping.
+    """
+    if specs is None:
+        return {}
+    if isinstance(specs, Mapping):
+        return dict(specs)
+    loaded = read_yaml(expand_path(specs, SpecError), SpecError)
+    if loaded is not None and not isinstance(loaded, Mapping):
+        raise SpecError(f"{specs}: specs must be a mapping of 'universal' or algorithm names")
+    return dict(loaded or {})
+
+
+def tune(
+    bundles: Sequence[PathLike],
+    specs: Mapping[str, Any] | PathLike | None = None,
+    *,
+    device: str = "auto",
+    memory_limit: int | str | None = None,
+    storage: str | None = None,
+    strategy: str = "fast",
+    objective: str = "max-batch",
+    margin: float = 0.10,
+    timeout: float = 300.0,
+    target_gpu: str | None = None,
+    target_memory: str | None = None,
+    summary_path: PathLike | None = None,
+    workers_share: bool = False,
+    probe_env: Mapping[str, str] | None = None,
+    progress: Progress | None = stderr_lines,
+) -> list[dict[str, Any]]:
+    """Tune ``bundles`` and write the tuned values (with ``tuning:`` provenance) into each.
+
+    Args:
+        bundles: bundle folders made by ``generate`` (folds of one algorithm share one search).
+        specs: Auto3DSeg-style ``gpu_customization_specs`` (``universal`` or per algorithm:
+            ``num_trials``, ``range_num_images_per_batch``, ``range_num_sw_batch_size``,
+            ``validation_devices``), as a mapping or a YAML file.
+        device: where probes run: ``auto`` (the first GPU, else the CPU), ``cpu`` or ``cuda:N``.
+        memory_limit: bytes or a size such as ``"8GiB"``; default the device's total memory.
+        storage: SQLAlchemy URL of the Optuna storage; default SQLite under ``studies/``.
+        strategy: ``fast``, ``tpe`` (the Auto3DSeg baseline) or ``estimate`` (no probes).
+        objective: ``max-batch`` (the largest batch that fits) or ``throughput`` (the fastest that fits).
+        margin: share of the limit kept free.
+        timeout: seconds before a probe is killed.
+        target_gpu: with ``strategy="estimate"``: a catalogue GPU to plan for, e.g. ``a100-80gb``.
+        target_memory: with ``strategy="estimate"``: the memory of a GPU not in the catalogue.
+        summary_path: where to write the JSON summary (``{"results": [...]}``).
+        workers_share: other workers tune from the same storage (see ``tune_worker``).
+        probe_env: extra environment for the probe children.
+        progress: called with one line per step; None for silence.
+
+    Returns:
+        One record per bundle: ``bundle``, ``status`` (``tuned``, ``infeasible`` or ``unsupported``),
+        the tuned values, the measured peak and the limit.
+
+    Raises:
+        SpecError: bad specs, strategy, objective, margin, target or memory limit.
+        ConfigError: a bundle is missing or malformed. StorageError: the storage cannot be used.
+    """
+    from autotune.device import resolve_device
+    from autotune.search.targets import resolve_target
+    from autotune.search.tune import tune_bundles
+
+    device = resolve_device(device)
+    target = resolve_target(strategy, target_gpu, target_memory, device)
+    return tune_bundles(
+        list(bundles), load_specs(specs), device=device, memory_limit=memory_limit, storage=storage,
+        strategy=strategy, objective=objective, margin=margin, timeout=timeout, target=target,
+        probe_env=probe_env, summary_path=summary_path, workers_share=workers_share, progress=progress,
+    )
+
+
+def find_bundles(work_dir: PathLike, algos: str | Sequence[str] | None = None) -> list[str]:
+    """Bundle folders under ``work_dir`` (those holding ``configs/hyper_parameters.yaml``), sorted.
+
+    Raises:
+        ConfigError: no such folder, an unknown algorithm, or no bundle in it.
+    """
+    from autotune.bundles.bundlegen import parse_algos
+    from autotune.bundles.templates import list_templates
+
+    root = Path(work_dir)
+    if not root.is_dir():
+        raise ConfigError(f"{root}: work folder not found; run 'autotune generate' first")
+    bundles = sorted(str(p.parent.parent) for p in root.glob("*/configs/hyper_parameters.yaml"))
+    if algos:
+        wanted = set(parse_algos(algos, list_templates()))
+        bundles = [b for b in bundles if Path(b).name.rsplit("_", 1)[0] in wanted]
+    if not bundles:
+        raise ConfigError(f"{root}: no bundles found; run 'autotune generate --work-dir {root}' first")
+    return bundles
+
+
+def tune_worker(
+    work_dir: PathLike,
+    algos: str | Sequence[str] | None = None,
+    specs: Mapping[str, Any] | PathLike | None = None,
+    *,
+    progress: Progress | None = stderr_lines,
+    **options: Unpack[TuneOptions],
+) -> list[dict[str, Any]]:
+    """Tune the bundles in ``work_dir`` together with other workers on the same storage.
+
+    Each tuning key is searched by one worker at a time; a worker that dies is taken over
+    once its heartbeat is stale. ``options`` are ``tune``'s (``storage``, ``device``, ...).
+
+    Raises:
+        ConfigError: no bundles in ``work_dir``; and what ``tune`` raises.
+    """
+    return tune(find_bundles(work_dir, algos), specs, workers_share=True, progress=progress, **options)
+
+
+def verify(
+    bundle: PathLike,
+    *,
+    device: str = "auto",
+    memory_limit: int | str | None = None,
+    storage: str | None = None,
+    timeout: float = 300.0,
+    retune: bool = True,
+    progress: Progress | None = stderr_lines,
+) -> dict[str, Any]:
+    """Probe a tuned (or planned) bundle on ``device``; set its provenance to ``measured`` when the plan holds.
+
+    Returns:
+        The report: ``holds`` (bool), ``estimate_error``, and ``retuned`` (the new tuning record)
+        when the plan failed and ``retune`` is set.
+
+    Raises:
+        ConfigError: the bundle was never tuned. SpecError: the limit is above the device's memory.
+    """
+    from autotune.device import resolve_device
+    from autotune.search.verify import verify_bundle
+
+    return verify_bundle(bundle, device=resolve_device(device), memory_limit=memory_limit, storage=storage,
+                         timeout=timeout, retune=retune, progress=progress)
