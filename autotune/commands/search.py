@@ -204,7 +204,7 @@ def run_dashboard(args: argparse.Namespace) -> int:
     except ModuleNotFoundError as exc:
         raise AutotuneError("optuna-dashboard is not installed; pip install 'autotune[dashboard]'") from exc
     url = args.storage or default_storage_url()
-    storage = open_storage(url, heartbeat=False)
+    storage = open_storage(url)
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"warning: --host {args.host} serves the dashboard beyond this machine with no login: anyone who "
               "reaches it can read and delete studies (optuna-dashboard's write API); prefer 127.0.0.1 and an "

@@ -70,11 +70,9 @@ def quiet_optuna() -> None:
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 
 
-def open_storage(url: str | None = None, heartbeat: bool = False) -> optuna.storages.BaseStorage:
-    """Open (and create) the Optuna RDB storage at ``url``.
-
-    ``heartbeat`` is accepted for older callers and has no effect: autotune does not use
-    Optuna's trial heartbeats (a worker's liveness is ``autotune.search.liveness``).
+def open_storage(url: str | None = None) -> optuna.storages.BaseStorage:
+    """Open (and create) the Optuna RDB storage at ``url``. Optuna's trial heartbeats are not
+    used: a worker's liveness is ``autotune.search.liveness``.
 
     Raises:
         StorageError: the URL is malformed, its driver is missing, or the database is
