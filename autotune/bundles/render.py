@@ -35,7 +35,7 @@ def stat(datastats: Mapping[str, Any], dotted: str, source: str = "datastats.yam
     return node
 
 
-def _xyz(value: Any, key: str, source: str) -> list[float]:
+def xyz_stat(value: Any, key: str, source: str) -> list[float]:
     """A per-axis statistic; multi-channel stats nest one list per channel (take the first)."""
     if isinstance(value, list) and value and isinstance(value[0], list):
         value = value[0]
@@ -103,9 +103,9 @@ def render_config(
     src = datastats_path
     training = dict(template["training"])
     modality = str(data_src.get("modality", "MRI")).upper()
-    spacing_median = _xyz(stat(datastats, "image_stats.spacing.median", src), "image_stats#spacing#median", src)
-    shape_median = _xyz(stat(datastats, "image_stats.shape.median", src), "image_stats#shape#median", src)
-    sizemm_p995 = _xyz(stat(datastats, "image_stats.sizemm.percentile_99_5", src), "image_stats#sizemm#percentile_99_5", src)
+    spacing_median = xyz_stat(stat(datastats, "image_stats.spacing.median", src), "image_stats#spacing#median", src)
+    shape_median = xyz_stat(stat(datastats, "image_stats.shape.median", src), "image_stats#shape#median", src)
+    sizemm_p995 = xyz_stat(stat(datastats, "image_stats.sizemm.percentile_99_5", src), "image_stats#sizemm#percentile_99_5", src)
     channels = stat(datastats, "image_stats.channels.max", src)
     labels = stat(datastats, "label_stats.labels", src)
     if not isinstance(labels, list) or not all(isinstance(v, int) for v in labels):

@@ -30,7 +30,7 @@ def training_set(cfg: Mapping[str, Any]) -> tuple[int, list[float]]:
     Raises:
         AutotuneError: the datalist or ``datastats.yaml`` cannot be read.
     """
-    from autotune.bundles.render import _xyz, stat
+    from autotune.bundles.render import stat, xyz_stat
     from autotune.errors import ConfigError
     from autotune.train.data import split_datalist
     from autotune.utils import read_yaml
@@ -38,8 +38,8 @@ def training_set(cfg: Mapping[str, Any]) -> tuple[int, list[float]]:
     train, _val, _note = split_datalist(cfg)
     source = str(cfg.get("datastats") or "")
     stats = read_yaml(source, ConfigError)
-    shape = _xyz(stat(stats, "image_stats.shape.median", source), "image_stats#shape#median", source)
-    spacing = _xyz(stat(stats, "image_stats.spacing.median", source), "image_stats#spacing#median", source)
+    shape = xyz_stat(stat(stats, "image_stats.shape.median", source), "image_stats#shape#median", source)
+    spacing = xyz_stat(stat(stats, "image_stats.spacing.median", source), "image_stats#spacing#median", source)
     resolution = [float(v) for v in cfg["resample_resolution"]]
     return len(train), [shape[i] * spacing[i] / resolution[i] for i in range(3)]
 
