@@ -20,7 +20,7 @@ from typing import Any
 
 from autotune.errors import ConfigError
 
-__all__ = ["stat", "render_config", "deep_merge"]
+__all__ = ["stat", "xyz_stat", "render_config", "deep_merge"]
 
 
 def stat(datastats: Mapping[str, Any], dotted: str, source: str = "datastats.yaml") -> Any:
