@@ -142,13 +142,13 @@ class InferClass:
         from monai.data import MetaTensor
 
         from autotune.step import sliding_window_predict
-        from autotune.train.infer import _predict_args, plain
+        from autotune.train.infer import plain_tensor, predict_args
 
         data = self.transforms({"image": _image_of(image_file)})
         image_device = "cpu" if self.cfg.get("sw_input_on_cpu") else self.device
         logits = sliding_window_predict(
-            self.model, plain(data["image"]).unsqueeze(0).to(image_device), device=self.device,
-            amp_dtype=self.amp_dtype, **_predict_args(self.cfg),
+            self.model, plain_tensor(data["image"]).unsqueeze(0).to(image_device), device=self.device,
+            amp_dtype=self.amp_dtype, **predict_args(self.cfg),
         )[0].float()
         sigmoid = bool(self.cfg.get("sigmoid"))
         if self.options.output == "label":

@@ -25,6 +25,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from autotune.device import device_name, device_total_memory, nvml_used_bytes
+
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
@@ -286,7 +288,7 @@ def _measured_loop(req: Mapping[str, Any], parts: dict[str, Any], result: dict[s
             result[f"{phase}_peak_bytes"] = peaks.get("cuda_max_memory_reserved")
             # NVML sees what the allocator does not: context, library code and handles. The
             # allocator keeps its reserve, so used - reserved now - baseline is that overhead.
-            result[phase_key(phase, "nvml_used_bytes")] = memory.nvml_used_bytes(str(device))
+            result[phase_key(phase, "nvml_used_bytes")] = nvml_used_bytes(str(device))
             try:
                 result[phase_key(phase, "cuda_memory_reserved_now")] = int(torch_cuda_reserved(device))
             except RuntimeError:
@@ -371,15 +373,14 @@ def run_trial(req: Mapping[str, Any]) -> dict[str, Any]:
         import monai
         import torch
 
-        from autotune.probe import memory
 
         lap("imports")
 
         # NVML before this process touches CUDA: memory other processes already hold on the device.
-        result["nvml_baseline_used_bytes"] = memory.nvml_used_bytes(req["device"])
+        result["nvml_baseline_used_bytes"] = nvml_used_bytes(req["device"])
         result.update(torch_version=torch.__version__, monai_version=monai.__version__,
-                      device_name=memory.device_name(req["device"]),
-                      device_total_memory=memory.device_total_memory(req["device"]))
+                      device_name=device_name(req["device"]),
+                      device_total_memory=device_total_memory(req["device"]))
         _write_state(state_path, {**result, "phase": phase})
         parts = _build(req)
         lap("build")

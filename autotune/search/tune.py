@@ -125,9 +125,9 @@ def tune_bundles(
         SpecError: bad specs, strategy, margin or memory limit.
         StorageError: the storage cannot be opened.
     """
+    from autotune.device import device_info
     from autotune.search.study import (
         default_storage_url,
-        device_info,
         make_key,
         open_storage,
         redact_url,

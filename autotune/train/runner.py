@@ -268,7 +268,7 @@ class _TrainingRun:
 
         from autotune.step import split_patches, train_step
         from autotune.train.ddp import all_gather_int, all_reduce_sum
-        from autotune.train.infer import plain
+        from autotune.train.infer import plain_tensor
 
         device, per_pass = self.ctx.device, int(self.cfg["num_patches_per_iter"])
         # Seeded per epoch: a resumed run draws the same shuffles and crops as an unbroken one.
@@ -289,8 +289,8 @@ class _TrainingRun:
             wait += time.perf_counter() - t_wait
             if batch is None:
                 break
-            images = plain(batch["image"]).to(device, non_blocking=True)
-            labels = plain(batch["label"]).to(device, non_blocking=True)
+            images = plain_tensor(batch["image"]).to(device, non_blocking=True)
+            labels = plain_tensor(batch["label"]).to(device, non_blocking=True)
             if tracker is not None:  # this batch, and the next one the thread loader holds (as the probe counts)
                 tracker.track([images, labels])
                 tracker.set_reserved(images.untyped_storage().nbytes() + labels.untyped_storage().nbytes())
