@@ -7,7 +7,7 @@ import json
 import os
 import re
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -127,41 +127,41 @@ def expand_path(path: str | os.PathLike[str], error: type[AutotuneError] = Confi
         raise error(f"{what} {str(path)!r}: cannot find the home folder of {path.parts[0]!r}; give {instead}") from exc
 
 
-def _read_text(path: Path, error: type[AutotuneError], kind: str) -> str:
-    """The UTF-8 text of ``path``; a missing or non-text file raises ``error`` naming it."""
+def _read_parsed(path: str | os.PathLike[str], error: type[AutotuneError], kind: str, parse: Callable[[str], Any],
+                 syntax_error: type[Exception], where: Callable[[Any], str]) -> Any:
+    """``parse`` of the UTF-8 text of ``path``; every problem raises ``error`` naming the file
+    (``where`` gives the position of a ``syntax_error``)."""
+    path = Path(path)
     if not path.is_file():
         raise error(f"{path}: file not found; check the path")
     try:
-        return path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
         raise error(f"{path}: not a UTF-8 text file; give a {kind} file") from exc
+    try:
+        return parse(text)
+    except syntax_error as exc:
+        raise error(f"{path}: not valid {kind}{where(exc)}; fix the syntax") from exc
+    except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
+        # yaml's constructors raise these on values such as "2020-13-45" or "!!int CT"; json on a
+        # 5000-digit number or nesting too deep
+        raise error(f"{path}: a value cannot be read as {kind} ({type(exc).__name__}: {str(exc)[:80]}); fix it") from exc
+
+
+def _yaml_mark(exc: Any) -> str:
+    mark = getattr(exc, "problem_mark", None)
+    return f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
 
 
 def read_yaml(path: str | os.PathLike[str], error: type[AutotuneError] = ConfigError) -> Any:
     """Read a YAML file with ``yaml.safe_load``; problems raise ``error`` naming the file."""
-    path = Path(path)
-    text = _read_text(path, error, "YAML")
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
-        raise error(f"{path}: not valid YAML{where}; fix the syntax") from exc
-    except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
-        # yaml's constructors raise these on values such as "2020-13-45" or "!!int CT"
-        raise error(f"{path}: a value cannot be read as YAML ({type(exc).__name__}: {str(exc)[:80]}); fix it") from exc
+    return _read_parsed(path, error, "YAML", yaml.safe_load, yaml.YAMLError, _yaml_mark)
 
 
 def read_json(path: str | os.PathLike[str], error: type[AutotuneError] = ConfigError) -> Any:
     """Read a JSON file; problems raise ``error`` naming the file and position."""
-    path = Path(path)
-    text = _read_text(path, error, "JSON")
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise error(f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}); fix the syntax") from exc
-    except (ValueError, RecursionError) as exc:  # e.g. a 5000-digit number, or nesting too deep
-        raise error(f"{path}: a value cannot be read as JSON ({type(exc).__name__}); fix it") from exc
+    return _read_parsed(path, error, "JSON", json.loads, json.JSONDecodeError,
+                        lambda exc: f" (line {exc.lineno}, column {exc.colno}: {exc.msg})")
 
 
 _UNITS = {

@@ -72,3 +72,7 @@ def test_read_yaml_and_json_errors_name_the_file(tmp_path: Path) -> None:
         broken.write_text(bad, encoding="utf-8")
         with pytest.raises(ConfigError, match=f"not valid {kind}"):
             reader(broken)
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000, encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"a value cannot be read as JSON \(RecursionError"):
+        read_json(deep)
