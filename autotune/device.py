@@ -15,6 +15,7 @@ from typing import Any
 __all__ = [
     "AUTO",
     "resolve_device",
+    "check_device",
     "device_info",
     "device_name",
     "gpu_name",
@@ -36,6 +37,30 @@ def resolve_device(name: str | None) -> str:
     import torch
 
     return "cuda:0" if torch.cuda.is_available() else "cpu"
+
+
+def check_device(device: str, local_rank: int = 0, distributed: bool = False) -> str:
+    """``cpu`` or ``cuda:N`` for a ``--device`` value, checked against what is visible (with
+    ``distributed``, the GPU of ``local_rank``: one GPU per local rank).
+
+    Raises:
+        SpecError: not cpu/cuda/cuda:N, CUDA not available, or no such GPU.
+    """
+    from autotune.errors import SpecError
+
+    kind = str(device).split(":")[0]
+    if kind not in ("cpu", "cuda"):
+        raise SpecError(f"--device {device!r}: give cpu, cuda or cuda:N")
+    if kind == "cpu":
+        return "cpu"
+    import torch
+
+    if not torch.cuda.is_available():
+        raise SpecError(f"--device {device!r}: CUDA is not available here; use --device cpu")
+    index = local_rank if distributed else (int(str(device).split(":")[1]) if ":" in str(device) else 0)
+    if index >= torch.cuda.device_count():
+        raise SpecError(f"--device {device!r}: only {torch.cuda.device_count()} CUDA device(s) visible")
+    return f"cuda:{index}"
 
 
 def device_info(device: str) -> dict[str, Any]:

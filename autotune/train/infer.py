@@ -203,11 +203,11 @@ def infer(
 
     from autotune.build import amp_dtype, build_transforms
     from autotune.bundles.config import load_bundle_config
+    from autotune.device import check_device
     from autotune.step import sliding_window_predict
-    from autotune.train.ddp import _resolve_device
 
     cfg = load_bundle_config(bundle)
-    device = _resolve_device(device, 0, False)
+    device = check_device(device)
     files = _input_files(images)
     model = load_model(cfg, resolve_checkpoint(cfg, checkpoint), device)
     transforms = build_transforms(cfg, "infer")
