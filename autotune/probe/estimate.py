@@ -199,8 +199,8 @@ def estimate(bundle: str | Path | Mapping[str, Any], *, num_patches_per_iter: in
     """
     from autotune.build import amp_dtype, build_loss, build_optimizer
     from autotune.probe import memory
-    from autotune.probe.trial import (
-        base_result,
+    from autotune.probe.trial import base_result
+    from autotune.probe.workload import (
         ensure_training_state,
         make_loader_batches,
         make_volume,
