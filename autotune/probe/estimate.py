@@ -198,16 +198,8 @@ def estimate(bundle: str | Path | Mapping[str, Any], *, num_patches_per_iter: in
         ProbeError: bad arguments, or the fake pass failed (the message names the phase).
     """
     from autotune.build import amp_dtype, build_loss, build_optimizer
-    from autotune.probe import memory
+    from autotune.probe import memory, workload
     from autotune.probe.trial import base_result
-    from autotune.probe.workload import (
-        ensure_training_state,
-        make_loader_batches,
-        make_volume,
-        make_volume_label,
-        train_loader_batch,
-        validate_volume,
-    )
     from autotune.step import make_dice_metric
 
     start = time.perf_counter()
@@ -236,21 +228,23 @@ def estimate(bundle: str | Path | Mapping[str, Any], *, num_patches_per_iter: in
                 tracker = memory.make_tracker(compute.split(":")[0])
                 if phase == "train":
                     model.train()
-                    batches = make_loader_batches(cfg, req["num_patches_per_iter"], compute)
+                    batches = workload.make_loader_batches(cfg, req["num_patches_per_iter"], compute)
                     tracker.track(memory.tensors_of(model, optimizer, batches))
                     with tracker:
                         for _ in range(ESTIMATE_STEPS):
-                            train_loader_batch(model, loss_fn, optimizer, batches[0], req["num_patches_per_iter"],
-                                               dtype, None)
+                            workload.train_loader_batch(model, loss_fn, optimizer, batches[0],
+                                                        req["num_patches_per_iter"], dtype, None)
                     del batches
                 else:
-                    ensure_training_state(model, optimizer)
+                    workload.ensure_training_state(model, optimizer)
                     model.eval()
-                    volume, label = make_volume(cfg, volume_device), make_volume_label(cfg, volume_device)
+                    volume = workload.make_volume(cfg, volume_device)
+                    label = workload.make_volume_label(cfg, volume_device)
                     tracker.track(memory.tensors_of(model, optimizer, volume, label))
                     with tracker:
-                        out = validate_volume(model, volume, label, cfg, req["num_sw_batch_size"], compute, dtype,
-                                              None if volume_device == "meta" else make_dice_metric(cfg))
+                        metric = None if volume_device == "meta" else make_dice_metric(cfg)
+                        out = workload.validate_volume(model, volume, label, cfg, req["num_sw_batch_size"], compute,
+                                                       dtype, metric)
                         del out
                     del volume, label
                 result[f"{phase}_peak_bytes"] = tracker.peak_bytes
