@@ -1,6 +1,8 @@
-"""The training runner: setup, the epoch loop, validation, checkpoints, resume and early stopping.
+"""The training runner: arguments, setup, and the run from the first epoch to the summary.
 
-``train`` is the entry point for the CLI and for Python. With ``nproc > 1`` it spawns
+``TrainingRun`` builds the data and the model, resumes (``autotune.train.checkpoint``),
+runs epochs (``autotune.train.epoch``) until done, out of time or stalled, and writes the
+checkpoints, metrics and summary. ``train`` is the entry point for the CLI and for Python. With ``nproc > 1`` it spawns
 that many processes (see ``autotune.train.ddp``); each runs ``run_worker``. Outputs go
 to ``BUNDLE/model_fold<k>/``: ``best.pt``, ``last.pt``, ``metrics.csv``, ``metrics.json``,
 ``curves.png``, ``train_summary.json`` and, on a GPU, ``gpu_monitor.csv``.
@@ -12,7 +14,6 @@ import os
 import re
 import time
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
 from autotune.bundles.scaling import plan_schedule
@@ -286,7 +287,7 @@ class TrainingRun:
                 if self.ctx.is_main:
                     save_checkpoint(self.out / "last.pt", self.checkpoint(epoch))
                     self.metrics.add(row, {"mode": self.mode, "world_size": self.ctx.world_size,
-                                           "split": self.split_note, "options": _jsonable(asdict(opts)),
+                                           "split": self.split_note, "options": asdict(opts),
                                            "memory": self.memory_report()})
                     if row["mean_dice"] is not None or epoch == self.total_epochs:
                         plot_curves(self.metrics.rows, self.out / "curves.png", f"{self.cfg['algo']} {self.mode}")
@@ -338,8 +339,3 @@ def _seed_everything(seed: int) -> None:
     np.random.seed(seed)
     torch.manual_seed(seed)
 
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
-    return str(value) if isinstance(value, Path) else value
