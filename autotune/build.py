@@ -20,19 +20,8 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
     from monai.transforms import Compose
 
-__all__ = [
-    "NETWORKS",
-    "LOSSES",
-    "OPTIMIZERS",
-    "SCHEDULERS",
-    "build_network",
-    "build_loss",
-    "build_optimizer",
-    "build_lr_scheduler",
-    "build_transforms",
-    "amp_dtype",
-    "roi_divisor",
-]
+__all__ = ["NETWORKS", "LOSSES", "OPTIMIZERS", "SCHEDULERS", "build_network", "build_loss", "build_optimizer",
+           "build_lr_scheduler", "build_transforms", "amp_dtype", "roi_divisor"]
 
 NETWORKS = ("SegResNet", "UNet", "DiNTS")
 LOSSES = ("DiceCELoss", "DiceFocalLoss", "DiceLoss")

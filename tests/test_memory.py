@@ -11,6 +11,7 @@ import weakref
 import pytest
 import torch
 
+from autotune import device
 from autotune.probe import memory
 from autotune.probe.allowances import NO_ALLOWANCE, CudaAllowance, allowance_for, apply_allowance
 
@@ -141,9 +142,33 @@ def test_is_oom_error(exc: BaseException, expected: bool) -> None:
 def test_rss_and_device_facts() -> None:
     memory.reset_peak_rss()
     assert memory.peak_rss_bytes() > 10 * 1024**2
-    assert memory.total_ram_bytes() and memory.total_ram_bytes() > memory.peak_rss_bytes()
-    assert memory.device_total_memory("cpu") == memory.total_ram_bytes()
-    assert memory.device_name("cpu")
+    assert device.total_ram_bytes() and device.total_ram_bytes() > memory.peak_rss_bytes()
+    assert device.device_total_memory("cpu") == device.total_ram_bytes()
+    assert device.device_info("cpu") == {"device": "cpu", "device_name": "cpu",
+                                         "device_total_memory": device.total_ram_bytes()}
+    assert device.device_name("cpu") and device.gpu_name("cpu") is None and device.nvml_used_bytes("cpu") is None
+    assert 0 < device.available_ram_bytes() <= device.total_ram_bytes()
+
+
+def test_proc_field_bytes_reads_kib_lines(tmp_path) -> None:
+    status = tmp_path / "status"
+    status.write_text("Name:\tpython\nVmHWM:\t  2048 kB\nVmRSS:\t1024 kB\n", encoding="ascii")
+    assert device.proc_field_bytes(str(status), "VmHWM") == 2048 * 1024
+    assert device.proc_field_bytes(str(status), "VmSwap") is None
+    assert device.proc_field_bytes(str(tmp_path / "missing"), "VmHWM") is None
+
+
+def test_nvml_handle_maps_cuda_indices_to_physical_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    uuids = ["GPU-aaaa", "GPU-bbbb", "GPU-cccc"]
+    nvml = SimpleNamespace(nvmlDeviceGetCount=lambda: 3, nvmlDeviceGetHandleByIndex=lambda i: f"handle{i}",
+                           nvmlDeviceGetUUID=lambda handle: uuids[int(handle[-1])])
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,0")
+    assert device.nvml_handle(nvml, 0) == "handle2" and device.nvml_handle(nvml, 1) == "handle0"
+    assert device.nvml_handle(nvml, 0, uuid="bbbb") == "handle1", "a UUID wins over the index"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-bbbb")
+    assert device.nvml_handle(nvml, 0) == "handle0", "UUIDs in CUDA_VISIBLE_DEVICES: no index mapping"
 
 
 def test_apply_allowance() -> None:

@@ -15,11 +15,12 @@ from typing import Any
 import optuna
 import pytest
 
+from autotune.probe.model import MemoryModel
 from autotune.search.edge import CorrectedCurve, EstimatedCurve, correct, largest_under
 from autotune.search.evaluate import Evaluator
 from autotune.search.objective import choose, metric_name
 from autotune.search.space import AlgoSpec
-from autotune.search.strategy import LinearModel, distributions, run_fast
+from autotune.search.strategy import distributions, run_fast
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -102,7 +103,7 @@ def test_the_simulated_curve_bends() -> None:
     slope_low = device.true_train(2) - device.true_train(1)
     slope_high = (device.true_train(64) - device.true_train(52)) / 12
     assert slope_high / slope_low > 1.7
-    line = LinearModel(device.true_train(1) - slope_low, slope_low)  # through the estimates at 1 and 2
+    line = MemoryModel(device.true_train(1) - slope_low, slope_low)  # through the estimates at 1 and 2
     budget = int(device.true_train(40))
     assert abs(line.max_fitting(budget) - 40) >= 3, "a line through N = 1 and 2 misplaces the edge"
 

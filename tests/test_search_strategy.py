@@ -8,9 +8,10 @@ from typing import Any
 import optuna
 import pytest
 
+from autotune.probe.model import MemoryModel
 from autotune.search.evaluate import Evaluator
 from autotune.search.space import AlgoSpec
-from autotune.search.strategy import LinearModel, distributions, find_max_feasible, run_fast, run_tpe
+from autotune.search.strategy import distributions, find_max_feasible, run_fast, run_tpe
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -57,14 +58,14 @@ class SimulatedDevice:
             result["sw_seconds_per_volume"] = 1.0 / (point["num_sw_batch_size"] ** 0.5)
         return result
 
-    def memory_model(self, phase: str, point: dict) -> LinearModel | None:
+    def memory_model(self, phase: str, point: dict) -> MemoryModel | None:
         if not self.estimator:
             return None
         k = 1.0 + self.est_error
         if phase == "train":
-            return LinearModel(self.base * k, self.per_patch * k)
+            return MemoryModel(self.base * k, self.per_patch * k)
         on_cpu = point.get("validation_device") == "cpu"
-        return LinearModel((self.base + self.sw_base * (0 if on_cpu else 1)) * k, self.per_window * k)
+        return MemoryModel((self.base + self.sw_base * (0 if on_cpu else 1)) * k, self.per_window * k)
 
 
 def _storage(tmp_path) -> optuna.storages.RDBStorage:
@@ -228,7 +229,7 @@ def test_flat_memory_does_not_walk_one_step_at_a_time(tmp_path) -> None:
     device.sw_base = 0
     evaluator = _evaluator(tmp_path, device, budget)
     # an estimator that wrongly believes each window costs 11 MiB on top of the training peak
-    wrong = LinearModel(device.train_peak(40), 11 * MiB)
+    wrong = MemoryModel(device.train_peak(40), 11 * MiB)
     best, evals = find_max_feasible(
         lambda m: evaluator.evaluate({"num_patches_per_iter": 40, "num_sw_batch_size": m, "validation_device": "device"},
                                      ("train", "infer")), 1, 64, wrong, budget)
@@ -240,6 +241,6 @@ def test_window_cap_limits_the_sliding_window_range(tmp_path) -> None:
     limit = 2048 * MiB
     device = SimulatedDevice(limit)
     evaluator = _evaluator(tmp_path, device, int(limit * 0.9))
-    capped = LinearModel(device.base + device.sw_base, device.per_window, cap=6)
+    capped = MemoryModel(device.base + device.sw_base, device.per_window, cap=6)
     outcome = run_fast(evaluator, SPEC, ("device",), device.memory_model("train", {}), lambda n, vd: capped)
     assert outcome.num_sw_batch_size == 6, "no batch larger than the number of windows"

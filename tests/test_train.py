@@ -255,3 +255,29 @@ def test_nvtx_ranges_wrap_forward_loss_backward_and_step() -> None:
     ranges.detach()
     assert ranges.opened == ["data", "forward", "loss", "backward", "optimizer"]
     assert NvtxRanges(enabled=False).wrap_loss(len) is len  # off: nothing is wrapped
+
+
+def test_run_state_counts_validations_and_survives_a_checkpoint(tmp_path: Path) -> None:
+    import torch
+
+    from autotune.train.checkpoint import RunState, checkpoint_state, resume, save_checkpoint
+
+    state = RunState()
+    assert state.validated(None, 1) is False and state.stale == 1 and state.best is None
+    assert state.validated(0.5, 2) is True and (state.best, state.best_epoch, state.stale) == (0.5, 2, 0)
+    assert state.validated(0.4, 3) is False and state.validated(0.5, 4) is False and state.stale == 2
+    model = torch.nn.Linear(2, 2)
+    parts = {"model": model, "optimizer": torch.optim.SGD(model.parameters(), lr=0.1), "scaler": None,
+             "scheduler": None}
+    cfg = {"algo": "unet", "network": {"name": "UNet"}}
+    saved = checkpoint_state(parts, state, 4, mode="fast", elapsed_s=12.5, total_steps=40, cfg=cfg)
+    assert saved["scaler"] is None and saved["epoch"] == 4 and saved["stale_validations"] == 2
+    save_checkpoint(tmp_path / "last.pt", saved)
+    said: list[str] = []
+    fresh = torch.nn.Linear(2, 2)
+    back = resume(tmp_path / "last.pt", "fast", {**parts, "model": fresh}, 40, said.append)
+    assert back == RunState(epoch=4, best=0.5, best_epoch=2, stale=2, elapsed_before=12.5) and not said
+    assert torch.equal(fresh.weight, model.weight)
+    assert resume(tmp_path / "none.pt", "fast", parts, 40, said.append) == RunState() and "no checkpoint" in said[0]
+    with pytest.raises(ConfigError, match="trained in fast mode; resume with --mode fast"):
+        resume(tmp_path / "last.pt", "regular", parts, 40, said.append)

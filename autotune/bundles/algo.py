@@ -115,12 +115,12 @@ class InferClass:
         from monai.transforms import Invertd
 
         from autotune.build import amp_dtype, build_transforms
-        from autotune.train.ddp import _resolve_device
+        from autotune.device import check_device
         from autotune.train.infer import load_model, resolve_checkpoint
 
         self.options: PredictOptions = _predict_options(override, "predict_params")
         self.cfg = load_bundle_config(_bundle_from(config_file))
-        self.device = _resolve_device(self.options.device or default_device(self.cfg), 0, False)
+        self.device = check_device(self.options.device or default_device(self.cfg), 0, False)
         self.checkpoint_path = resolve_checkpoint(self.cfg, self.options.checkpoint)
         self.checkpoint_mtime = self.checkpoint_path.stat().st_mtime_ns
         self.model = load_model(self.cfg, self.checkpoint_path, self.device)
@@ -142,13 +142,13 @@ class InferClass:
         from monai.data import MetaTensor
 
         from autotune.step import sliding_window_predict
-        from autotune.train.infer import _predict_args, plain
+        from autotune.train.infer import plain_tensor, predict_args
 
         data = self.transforms({"image": _image_of(image_file)})
         image_device = "cpu" if self.cfg.get("sw_input_on_cpu") else self.device
         logits = sliding_window_predict(
-            self.model, plain(data["image"]).unsqueeze(0).to(image_device), device=self.device,
-            amp_dtype=self.amp_dtype, **_predict_args(self.cfg),
+            self.model, plain_tensor(data["image"]).unsqueeze(0).to(image_device), device=self.device,
+            amp_dtype=self.amp_dtype, **predict_args(self.cfg),
         )[0].float()
         sigmoid = bool(self.cfg.get("sigmoid"))
         if self.options.output == "label":

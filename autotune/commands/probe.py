@@ -173,7 +173,7 @@ def run_estimate_command(args: argparse.Namespace) -> int:
     report: dict[str, Any] = {"estimate": result, "fits": {}, "allowance": allowance.__dict__ if cuda else None}
     for phase, model in fits.items():
         entry: dict[str, Any] = {"intercept": model.intercept, "slope": model.slope, "points": model.points,
-                                 "n_cap": model.n_cap}
+                                 "n_cap": model.cap}
         if limit is not None:
             entry["max_fitting_raw"] = model.max_fitting(limit)
             if cuda:  # the largest N whose peak plus allowance (without the context, as the probe's cap) fits

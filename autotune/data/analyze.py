@@ -24,13 +24,11 @@ import sys
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from enum import Enum
 from pathlib import Path
 from typing import Any
 
 from autotune.data.datalist import (
     DataSource,
-    _expand_home,
     load_data_source,
     write_data_src_config,
     write_datalist,
@@ -38,7 +36,14 @@ from autotune.data.datalist import (
 from autotune.data.integrity import check_dataset, check_duplicates, log_warnings
 from autotune.data.validate import check_cases
 from autotune.errors import AutotuneError, DataError, InputError
-from autotune.utils import atomic_write_json, atomic_write_yaml, bars_enabled, read_yaml
+from autotune.utils import (
+    atomic_write_json,
+    atomic_write_yaml,
+    bars_enabled,
+    expand_path,
+    plain_data,
+    read_yaml,
+)
 
 __all__ = ["AnalysisResult", "analyze", "content_hash", "DATASTATS", "DATALIST", "DATA_SRC"]
 
@@ -128,7 +133,7 @@ def analyze(input: str | Path, work_dir: str | Path, num_fold: int = 5, force: b
             a label holds an undeclared value, every label is empty, or the analyzer failed.
     """
     source = load_data_source(input, num_fold=num_fold)
-    work = Path(os.path.abspath(_expand_home(Path(work_dir), "work dir")))
+    work = Path(os.path.abspath(expand_path(work_dir, InputError, "work dir", "an absolute path")))
     if work.exists() and not work.is_dir():
         raise InputError(f"{work}: exists and is not a folder; give a folder as the work dir")
     datastats_path, datalist_path, data_src_path = work / DATASTATS, work / DATALIST, work / DATA_SRC
@@ -213,7 +218,7 @@ def _run_data_analyzer(source: DataSource, progress: bool) -> tuple[dict[str, An
             cause = _root_cause(exc)  # MONAI wraps loader errors in "applying transform <...>"
             raise DataError(f"{source.source}: MONAI DataAnalyzer failed ({type(cause).__name__}: {cause}); fix "
                             "or remove the file it names, or run with -v for details") from exc
-    stats = _plain(raw)
+    stats = plain_data(raw, str_keys=True, str_other=True)
     summary = stats.get("stats_summary") or {}
     analysed = summary.get("n_cases", 0)
     if analysed != len(source.training):
@@ -276,26 +281,6 @@ def _patched(module: Any, name: str, value: Any) -> Iterator[None]:
         yield
     finally:
         setattr(module, name, original)
-
-
-def _plain(value: Any) -> Any:
-    """Turn enums, numpy scalars and arrays, tensors and tuples into plain YAML/JSON types."""
-    if isinstance(value, Enum):
-        return _plain(value.value)
-    if isinstance(value, dict):
-        return {str(_plain(key)): _plain(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(item) for item in value]
-    if value is None:
-        return None
-    for kind in (bool, int, float, str):  # subclasses (np.float64, StrEnum) -> the base type
-        if isinstance(value, kind):
-            return kind(value)
-    if isinstance(value, Path):
-        return str(value)
-    if hasattr(value, "tolist"):  # numpy scalar or array, torch tensor
-        return _plain(value.tolist())
-    return str(value)
 
 
 def _root_cause(exc: BaseException) -> BaseException:

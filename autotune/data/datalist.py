@@ -28,7 +28,7 @@ from autotune.data.values import (
     text_value,
 )
 from autotune.errors import InputError
-from autotune.utils import atomic_write_json, atomic_write_yaml, read_json, read_yaml
+from autotune.utils import atomic_write_json, atomic_write_yaml, expand_path, read_json, read_yaml
 
 __all__ = ["MODALITIES", "DataSource", "load_data_source", "assign_folds", "normalise_modality", "write_datalist",
            "write_data_src_config"]
@@ -51,7 +51,7 @@ def load_data_source(path: str | Path, num_fold: int = 5, seed: int = 0) -> Data
     """
     if isinstance(num_fold, bool) or not isinstance(num_fold, int) or num_fold < 1:
         raise InputError(f"num_fold {num_fold!r} must be an integer of at least 1")
-    source = _absolute(_expand_home(Path(path), "input"))
+    source = _absolute(expand_path(path, InputError, "input", "an absolute path"))
     if not source.exists():
         raise InputError(f"{source}: not found; give an input.yaml, a datalist .json or a Decathlon task folder")
     if source.is_dir():
@@ -245,7 +245,7 @@ def _resolve(value: Any, dataroot: Path, listed_in: Path, where: str) -> str:
     """Absolute, normalised path of ``value``; relative paths must stay inside ``dataroot``."""
     if not isinstance(value, str) or not value.strip():
         raise InputError(f"{listed_in}: {where} must be a file path; found {value!r}")
-    given = _expand_home(Path(value), f"{listed_in}: {where}", "an absolute path or one relative to dataroot")
+    given = expand_path(value, InputError, f"{listed_in}: {where}", "an absolute path or one relative to dataroot")
     if given.is_absolute():
         return os.path.normpath(given)
     full = os.path.normpath(dataroot / given)
@@ -254,19 +254,6 @@ def _resolve(value: Any, dataroot: Path, listed_in: Path, where: str) -> str:
         raise InputError(f"{listed_in}: {where} {value!r} points outside dataroot {dataroot}; move the file under "
                          "dataroot or give an absolute path")
     return full
-
-
-def _expand_home(path: Path, what: str, instead: str = "an absolute path") -> Path:
-    """``path.expanduser()``, but an unknown ``~user`` is an InputError, not a RuntimeError.
-
-    Kept until ``autotune.utils.expand_path`` takes the ``what``/``instead`` wording; then this
-    becomes ``expand_path(path, InputError, what, instead)`` (same message) and goes away.
-    """
-    try:
-        return path.expanduser()
-    except RuntimeError as exc:
-        raise InputError(f"{what} {str(path)!r}: cannot find the home folder of {path.parts[0]!r}; "
-                         f"give {instead}") from exc
 
 
 def _absolute(path: Path) -> Path:

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import numpy as np
 
-from autotune.data.datalist import _expand_home, normalise_modality
+from autotune.data.datalist import normalise_modality
 from autotune.errors import InputError
-from autotune.utils import atomic_write_json, atomic_write_yaml
+from autotune.utils import atomic_write_json, atomic_write_yaml, expand_path
 
 __all__ = ["make_demo_dataset"]
 
@@ -54,7 +54,7 @@ def make_demo_dataset(out: str | Path, cases: int = 8, size: int = 48, classes: 
     _check_int("classes", classes, 1)
     _check_int("seed", seed, 0)
     modality = normalise_modality(modality, "make_demo_dataset")
-    out = Path(os.path.abspath(_expand_home(Path(out), "demo dataset folder")))
+    out = Path(os.path.abspath(expand_path(out, InputError, "demo dataset folder", "an absolute path")))
     if out.exists() and not out.is_dir():
         raise InputError(f"{out}: exists and is not a folder; give a folder for the demo dataset")
     (out / "imagesTr").mkdir(parents=True, exist_ok=True)

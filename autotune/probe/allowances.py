@@ -68,28 +68,15 @@ def is_calibrated(allowance: CudaAllowance) -> bool:
     return str(allowance.source).startswith("calibration")
 
 
-def _visible_gpu_name(device: str) -> str | None:
-    import sys
-
-    torch = sys.modules.get("torch")
-    if torch is None:
-        import torch
-    try:
-        if torch.cuda.is_available():
-            return str(torch.cuda.get_device_name(torch.device(device)))
-    except (RuntimeError, AssertionError, ValueError):
-        pass
-    return None
-
-
 def allowance_for(device: str, gpu_name: str | None = None) -> CudaAllowance:
     """The allowance for ``device``: none on the CPU; on CUDA the calibration of the GPU named
     ``gpu_name`` (default: the visible GPU of ``device``) when one exists, else the defaults."""
     if not str(device).startswith("cuda"):
         return NO_ALLOWANCE
+    from autotune.device import gpu_name as visible_gpu_name
     from autotune.probe.calibration import find_calibration
 
-    name = gpu_name or _visible_gpu_name(str(device))
+    name = gpu_name or visible_gpu_name(str(device))
     found = find_calibration(name)
     if found is None:
         return DEFAULT_CUDA_ALLOWANCE

@@ -33,21 +33,19 @@ estimate runs.
 from __future__ import annotations
 
 import contextlib
-import math
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune.errors import ProbeError
+from autotune.probe.model import MemoryModel, num_windows
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-__all__ = ["estimate", "MemoryModel", "fit_memory_model", "MAX_FITTING"]
+__all__ = ["estimate", "fit_memory_model"]
 
-MAX_FITTING = 1 << 20  # max_fitting's answer when memory does not grow with N
 ESTIMATE_STEPS = 2
 
 
@@ -200,16 +198,8 @@ def estimate(bundle: str | Path | Mapping[str, Any], *, num_patches_per_iter: in
         ProbeError: bad arguments, or the fake pass failed (the message names the phase).
     """
     from autotune.build import amp_dtype, build_loss, build_optimizer
-    from autotune.probe import memory
-    from autotune.probe.trial import (
-        base_result,
-        ensure_training_state,
-        make_loader_batches,
-        make_volume,
-        make_volume_label,
-        train_loader_batch,
-        validate_volume,
-    )
+    from autotune.probe import memory, workload
+    from autotune.probe.trial import base_result
     from autotune.step import make_dice_metric
 
     start = time.perf_counter()
@@ -238,21 +228,23 @@ def estimate(bundle: str | Path | Mapping[str, Any], *, num_patches_per_iter: in
                 tracker = memory.make_tracker(compute.split(":")[0])
                 if phase == "train":
                     model.train()
-                    batches = make_loader_batches(cfg, req["num_patches_per_iter"], compute)
+                    batches = workload.make_loader_batches(cfg, req["num_patches_per_iter"], compute)
                     tracker.track(memory.tensors_of(model, optimizer, batches))
                     with tracker:
                         for _ in range(ESTIMATE_STEPS):
-                            train_loader_batch(model, loss_fn, optimizer, batches[0], req["num_patches_per_iter"],
-                                               dtype, None)
+                            workload.train_loader_batch(model, loss_fn, optimizer, batches[0],
+                                                        req["num_patches_per_iter"], dtype, None)
                     del batches
                 else:
-                    ensure_training_state(model, optimizer)
+                    workload.ensure_training_state(model, optimizer)
                     model.eval()
-                    volume, label = make_volume(cfg, volume_device), make_volume_label(cfg, volume_device)
+                    volume = workload.make_volume(cfg, volume_device)
+                    label = workload.make_volume_label(cfg, volume_device)
                     tracker.track(memory.tensors_of(model, optimizer, volume, label))
                     with tracker:
-                        out = validate_volume(model, volume, label, cfg, req["num_sw_batch_size"], compute, dtype,
-                                              None if volume_device == "meta" else make_dice_metric(cfg))
+                        metric = None if volume_device == "meta" else make_dice_metric(cfg)
+                        out = workload.validate_volume(model, volume, label, cfg, req["num_sw_batch_size"], compute,
+                                                       dtype, metric)
                         del out
                     del volume, label
                 result[f"{phase}_peak_bytes"] = tracker.peak_bytes
@@ -264,52 +256,6 @@ def estimate(bundle: str | Path | Mapping[str, Any], *, num_patches_per_iter: in
     result["guessed_values"] = len(guesses)
     result["seconds"] = time.perf_counter() - start
     return result
-
-
-@dataclass
-class MemoryModel:
-    """Peak memory as a line in the batch size: ``peak(N) = intercept + slope * N`` bytes.
-
-    ``phase`` "train" varies ``num_patches_per_iter``, "infer" ``num_sw_batch_size``.
-    ``points`` are the (N, peak) pairs it was fitted to. ``n_cap``, when set, is the N
-    beyond which memory no longer grows (a sliding-window batch larger than the number
-    of windows); ``max_fitting`` never answers more than it.
-    """
-
-    intercept: float
-    slope: float
-    phase: str
-    points: list[tuple[int, int]] = field(default_factory=list)
-    n_cap: int | None = None
-
-    def predict(self, n: int) -> float:
-        """Predicted peak bytes at ``n``."""
-        if self.n_cap is not None:
-            n = min(n, self.n_cap)
-        return self.intercept + self.slope * n
-
-    def max_fitting(self, limit_bytes: float) -> int:
-        """Largest N >= 0 with ``predict(N) <= limit_bytes`` (0 if none)."""
-        cap = self.n_cap if self.n_cap is not None else MAX_FITTING
-        if self.slope <= 0:
-            return cap if self.intercept <= limit_bytes else 0
-        n = math.floor((limit_bytes - self.intercept) / self.slope)
-        while n > 0 and self.predict(n) > limit_bytes:  # float rounding at the edge
-            n -= 1
-        while n + 1 <= cap and self.predict(n + 1) <= limit_bytes:
-            n += 1
-        return max(0, min(n, cap))
-
-
-def _num_windows(cfg: Mapping[str, Any]) -> int:
-    """Number of sliding windows over the infer volume, by MONAI's own scan arithmetic."""
-    from monai.data.utils import dense_patch_slices
-    from monai.inferers.utils import _get_scan_interval
-
-    roi = tuple(int(v) for v in cfg["roi_size"])
-    shape = tuple(max(int(s), r) for s, r in zip(cfg.get("infer_volume_shape") or roi, roi, strict=True))
-    overlap = (float(cfg.get("sw_overlap", 0.5)),) * len(roi)
-    return len(dense_patch_slices(shape, roi, _get_scan_interval(shape, roi, len(roi), overlap)))
 
 
 def fit_memory_model(bundle: str | Path | Mapping[str, Any], *, phase: str = "train", n_values: tuple[int, int] = (1, 2),
@@ -331,11 +277,10 @@ def fit_memory_model(bundle: str | Path | Mapping[str, Any], *, phase: str = "tr
         res = estimate(bundle, device=device, validation_device=validation_device, phases=(phase,), **{key: n}, **kw)
         peaks.append(int(res[f"{phase}_peak_bytes"]))
     slope = (peaks[1] - peaks[0]) / (n2 - n1)
-    n_cap = None
+    cap = None
     if phase == "infer":
         from autotune.probe.runner import resolve_request
 
-        cfg = resolve_request(bundle, check_device=False)["config"]
-        n_cap = _num_windows(cfg)
-    return MemoryModel(intercept=peaks[0] - slope * n1, slope=slope, phase=phase,
-                       points=[(n1, peaks[0]), (n2, peaks[1])], n_cap=n_cap)
+        cap = num_windows(resolve_request(bundle, check_device=False)["config"])
+    return MemoryModel(intercept=peaks[0] - slope * n1, slope=slope, cap=cap, phase=phase,
+                       points=[(n1, peaks[0]), (n2, peaks[1])])

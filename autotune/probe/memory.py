@@ -1,5 +1,7 @@
 """Measuring memory: the lean tensor tracker, peak RSS, CUDA allocator peaks, OOM classification.
 
+Device facts (names, total memory, host RAM, NVML) live in ``autotune.device``.
+
 ``MemoryTracker`` is a ``TorchDispatchMode`` that adds the bytes of every new output
 storage (rounded up to 512, the CUDA caching allocator's block size) to a running total,
 subtracts them when the storage is freed, and keeps the peak. The CPU probe runs real
@@ -14,13 +16,14 @@ so that importing this module stays cheap.
 
 from __future__ import annotations
 
-import os
 import re
 import resource
 import sys
 import weakref
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
+
+from autotune.device import device_total_memory, proc_field_bytes
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -33,13 +36,9 @@ __all__ = [
     "is_oom_error",
     "reset_peak_rss",
     "peak_rss_bytes",
-    "total_ram_bytes",
-    "device_total_memory",
-    "device_name",
     "cuda_reset_peaks",
     "cuda_peaks",
     "cuda_set_memory_limit",
-    "nvml_used_bytes",
 ]
 
 GRANULARITY = 512  # bytes; the CUDA caching allocator rounds every block up to this
@@ -214,92 +213,10 @@ def reset_peak_rss() -> bool:
 
 def peak_rss_bytes() -> int:
     """Peak resident set size of this process since start or the last ``reset_peak_rss``, bytes."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as handle:
-            for line in handle:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
+    peak = proc_field_bytes("/proc/self/status", "VmHWM")
+    if peak is not None:
+        return peak
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # KiB on Linux
-
-
-def total_ram_bytes() -> int | None:
-    """Physical memory of this machine, bytes (None if unknown)."""
-    try:
-        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
-            for line in handle:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-
-    return platform.processor() or platform.machine() or "cpu"
-
-
-def device_name(device: str) -> str:
-    """A readable name of ``device``: the GPU's name, or the CPU model."""
-    import torch
-
-    dev = torch.device(device)
-    if dev.type == "cuda":
-        return str(torch.cuda.get_device_name(dev))
-    return _cpu_name()
-
-
-def _nvml_memory(index: int) -> Any:
-    """NVML's memory info of CUDA device ``index`` (mapped through CUDA_VISIBLE_DEVICES); raises if NVML fails."""
-    import pynvml
-
-    pynvml.nvmlInit()
-    try:
-        # NVML numbers devices physically; map through CUDA_VISIBLE_DEVICES when it lists indices.
-        visible = [v for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
-        physical = int(visible[index]) if index < len(visible) and visible[index].strip().isdigit() else index
-        return pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(physical))
-    finally:
-        pynvml.nvmlShutdown()
-
-
-def _cuda_index(device: str) -> int:
-    import torch
-
-    dev = torch.device(device)
-    return dev.index if dev.index is not None else torch.cuda.current_device()
-
-
-def device_total_memory(device: str) -> int | None:
-    """Total memory of ``device``: NVML where present, else torch, for CUDA; physical RAM for CPU."""
-    import torch
-
-    dev = torch.device(device)
-    if dev.type != "cuda":
-        return total_ram_bytes()
-    index = _cuda_index(device)
-    try:
-        return int(_nvml_memory(index).total)
-    except Exception:  # noqa: BLE001 - NVML is optional; torch knows the total too
-        return int(torch.cuda.get_device_properties(index).total_memory)
-
-
-def nvml_used_bytes(device: str) -> int | None:
-    """Memory in use on CUDA ``device`` as NVML sees it (all processes, the CUDA context included);
-    None on the CPU or where NVML is not available. Does not create a CUDA context."""
-    if not str(device).startswith("cuda"):
-        return None
-    index = int(str(device).split(":")[1]) if ":" in str(device) else 0
-    try:
-        return int(_nvml_memory(index).used)
-    except Exception:  # noqa: BLE001 - NVML is optional
-        return None
 
 
 def cuda_set_memory_limit(device: str, limit_bytes: int) -> float:
@@ -307,7 +224,7 @@ def cuda_set_memory_limit(device: str, limit_bytes: int) -> float:
     import torch
 
     dev = torch.device(device)
-    total = int(torch.cuda.get_device_properties(dev).total_memory)
+    total = int(device_total_memory(str(device)) or 0)
     fraction = min(1.0, max(0.0, float(limit_bytes) / total))
     torch.cuda.set_per_process_memory_fraction(fraction, dev)
     return fraction

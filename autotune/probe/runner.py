@@ -221,7 +221,8 @@ def run_probe(bundle: str | Path | dict, *, num_patches_per_iter: int | None = N
         ProbeError: bad arguments (unknown device or phase, N < 1, a bad fault rule, timeout <= 0),
             or the child process could not be started at all.
     """
-    from autotune.probe.trial import EXIT_OK, EXIT_OOM, FAULT_ENV, base_result, parse_fault_rules
+    from autotune.probe.faults import FAULT_ENV, parse_fault_rules
+    from autotune.probe.trial import EXIT_OK, EXIT_OOM, base_result
 
     start = time.perf_counter()
     req = resolve_request(bundle, num_patches_per_iter=num_patches_per_iter, num_sw_batch_size=num_sw_batch_size,

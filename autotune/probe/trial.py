@@ -7,16 +7,15 @@ is written as JSON to ``request["result_path"]`` and the exit code says how it w
 doing (device facts, current phase) to ``request["state_path"]`` so the parent can say
 which phase a killed or timed-out child was in.
 
-The helpers that make the inputs and the training state (``make_batch``,
-``make_volume``, ``ensure_training_state``) are shared with the estimator, so a probe
-and an estimate allocate the same tensors. torch is imported inside the functions.
+The inputs, the training state and the steps come from ``autotune.probe.workload``,
+shared with the estimator, so a probe and an estimate allocate the same tensors; faults
+injected for tests from ``autotune.probe.faults``. torch is imported inside the functions.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import signal
 import statistics
 import sys
 import time
@@ -24,6 +23,17 @@ import traceback
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from autotune.device import device_name, device_total_memory, nvml_used_bytes
+from autotune.probe.faults import FAULT_ENV, inject_fault, parse_fault_rules
+from autotune.probe.workload import (
+    ensure_training_state,
+    make_loader_batches,
+    make_volume,
+    make_volume_label,
+    train_loader_batch,
+    validate_volume,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -35,16 +45,7 @@ __all__ = [
     "phase_key",
     "cuda_result_keys",
     "EXIT_OOM",
-    "FAULT_ENV",
-    "FAULTS",
-    "parse_fault_rules",
-    "make_batch",
-    "make_volume",
-    "make_volume_label",
-    "make_loader_batches",
-    "train_loader_batch",
-    "validate_volume",
-    "ensure_training_state",
+    "base_result",
     "run_trial",
     "main",
 ]
@@ -54,6 +55,7 @@ EXIT_OK, EXIT_ERROR, EXIT_OOM = 0, 1, 3
 # allocator's peaks, NVML's used memory at the phase's end and the allocator's reserve then.
 CUDA_PHASE_FIELDS = ("cuda_max_memory_reserved", "cuda_max_memory_allocated", "nvml_used_bytes",
                      "cuda_memory_reserved_now")
+_TAIL_LINES = 15  # lines of a failed trial's traceback kept in its result
 
 
 def phase_key(phase: str, field: str) -> str:
@@ -65,145 +67,6 @@ def cuda_result_keys() -> tuple[str, ...]:
     """Every CUDA key a trial's result may hold (the evaluator copies these onto trials)."""
     return ("nvml_baseline_used_bytes",
             *(phase_key(p, f) for p in ("train", "infer") for f in CUDA_PHASE_FIELDS))
-FAULT_ENV = "AUTOTUNE_PROBE_FAULT"
-FAULTS = ("oom", "segfault", "sigkill", "hang", "raise")
-_TAIL_LINES = 15
-
-
-def parse_fault_rules(spec: str | None) -> list[tuple[str, dict[str, str]]]:
-    """Parse ``AUTOTUNE_PROBE_FAULT``: comma-separated rules ``fault`` or ``fault@key=value[&key=value]``.
-
-    Raises:
-        ValueError: an unknown fault name or a condition without ``=``.
-    """
-    rules: list[tuple[str, dict[str, str]]] = []
-    for raw in (spec or "").split(","):
-        raw = raw.strip()
-        if not raw:
-            continue
-        fault, _, cond_text = raw.partition("@")
-        fault = fault.strip()
-        if fault not in FAULTS:
-            raise ValueError(f"{FAULT_ENV}: unknown fault {fault!r}; valid: {', '.join(FAULTS)}")
-        conditions: dict[str, str] = {}
-        for cond in filter(None, (c.strip() for c in cond_text.split("&"))):
-            key, sep, value = cond.partition("=")
-            if not sep:
-                raise ValueError(f"{FAULT_ENV}: condition {cond!r} must be key=value")
-            conditions[key.strip()] = value.strip()
-        rules.append((fault, conditions))
-    return rules
-
-
-def _inject_fault(rules: list[tuple[str, dict[str, str]]], context: Mapping[str, Any], phase: str | None) -> None:
-    """Fire the first matching rule. With ``phase`` None (before the build and the heavy imports)
-    only rules without a ``phase`` condition are checked; at a phase's start only rules naming it."""
-    for fault, conditions in rules:
-        if ("phase" in conditions) != (phase is not None):
-            continue
-        if all(str({**context, "phase": phase}.get(key)) == value for key, value in conditions.items()):
-            if fault == "oom":
-                import torch
-
-                raise torch.OutOfMemoryError("injected fault: out of memory")
-            if fault == "raise":
-                raise ValueError("injected fault: raise")
-            if fault == "segfault":
-                os.kill(os.getpid(), signal.SIGSEGV)
-            if fault == "sigkill":
-                os.kill(os.getpid(), signal.SIGKILL)
-            while True:  # "hang", and a fallback should a signal above be caught
-                time.sleep(3600)
-
-
-def make_batch(cfg: Mapping[str, Any], num_patches: int, device: str | torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Images (N, C, *roi) and labels as the training loader gives them: class indices (N, 1, *roi)
-    as float, or for sigmoid bundles one binary channel per class."""
-    import torch
-
-    roi = [int(v) for v in cfg["roi_size"]]
-    channels, classes = int(cfg["input_channels"]), int(cfg["output_classes"])
-    images = torch.randn(num_patches, channels, *roi, device=device)
-    if cfg.get("sigmoid"):
-        labels = torch.randint(0, 2, (num_patches, classes, *roi), device=device).float()
-    else:
-        labels = torch.randint(0, classes, (num_patches, 1, *roi), device=device).float()
-    return images, labels
-
-
-def make_volume(cfg: Mapping[str, Any], device: str | torch.device) -> torch.Tensor:
-    """One validation volume (1, C, *infer_volume_shape); the roi when the shape is not recorded."""
-    import torch
-
-    shape = [int(v) for v in (cfg.get("infer_volume_shape") or cfg["roi_size"])]
-    return torch.randn(1, int(cfg["input_channels"]), *shape, device=device)
-
-
-def make_volume_label(cfg: Mapping[str, Any], device: str | torch.device) -> torch.Tensor:
-    """The validation label for ``make_volume``'s volume, as the validation loader gives it:
-    class indices (1, 1, *shape) as float, or one binary channel per class for sigmoid bundles."""
-    import torch
-
-    shape = [int(v) for v in (cfg.get("infer_volume_shape") or cfg["roi_size"])]
-    classes = int(cfg["output_classes"])
-    if cfg.get("sigmoid"):
-        return torch.randint(0, 2, (1, classes, *shape), device=device).float()
-    return torch.randint(0, classes, (1, 1, *shape), device=device).float()
-
-
-def make_loader_batches(cfg: Mapping[str, Any], num_patches_per_iter: int,
-                        device: str | torch.device) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
-    """What training holds on the device at a step: the loader batch being stepped through
-    (images x crops patches, ``loader_batch_patches``) and the one the thread loader has prefetched."""
-    from autotune.step import loader_batch_patches
-
-    total = loader_batch_patches(num_patches_per_iter, int(cfg.get("num_crops_per_image", 1) or 1))
-    return make_batch(cfg, total, device), make_batch(cfg, total, device)
-
-
-def train_loader_batch(model: Any, loss_fn: Any, optimizer: Any, batch: tuple[torch.Tensor, torch.Tensor],
-                       num_patches_per_iter: int, amp_dtype: Any, scaler: Any) -> Any:
-    """Step through one loader batch in forward passes of N patches, as training does; returns the last loss."""
-    from autotune.step import split_patches, train_step
-
-    loss = None
-    for image, label in split_patches(batch[0], batch[1], num_patches_per_iter):
-        loss = train_step(model, loss_fn, optimizer, image, label, amp_dtype, scaler)
-    return loss
-
-
-def validate_volume(model: Any, volume: torch.Tensor, label: torch.Tensor, cfg: Mapping[str, Any], sw_batch_size: int,
-                    device: Any, amp_dtype: Any, metric: Any) -> torch.Tensor:
-    """Validation of one case as training runs it: sliding window, post-processing and the metric
-    where the volume lives; returns the scores (the logits when ``metric`` is None: the estimator's
-    volume on the meta device, whose scoring happens off the GPU and is not counted)."""
-    from autotune.step import score_case, sliding_window_predict
-
-    logits = sliding_window_predict(model, volume, cfg["roi_size"], int(sw_batch_size), device,
-                                    float(cfg.get("sw_overlap", 0.5)), amp_dtype)
-    if metric is None:
-        return logits
-    scores = score_case(logits, label, cfg, metric)
-    metric.reset()
-    return scores
-
-
-def ensure_training_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
-    """Give every parameter a gradient and the optimizer its state, as after a training step.
-
-    Validation in training runs with both alive, so the infer phase is measured with them,
-    whether or not the train phase ran first.
-    """
-    import torch
-
-    if not optimizer.state:
-        for param in model.parameters():
-            if param.requires_grad and param.grad is None:
-                param.grad = torch.zeros_like(param)
-        optimizer.step()
-    for param in model.parameters():
-        if param.requires_grad and param.grad is None:
-            param.grad = torch.zeros_like(param)
 
 
 def _sync(device: torch.device) -> None:
@@ -286,7 +149,7 @@ def _measured_loop(req: Mapping[str, Any], parts: dict[str, Any], result: dict[s
             result[f"{phase}_peak_bytes"] = peaks.get("cuda_max_memory_reserved")
             # NVML sees what the allocator does not: context, library code and handles. The
             # allocator keeps its reserve, so used - reserved now - baseline is that overhead.
-            result[phase_key(phase, "nvml_used_bytes")] = memory.nvml_used_bytes(str(device))
+            result[phase_key(phase, "nvml_used_bytes")] = nvml_used_bytes(str(device))
             try:
                 result[phase_key(phase, "cuda_memory_reserved_now")] = int(torch_cuda_reserved(device))
             except RuntimeError:
@@ -367,25 +230,23 @@ def run_trial(req: Mapping[str, Any]) -> dict[str, Any]:
 
     try:
         rules = parse_fault_rules(os.environ.get(FAULT_ENV))
-        _inject_fault(rules, context, None)
+        inject_fault(rules, context, None)
         import monai
         import torch
-
-        from autotune.probe import memory
 
         lap("imports")
 
         # NVML before this process touches CUDA: memory other processes already hold on the device.
-        result["nvml_baseline_used_bytes"] = memory.nvml_used_bytes(req["device"])
+        result["nvml_baseline_used_bytes"] = nvml_used_bytes(req["device"])
         result.update(torch_version=torch.__version__, monai_version=monai.__version__,
-                      device_name=memory.device_name(req["device"]),
-                      device_total_memory=memory.device_total_memory(req["device"]))
+                      device_name=device_name(req["device"]),
+                      device_total_memory=device_total_memory(req["device"]))
         _write_state(state_path, {**result, "phase": phase})
         parts = _build(req)
         lap("build")
         for phase in req["phases"]:
             _write_state(state_path, {**result, "phase": phase})
-            _inject_fault(rules, context, phase)
+            inject_fault(rules, context, phase)
             if phase == "train":
                 _train_phase(req, parts, result)
             else:  # training validates with a warm allocator cache: no empty_cache here either

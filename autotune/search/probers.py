@@ -37,7 +37,6 @@ class _ModelMixin:
     def memory_model(self, phase: str, point: Mapping[str, Any]) -> Any:
         """Affine model of the peak (plus the device allowance) from two estimates; None if it fails."""
         from autotune.probe.estimate import fit_memory_model
-        from autotune.search.strategy import LinearModel
 
         kwargs = _point_kwargs(point)
         kwargs.pop("num_sw_batch_size", None)
@@ -49,10 +48,7 @@ class _ModelMixin:
         except Exception as exc:  # the estimator is an aid: fall back to bisection without it
             log.warning("estimate for %s (%s) failed, bisecting without it: %s", Path(self.bundle).name, phase, exc)
             return None
-        cap = getattr(model, "n_cap", None)
-        return LinearModel(
-            float(model.intercept) * self.scale + self.offset, float(model.slope) * self.scale, int(cap) if cap else None
-        )
+        return model.scaled(self.scale, self.offset)
 
 
     def memory_curve(
@@ -80,10 +76,10 @@ class _ModelMixin:
             kwargs.pop("validation_device", None)
         cap = None
         if phase == "infer":
-            from autotune.probe.estimate import _num_windows
+            from autotune.probe.model import num_windows
             from autotune.probe.runner import resolve_request
 
-            cap = _num_windows(resolve_request(self.bundle, check_device=False)["config"])
+            cap = num_windows(resolve_request(self.bundle, check_device=False)["config"])
 
         def raw_peak(n: int) -> float:
             raw = int(estimate(self.bundle, device=self.device, phases=(phase,), **{size: n}, **kwargs)[f"{phase}_peak_bytes"])

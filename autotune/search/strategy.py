@@ -25,25 +25,7 @@ from autotune.search.edge import find_max_feasible
 from autotune.search.evaluate import Evaluation, Evaluator
 from autotune.search.objective import DEFAULT_OBJECTIVE, TIE_TOLERANCE, choose
 
-__all__ = ["TIE_TOLERANCE", "LinearModel", "find_max_feasible", "choose_best", "run_fast", "run_tpe", "SearchOutcome"]
-
-
-@dataclass
-class LinearModel:
-    """``peak(n) = intercept + slope * n`` in bytes; ``cap``: n past which memory stops growing
-    (a sliding-window batch larger than the number of windows)."""
-
-    intercept: float
-    slope: float
-    cap: int | None = None
-
-    def predict(self, n: int) -> float:
-        return self.intercept + self.slope * n
-
-    def max_fitting(self, budget: float) -> int:
-        if self.slope <= 0:
-            return 10**9 if self.intercept <= budget else 0
-        return int((budget - self.intercept) // self.slope)
+__all__ = ["TIE_TOLERANCE", "find_max_feasible", "choose_best", "run_fast", "run_tpe", "SearchOutcome"]
 
 
 def choose_best(evaluations: list[Evaluation], size_key: str, objective: str = DEFAULT_OBJECTIVE) -> Evaluation | None:

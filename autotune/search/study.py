@@ -28,7 +28,6 @@ __all__ = [
     "default_storage_url",
     "redact_url",
     "open_storage",
-    "device_info",
     "make_key",
     "open_study",
     "trial_id",
@@ -115,23 +114,6 @@ def open_storage(url: str | None = None) -> optuna.storages.BaseStorage:
         reason = str(getattr(exc, "orig", exc)).strip().splitlines()[0] if str(getattr(exc, "orig", exc)).strip() else ""
         reason = reason.replace(url, shown)
         raise StorageError(f"storage {shown}: cannot connect ({reason[:160]}); check the server and the URL") from exc
-
-
-def device_info(device: str) -> dict[str, Any]:
-    """Name and total memory (bytes) of ``device`` (``cpu`` or ``cuda:N``)."""
-    import torch
-
-    dev = torch.device(device)
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            from autotune.errors import SpecError
-
-            raise SpecError(f"device {device!r}: CUDA is not available here; use --device cpu")
-        index = dev.index or 0
-        props = torch.cuda.get_device_properties(index)
-        return {"device": f"cuda:{index}", "device_name": props.name, "device_total_memory": int(props.total_memory)}
-    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return {"device": "cpu", "device_name": "cpu", "device_total_memory": int(total)}
 
 
 @dataclass(frozen=True)

@@ -135,8 +135,8 @@ def tune_bundles(
 
 def _budget(device: str, memory_limit: int | str | None, margin: float, target: Mapping[str, Any] | None) -> Budget:
     """The device tuned for and its budget: the limit less the margin and the allowances."""
+    from autotune.device import device_info
     from autotune.probe.allowances import allocator_budget, allowance_from_record
-    from autotune.search.study import device_info
 
     if not isinstance(margin, (int, float)) or not 0.0 <= float(margin) < 1.0:
         raise SpecError(f"margin must be in [0, 1), got {margin!r}")

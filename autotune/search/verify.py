@@ -36,9 +36,9 @@ def verify_bundle(
         ConfigError: the bundle was never tuned.
         SpecError: the memory limit is larger than the device.
     """
+    from autotune.device import device_info
     from autotune.probe.estimate import estimate
     from autotune.probe.runner import run_probe
-    from autotune.search.study import device_info
 
     say = progress or (lambda _line: None)
     cfg = load_bundle_config(bundle)

@@ -1,8 +1,9 @@
 """Checkpoints: atomic writes, safe loads, and putting a run back where it stopped.
 
 A checkpoint is a dict of plain data and tensors (model, optimizer, GradScaler and
-schedule state, epoch, best metric, RNG states), written with ``torch.save`` to a temp
-file and renamed over the old one, and read back with ``weights_only=True``.
+schedule state, epoch, best metric, RNG states; ``checkpoint_state``), written with
+``torch.save`` to a temp file and renamed over the old one, and read back with
+``weights_only=True`` (``resume``). ``RunState`` is where a run stands between epochs.
 """
 
 from __future__ import annotations
@@ -10,13 +11,36 @@ from __future__ import annotations
 import os
 import random
 import tempfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from autotune.errors import ConfigError
 from autotune.utils import fsync_path
 
-__all__ = ["save_checkpoint", "load_checkpoint", "rng_state", "set_rng_state", "fit_schedule", "restore"]
+__all__ = ["RunState", "save_checkpoint", "load_checkpoint", "rng_state", "set_rng_state", "fit_schedule", "restore",
+           "checkpoint_state", "resume"]
+
+
+@dataclass
+class RunState:
+    """Where a training run stands: the last finished epoch, the best validation Dice so far and
+    its epoch, validations since it last improved, and seconds trained before this process."""
+
+    epoch: int = 0
+    best: float | None = None
+    best_epoch: int = 0
+    stale: int = 0
+    elapsed_before: float = 0.0
+
+    def validated(self, mean: float | None, epoch: int) -> bool:
+        """Count one validation; True when ``mean`` is a new best (then ``best.pt`` is due)."""
+        if mean is not None and (self.best is None or mean > self.best):
+            self.best, self.best_epoch, self.stale = mean, epoch, 0
+            return True
+        self.stale += 1
+        return False
 
 
 def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
@@ -99,3 +123,32 @@ def restore(path: Path, mode: str, model: Any, optimizer: Any, scaler: Any, sche
     if state.get("rng"):
         set_rng_state(state["rng"])
     return state
+
+
+def checkpoint_state(parts: Mapping[str, Any], state: RunState, epoch: int, *, mode: str, elapsed_s: float,
+                     total_steps: int, cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """What ``save_checkpoint`` writes after ``epoch``: ``parts`` (``model``, ``optimizer``, ``scaler``,
+    ``scheduler``; the last two may be None) as state dicts, ``state``, and the RNG states."""
+    return {
+        **{name: (parts[name].state_dict() if parts[name] is not None else None)
+           for name in ("model", "optimizer", "scaler", "scheduler")},
+        "epoch": epoch, "best_metric": state.best, "best_epoch": state.best_epoch,
+        "stale_validations": state.stale, "mode": mode, "elapsed_s": elapsed_s,
+        "total_steps": total_steps, "rng": rng_state(), "algo": cfg["algo"], "network": cfg["network"]["name"],
+    }
+
+
+def resume(path: Path, mode: str, parts: Mapping[str, Any], total_steps: int,
+           say: Callable[[str], None]) -> RunState:
+    """The ``RunState`` saved in ``path`` with ``parts`` loaded from it (see ``restore``); a fresh one,
+    said in a line, when there is no checkpoint.
+
+    Raises:
+        ConfigError: as ``restore``.
+    """
+    if not path.is_file():
+        say(f"no checkpoint {path} to resume from; starting at epoch 1")
+        return RunState()
+    saved = restore(path, mode, parts["model"], parts["optimizer"], parts["scaler"], parts["scheduler"], total_steps)
+    return RunState(epoch=int(saved["epoch"]), best=saved.get("best_metric"), best_epoch=int(saved.get("best_epoch", 0)),
+                    stale=int(saved.get("stale_validations", 0)), elapsed_before=float(saved.get("elapsed_s", 0.0)))

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from autotune.device import available_ram_bytes
 from autotune.errors import ConfigError, DataError
 from autotune.utils import bars_enabled, look_up_option, read_json
 
@@ -31,7 +32,6 @@ __all__ = [
     "split_datalist",
     "shard",
     "estimate_cache_bytes",
-    "available_ram_bytes",
     "make_dataset",
     "make_loader",
 ]
@@ -208,18 +208,6 @@ def shard(items: Sequence[dict], rank: int, world_size: int, seed: int, even: bo
         raise DataError(f"{len(items)} training cases cannot be shared by {world_size} processes; use fewer")
     return list(partition_dataset(list(items), num_partitions=world_size, shuffle=even, seed=seed,
                                   even_divisible=even)[rank])
-
-
-def available_ram_bytes() -> int:
-    """Available RAM (``MemAvailable`` on Linux; total physical memory elsewhere)."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as handle:
-            for line in handle:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
 
 def estimate_cache_bytes(cases: Sequence[dict], cfg: Mapping[str, Any]) -> int:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune import errors
+from autotune.device import check_device
 from autotune.errors import AutotuneError, SpecError
 
 __all__ = [
@@ -58,25 +59,6 @@ class DistContext:
         return self.rank == 0
 
 
-def _resolve_device(device: str, local_rank: int, distributed: bool) -> str:
-    import torch
-
-    kind = str(device).split(":")[0]
-    if kind not in ("cpu", "cuda"):
-        raise SpecError(f"--device {device!r}: give cpu, cuda or cuda:N")
-    if kind == "cpu":
-        return "cpu"
-    if not torch.cuda.is_available():
-        raise SpecError(f"--device {device!r}: CUDA is not available here; use --device cpu")
-    if distributed:  # one GPU per local rank
-        index = local_rank
-    else:
-        index = int(str(device).split(":")[1]) if ":" in str(device) else 0
-    if index >= torch.cuda.device_count():
-        raise SpecError(f"--device {device!r}: only {torch.cuda.device_count()} CUDA device(s) visible")
-    return f"cuda:{index}"
-
-
 def init_from_env(device: str) -> DistContext:
     """Join the process group the environment describes, or run alone when it describes none.
 
@@ -91,7 +73,7 @@ def init_from_env(device: str) -> DistContext:
     local_rank = int(os.environ.get("LOCAL_RANK", str(rank)))
     # Under torchrun even one process joins a group (DDP with world size 1 is a real NCCL run).
     distributed = world_size > 1 or "TORCHELASTIC_RUN_ID" in os.environ
-    resolved = _resolve_device(device, local_rank, distributed)
+    resolved = check_device(device, local_rank, distributed)
     if resolved.startswith("cuda"):
         torch.cuda.set_device(torch.device(resolved))
     if distributed and not dist.is_initialized():

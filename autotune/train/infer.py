@@ -22,7 +22,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from autotune.train.ddp import DistContext
 
-__all__ = ["infer", "evaluate", "model_dir", "resolve_checkpoint", "load_model", "plain", "class_labels"]
+__all__ = ["infer", "evaluate", "model_dir", "resolve_checkpoint", "load_model", "plain_tensor", "predict_args", "class_labels"]
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ def class_labels(cfg: Mapping[str, Any]) -> list[str]:
     return ["".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in name) for name in names]
 
 
-def plain(tensor: Any) -> torch.Tensor:
+def plain_tensor(tensor: Any) -> torch.Tensor:
     """A MONAI ``MetaTensor`` as a plain tensor (metadata tracking slows the network down)."""
     return tensor.as_tensor() if hasattr(tensor, "as_tensor") else tensor
 
@@ -79,7 +79,7 @@ def load_model(cfg: Mapping[str, Any], path: Path, device: str) -> torch.nn.Modu
     return model.to(device).eval()
 
 
-def _predict_args(cfg: Mapping[str, Any]) -> dict[str, Any]:
+def predict_args(cfg: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "roi_size": [int(v) for v in cfg["roi_size"]],
         "sw_batch_size": int(cfg.get("num_sw_batch_size", 1)),
@@ -116,9 +116,9 @@ def evaluate(
     was_training = model.training
     model.eval()
     for batch in loader:
-        image = plain(batch["image"]).to(image_device)
-        label = plain(batch["label"]).to(image_device)
-        logits = sliding_window_predict(model, image, device=device, amp_dtype=amp_dtype, **_predict_args(cfg))
+        image = plain_tensor(batch["image"]).to(image_device)
+        label = plain_tensor(batch["label"]).to(image_device)
+        logits = sliding_window_predict(model, image, device=device, amp_dtype=amp_dtype, **predict_args(cfg))
         scores = score_case(logits, label, cfg, metric).detach().cpu()
         for row in scores:
             for index, value in enumerate(row.tolist()[:count]):
@@ -203,11 +203,11 @@ def infer(
 
     from autotune.build import amp_dtype, build_transforms
     from autotune.bundles.config import load_bundle_config
+    from autotune.device import check_device
     from autotune.step import sliding_window_predict
-    from autotune.train.ddp import _resolve_device
 
     cfg = load_bundle_config(bundle)
-    device = _resolve_device(device, 0, False)
+    device = check_device(device)
     files = _input_files(images)
     model = load_model(cfg, resolve_checkpoint(cfg, checkpoint), device)
     transforms = build_transforms(cfg, "infer")
@@ -220,8 +220,8 @@ def infer(
     for item in tqdm(files, desc="infer", unit="image", disable=not bars_enabled(progress)):
         data = transforms({"image": item})
         logits = sliding_window_predict(
-            model, plain(data["image"]).unsqueeze(0).to(image_device), device=device, amp_dtype=dtype,
-            **_predict_args(cfg),
+            model, plain_tensor(data["image"]).unsqueeze(0).to(image_device), device=device, amp_dtype=dtype,
+            **predict_args(cfg),
         )[0].float()
         if cfg.get("sigmoid"):
             pred = (logits.sigmoid() > 0.5).float()
@@ -229,9 +229,9 @@ def infer(
             pred = logits.argmax(dim=0, keepdim=True).float()
         # Invertd takes the transform record from "image" and needs "pred" to be a MetaTensor too.
         restored = invert({"image": data["image"], "pred": MetaTensor(pred.cpu())})["pred"]
-        array = plain(restored).numpy()
+        array = plain_tensor(restored).numpy()
         array = array[0] if array.shape[0] == 1 else np.moveaxis(array, 0, -1)
-        affine = np.asarray(plain(restored.affine).numpy(), dtype=np.float64)
+        affine = np.asarray(plain_tensor(restored.affine).numpy(), dtype=np.float64)
         path = out / _output_name(item, used)
         tmp = unique_tmp_name(path, ".tmp.nii.gz")  # two runs writing the same output never share it
         nib.save(nib.Nifti1Image(np.rint(array).astype(np.uint8), affine), tmp)

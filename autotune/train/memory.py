@@ -15,7 +15,7 @@ from typing import Any
 
 from autotune.utils import format_bytes, parse_bytes
 
-__all__ = ["PhaseMemory", "training_limit"]
+__all__ = ["PhaseMemory", "training_limit", "out_of_memory_error"]
 
 
 def training_limit(cfg: dict[str, Any], device: str, memory_limit: int | str | None) -> int | None:
@@ -35,6 +35,22 @@ def training_limit(cfg: dict[str, Any], device: str, memory_limit: int | str | N
               f"{format_bytes(int(tuned_limit))}", file=sys.stderr)
     return limit
 
+
+def out_of_memory_error(exc: BaseException, cfg: dict[str, Any], limit: int | None, phase: str, epoch: int,
+                        last_checkpoint: Any) -> Exception | None:
+    """``TrainingOutOfMemory`` (one line, what to do) when ``exc`` is an out-of-memory error in
+    ``phase`` of ``epoch``, else None."""
+    from autotune.errors import TrainingOutOfMemory
+    from autotune.probe.memory import is_oom_error
+
+    if not is_oom_error(exc):
+        return None
+    under = format_bytes(limit) if limit else "the device's memory"
+    return TrainingOutOfMemory(
+        f"{cfg['bundle_root']}: out of memory in {phase} of epoch {epoch} under {under} "
+        f"({cfg['num_patches_per_iter']} patches per pass, sw batch {cfg['num_sw_batch_size']}); "
+        f"run 'autotune tune' again at this limit or lower num_patches_per_iter; {last_checkpoint} "
+        f"holds epoch {epoch - 1}, continue with --resume")
 
 
 class PhaseMemory:
@@ -88,3 +104,9 @@ class PhaseMemory:
             for key, value in ((f"{phase}_peak_bytes", reserved), (f"{phase}_peak_allocated_bytes", allocated)):
                 self.peaks[key] = max(self.peaks.get(key, 0), int(value))
         row[f"{phase}_peak_bytes"], row[f"{phase}_peak_allocated_bytes"] = reserved, allocated
+
+    def report(self, tuned_peak_bytes: int | None) -> dict[str, Any]:
+        """The run's peaks so far next to the tuned prediction and the limit."""
+        return {"memory_limit": self.limit, "tuned_peak_bytes": tuned_peak_bytes,
+                **{k: self.peaks.get(k) for k in ("train_peak_bytes", "train_peak_allocated_bytes",
+                                                  "val_peak_bytes", "val_peak_allocated_bytes")}}

@@ -133,16 +133,11 @@ class GpuMonitor:
             import pynvml
             import torch
 
+            from autotune.device import nvml_handle
+
             pynvml.nvmlInit()
             index = torch.device(self.device).index or 0
-            # NVML counts physical GPUs; CUDA_VISIBLE_DEVICES may renumber them.
-            uuid = torch.cuda.get_device_properties(index).uuid
-            handle = None
-            for i in range(pynvml.nvmlDeviceGetCount()):
-                candidate = pynvml.nvmlDeviceGetHandleByIndex(i)
-                if str(uuid) in str(pynvml.nvmlDeviceGetUUID(candidate)):
-                    handle = candidate
-            handle = handle or pynvml.nvmlDeviceGetHandleByIndex(index)
+            handle = nvml_handle(pynvml, index, uuid=str(torch.cuda.get_device_properties(index).uuid))
         except Exception as exc:  # noqa: BLE001 - monitoring is optional
             log.warning("GPU monitor off: NVML not usable (%s)", exc)
             return self

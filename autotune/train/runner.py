@@ -1,6 +1,8 @@
-"""The training runner: setup, the epoch loop, validation, checkpoints, resume and early stopping.
+"""The training runner: arguments, setup, and the run from the first epoch to the summary.
 
-``train`` is the entry point for the CLI and for Python. With ``nproc > 1`` it spawns
+``TrainingRun`` builds the data and the model, resumes (``autotune.train.checkpoint``),
+runs epochs (``autotune.train.epoch``) until done, out of time or stalled, and writes the
+checkpoints, metrics and summary. ``train`` is the entry point for the CLI and for Python. With ``nproc > 1`` it spawns
 that many processes (see ``autotune.train.ddp``); each runs ``run_worker``. Outputs go
 to ``BUNDLE/model_fold<k>/``: ``best.pt``, ``last.pt``, ``metrics.csv``, ``metrics.json``,
 ``curves.png``, ``train_summary.json`` and, on a GPU, ``gpu_monitor.csv``.
@@ -10,19 +12,18 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 import time
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
 from autotune.bundles.scaling import plan_schedule
 from autotune.errors import ConfigError, SpecError
-from autotune.train.checkpoint import restore, rng_state, save_checkpoint
-from autotune.train.memory import PhaseMemory, training_limit
-from autotune.utils import atomic_write_json, bars_enabled, format_bytes, read_json
+from autotune.train.checkpoint import RunState, checkpoint_state, resume, save_checkpoint
+from autotune.train.epoch import train_epoch, validate
+from autotune.train.memory import PhaseMemory, out_of_memory_error, training_limit
+from autotune.utils import atomic_write_json, read_json
 
-__all__ = ["train", "run_worker", "parse_duration"]
+__all__ = ["train", "run_worker", "parse_duration", "TrainingRun"]
 
 _DURATION_UNITS = {"": 1, "s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
 REGULAR_LR = 1e-4  # the seed baseline's Adam learning rate
@@ -54,11 +55,11 @@ def _check_args(epochs: int | None, max_time: float | None, val_every: int | Non
 
 
 def _check_device(device: str, nproc: int) -> None:
-    from autotune.train.ddp import _resolve_device
+    from autotune.device import check_device
 
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         return  # under torchrun each rank checks its own GPU
-    _resolve_device(device, 0, False)
+    check_device(device)
     if nproc > 1 and str(device).startswith("cuda"):
         import torch
 
@@ -123,12 +124,12 @@ def run_worker(**kwargs: Any) -> dict[str, Any]:
 
     ctx = init_from_env(kwargs.pop("device"))
     try:
-        return _TrainingRun(ctx=ctx, **kwargs).run()
+        return TrainingRun(ctx=ctx, **kwargs).run()
     finally:
         cleanup(ctx)
 
 
-class _TrainingRun:
+class TrainingRun:
     """One rank's training run: build everything, then epochs until done, out of time or stalled."""
 
     def __init__(self, *, ctx: Any, bundle: str, epochs: int | None, max_time: float | None,
@@ -155,6 +156,7 @@ class _TrainingRun:
         self.memory_limit = memory_limit
         self.memory = PhaseMemory(ctx.device, memory_limit)
         self.phase = "setup"
+        self.state = RunState()
 
     def say(self, message: str) -> None:
         if self.progress:
@@ -228,139 +230,25 @@ class _TrainingRun:
         if device.startswith("cuda") and self.mode == "fast":
             torch.backends.cudnn.benchmark = True  # the roi is fixed, so the fastest kernels are found once
 
-    def _restore(self) -> None:
-        self.start_epoch, self.best, self.best_epoch, self.stale, self.elapsed_before = 0, None, 0, 0, 0.0
-        path = self.out / "last.pt"
-        if not self.resume:
-            return
-        if not path.is_file():
-            self.say(f"no checkpoint {path} to resume from; starting at epoch 1")
-            return
-        state = restore(path, self.mode, self.model, self.optimizer, self.scaler, self.scheduler,
-                        self.total_epochs * self.steps_per_epoch)
-        self.start_epoch, self.best = int(state["epoch"]), state.get("best_metric")
-        self.best_epoch, self.stale = int(state.get("best_epoch", 0)), int(state.get("stale_validations", 0))
-        self.elapsed_before = float(state.get("elapsed_s", 0.0))
-        self.metrics.load(self.start_epoch)
-        self.say(f"resuming after epoch {self.start_epoch} (best mean Dice {self.best})")
+    def parts(self) -> dict[str, Any]:
+        """What a checkpoint holds state dicts of (scaler and scheduler may be None)."""
+        return {"model": self.model, "optimizer": self.optimizer, "scaler": self.scaler, "scheduler": self.scheduler}
 
-    def _checkpoint(self, epoch: int) -> dict[str, Any]:
-        return {
-            "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
-            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
-            "epoch": epoch, "best_metric": self.best, "best_epoch": self.best_epoch,
-            "stale_validations": self.stale, "mode": self.mode, "elapsed_s": self.elapsed(),
-            "total_steps": self.total_epochs * self.steps_per_epoch, "rng": rng_state(),
-            "algo": self.cfg["algo"], "network": self.cfg["network"]["name"],
-        }
+    def checkpoint(self, epoch: int) -> dict[str, Any]:
+        """The checkpoint after ``epoch``."""
+        return checkpoint_state(self.parts(), self.state, epoch, mode=self.mode, elapsed_s=self.elapsed(),
+                                total_steps=self.total_epochs * self.steps_per_epoch, cfg=self.cfg)
 
     def _base_lr(self) -> float:
         group = self.optimizer.param_groups[0]
         return float(group.get("initial_lr", group["lr"]))
 
     def elapsed(self) -> float:
-        return self.elapsed_before + time.monotonic() - self.t_start
+        return self.state.elapsed_before + time.monotonic() - self.t_start
 
-    def _train_epoch(self, epoch: int) -> dict[str, Any]:
-        import torch
-        from tqdm import tqdm
-
-        from autotune.step import split_patches, train_step
-        from autotune.train.ddp import all_gather_int, all_reduce_sum
-        from autotune.train.infer import plain
-
-        device, per_pass = self.ctx.device, int(self.cfg["num_patches_per_iter"])
-        # Seeded per epoch: a resumed run draws the same shuffles and crops as an unbroken one.
-        torch.manual_seed(self.seed + 1000 * epoch + self.ctx.rank)
-        self.train_transforms.set_random_state(seed=self.seed + 1000 * epoch + self.ctx.rank)
-        self.net.train()
-        self.phase = "training"
-        tracker = self.memory.start(self.model, self.optimizer)
-        loss_sum, passes, samples, wait = torch.zeros((), device=device), 0, 0, 0.0
-        bar = tqdm(total=len(self.train_loader), desc=f"epoch {epoch}/{self.total_epochs}", unit="batch",
-                   leave=False, disable=not bars_enabled(self.progress), file=sys.stderr)
-        t0 = time.perf_counter()
-        batches = iter(self.train_loader)
-        while True:
-            t_wait = time.perf_counter()
-            with self.nvtx.range("data"):
-                batch = next(batches, None)
-            wait += time.perf_counter() - t_wait
-            if batch is None:
-                break
-            images = plain(batch["image"]).to(device, non_blocking=True)
-            labels = plain(batch["label"]).to(device, non_blocking=True)
-            if tracker is not None:  # this batch, and the next one the thread loader holds (as the probe counts)
-                tracker.track([images, labels])
-                tracker.set_reserved(images.untyped_storage().nbytes() + labels.untyped_storage().nbytes())
-            with self.memory.tracking():
-                for image, label in split_patches(images, labels, per_pass):
-                    loss = train_step(self.net, self.loss_fn, self.optimizer, image, label, self.amp_dtype,
-                                      self.scaler)
-                    if self.scheduler is not None:
-                        self.scheduler.step()
-                    loss_sum += loss.float()
-                    passes, samples = passes + 1, samples + int(image.shape[0])
-            bar.update(1)
-            if bar.n % 10 == 0 and self.progress:
-                bar.set_postfix(loss=f"{loss_sum.item() / max(passes, 1):.4f}")
-        if device.startswith("cuda"):
-            torch.cuda.synchronize(device)
-        train_s = time.perf_counter() - t0
-        bar.close()
-        total_loss, total_passes = all_reduce_sum(self.ctx, [float(loss_sum.item()), float(passes)])
-        rank_samples = all_gather_int(self.ctx, samples)
-        peak_row: dict[str, Any] = {}
-        self.memory.read(peak_row, "train")
-        return {**peak_row,
-            "epoch": epoch, "loss": total_loss / max(total_passes, 1), "train_s": train_s, "data_wait_s": wait,
-            "data_wait_share": wait / train_s if train_s > 0 else 0.0, "samples": sum(rank_samples),
-            "steps": int(total_passes) // self.ctx.world_size,
-            "samples_per_s": sum(rank_samples) / train_s if train_s > 0 else 0.0,
-            "lr": float(self.optimizer.param_groups[0]["lr"]), "world_size": self.ctx.world_size,
-            "rank_samples": rank_samples,
-        }
-
-    def _validate(self, row: dict[str, Any]) -> None:
-        from autotune.train.infer import evaluate
-
-        t0 = time.perf_counter()
-        self.phase = "validation"
-        self.memory.start(self.model, self.optimizer)
-        with self.memory.tracking():
-            per_class, mean = evaluate(self.model, self.val_loader, self.cfg, self.ctx.device, self.amp_dtype,
-                                       self.ctx)
-        row["val_s"] = time.perf_counter() - t0
-        self.memory.read(row, "val")
-        row.update({c: v for c, v in zip(self.metrics.dice_columns, per_class, strict=True)})
-        row["mean_dice"] = mean
-        if mean is not None and (self.best is None or mean > self.best):
-            self.best, self.best_epoch, self.stale = mean, row["epoch"], 0
-            if self.ctx.is_main:
-                save_checkpoint(self.out / "best.pt", self._checkpoint(row["epoch"]))
-        else:
-            self.stale += 1
-
-    def _memory_report(self) -> dict[str, Any]:
+    def memory_report(self) -> dict[str, Any]:
         """The run's peaks so far next to the tuned prediction and the limit."""
-        return {"memory_limit": self.memory_limit, "tuned_peak_bytes": (self.cfg.get("tuning") or {}).get("peak_bytes"),
-                **{k: self.memory.peaks.get(k) for k in ("train_peak_bytes", "train_peak_allocated_bytes",
-                                                         "val_peak_bytes", "val_peak_allocated_bytes")}}
-
-    def _out_of_memory(self, exc: BaseException, epoch: int) -> Exception | None:
-        """``TrainingOutOfMemory`` (one line, what to do) when ``exc`` is an out-of-memory error, else None."""
-        from autotune.errors import TrainingOutOfMemory
-        from autotune.probe.memory import is_oom_error
-
-        if not is_oom_error(exc):
-            return None
-        limit = format_bytes(self.memory_limit) if self.memory_limit else "the device's memory"
-        return TrainingOutOfMemory(
-            f"{self.cfg['bundle_root']}: out of memory in {self.phase} of epoch {epoch} under {limit} "
-            f"({self.cfg['num_patches_per_iter']} patches per pass, sw batch {self.cfg['num_sw_batch_size']}); "
-            f"run 'autotune tune' again at this limit or lower num_patches_per_iter; {self.out / 'last.pt'} "
-            f"holds epoch {epoch - 1}, continue with --resume")
+        return self.memory.report((self.cfg.get("tuning") or {}).get("peak_bytes"))
 
     def run(self) -> dict[str, Any]:
         from autotune.train.ddp import barrier, broadcast_flag
@@ -369,7 +257,11 @@ class _TrainingRun:
         self.memory.apply_limit()
         self._setup_data()
         self._setup_model()
-        self._restore()
+        self.state = (resume(self.out / "last.pt", self.mode, self.parts(), self.total_epochs * self.steps_per_epoch,
+                             self.say) if self.resume else RunState())
+        if self.state.epoch:
+            self.metrics.load(self.state.epoch)
+            self.say(f"resuming after epoch {self.state.epoch} (best mean Dice {self.state.best})")
         opts = self.opts
         cache = "off" if not opts.cache else ("disk" if opts.persistent else ("device" if opts.cache_on_device else "RAM"))
         self.say(f"{self.mode} mode on {self.ctx.device} x{self.ctx.world_size}: {self.split_note}; cache {cache}"
@@ -381,36 +273,36 @@ class _TrainingRun:
         monitor = GpuMonitor(self.out / "gpu_monitor.csv", self.ctx.device, opts.gpu_monitor_interval_s)
         if self.ctx.is_main and opts.gpu_monitor:
             monitor.start()
-        stopped, epoch, t_loop = "epochs", self.start_epoch, time.monotonic()
+        stopped, epoch, t_loop = "epochs", self.state.epoch, time.monotonic()
         try:
-            for epoch in range(self.start_epoch + 1, self.total_epochs + 1):
-                row = self._train_epoch(epoch)
+            for epoch in range(self.state.epoch + 1, self.total_epochs + 1):
+                row = train_epoch(self, epoch)
                 over = self.max_time is not None and time.monotonic() - self.t_start >= self.max_time
                 time_up = broadcast_flag(self.ctx, over)
                 row.update(val_s=0.0, mean_dice=None, val_peak_bytes=None, val_peak_allocated_bytes=None)
                 if epoch % self.val_every == 0 or epoch == self.total_epochs or time_up:
-                    self._validate(row)
+                    validate(self, row)
                 row["epoch_s"] = row["train_s"] + row["val_s"]
                 row["elapsed_s"] = self.elapsed()
                 if self.ctx.is_main:
-                    save_checkpoint(self.out / "last.pt", self._checkpoint(epoch))
+                    save_checkpoint(self.out / "last.pt", self.checkpoint(epoch))
                     self.metrics.add(row, {"mode": self.mode, "world_size": self.ctx.world_size,
-                                           "split": self.split_note, "options": _jsonable(asdict(opts)),
-                                           "memory": self._memory_report()})
+                                           "split": self.split_note, "options": asdict(opts),
+                                           "memory": self.memory_report()})
                     if row["mean_dice"] is not None or epoch == self.total_epochs:
                         plot_curves(self.metrics.rows, self.out / "curves.png", f"{self.cfg['algo']} {self.mode}")
-                self.say(epoch_line(row, self.total_epochs, self.best, self.best_epoch))
+                self.say(epoch_line(row, self.total_epochs, self.state.best, self.state.best_epoch))
                 if time_up:
                     stopped = "max_time"
                     break
-                if self.patience and self.stale >= self.patience:
+                if self.patience and self.state.stale >= self.patience:
                     stopped = "early_stop"
-                    self.say(f"early stop: no better validation Dice in {self.stale} validations")
+                    self.say(f"early stop: no better validation Dice in {self.state.stale} validations")
                     break
             if self.ctx.is_main and self.metrics.rows:
                 plot_curves(self.metrics.rows, self.out / "curves.png", f"{self.cfg['algo']} {self.mode}")
         except Exception as exc:
-            oom = self._out_of_memory(exc, epoch)
+            oom = out_of_memory_error(exc, self.cfg, self.memory_limit, self.phase, epoch, self.out / "last.pt")
             if oom is None:
                 raise
             raise oom from exc
@@ -419,20 +311,20 @@ class _TrainingRun:
             self.nvtx.detach()
         summary = {
             "bundle": self.cfg["bundle_root"], "mode": self.mode, "device": self.ctx.device,
-            "world_size": self.ctx.world_size, "first_epoch": self.start_epoch + 1, "last_epoch": epoch,
-            "epochs_run": epoch - self.start_epoch, "stopped": stopped, "best_metric": self.best,
-            "best_epoch": self.best_epoch, "seconds": time.monotonic() - t_loop, "split": self.split_note,
+            "world_size": self.ctx.world_size, "first_epoch": self.state.epoch + 1, "last_epoch": epoch,
+            "epochs_run": epoch - self.state.epoch, "stopped": stopped, "best_metric": self.state.best,
+            "best_epoch": self.state.best_epoch, "seconds": time.monotonic() - t_loop, "split": self.split_note,
             "train_cases_per_rank": self.num_train_cases, "model_dir": str(self.out),
             **{k: str(self.out / f) for k, f in (("best_checkpoint", "best.pt"), ("last_checkpoint", "last.pt"),
                                                   ("metrics_csv", "metrics.csv"), ("metrics_json", "metrics.json"),
                                                   ("curves", "curves.png"))},
             "gpu_monitor": str(monitor.path) if monitor.samples else None,
-            **self._memory_report(),
+            **self.memory_report(),
         }
         if self.ctx.is_main:
             atomic_write_json(self.out / "train_summary.json", summary)
             self.say(f"done: {summary['epochs_run']} epochs ({stopped}), best mean Dice "
-                     f"{fmt(self.best)} at epoch {self.best_epoch}; outputs in {self.out}")
+                     f"{fmt(self.state.best)} at epoch {self.state.best_epoch}; outputs in {self.out}")
         barrier(self.ctx)
         return summary
 
@@ -447,8 +339,3 @@ def _seed_everything(seed: int) -> None:
     np.random.seed(seed)
     torch.manual_seed(seed)
 
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
-    return str(value) if isinstance(value, Path) else value

@@ -1,0 +1,74 @@
+"""The affine memory model: peak bytes as a line in the batch size, with an optional cap.
+
+``MemoryModel`` is the one model of ``peak(N) = intercept + slope * N``: the estimator
+fits it from two fake passes (``autotune.probe.estimate.fit_memory_model``), the searcher
+adds the device allowance to it (``scaled``) and asks it for the largest N under a budget
+(``max_fitting``). ``num_windows`` is the cap of a sliding-window batch: past the number
+of windows over the validation volume a larger batch holds no more memory.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+__all__ = ["MAX_FITTING", "MemoryModel", "num_windows"]
+
+MAX_FITTING = 1 << 20  # max_fitting's answer when memory does not grow with N and nothing caps it
+
+
+@dataclass
+class MemoryModel:
+    """Peak memory as a line in the batch size: ``peak(N) = intercept + slope * N`` bytes.
+
+    Attributes:
+        intercept: bytes at N = 0 (model, gradients, optimizer state, fixed buffers).
+        slope: bytes per unit of N.
+        cap: the N beyond which memory no longer grows (a sliding-window batch larger than
+            the number of windows), or None; ``predict`` reads no further and ``max_fitting``
+            never answers more than it.
+        phase: "train" (N is ``num_patches_per_iter``), "infer" (``num_sw_batch_size``), or None.
+        points: the (N, peak) pairs it was fitted to.
+    """
+
+    intercept: float
+    slope: float
+    cap: int | None = None
+    phase: str | None = None
+    points: list[tuple[int, int]] = field(default_factory=list)
+
+    def predict(self, n: int) -> float:
+        """Predicted peak bytes at ``n``."""
+        if self.cap is not None:
+            n = min(n, self.cap)
+        return self.intercept + self.slope * n
+
+    def max_fitting(self, limit_bytes: float) -> int:
+        """Largest N >= 0 with ``predict(N) <= limit_bytes`` (0 if none; at most ``cap``, else ``MAX_FITTING``)."""
+        top = self.cap if self.cap is not None else MAX_FITTING
+        if self.slope <= 0:
+            return top if self.intercept <= limit_bytes else 0
+        n = math.floor((limit_bytes - self.intercept) / self.slope)
+        while n > 0 and self.predict(n) > limit_bytes:  # float rounding at the edge
+            n -= 1
+        while n + 1 <= top and self.predict(n + 1) <= limit_bytes:
+            n += 1
+        return max(0, min(n, top))
+
+    def scaled(self, scale: float, offset: float) -> MemoryModel:
+        """This model as ``scale * peak + offset`` (e.g. a CUDA allowance, ``CudaAllowance.affine``);
+        the fitted points are the raw ones and are dropped."""
+        return replace(self, intercept=self.intercept * scale + offset, slope=self.slope * scale, points=[])
+
+
+def num_windows(cfg: Mapping[str, Any]) -> int:
+    """Number of sliding windows over the bundle's validation volume, by MONAI's own scan arithmetic."""
+    from monai.data.utils import dense_patch_slices
+    from monai.inferers.utils import _get_scan_interval
+
+    roi = tuple(int(v) for v in cfg["roi_size"])
+    shape = tuple(max(int(s), r) for s, r in zip(cfg.get("infer_volume_shape") or roi, roi, strict=True))
+    overlap = (float(cfg.get("sw_overlap", 0.5)),) * len(roi)
+    return len(dense_patch_slices(shape, roi, _get_scan_interval(shape, roi, len(roi), overlap)))
