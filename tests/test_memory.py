@@ -197,9 +197,10 @@ def test_cuda_helpers_with_a_stand_in(monkeypatch: pytest.MonkeyPatch) -> None:
     allocated = {"cuda:1": 2 * 2**30, "cuda:2": 4 * 2**30}
     calls: list[tuple[str, object]] = []
 
-    def properties(dev: torch.device) -> SimpleNamespace:
-        calls.append(("properties", str(dev)))
-        return SimpleNamespace(total_memory=totals[torch.device(dev).index])
+    def properties(dev: torch.device | int) -> SimpleNamespace:
+        index = dev if isinstance(dev, int) else torch.device(dev).index  # torch takes either
+        calls.append(("properties", f"cuda:{index}"))
+        return SimpleNamespace(total_memory=totals[index])
 
     def peak(table: dict[str, int], name: str) -> Callable[..., int]:
         def read(dev: object = None) -> int:
