@@ -157,7 +157,7 @@ class Postgres:
 
 def _prepare(url: str) -> None:
     """Create the tables before the workers start (workers starting together on an empty
-    database race to create them; see tests/test_workers.py)."""
+    database race to create them; see tests/search/test_workers.py)."""
     from autotune.search.claims import ClaimStore
     from autotune.search.liveness import Liveness
     from autotune.search.study import open_storage

@@ -6,7 +6,7 @@ Device facts (names, total memory, host RAM, NVML) live in ``autotune.device``.
 storage (rounded up to 512, the CUDA caching allocator's block size) to a running total,
 subtracts them when the storage is freed, and keeps the peak. The CPU probe runs real
 steps under it and the estimator runs fake steps under it, so both count the same way.
-It relies on two PyTorch internals, each pinned by ``tests/test_memory.py``: a storage's
+It relies on two PyTorch internals, each pinned by ``tests/probe/test_memory.py``: a storage's
 Python object is preserved while the storage lives (so a weak reference to it fires when
 the storage is freed), and the autograd engine carries dispatch modes into backward.
 

@@ -6,7 +6,7 @@ schedule (warm-up cosine, polynomial, cosine, none) multiplies on top. Closed fo
 not chained schedulers: PyTorch's ``PolynomialLR`` and ``CosineAnnealingLR`` update the
 rate recursively and would compound with a second scheduler on the same optimizer.
 The closed forms equal MONAI's ``WarmupCosineSchedule`` and PyTorch's schedulers step
-for step (``tests/test_batch_scaling.py``).
+for step (``tests/bundles/test_batch_scaling.py``).
 """
 
 from __future__ import annotations

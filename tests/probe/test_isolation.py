@@ -13,7 +13,7 @@ from probe_fixtures import shared_tiny_bundles
 from autotune.probe.isolation import ISOLATION_ENV, isolation_mode
 from autotune.probe.runner import run_probe
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 QUICK = {"warmup_steps": 0, "measure_steps": 1, "num_patches_per_iter": 1, "num_sw_batch_size": 1, "timeout": 240,
          "phases": ("train",)}
 

@@ -275,7 +275,7 @@ def test_warnings_reach_stderr_one_line_each_from_the_command_line(demo_data_cop
         label = _load(_label(root, index))
         label[label == 2] = 1
         _save(_label(root, index), label)
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     run = subprocess.run([sys.executable, "-m", "autotune", *_argv(root / "input.yaml")], capture_output=True,
                          text=True, env=env, timeout=300)
     assert run.returncode == 0, run.stderr

@@ -12,7 +12,7 @@
 The estimate strategy (no probe children) keeps the first ones quick; the values are checked
 against an in-process run of the same search on SQLite. ``AUTOTUNE_CLAIM_STALE_SECONDS``
 shortens the liveness grace from 60 s to a few seconds. A hung worker is
-``tests/test_liveness.py``.
+``tests/search/test_liveness.py``.
 """
 
 from __future__ import annotations

@@ -6,8 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-
-from tests.test_train import copy_bundle, make_bundles
+from bundle_fixtures import copy_bundle, make_bundles
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from tests.test_train import copy_bundle, make_bundles
+from bundle_fixtures import copy_bundle, make_bundles, oblique_copy
 
 
 @pytest.fixture(scope="module")
@@ -20,24 +19,13 @@ def trained_bundle(demo_data: Path, tmp_path_factory: pytest.TempPathFactory) ->
     return bundle
 
 
-def _oblique_copy(source: Path, dest: Path) -> Path:
-    """The same voxels with an anisotropic, flipped, shifted affine: resampling and orientation must be undone."""
-    import nibabel as nib
-
-    image = nib.load(source)
-    affine = np.diag([-1.4, 0.8, 1.25, 1.0])
-    affine[:3, 3] = [30.0, -12.0, 5.5]
-    nib.save(nib.Nifti1Image(np.asarray(image.dataobj), affine), dest)
-    return dest
-
-
 def test_predictions_match_input_geometry(trained_bundle: Path, demo_data: Path, tmp_path: Path) -> None:
     import nibabel as nib
 
     from autotune.train.infer import infer
 
     inputs = [demo_data / "imagesTr" / "case_000.nii.gz",
-              _oblique_copy(demo_data / "imagesTr" / "case_001.nii.gz", tmp_path / "oblique.nii.gz")]
+              oblique_copy(demo_data / "imagesTr" / "case_001.nii.gz", tmp_path / "oblique.nii.gz")]
     outputs = infer(trained_bundle, inputs, tmp_path / "pred", checkpoint="last", progress=False)
     assert [p.name for p in outputs] == ["case_000_seg.nii.gz", "oblique_seg.nii.gz"]
     for source, pred in zip(inputs, outputs, strict=True):

@@ -22,7 +22,7 @@ from autotune.search.tune import tune_bundles
 
 MARGIN = 0.10
 # an explicit range, searched as given: the demo set's training-set cap (2) would stop the search
-# below the memory maximum these tests are about (tests/test_batch_scaling.py covers the cap)
+# below the memory maximum these tests are about (tests/bundles/test_batch_scaling.py covers the cap)
 SPECS = {"universal": {"range_num_images_per_batch": [1, 64]}}
 
 

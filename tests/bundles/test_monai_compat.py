@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from bundle_fixtures import oblique_copy
 
 from autotune.errors import ConfigError
-from tests.test_infer import _oblique_copy
 
 TRAIN_PARAMS = {"num_epochs": 1, "num_epochs_per_validation": 1, "num_warmup_epochs": 1, "progress": False}
 
@@ -140,7 +140,7 @@ def test_monai_flow_trains_scores_and_ensembles(analysed, demo_data: Path, tmp_p
     assert restored["dints_0"][AlgoKeys.SCORE] == history[1][AlgoKeys.SCORE]
     assert restored["dints_0"][AlgoKeys.ALGO].get_output_path() == history[1][AlgoKeys.ALGO].get_output_path()
 
-    image = _oblique_copy(demo_data / "imagesTr" / "case_001.nii.gz", tmp_path / "oblique.nii.gz")
+    image = oblique_copy(demo_data / "imagesTr" / "case_001.nii.gz", tmp_path / "oblique.nii.gz")
     reference = nib.load(image)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -25,7 +25,7 @@ PERCENTILES = ("percentile_00_5", "percentile_10_0", "percentile_90_0", "percent
 def _hippocampus() -> Path | None:
     here = Path(__file__).resolve()
     for candidate in (Path("/work/shared/datasets/Task04_Hippocampus"),
-                      here.parents[2] / "shared" / "datasets" / "Task04_Hippocampus"):
+                      here.parents[3] / "shared" / "datasets" / "Task04_Hippocampus"):
         if (candidate / "dataset.json").is_file():
             return candidate
     return None

@@ -6,8 +6,7 @@ import hashlib
 from pathlib import Path
 
 import pytest
-
-from tests.test_train import copy_bundle, make_bundles
+from bundle_fixtures import copy_bundle, make_bundles
 
 MiB = 1024**2
 LIMIT = 40 * MiB  # by hand: the tiny UNet's edge falls inside [1, 8] patches per pass here

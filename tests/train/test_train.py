@@ -5,7 +5,6 @@ from __future__ import annotations
 import csv
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -13,32 +12,11 @@ import time
 from pathlib import Path
 
 import pytest
+from bundle_fixtures import copy_bundle, make_bundles
 
 from autotune.errors import ConfigError, SpecError
 
-REPO = Path(__file__).resolve().parents[1]
-
-
-def make_bundles(data: Path, work: Path, algos: str = "segresnet", num_fold: int = 2) -> dict[str, Path]:
-    """Analyse ``data`` and generate tiny-preset bundles; returns {identifier: folder}."""
-    from autotune.bundles.bundlegen import BundleGen
-    from autotune.bundles.templates import load_overrides
-    from autotune.data.analyze import analyze
-
-    result = analyze(data, work, num_fold=num_fold, progress=False)
-    gen = BundleGen(work, algos=algos, data_stats_filename=result.datastats, data_src_cfg_name=result.data_src)
-    bundles = gen.generate(work, num_fold=num_fold, overrides=load_overrides("tiny"))
-    return {b["identifier"]: Path(b["path"]) for b in bundles}
-
-
-def copy_bundle(source: Path, dest: Path, **updates: object) -> Path:
-    """A private copy of a bundle (its datalist stays shared), with config ``updates``."""
-    from autotune.bundles.config import update_bundle_config
-
-    bundle = Path(shutil.copytree(source, dest))
-    if updates:
-        update_bundle_config(bundle, updates)
-    return bundle
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

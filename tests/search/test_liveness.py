@@ -159,7 +159,7 @@ PRIVATE_OPTUNA = re.compile(r"\._(storage|trial_id|study_id|get_\w+)\b")
 
 
 def test_autotune_uses_only_public_optuna_names() -> None:
-    root = Path(__file__).resolve().parents[1] / "autotune"
+    root = Path(__file__).resolve().parents[2] / "autotune"
     hits = [f"{path.relative_to(root.parent)}:{number}: {line.strip()}"
             for path in sorted(root.rglob("*.py"))
             for number, line in enumerate(path.read_text().splitlines(), 1) if PRIVATE_OPTUNA.search(line)]

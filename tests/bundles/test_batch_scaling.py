@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 
 import pytest
+from bundle_fixtures import copy_bundle, make_bundles
 
 from autotune.bundles.config import load_bundle_config
 from autotune.bundles.scaling import (
@@ -18,7 +19,6 @@ from autotune.bundles.scaling import (
 )
 from autotune.errors import ConfigError
 from autotune.search.tune import tune_bundles
-from tests.test_train import copy_bundle, make_bundles
 
 
 @pytest.fixture(scope="module")
