@@ -40,7 +40,7 @@ def _run_missing(tmp_path: Path, require: str | None) -> subprocess.CompletedPro
     (tmp_path / "conftest.py").write_text(CONFTEST)
     (tmp_path / "test_missing.py").write_text(TESTS_FILE)
     env = {k: v for k, v in os.environ.items() if k not in (REQUIRE_ENV, "AUTOTUNE_REQUIRE_POSTGRES")}
-    env["PYTHONPATH"] = os.pathsep.join([str(TESTS), str(TESTS.parent), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([str(TESTS), str(TESTS / "search"), str(TESTS.parent), env.get("PYTHONPATH", "")])
     if require is not None:
         env[REQUIRE_ENV] = require
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-rsE", "-p", "no:cacheprovider", "-o",

@@ -173,7 +173,7 @@ def infer(
     images: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     output_dir: str | os.PathLike[str],
     *,
-    device: str = "cpu",
+    device: str = "auto",
     checkpoint: str | os.PathLike[str] = "best",
     progress: bool = True,
 ) -> list[Path]:
@@ -183,7 +183,7 @@ def infer(
         bundle: a trained bundle folder.
         images: image files, or one datalist JSON (its ``testing`` cases, else its ``training`` images).
         output_dir: where ``<name>_seg.nii.gz`` files go (created if needed).
-        device: ``cpu``, ``cuda`` or ``cuda:N``; windows run there.
+        device: ``auto`` (the first GPU, else the CPU), ``cpu``, ``cuda`` or ``cuda:N``; windows run there.
         checkpoint: ``best``, ``last`` or a checkpoint path.
         progress: show a progress bar (stderr).
 
@@ -203,11 +203,11 @@ def infer(
 
     from autotune.build import amp_dtype, build_transforms
     from autotune.bundles.config import load_bundle_config
-    from autotune.device import check_device
+    from autotune.device import check_device, resolve_device
     from autotune.step import sliding_window_predict
 
     cfg = load_bundle_config(bundle)
-    device = check_device(device)
+    device = check_device(resolve_device(device))
     files = _input_files(images)
     model = load_model(cfg, resolve_checkpoint(cfg, checkpoint), device)
     transforms = build_transforms(cfg, "infer")

@@ -70,7 +70,7 @@ def _check_device(device: str, nproc: int) -> None:
 def train(
     bundle: str | os.PathLike[str],
     *,
-    device: str = "cpu",
+    device: str = "auto",
     epochs: int | None = None,
     max_time: float | None = None,
     val_every: int | None = None,
@@ -84,7 +84,8 @@ def train(
 
     Args:
         bundle: the bundle folder (or its ``hyper_parameters.yaml``).
-        device: ``cpu``, ``cuda`` or ``cuda:N`` (with several processes, one GPU per rank).
+        device: ``auto`` (the first GPU, else the CPU), ``cpu``, ``cuda`` or ``cuda:N`` (with several
+            processes, one GPU per rank).
         epochs: last epoch to train to (default ``num_epochs`` of the config).
         max_time: seconds; the run stops at the first epoch end past it.
         val_every: validate every K epochs (default ``num_epochs_per_validation``).
@@ -98,8 +99,10 @@ def train(
         DataError / InputError: unusable data.
     """
     from autotune.bundles.config import load_bundle_config
+    from autotune.device import resolve_device
     from autotune.train.data import resolve_options
 
+    device = resolve_device(device)
     _check_args(epochs, max_time, val_every, nproc)
     cfg = load_bundle_config(bundle)  # fail here, in one process, on a bad bundle
     resolve_options(cfg, mode, "cpu")
