@@ -48,6 +48,7 @@ _EXPORTS: dict[str, str] = {
     "run_probe": "autotune.probe.runner",
     "estimate": "autotune.probe.estimate",
     "fit_memory_model": "autotune.probe.estimate",
+    "estimate_report": "autotune.probe.report",
     # search
     "tune_bundles": "autotune.search.tune",
     "verify_bundle": "autotune.search.verify",

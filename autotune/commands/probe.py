@@ -83,14 +83,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _resolve_defaults(args: argparse.Namespace) -> tuple[str, str, int | None]:
     """Device, validation device and memory limit (bytes) with defaults filled in."""
     from autotune.device import resolve_device
+    from autotune.probe.report import default_validation_device
     from autotune.utils import parse_bytes
 
     device = resolve_device(args.device)
-    validation_device = args.validation_device
-    if validation_device is None:
-        from autotune.bundles.config import load_bundle_config
-
-        validation_device = "cpu" if load_bundle_config(args.bundle).get("sw_input_on_cpu") else "device"
+    validation_device = args.validation_device or default_validation_device(args.bundle)
     limit = None if args.memory_limit is None else parse_bytes(args.memory_limit, "--memory-limit")
     return device, validation_device, limit
 
@@ -158,29 +155,14 @@ def run_probe_command(args: argparse.Namespace) -> int:
 
 def run_estimate_command(args: argparse.Namespace) -> int:
     """Handler of ``autotune estimate``: prints the estimate, both fits and what fits a limit."""
-    from autotune.probe.allowances import allowance_for, apply_allowance, tensor_budget
-    from autotune.probe.estimate import estimate, fit_memory_model
+    from autotune.probe.report import estimate_report
     from autotune.utils import format_bytes
 
     device, validation_device, limit = _resolve_defaults(args)
-    result = estimate(args.bundle, num_patches_per_iter=args.num_patches_per_iter,
-                      num_sw_batch_size=args.num_sw_batch_size, validation_device=validation_device, device=device)
-    result["memory_limit"] = limit
-    fits = {phase: fit_memory_model(args.bundle, phase=phase, device=device, validation_device=validation_device)
-            for phase in ("train", "infer")}
-    allowance = allowance_for(device)
+    report = estimate_report(args.bundle, device=device, validation_device=validation_device, memory_limit=limit,
+                             num_patches_per_iter=args.num_patches_per_iter, num_sw_batch_size=args.num_sw_batch_size)
+    result = report["estimate"]
     cuda = device.startswith("cuda")
-    report: dict[str, Any] = {"estimate": result, "fits": {}, "allowance": allowance.__dict__ if cuda else None}
-    for phase, model in fits.items():
-        entry: dict[str, Any] = {"intercept": model.intercept, "slope": model.slope, "points": model.points,
-                                 "n_cap": model.cap}
-        if limit is not None:
-            entry["max_fitting_raw"] = model.max_fitting(limit)
-            if cuda:  # the largest N whose peak plus allowance (without the context, as the probe's cap) fits
-                entry["max_fitting_with_allowance"] = model.max_fitting(tensor_budget(limit, allowance))
-                entry["check"] = apply_allowance(model.predict(entry["max_fitting_with_allowance"]), allowance,
-                                                 include_context=False)
-        report["fits"][phase] = entry
     if args.json:
         print(json.dumps(report, indent=2))
         return EXIT_OK
@@ -197,6 +179,6 @@ def run_estimate_command(args: argparse.Namespace) -> int:
         if limit is not None:
             msg = f"    largest {knob.split()[0]} within {format_bytes(limit)}: {entry['max_fitting_raw']} (raw)"
             if cuda:
-                msg += f", {entry['max_fitting_with_allowance']} with the CUDA allowance ({allowance.source})"
+                msg += f", {entry['max_fitting_with_allowance']} with the CUDA allowance ({report['allowance']['source']})"
             print(msg)
     return EXIT_OK

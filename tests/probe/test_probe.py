@@ -181,3 +181,21 @@ def test_cli_modules_do_not_import_torch() -> None:
             "autotune.cli.build_parser(); "
             "sys.exit(1 if any(m == 'torch' or m == 'monai' for m in sys.modules) else 0)")
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+def test_estimate_report_is_the_library_side_of_the_cli(bundles: dict[str, Path],
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """``autotune.estimate_report`` answers what ``autotune estimate`` prints: the largest N whose
+    estimated training peak fits the limit (the next one does not)."""
+    from autotune import estimate, estimate_report
+
+    bundle = bundles["unet"]
+    limit = 64 * 2**20
+    report = estimate_report(bundle, device="cpu", memory_limit="64MiB")
+    n = report["fits"]["train"]["max_fitting_raw"]
+    assert n >= 1 and report["allowance"] is None  # no allowance on the CPU
+    at = estimate(bundle, num_patches_per_iter=n, device="cpu")["train_peak_bytes"]
+    above = estimate(bundle, num_patches_per_iter=n + 1, device="cpu")["train_peak_bytes"]
+    assert at <= limit < above
+    assert main(["estimate", str(bundle), "--device", "cpu", "--memory-limit", "64MiB"]) == 0
+    assert f"largest N within 64.00 MiB: {n} (raw)" in capsys.readouterr().out

@@ -1,0 +1,64 @@
+"""``estimate_report``: one bundle's estimated peaks, its fitted memory models per phase and
+the largest batch each allows under a limit (raw, and with the CUDA allowance on a GPU).
+The library side of ``autotune estimate``; the CLI only prints it."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+__all__ = ["estimate_report", "default_validation_device"]
+
+
+def default_validation_device(bundle: str | os.PathLike[str]) -> str:
+    """``cpu`` when the bundle keeps the validation volume on the host (``sw_input_on_cpu``), else ``device``."""
+    from autotune.bundles.config import load_bundle_config
+
+    return "cpu" if load_bundle_config(bundle).get("sw_input_on_cpu") else "device"
+
+
+def estimate_report(
+    bundle: str | os.PathLike[str],
+    *,
+    device: str = "auto",
+    validation_device: str | None = None,
+    memory_limit: int | str | None = None,
+    num_patches_per_iter: int | None = None,
+    num_sw_batch_size: int | None = None,
+) -> dict[str, Any]:
+    """Estimate ``bundle`` at one point and fit its memory model per phase.
+
+    Returns:
+        ``{"estimate": ..., "fits": {"train"|"infer": {"intercept", "slope", "points", "n_cap",
+        ["max_fitting_raw", "max_fitting_with_allowance", "check"]}}, "allowance": ...}``; the
+        ``max_fitting_*`` entries only with a ``memory_limit``, the allowance ones only on CUDA.
+
+    Raises:
+        ConfigError: a bad bundle. SpecError: a bad limit or device.
+    """
+    from autotune.device import resolve_device
+    from autotune.probe.allowances import allowance_for, apply_allowance, tensor_budget
+    from autotune.probe.estimate import estimate, fit_memory_model
+    from autotune.utils import parse_bytes
+
+    device = resolve_device(device)
+    validation_device = validation_device or default_validation_device(bundle)
+    limit = None if memory_limit is None else parse_bytes(memory_limit, "memory limit")
+    result = estimate(bundle, num_patches_per_iter=num_patches_per_iter, num_sw_batch_size=num_sw_batch_size,
+                      validation_device=validation_device, device=device)
+    result["memory_limit"] = limit
+    allowance = allowance_for(device)
+    cuda = device.startswith("cuda")
+    report: dict[str, Any] = {"estimate": result, "fits": {}, "allowance": allowance.__dict__ if cuda else None}
+    for phase in ("train", "infer"):
+        model = fit_memory_model(bundle, phase=phase, device=device, validation_device=validation_device)
+        entry: dict[str, Any] = {"intercept": model.intercept, "slope": model.slope, "points": model.points,
+                                 "n_cap": model.cap}
+        if limit is not None:
+            entry["max_fitting_raw"] = model.max_fitting(limit)
+            if cuda:  # the largest N whose peak plus allowance (without the context, as the probe's cap) fits
+                entry["max_fitting_with_allowance"] = model.max_fitting(tensor_budget(limit, allowance))
+                entry["check"] = apply_allowance(model.predict(entry["max_fitting_with_allowance"]), allowance,
+                                                 include_context=False)
+        report["fits"][phase] = entry
+    return report
