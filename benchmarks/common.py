@@ -12,7 +12,6 @@ import json
 import os
 import re
 import statistics
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -94,25 +93,11 @@ class LoadSampler:
         self.stop()
 
 
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file in the same folder and a rename."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def write_json(path: Path, data: Any) -> None:
     """Write ``data`` as indented JSON, atomically."""
-    write_text_atomic(Path(path), json.dumps(data, indent=2, default=str) + "\n")
+    from autotune.utils import atomic_write_text
+
+    atomic_write_text(path, json.dumps(data, indent=2, default=str) + "\n")
 
 
 def read_json(path: Path) -> Any:

@@ -19,7 +19,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from common import block_names, read_block, read_json, replace_block, write_text_atomic
+from common import block_names, read_block, read_json, replace_block
+
+from autotune.utils import atomic_write_text
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -103,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)
             status = max(status, 1)
         else:
-            write_text_atomic(doc, new)
+            atomic_write_text(doc, new)
             print(f"{doc}: rewrote {len(block_names(text))} tables from {args.results}")
     return status
 
