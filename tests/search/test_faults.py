@@ -12,14 +12,13 @@ the first run never risk a timeout on a loaded machine.
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import optuna
 import pytest
-from probe_fixtures import shared_tiny_bundles
+from probe_fixtures import limit_for_patches, one_window_unet
 
-from autotune.bundles.config import load_bundle_config, update_bundle_config
+from autotune.bundles.config import load_bundle_config
 from autotune.device import device_info
 from autotune.search.study import make_key, open_storage, open_study
 from autotune.search.tune import tune_bundles
@@ -49,21 +48,12 @@ SPACE = {"range_num_images_per_batch": [1, 5], "range_num_sw_batch_size": [1, 2]
 
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A private tiny UNet bundle with a one-window validation volume (quicker clean probes)."""
-    src = shared_tiny_bundles(tmp_path_factory, algos=("unet",))["unet"]
-    dst = tmp_path_factory.mktemp("faults") / "unet_0"
-    shutil.copytree(src, dst)
-    update_bundle_config(dst, {"infer_volume_shape": [32, 32, 32]})
-    return dst
+    return one_window_unet(tmp_path_factory, "faults")
 
 
 @pytest.fixture(scope="module")
 def limit(bundle: Path) -> int:
-    """A limit whose budget holds 3.5 patches' worth of training: at most 3 patches fit."""
-    from autotune.probe.estimate import fit_memory_model
-
-    model = fit_memory_model(bundle, phase="train", device="cpu")
-    return int((model.intercept + 3.5 * model.slope) / (1 - MARGIN))
+    return limit_for_patches(bundle, 3.5, MARGIN)  # at most 3 patches fit
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from probe_fixtures import shared_tiny_bundles
+from probe_fixtures import shared_tiny_bundles, two_fold_work
 
 from autotune.cli import main
 
@@ -33,11 +33,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture()
 def work(tiny: Path, tmp_path: Path) -> Path:
-    """A work folder with two bundles (folds of one algorithm)."""
-    root = tmp_path / "work"
-    for name in ("unet_0", "unet_1"):
-        shutil.copytree(tiny, root / name)
-    return root
+    return two_fold_work(tiny, tmp_path / "work")
 
 
 def _snapshot(root: Path) -> dict[str, str]:

@@ -30,9 +30,9 @@ from pathlib import Path
 import optuna
 import pytest
 from pg_fixtures import pg_database_url, postgres_url  # noqa: F401
-from probe_fixtures import shared_tiny_bundles
+from probe_fixtures import limit_for_patches, one_window_unet, two_fold_work
 
-from autotune.bundles.config import load_bundle_config, update_bundle_config
+from autotune.bundles.config import load_bundle_config
 from autotune.search.tune import tune_bundles
 
 pytestmark = pytest.mark.postgres
@@ -46,21 +46,12 @@ States = optuna.trial.TrialState
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny UNet bundle with a one-window validation volume (quicker probes and estimates)."""
-    src = shared_tiny_bundles(tmp_path_factory, algos=("unet",))["unet"]
-    dst = tmp_path_factory.mktemp("workers_src") / "unet_0"
-    shutil.copytree(src, dst)
-    update_bundle_config(dst, {"infer_volume_shape": [32, 32, 32]})
-    return dst
+    return one_window_unet(tmp_path_factory, "workers_src")
 
 
 @pytest.fixture(scope="module")
 def limit(tiny: Path) -> int:
-    """A budget of 3.5 patches' worth of training: at most 3 patches per iteration fit."""
-    from autotune.probe.estimate import fit_memory_model
-
-    model = fit_memory_model(tiny, phase="train", device="cpu")
-    return int((model.intercept + 3.5 * model.slope) / (1 - MARGIN))
+    return limit_for_patches(tiny, 3.5, MARGIN)  # at most 3 patches per iteration fit
 
 
 @pytest.fixture(scope="module")
@@ -77,11 +68,7 @@ def reference(tiny: Path, limit: int, tmp_path_factory: pytest.TempPathFactory) 
 
 @pytest.fixture()
 def work(tiny: Path, tmp_path: Path) -> Path:
-    """Two folds of one algorithm: one tuning key, two bundles to write back."""
-    root = tmp_path / "work"
-    for name in ("unet_0", "unet_1"):
-        shutil.copytree(tiny, root / name)
-    return root
+    return two_fold_work(tiny, tmp_path / "work")
 
 
 @dataclass
