@@ -244,13 +244,18 @@ def build_lr_scheduler(
     return torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=total_steps, **args)
 
 
-def amp_dtype(cfg: Mapping[str, Any], device: str | torch.device) -> torch.dtype | None:
-    """Autocast dtype for this bundle on ``device``: fp16 on CUDA, bf16 on CPU, None when AMP is off."""
-    import torch
+def amp_dtype(cfg: Mapping[str, Any], device: str | torch.device, precision: str | None = None) -> torch.dtype | None:
+    """Autocast dtype for this bundle on ``device``; None means fp32 (no autocast).
 
-    if not cfg.get("amp", False):
-        return None
-    return torch.float16 if torch.device(device).type == "cuda" else torch.bfloat16
+    ``precision`` (``fp32``, ``bf16``, ``fp16``) when the caller has decided it (a probe request
+    carries the tuning key's); else ``autotune.precision.for_bundle``: the precision the bundle was
+    tuned in on this kind of device, or what its ``amp`` means on ``device``.
+    """
+    from autotune.precision import dtype_of, for_bundle
+
+    if precision is None:
+        precision = for_bundle(cfg, str(device))[0].name
+    return dtype_of(precision)
 
 
 def _intensity_transform(cfg: Mapping[str, Any]) -> Any:

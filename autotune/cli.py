@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -71,6 +72,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if func is None:
         parser.print_help()
         return EXIT_USAGE
+    if getattr(args, "precision", None):  # reaches the probes' children through the environment
+        from autotune.precision import PRECISION_ENV
+
+        os.environ[PRECISION_ENV] = args.precision
     try:
         return int(func(args) or 0)
     except AutotuneError as exc:

@@ -16,7 +16,7 @@ from typing import Any
 
 from autotune.errors import InputError
 
-__all__ = ["Handler", "add_command", "at_least", "progress_printer"]
+__all__ = ["Handler", "add_command", "add_precision_arg", "at_least", "progress_printer"]
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -46,6 +46,13 @@ def add_command(
         parser.add_argument("--quiet", "-q", action="store_true", help=quiet)
     parser.set_defaults(func=handler)
     return parser
+
+
+def add_precision_arg(p: argparse.ArgumentParser) -> None:
+    """``--precision``: sets ``AUTOTUNE_PRECISION`` for this process and its probes (``autotune.precision``)."""
+    p.add_argument("--precision", choices=("auto", "fp32", "bf16", "fp16"), default=None,
+                   help="compute precision: auto (default: fp16 autocast on CUDA, bf16 on a CPU that runs it "
+                        "natively, else fp32; amp: false bundles fp32) or force one; same as AUTOTUNE_PRECISION")
 
 
 def at_least(flag: str, value: int, minimum: int) -> None:

@@ -10,6 +10,8 @@ import json
 import textwrap
 from typing import Any
 
+from autotune.commands import add_precision_arg
+
 __all__ = ["register", "EXIT_OK", "EXIT_FAILED", "EXIT_OOM"]
 
 EXIT_OK, EXIT_FAILED, EXIT_OOM = 0, 1, 3
@@ -36,6 +38,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                    help="cpu, cuda or cuda:N (default: the first visible CUDA device, else cpu)")
     p.add_argument("--memory-limit", default=None, metavar="SIZE", help="memory limit, e.g. 8GiB or 512MiB")
     p.add_argument("--json", action="store_true", help="print the result as JSON instead of a summary")
+    add_precision_arg(p)
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -7,7 +7,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from autotune.commands import add_command, progress_printer
+from autotune.commands import add_command, add_precision_arg, progress_printer
 from autotune.commands.bundles import add_generate_args, generation_options
 
 __all__ = ["register", "add_tuning_args", "specs_from_args", "tuning_options"]
@@ -35,6 +35,7 @@ def add_tuning_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--timeout", type=float, default=300.0, help="seconds before a probe is killed (default 300)")
     g.add_argument("--target-gpu", default=None, help="with --strategy estimate: a catalogue GPU, e.g. a100-80gb")
     g.add_argument("--target-memory", default=None, help="with --strategy estimate: memory of a GPU not in the catalogue")
+    add_precision_arg(g)
 
 
 def specs_from_args(args: argparse.Namespace) -> dict[str, Any]:
@@ -86,6 +87,7 @@ def _worker_args(p: argparse.ArgumentParser) -> None:
 def _verify_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("bundle", help="a tuned bundle folder")
     p.add_argument("--device", default="auto", help="cpu or cuda:N (default: the first GPU if there is one, else cpu)")
+    add_precision_arg(p)
     p.add_argument("--memory-limit", default=None, help="default: the limit the bundle was tuned for")
     p.add_argument("--storage", default=None, help="storage for a retune (default sqlite under studies/)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds before a probe is killed")

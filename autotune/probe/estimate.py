@@ -50,13 +50,13 @@ ESTIMATE_STEPS = 2
 
 
 def _resolve(bundle: str | Path | Mapping[str, Any], num_patches_per_iter: int | None, num_sw_batch_size: int | None,
-             validation_device: str, device: str, phases: Any) -> dict[str, Any]:
+             validation_device: str, device: str, phases: Any, precision: str | None = None) -> dict[str, Any]:
     """Check the arguments the way ``run_probe`` does; returns a request dict."""
     from autotune.probe.runner import resolve_request
 
     return resolve_request(bundle, num_patches_per_iter=num_patches_per_iter, num_sw_batch_size=num_sw_batch_size,
                            validation_device=validation_device, device=device, memory_limit=None, phases=phases,
-                           warmup_steps=1, measure_steps=1, check_device=False)
+                           warmup_steps=1, measure_steps=1, check_device=False, precision=precision)
 
 
 def _data_values(fake_mode: Any, guesses: list[str]) -> Any:
@@ -182,7 +182,7 @@ def _fake_model(cfg: Mapping[str, Any], device: str) -> torch.nn.Module:
 
 def estimate(bundle: str | Path | Mapping[str, Any], *, num_patches_per_iter: int | None = None,
              num_sw_batch_size: int | None = None, validation_device: str = "device", device: str = "cpu",
-             phases: Any = ("train", "infer")) -> dict[str, Any]:
+             phases: Any = ("train", "infer"), precision: str | None = None) -> dict[str, Any]:
     """Estimate the peak tensor memory of a probe of ``bundle``, in this process, with fake tensors.
 
     Returns the probe's result keys where they apply (timings are None), with
@@ -203,7 +203,7 @@ def estimate(bundle: str | Path | Mapping[str, Any], *, num_patches_per_iter: in
     from autotune.step import make_dice_metric
 
     start = time.perf_counter()
-    req = _resolve(bundle, num_patches_per_iter, num_sw_batch_size, validation_device, device, phases)
+    req = _resolve(bundle, num_patches_per_iter, num_sw_batch_size, validation_device, device, phases, precision)
     cfg, device = req["config"], req["device"]
     result = base_result(req)
     result.update(measured=False, status="ok", device_name=None, device_total_memory=None)
@@ -218,7 +218,7 @@ def estimate(bundle: str | Path | Mapping[str, Any], *, num_patches_per_iter: in
         compute = "cpu" if emulate else device
         volume_device = ("meta" if emulate else "cpu") if req["validation_device"] == "cpu" else compute
         result["semantics"] = "cpu-emulating-cuda" if emulate else device.split(":")[0]
-        dtype = amp_dtype(cfg, device)
+        dtype = amp_dtype(cfg, device, req["precision"])
         guesses: list[str] = []
         with _fake_session(emulate_cuda=emulate, guesses=guesses):
             model = _fake_model(cfg, compute)

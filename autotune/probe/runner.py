@@ -91,8 +91,12 @@ def _check_cuda(device: str) -> None:
 def resolve_request(bundle: str | Path | Mapping[str, Any], *, num_patches_per_iter: int | None = None,
                     num_sw_batch_size: int | None = None, validation_device: str = "device", device: str = "cpu",
                     memory_limit: int | str | None = None, phases: str | Sequence[str] = PHASES,
-                    warmup_steps: int = 1, measure_steps: int = 2, check_device: bool = True) -> dict[str, Any]:
+                    warmup_steps: int = 1, measure_steps: int = 2, check_device: bool = True,
+                    precision: str | None = None) -> dict[str, Any]:
     """Load the bundle config and check every argument; returns the request a trial runs from.
+
+    ``precision`` (``fp32``, ``bf16``, ``fp16``) is what the trial computes in; None decides it
+    here (``autotune.precision.resolve_precision``), so the child never decides on its own.
 
     Raises:
         ConfigError: the bundle is missing or invalid.
@@ -109,6 +113,10 @@ def resolve_request(bundle: str | Path | Mapping[str, Any], *, num_patches_per_i
     if check_device and device.startswith("cuda"):
         _check_cuda(device)
     limit = None if memory_limit is None else parse_bytes(memory_limit, "memory_limit")
+    from autotune.precision import PRECISIONS, resolve_precision
+
+    if precision is None:
+        precision = resolve_precision(bool(cfg.get("amp", False)), device).name
     return {
         "config": cfg,
         "num_patches_per_iter": _positive_int(
@@ -121,6 +129,7 @@ def resolve_request(bundle: str | Path | Mapping[str, Any], *, num_patches_per_i
         "phases": _phases(phases),
         "warmup_steps": _positive_int(warmup_steps, "warmup_steps", 0),
         "measure_steps": _positive_int(measure_steps, "measure_steps", 1),
+        "precision": look_up_option(precision, PRECISIONS, "precision", ProbeError),
     }
 
 
@@ -208,13 +217,14 @@ def _run_forked(tmpdir: Path, child_env: dict[str, str], timeout: float) -> tupl
 def run_probe(bundle: str | Path | dict, *, num_patches_per_iter: int | None = None, num_sw_batch_size: int | None = None,
               validation_device: str = "device", device: str = "cpu", memory_limit: int | None = None,
               timeout: float = 300.0, phases: tuple[str, ...] = PHASES, warmup_steps: int = 1, measure_steps: int = 2,
-              env: Mapping[str, str] | None = None) -> dict[str, Any]:
+              env: Mapping[str, str] | None = None, precision: str | None = None) -> dict[str, Any]:
     """Run one measured trial of ``bundle`` in an isolated child; returns the result dict.
 
     A dict ``bundle`` is the config itself; a path is a bundle folder or its YAML. None for
     N or M means the bundle's value. ``memory_limit`` is bytes (CPU: the tracked tensor
     peak may not pass it; CUDA: the caching allocator is capped at it). ``env`` adds to
-    the child's environment. See the module docstring for the statuses.
+    the child's environment. ``precision`` as in ``resolve_request``. See the module docstring
+    for the statuses.
 
     Raises:
         ConfigError: the bundle is missing or invalid.
@@ -227,7 +237,8 @@ def run_probe(bundle: str | Path | dict, *, num_patches_per_iter: int | None = N
     start = time.perf_counter()
     req = resolve_request(bundle, num_patches_per_iter=num_patches_per_iter, num_sw_batch_size=num_sw_batch_size,
                           validation_device=validation_device, device=device, memory_limit=memory_limit,
-                          phases=phases, warmup_steps=warmup_steps, measure_steps=measure_steps)
+                          phases=phases, warmup_steps=warmup_steps, measure_steps=measure_steps,
+                          precision=precision)
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
         raise ProbeError(f"timeout must be a positive number of seconds, got {timeout!r}")
     child_env = dict(os.environ)

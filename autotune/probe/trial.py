@@ -181,7 +181,7 @@ def _build(req: Mapping[str, Any]) -> dict[str, Any]:
             memory.cuda_set_memory_limit(str(device), int(req["memory_limit"]))
     torch.manual_seed(int(cfg.get("seed", 0)))
     model = build_network(cfg).to(device)
-    dtype = amp_dtype(cfg, device)
+    dtype = amp_dtype(cfg, device, req.get("precision"))
     return {
         "device": device,
         "model": model,
@@ -203,7 +203,7 @@ def base_result(req: Mapping[str, Any]) -> dict[str, Any]:
         "train_peak_bytes": None, "infer_peak_bytes": None, "peak_bytes": None,
         "step_seconds_median": None, "samples_per_s": None, "sw_seconds_per_volume": None,
         "roi_size": list(cfg["roi_size"]), "infer_volume_shape": list(cfg.get("infer_volume_shape") or cfg["roi_size"]),
-        "amp": bool(cfg.get("amp", False)), "algo": cfg.get("algo"), "phases": list(req["phases"]),
+        "amp": bool(cfg.get("amp", False)), "precision": req.get("precision"), "algo": cfg.get("algo"), "phases": list(req["phases"]),
         "torch_version": None, "monai_version": None, "error_type": None, "error_tail": None,
     }
 

@@ -48,6 +48,7 @@ _RESULT_ATTRS = (
     "wall_seconds",
     "seconds",
     "measured",
+    "precision",
     "device_name",
     "error_type",
     "signal",

@@ -105,6 +105,7 @@ def tune_key(session: Session, key: TuningKey, cfg: Mapping[str, Any], n_bundles
             device=budget.info["device"],
             device_name=budget.info["device_name"],
             device_total_memory=budget.info["device_total_memory"],
+            precision=key.precision,
             wall_seconds=round(time.perf_counter() - started, 3),
             date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             key=key.as_dict(),

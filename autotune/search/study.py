@@ -126,7 +126,7 @@ class TuningKey:
     infer_volume_shape: tuple[int, ...]
     input_channels: int
     output_classes: int
-    amp: bool
+    precision: str
     network_hash: str
     device_name: str
     device_total_memory: int
@@ -163,6 +163,8 @@ def make_key(cfg: Mapping[str, Any], device: Mapping[str, Any], memory_limit: in
     import monai
     import torch
 
+    from autotune.precision import resolve_precision
+
     return TuningKey(
         algo=str(cfg["algo"]),
         template_version=int(cfg.get("template_version", 0)),
@@ -170,7 +172,7 @@ def make_key(cfg: Mapping[str, Any], device: Mapping[str, Any], memory_limit: in
         infer_volume_shape=tuple(int(v) for v in cfg.get("infer_volume_shape", cfg["roi_size"])),
         input_channels=int(cfg["input_channels"]),
         output_classes=int(cfg["output_classes"]),
-        amp=bool(cfg.get("amp", False)),
+        precision=resolve_precision(bool(cfg.get("amp", False)), str(device.get("device") or "cpu")).name,
         network_hash=_section_hash(cfg),
         device_name=str(device["device_name"]),
         device_total_memory=int(device["device_total_memory"]),

@@ -106,10 +106,17 @@ def tune_bundles(
     keys: dict[str, Any] = {}
     records: dict[str, dict[str, Any]] = {}
     try:
+        from autotune.precision import resolve_precision
+
+        said: set[str] = set()
         for path, cfg in configs.items():
             key = make_key(cfg, budget.info, budget.limit, strategy + ("-estimate" if estimate_only else ""), objective)
             groups.setdefault(key.study_name, []).append(path)
             keys[key.study_name] = key
+            line = resolve_precision(bool(cfg.get("amp", False)), budget.info["device"]).line()
+            if line not in said:  # decided once per process; said once per run
+                said.add(line)
+                say(line + (", for the GPU planned for" if budget.target is not None else ""))
         pending: list[str] = []
         for study_name, paths in groups.items():
             try:

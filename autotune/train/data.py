@@ -65,7 +65,7 @@ class TrainOptions:
         cache_on_device: hold the cache on the training device (CUDA only).
         thread_loader: read with ``ThreadDataLoader`` (no worker processes).
         num_workers: worker processes for the regular ``DataLoader`` and for building the cache.
-        amp: use autocast (fp16 + GradScaler on CUDA, bf16 on CPU).
+        amp: the bundle's ``amp`` (fast mode); the precision it means is ``autotune.precision``'s.
         template_recipe: use the template's loss, optimizer and schedule (else Adam 1e-4, DiceLoss).
         cache_rate: share of the cases cached.
         cache_dir: folder of the persistent cache.

@@ -31,6 +31,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--memory-limit", default=None, metavar="SIZE",
                         help="cap the CUDA caching allocator at SIZE (e.g. 16GiB), as the tuner's probes were; "
                              "peaks per epoch go to metrics.csv either way")
+    parser.add_argument("--precision", choices=("auto", "fp32", "bf16", "fp16"), default=None,
+                        help="compute precision: auto (default: the precision the bundle was tuned in, else "
+                             "what the device runs natively) or force one; same as AUTOTUNE_PRECISION")
     parser.add_argument("--quiet", "-q", action="store_true", help="no progress bars or epoch lines")
 
 
@@ -42,6 +45,11 @@ def train_from_args(args: argparse.Namespace) -> int:
     """
     from autotune.device import resolve_device
     from autotune.train.runner import parse_duration, train
+
+    if getattr(args, "precision", None):  # torchrun's ranks inherit it
+        from autotune.precision import PRECISION_ENV
+
+        os.environ[PRECISION_ENV] = args.precision
 
     max_time = parse_duration(args.max_time) if args.max_time is not None else None
     summary = train(args.bundle, device=resolve_device(args.device), epochs=args.epochs, max_time=max_time,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import time
 from dataclasses import asdict
 from typing import Any
@@ -218,7 +219,17 @@ class TrainingRun:
             self.loss_fn = DiceLoss(to_onehot_y=not sigmoid, softmax=not sigmoid, sigmoid=sigmoid)
             self.optimizer = torch.optim.Adam(self.model.parameters(), lr=REGULAR_LR)
             self.scheduler = None
-        self.amp_dtype = build.amp_dtype(cfg, device) if self.opts.amp else None
+        if self.opts.template_recipe:  # fast mode: the precision the bundle was tuned in
+            from autotune.precision import for_bundle
+
+            self.precision, warning = for_bundle(cfg, device)
+            if warning and self.ctx.is_main:
+                print(f"warning: {warning}", file=sys.stderr, flush=True)
+        else:
+            from autotune.precision import Precision
+
+            self.precision = Precision("fp32", "regular mode: the seed's baseline runs in fp32")
+        self.amp_dtype = build.amp_dtype(cfg, device, self.precision.name)
         self.scaler = make_grad_scaler(device, self.amp_dtype)
         self.nvtx = NvtxRanges(self.opts.nvtx)
         self.nvtx.attach(self.model, self.optimizer)
@@ -270,7 +281,7 @@ class TrainingRun:
         self.say(f"{self.mode} mode on {self.ctx.device} x{self.ctx.world_size}: {self.split_note}; cache {cache}"
                  f"{' (' + opts.cache_note + ')' if opts.cache_note else ''}, "
                  f"{'ThreadDataLoader' if opts.thread_loader else f'DataLoader({opts.num_workers} workers)'}, "
-                 f"amp {self.amp_dtype or 'off'}, {self.steps_per_epoch} steps/epoch of "
+                 f"{self.precision.line()}, {self.steps_per_epoch} steps/epoch of "
                  f"{self.plan.batch} patches, lr {self._base_lr():.3g}"
                  f"{f' (ramp over {self.plan.warmup_steps} steps)' if self.plan.warmup_steps else ''}")
         monitor = GpuMonitor(self.out / "gpu_monitor.csv", self.ctx.device, opts.gpu_monitor_interval_s)
@@ -289,7 +300,7 @@ class TrainingRun:
                 row["elapsed_s"] = self.elapsed()
                 if self.ctx.is_main:
                     save_checkpoint(self.out / "last.pt", self.checkpoint(epoch))
-                    self.metrics.add(row, {"mode": self.mode, "world_size": self.ctx.world_size,
+                    self.metrics.add(row, {"mode": self.mode, "precision": self.precision.name, "world_size": self.ctx.world_size,
                                            "split": self.split_note, "options": asdict(opts),
                                            "memory": self.memory_report()})
                     if row["mean_dice"] is not None or epoch == self.total_epochs:
@@ -316,7 +327,8 @@ class TrainingRun:
             "bundle": self.cfg["bundle_root"], "mode": self.mode, "device": self.ctx.device,
             "world_size": self.ctx.world_size, "first_epoch": self.state.epoch + 1, "last_epoch": epoch,
             "epochs_run": epoch - self.state.epoch, "stopped": stopped, "best_metric": self.state.best,
-            "best_epoch": self.state.best_epoch, "seconds": time.monotonic() - t_loop, "split": self.split_note,
+            "best_epoch": self.state.best_epoch, "precision": self.precision.name,
+            "precision_reason": self.precision.reason, "seconds": time.monotonic() - t_loop, "split": self.split_note,
             "train_cases_per_rank": self.num_train_cases, "model_dir": str(self.out),
             **{k: str(self.out / f) for k, f in (("best_checkpoint", "best.pt"), ("last_checkpoint", "last.pt"),
                                                   ("metrics_csv", "metrics.csv"), ("metrics_json", "metrics.json"),

@@ -26,7 +26,7 @@ RESULT_KEYS = {
     "status", "phase_failed", "num_patches_per_iter", "num_sw_batch_size", "validation_device", "device",
     "device_name", "device_total_memory", "memory_limit", "train_peak_bytes", "infer_peak_bytes", "peak_bytes",
     "train_peak_rss_bytes", "infer_peak_rss_bytes", "step_seconds_median", "samples_per_s", "sw_seconds_per_volume",
-    "roi_size", "infer_volume_shape", "amp", "torch_version", "monai_version", "error_type", "error_tail", "signal",
+    "roi_size", "infer_volume_shape", "amp", "precision", "torch_version", "monai_version", "error_type", "error_tail", "signal",
     "wall_seconds", "measured",
 }
 

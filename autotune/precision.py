@@ -1,0 +1,203 @@
+"""Which precision a bundle computes in: the one place that turns ``amp: true`` into a dtype.
+
+A template's ``amp: true`` means "mixed precision where the device runs it natively":
+
+- CUDA: fp16 autocast with a GradScaler (the default of MONAI's guides, Auto3DSeg and
+  nnU-Net; the memory contract and the GPU check were designed for it). bf16 on a GPU
+  with native bf16 is available by forcing it (below), without a GradScaler.
+- CPU: bf16 autocast only where the processor runs it natively; otherwise fp32. Without
+  native bf16 (no AVX512-BF16/AMX, e.g. many AMD EPYC and older Xeons), oneDNN emulates it
+  and a Conv3d runs about 100x slower than in fp32 (measured: BENCHMARKS.md). PyTorch's
+  oneDNN check (``torch.ops.mkldnn._is_mkldnn_bf16_supported``) says yes on any AVX512-BW
+  CPU, native or not, so a yes is confirmed by a tiny timing: bf16 must not be more than
+  ``EMULATED_RATIO`` times slower than fp32.
+
+The answer is decided once per process and per device type. ``AUTOTUNE_PRECISION``
+(``auto``, ``fp32``, ``bf16``, ``fp16``; the ``--precision`` flag of run, tune, probe,
+estimate, verify, worker and train sets it) forces it either way, for ``amp: true``
+and ``amp: false`` bundles alike. ``AUTOTUNE_CPU_BF16`` (``native`` or ``emulated``)
+replaces the CPU check, for tests and for machines where the check is wrong.
+
+The precision a study measured is part of its tuning key and of the bundle's ``tuning:``
+block; training uses that precision (``for_bundle``), so the memory contract holds.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "PRECISIONS",
+    "PRECISION_ENV",
+    "CPU_BF16_ENV",
+    "EMULATED_RATIO",
+    "Precision",
+    "resolve_precision",
+    "for_bundle",
+    "forced_precision",
+    "cpu_bf16_native",
+    "dtype_of",
+]
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+PRECISION_ENV = "AUTOTUNE_PRECISION"
+CPU_BF16_ENV = "AUTOTUNE_CPU_BF16"
+EMULATED_RATIO = 3.0  # bf16 slower than this many times fp32 on the timing: emulated
+
+
+@dataclass(frozen=True)
+class Precision:
+    """The precision a process computes a bundle in, and why.
+
+    Attributes:
+        name: ``fp32``, ``bf16`` or ``fp16``.
+        reason: one phrase a person can check (``"amp: true; this CPU has no native bfloat16"``).
+        forced: set by ``AUTOTUNE_PRECISION`` (or ``--precision``), not decided.
+    """
+
+    name: str
+    reason: str
+    forced: bool = False
+
+    @property
+    def autocast(self) -> bool:
+        """Whether this precision autocasts (everything but fp32)."""
+        return self.name != "fp32"
+
+    def line(self) -> str:
+        """The one line run/tune/train print about it."""
+        return f"precision {self.name}: {self.reason}"
+
+
+def dtype_of(name: str | None) -> Any:
+    """The autocast dtype of a precision name; None for fp32 or None (no autocast)."""
+    import torch
+
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(str(name)) if name else None
+
+
+def forced_precision() -> str | None:
+    """The precision ``AUTOTUNE_PRECISION`` forces, or None for ``auto``/unset.
+
+    Raises:
+        SpecError: the variable holds something else.
+    """
+    from autotune.errors import SpecError
+
+    value = os.environ.get(PRECISION_ENV, "").strip().lower()
+    if value in ("", "auto"):
+        return None
+    if value not in PRECISIONS:
+        raise SpecError(f"{PRECISION_ENV}={value!r}: give auto, fp32, bf16 or fp16 (or unset it)")
+    return value
+
+
+def _check_forced_on(name: str, kind: str) -> None:
+    from autotune.errors import SpecError
+
+    if name == "fp16" and kind == "cpu":
+        raise SpecError(f"{PRECISION_ENV}=fp16 on the CPU: fp16 autocast needs a GradScaler, which autotune uses "
+                        "on CUDA only; use bf16 or fp32 there")
+
+
+def resolve_precision(amp: bool, device: str | Any) -> Precision:
+    """The precision for a bundle with ``amp`` on ``device`` (``cpu``, ``cuda``, ``cuda:N``).
+
+    Raises:
+        SpecError: ``AUTOTUNE_PRECISION`` or ``AUTOTUNE_CPU_BF16`` is invalid, or forces fp16 on the CPU.
+    """
+    kind = str(device).split(":")[0]
+    forced = forced_precision()
+    if forced is not None:
+        _check_forced_on(forced, kind)
+        return Precision(forced, f"forced by {PRECISION_ENV}", forced=True)
+    if not amp:
+        return Precision("fp32", "amp: false in the bundle")
+    if kind == "cuda":
+        return Precision("fp16", "amp: true; fp16 autocast + GradScaler on CUDA")
+    native, how = cpu_bf16_native()
+    if native:
+        return Precision("bf16", f"amp: true; this CPU runs bfloat16 natively ({how})")
+    return Precision("fp32", f"amp: true, but this CPU has no native bfloat16 ({how}); "
+                             f"bf16 would be emulated, about 100x slower; {PRECISION_ENV}=bf16 forces it")
+
+
+def for_bundle(cfg: Mapping[str, Any], device: str) -> tuple[Precision, str | None]:
+    """The precision training runs in, and a warning line or None.
+
+    The precision the bundle was tuned in (``tuning.precision``), when it was tuned on this
+    kind of device and nothing forces another; else what ``resolve_precision`` decides.
+    """
+    amp = bool(cfg.get("amp", False))
+    here = resolve_precision(amp, device)
+    tuning = cfg.get("tuning") or {}
+    tuned = tuning.get("precision")
+    tuned_kind = str(tuning.get("device") or "").split(":")[0]
+    if here.forced or tuned not in PRECISIONS or tuned_kind != str(device).split(":")[0]:
+        if here.forced and tuned in PRECISIONS and tuned != here.name:
+            return here, (f"precision {here.name} is forced, but this bundle was tuned in {tuned}: "
+                          "its memory figures do not hold; retune in the same precision")
+        return here, None
+    chosen = Precision(str(tuned), "as tuned (tuning.precision)")
+    if tuned != here.name:
+        return chosen, (f"this bundle was tuned in {tuned}, but this machine would choose {here.name} "
+                        f"({here.reason}); training keeps {tuned} so the tuned memory holds: retune here, "
+                        f"or set {PRECISION_ENV}={here.name}")
+    return chosen, None
+
+
+def cpu_bf16_native() -> tuple[bool, str]:
+    """Whether this CPU runs bfloat16 autocast natively, and how that was decided."""
+    from autotune.errors import SpecError
+
+    value = os.environ.get(CPU_BF16_ENV, "").strip().lower()
+    if value:
+        if value not in ("native", "emulated"):
+            raise SpecError(f"{CPU_BF16_ENV}={value!r}: give native or emulated (or unset it)")
+        return value == "native", f"{CPU_BF16_ENV}={value}"
+    return _detected()
+
+
+@functools.lru_cache(maxsize=1)
+def _detected() -> tuple[bool, str]:
+    if not _onednn_says_bf16():
+        return False, "oneDNN bf16 check: no"
+    ratio = _bf16_ratio()
+    if ratio > EMULATED_RATIO:
+        return False, f"oneDNN bf16 check: yes, but a conv3d ran {ratio:.0f}x slower in bf16 than in fp32"
+    return True, f"oneDNN bf16 check: yes; conv3d bf16/fp32 time {ratio:.2f}"
+
+
+def _onednn_says_bf16() -> bool:
+    """PyTorch's own check (yes on any AVX512-BW CPU, native bf16 or not; see the module docstring)."""
+    import torch
+
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except Exception:  # a private op: absent in some builds
+        return False
+
+
+def _bf16_ratio(reps: int = 3) -> float:
+    """Time of a small Conv3d forward under bf16 autocast over its time in fp32 (best of ``reps``)."""
+    import torch
+
+    conv = torch.nn.Conv3d(8, 8, 3, padding=1)
+    x = torch.randn(1, 8, 24, 24, 24)
+
+    def best(dtype: Any) -> float:
+        times = []
+        with torch.no_grad(), torch.autocast("cpu", dtype=dtype or torch.float32, enabled=dtype is not None):
+            conv(x)  # warm-up: oneDNN picks its kernel on the first call
+            for _ in range(reps):
+                start = time.perf_counter()
+                conv(x)
+                times.append(time.perf_counter() - start)
+        return min(times)
+
+    return best(torch.bfloat16) / max(best(None), 1e-9)
