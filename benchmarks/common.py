@@ -93,6 +93,19 @@ class LoadSampler:
         self.stop()
 
 
+def cpu_name() -> str:
+    """The processor's model name (``/proc/cpuinfo``), else ``platform``'s answer."""
+    import platform
+
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def write_json(path: Path, data: Any) -> None:
     """Write ``data`` as indented JSON, atomically."""
     from autotune.utils import atomic_write_text

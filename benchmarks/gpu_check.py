@@ -23,6 +23,10 @@ Sections (in this order; ``--sections`` picks some):
   training and validation peaks against the tuned peak and the budget.
 - ``fast_regular``: ``autotune train --mode fast`` against ``--mode regular`` on the
   hippocampus set, a few epochs each, per-epoch time and GPU utilisation (NVML, sampled here).
+- ``precision``: the same bundle trained in fast mode under ``AUTOTUNE_PRECISION=fp16`` (the CUDA
+  default, with a GradScaler) and ``bf16`` (no scaler), the same epochs: per-epoch time, training
+  peak memory and the last mean Dice, to decide whether bf16 should be CUDA's default
+  (docs/precision.md). A dry run trains once in fp32.
 - ``ddp``: ``torchrun --nproc-per-node 1 -m autotune.train`` (NCCL, world size 1) for one epoch.
 
 Every section is guarded: a failure is recorded (type, message, tail) and the next one runs.
@@ -54,7 +58,7 @@ from common import LoadSampler  # noqa: E402  (benchmarks/ is the script's folde
 
 from autotune.utils import atomic_write_json, format_bytes  # noqa: E402
 
-SECTIONS = ("env", "probes", "calibrate", "tune_train", "fast_regular", "ddp")
+SECTIONS = ("env", "probes", "calibrate", "tune_train", "fast_regular", "precision", "ddp")
 ALGOS = ("segresnet", "dints", "unet")
 GiB = 1024**3
 
@@ -64,14 +68,14 @@ FULL = {
     "hippocampus": {"n_values": (1, 8, 32)},
     "ct": {"n_values": (1, 2, 4), "shape": (512, 512, 120), "spacing": (0.8, 0.8, 2.5), "cases": 4},
     "tune_limit": "24GiB", "tune_algos": ("segresnet", "unet"), "tune_epochs": 3,
-    "fr_algo": "unet", "fr_epochs": 4, "probe_timeout": 240.0,
+    "fr_algo": "unet", "fr_epochs": 4, "probe_timeout": 240.0, "precisions": ("fp16", "bf16"),
 }
 DRY = {
     "algos": ("unet",),
     "hippocampus": {"n_values": (1, 2)},
     "ct": {"n_values": (1,), "shape": (64, 64, 24), "spacing": (0.8, 0.8, 2.5), "cases": 4},
     "tune_limit": "64MiB", "tune_algos": ("segresnet",), "tune_epochs": 1,
-    "fr_algo": "unet", "fr_epochs": 2, "probe_timeout": 240.0,
+    "fr_algo": "unet", "fr_epochs": 2, "probe_timeout": 240.0, "precisions": ("fp32",),
 }
 
 
@@ -462,13 +466,15 @@ class _UtilSampler:
         return statistics.mean(s[1] for s in self.samples) if self.samples else None
 
 
-def _train_once(check: Check, bundle: Path, mode: str, epochs: int, log: str) -> dict[str, Any]:
+def _train_once(check: Check, bundle: Path, mode: str, epochs: int, log: str,
+                precision: str | None = None) -> dict[str, Any]:
     model_dir = bundle / "model_fold0"
     shutil.rmtree(model_dir, ignore_errors=True)
     t0 = time.monotonic()
+    extra = ["--precision", precision] if precision else []
     with _UtilSampler(check.device.startswith("cuda")) as sampler, LoadSampler() as load:
         proc = check.run([sys.executable, "-m", "autotune", "train", str(bundle), "--device", check.device,
-                          "--mode", mode, "--epochs", str(epochs), "--val-every", "1000", "--quiet"], log,
+                          "--mode", mode, "--epochs", str(epochs), "--val-every", "1000", "--quiet", *extra], log,
                          timeout=check.left() - 10)
     out: dict[str, Any] = {"mode": mode, "rc": proc.returncode, "wall_s": round(time.monotonic() - t0, 1),
                            "gpu_util_mean": sampler.mean_util(), "load_during_run": load.summary(),
@@ -481,6 +487,11 @@ def _train_once(check: Check, bundle: Path, mode: str, epochs: int, log: str) ->
         steady = [r["train_s"] for r in rows[1:] if r.get("train_s")] or [r["train_s"] for r in rows if r.get("train_s")]
         out["epoch_s_median_after_first"] = statistics.median(steady) if steady else None
         out["mean_dice_last"] = rows[-1].get("mean_dice") if rows else None
+        peaks = [int(r["train_peak_bytes"]) for r in rows if r.get("train_peak_bytes")]  # tracked on CUDA
+        out["train_peak_bytes"] = max(peaks) if peaks else None
+    summary = model_dir / "train_summary.json"
+    if summary.is_file():
+        out["precision"] = json.loads(summary.read_text(encoding="utf-8")).get("precision")
     return out
 
 
@@ -503,6 +514,23 @@ def section_fast_regular(check: Check, record: dict[str, Any], sources: dict[str
             and by["regular"].get("epoch_s_median_after_first"):
         record["speedup_per_epoch"] = by["regular"]["epoch_s_median_after_first"] / by["fast"]["epoch_s_median_after_first"]
     record["bundle"] = str(bundle)
+
+
+def section_precision(check: Check, record: dict[str, Any], sources: dict[str, Path]) -> None:
+    bundle = Path(check.results["sections"].get("fast_regular", {}).get("bundle") or "")
+    if not bundle.name:
+        bundle = generate(check, "hippocampus", sources["hippocampus"], (check.cfg["fr_algo"],))[check.cfg["fr_algo"]]
+    runs = []
+    for precision in check.cfg["precisions"]:
+        if check.left() < 30:
+            record["status"] = "partial: deadline"
+            break
+        run = _train_once(check, bundle, "fast", check.cfg["fr_epochs"], f"train_{precision}", precision)
+        runs.append(run)
+        check.say(f"   {precision}: rc={run['rc']} epoch s {run.get('epoch_s_median_after_first')} "
+                  f"train peak {format_bytes(run.get('train_peak_bytes'))} mean Dice {run.get('mean_dice_last')}")
+        record["runs"] = runs
+        check.save()
 
 
 def section_ddp(check: Check, record: dict[str, Any], sources: dict[str, Path]) -> None:
@@ -561,6 +589,9 @@ def table(results: dict[str, Any]) -> str:
                      f"GPU util {r.get('gpu_util_mean')}")
     if fr.get("speedup_per_epoch"):
         lines.append(f"fast vs regular per epoch: {fr['speedup_per_epoch']:.1f}x")
+    for r in results["sections"].get("precision", {}).get("runs") or []:
+        lines.append(f"precision {r.get('precision')}: rc={r['rc']} epoch s {r.get('epoch_s_median_after_first')} "
+                     f"train peak {format_bytes(r.get('train_peak_bytes'))} mean Dice {r.get('mean_dice_last')}")
     ddp = results["sections"].get("ddp", {})
     if ddp:
         lines.append(f"ddp: rc={ddp.get('rc')} world_size={ddp.get('world_size')} nccl_seen={ddp.get('nccl_seen')}")
@@ -604,6 +635,8 @@ def main(argv: list[str] | None = None) -> int:
         check.section("tune_train", lambda r: section_tune_train(check, r, sources))
     if "fast_regular" in sections and "hippocampus" in sources:
         check.section("fast_regular", lambda r: section_fast_regular(check, r, sources))
+    if "precision" in sections and "hippocampus" in sources:
+        check.section("precision", lambda r: section_precision(check, r, sources))
     if "ddp" in sections and "hippocampus" in sources:
         check.section("ddp", lambda r: section_ddp(check, r, sources))
     check.save()

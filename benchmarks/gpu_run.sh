@@ -10,7 +10,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
   || { echo "wheel install failed"; exit 1; }
 export PYTHONPATH="$PWD:/tmp/site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv | tee "$OUT/nvidia_smi.txt"
-sections="${1:-env,probes,calibrate,tune_train,fast_regular,ddp}"
+sections="${1:-env,probes,calibrate,tune_train,fast_regular,precision,ddp}"
 deadline="${2:-480}"
 python3 benchmarks/gpu_check.py --out "$OUT" --hippocampus .gpu_data/Task04_Hippocampus \
   --sections "$sections" --deadline "$deadline" 2>&1 | tee "$OUT/gpu_check_console.txt"

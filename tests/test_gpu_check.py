@@ -22,7 +22,7 @@ def test_gpu_check_dry_run(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     results = json.loads((out / "gpu_check.json").read_text())
     sections = results["sections"]
-    assert [s for s in ("env", "data", "probes", "calibrate", "tune_train", "fast_regular", "ddp")
+    assert [s for s in ("env", "data", "probes", "calibrate", "tune_train", "fast_regular", "precision", "ddp")
             if not str(sections[s]["status"]).startswith("ok")] == []
     points = sections["probes"]["points"]
     assert {(p["dataset"], p["n"]) for p in points} == {("hippocampus", 1), ("hippocampus", 2), ("ct", 1)}
@@ -39,6 +39,8 @@ def test_gpu_check_dry_run(tmp_path: Path) -> None:
     runs = {r["mode"]: r for r in sections["fast_regular"]["runs"]}
     assert runs["fast"]["rc"] == 0 and runs["regular"]["rc"] == 0
     assert runs["fast"]["epoch_s_median_after_first"] > 0 and runs["regular"]["epoch_s_median_after_first"] > 0
+    [fp32] = sections["precision"]["runs"]  # a dry run trains once, in fp32 (the GPU run: fp16 and bf16)
+    assert fp32["rc"] == 0 and fp32["precision"] == "fp32" and fp32["epoch_s_median_after_first"] > 0
     assert sections["ddp"]["rc"] == 0 and sections["ddp"]["world_size"] == 1
     assert "fast vs regular per epoch" in proc.stdout
     assert (out / "gpu_check_logs.txt").is_file()

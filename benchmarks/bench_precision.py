@@ -1,0 +1,141 @@
+"""What mixed precision costs on this CPU: fp32 against bf16 autocast, side by side, and the decision.
+
+Times, in one process and alternating order, (1) one Conv3d forward (16 -> 16 channels, 3^3 kernel)
+on a 2x16x48^3 input and (2) one training step (forward, DiceCE loss, backward, SGD step) of the
+full-size UNet template at 2 patches of its roi, each in fp32 and under
+``torch.autocast("cpu", dtype=torch.bfloat16)``. Prints a table with the oneDNN check, the timing
+autotune's precision decision made (``autotune.precision``) and the precision it chose; writes JSON.
+This checks the rule's premise (emulated bf16 is far slower than fp32 here), not training quality.
+
+    python benchmarks/bench_precision.py                      # writes benchmarks/results/precision.json
+    python benchmarks/bench_precision.py --report-only
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from common import LoadSampler, cpu_name, read_json, write_json  # noqa: E402  (benchmarks/ is the script's folder)
+
+
+def _args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--reps", type=int, default=3, help="timed repeats per case and precision (best kept)")
+    p.add_argument("--report-only", action="store_true")
+    p.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "precision.json"))
+    return p.parse_args(argv)
+
+
+def _conv_case() -> tuple[Any, Any]:
+    import torch
+
+    torch.manual_seed(0)
+    conv = torch.nn.Conv3d(16, 16, 3, padding=1)
+    x = torch.randn(2, 16, 48, 48, 48)
+
+    def run(dtype: Any) -> None:
+        with torch.no_grad(), torch.autocast("cpu", dtype=dtype or torch.float32, enabled=dtype is not None):
+            conv(x)
+
+    return run, "Conv3d 16->16, 3^3, input 2x16x48^3, forward"
+
+
+def _unet_step_case() -> tuple[Any, Any]:
+    import torch
+
+    from autotune.build import build_loss, build_network, build_optimizer
+    from autotune.bundles.templates import load_template
+    from autotune.step import train_step
+
+    cfg = dict(load_template("unet"))
+    cfg.update(input_channels=1, output_classes=3)
+    roi = [48, 64, 48]
+    torch.manual_seed(0)
+    model = build_network(cfg)
+    loss_fn, optimizer = build_loss(cfg), build_optimizer(cfg, model.parameters())
+    image = torch.randn(2, 1, *roi)
+    label = torch.randint(0, 3, (2, 1, *roi)).float()
+
+    def run(dtype: Any) -> None:
+        train_step(model, loss_fn, optimizer, image, label, dtype, None)
+
+    return run, f"full-size UNet training step, 2 patches of {'x'.join(map(str, roi))}"
+
+
+def measure(reps: int) -> dict[str, Any]:
+    import torch
+
+    from autotune import precision
+
+    rows = []
+    for make in (_conv_case, _unet_step_case):
+        run, what = make()
+        times: dict[str, list[float]] = {"fp32": [], "bf16": []}
+        run(None)  # warm-up in fp32 (oneDNN picks kernels) and bf16
+        run(torch.bfloat16)
+        for rep in range(reps):
+            order = ("fp32", "bf16") if rep % 2 == 0 else ("bf16", "fp32")
+            for name in order:
+                start = time.perf_counter()
+                run(torch.bfloat16 if name == "bf16" else None)
+                times[name].append(time.perf_counter() - start)
+            print(f"  {what}: rep {rep + 1}/{reps} done", file=sys.stderr, flush=True)
+        best = {k: min(v) for k, v in times.items()}
+        rows.append({"case": what, "fp32_s": best["fp32"], "bf16_s": best["bf16"],
+                     "bf16_over_fp32": best["bf16"] / best["fp32"], "all_s": times})
+    native, how = precision._detected.__wrapped__()
+    chosen = precision.resolve_precision(True, "cpu")
+    return {"onednn_bf16_check": precision._onednn_says_bf16(), "native_bf16": native, "how": how,
+            "amp_true_on_cpu_means": chosen.name, "reason": chosen.reason, "rows": rows}
+
+
+def markdown_table(report: dict[str, Any]) -> str:
+    """The table of a report (what BENCHMARKS.md shows)."""
+    env = report["environment"]
+    lines = [f"CPU: {env['cpu']} ({env['cores']} cores), torch {env['torch']}, {env['threads']} thread(s); "
+             f"oneDNN bf16 check: {'yes' if report['onednn_bf16_check'] else 'no'}; "
+             f"autotune's decision: `amp: true` runs in **{report['amp_true_on_cpu_means']}** ({report['how']}).",
+             "", "| case | fp32 s | bf16 autocast s | bf16 / fp32 | load during |", "|---|---:|---:|---:|---:|"]
+    load = report.get("load_during_run") or {}
+    cell = f"{load['mean']:.1f} ({load['min']:.1f}-{load['max']:.1f})" if load.get("samples") else "-"
+    for row in report["rows"]:
+        lines.append(f"| {row['case']} | {row['fp32_s']:.3f} | {row['bf16_s']:.3f} | {row['bf16_over_fp32']:.1f}x "
+                     f"| {cell} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _args(argv)
+    out = Path(args.out)
+    if args.report_only:
+        print(markdown_table(read_json(out)))
+        return 0
+    import torch
+
+    with LoadSampler() as load:
+        report = measure(args.reps)
+    report.update(
+        benchmark="fp32 vs bf16 autocast on this CPU, and autotune's precision decision",
+        command="python benchmarks/bench_precision.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        load_during_run=load.summary(),
+        environment={"cpu": cpu_name(), "cores": os.cpu_count(),
+                     "threads": torch.get_num_threads(), "torch": torch.__version__,
+                     "python": platform.python_version()},
+    )
+    write_json(out, report)
+    print(markdown_table(report))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
