@@ -108,7 +108,7 @@ def _summary(result: dict[str, Any], title: str) -> list[str]:
     lines = [
         f"{title} {result.get('algo') or ''} {where}: {result['status']}",
         f"  num_patches_per_iter {result['num_patches_per_iter']}, num_sw_batch_size {result['num_sw_batch_size']}, "
-        f"validation device {result['validation_device']}, amp {'on' if result.get('amp') else 'off'}",
+        f"validation device {result['validation_device']}, precision {result.get('precision') or ('amp on' if result.get('amp') else 'fp32')}",
     ]
     if result.get("train_peak_bytes") is not None or "train" in result.get("phases", []):
         extra = ""
