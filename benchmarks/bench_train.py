@@ -38,8 +38,8 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--work", default="/tmp/autotune_bench_train", help="scratch folder (replaced)")
     p.add_argument("--budget", type=float, default=600, help="seconds per mode (default 600)")
     p.add_argument("--algo", default="segresnet", choices=("segresnet", "unet", "dints"))
-    p.add_argument("--roi", type=int, default=32, help="cubic roi edge (default 32)")
-    p.add_argument("--init-filters", type=int, default=16, help="SegResNet init_filters (default 16)")
+    p.add_argument("--roi", type=int, default=32, help="cubic roi edge (default 32; 0: the template's own roi)")
+    p.add_argument("--init-filters", type=int, default=16, help="SegResNet init_filters (default 16; 0: the template's)")
     p.add_argument("--epochs", type=int, default=40, help="epochs the schedule is planned for (default 40)")
     p.add_argument("--val-every", type=int, default=1)
     p.add_argument("--sw-overlap", type=float, default=0.25, help="validation window overlap (default 0.25)")
@@ -64,7 +64,6 @@ def make_bundle(args: argparse.Namespace, work: Path) -> Path:
 
     result = analyze(args.data, work, num_fold=5, progress=False)
     overrides: dict[str, Any] = {
-        "roi_size": [args.roi] * 3,
         "num_epochs": args.epochs,
         "num_epochs_per_validation": args.val_every,
         "early_stop_patience": 0,
@@ -72,7 +71,9 @@ def make_bundle(args: argparse.Namespace, work: Path) -> Path:
         "sw_overlap": args.sw_overlap,
         "num_sw_batch_size": 8,
     }
-    if args.algo == "segresnet":
+    if args.roi:
+        overrides["roi_size"] = [args.roi] * 3
+    if args.algo == "segresnet" and args.init_filters:
         overrides["segresnet"] = {"network": {"args": {"init_filters": args.init_filters}}}
     gen = BundleGen(work, algos=args.algo, data_stats_filename=result.datastats, data_src_cfg_name=result.data_src)
     bundles = gen.generate(work, num_fold=5, overrides=overrides)
@@ -254,7 +255,8 @@ def main(argv: list[str] | None = None) -> int:
     def fmt(value: Any, spec: str = ".2f") -> str:
         return "-" if value is None else format(value, spec)
 
-    print(f"{args.algo} roi {args.roi}^3 on {args.device}, budget {args.budget:g} s per mode, target Dice {args.target}")
+    roi = f"{args.roi}^3" if args.roi else "of the template"
+    print(f"{args.algo} roi {roi} on {args.device}, budget {args.budget:g} s per mode, target Dice {args.target}")
     print(f"{'mode':<8} {'epochs':>6} {'train s/ep':>10} {'min s/ep':>8} {'ep+val s':>9} {'data wait':>9} "
           f"{'samples/s':>9} {'t->target s':>11} {'ep->target':>10} {'best Dice':>9}")
     for r in results.values():

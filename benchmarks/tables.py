@@ -45,6 +45,7 @@ TABLES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "batch-scaling": ("bench_batch_scaling", "table", ("batch_scaling.json",)),
     "batch-scaling-curves": ("bench_batch_scaling", "curves", ("batch_scaling.json",)),
     "contract": ("bench_contract", "markdown_table", ("contract.json",)),
+    "precision": ("bench_precision", "markdown_table", ("precision.json",)),
 }
 
 
