@@ -40,6 +40,7 @@ class TuneOptions(TypedDict, total=False):
     storage: str | None
     strategy: str
     objective: str
+    handoff: str
     margin: float
     timeout: float
     target_gpu: str | None
@@ -72,6 +73,7 @@ def tune(
     storage: str | None = None,
     strategy: str = "fast",
     objective: str = "max-batch",
+    handoff: str = "goodput",
     margin: float = 0.10,
     timeout: float = 300.0,
     target_gpu: str | None = None,
@@ -93,6 +95,8 @@ def tune(
         storage: SQLAlchemy URL of the Optuna storage; default SQLite under ``studies/``.
         strategy: ``fast``, ``tpe`` (the Auto3DSeg baseline) or ``estimate`` (no probes).
         objective: ``max-batch`` (the largest batch that fits) or ``throughput`` (the fastest that fits).
+        handoff: the batch handed to training: ``goodput`` (the template's batch unless the largest fit is
+            measured faster to a target accuracy by more than the noise) or ``largest`` (the search's batch).
         margin: share of the limit kept free.
         timeout: seconds before a probe is killed.
         target_gpu: with ``strategy="estimate"``: a catalogue GPU to plan for, e.g. ``a100-80gb``.
@@ -107,7 +111,7 @@ def tune(
         the tuned values, the measured peak and the limit.
 
     Raises:
-        SpecError: bad specs, strategy, objective, margin, target or memory limit.
+        SpecError: bad specs, strategy, objective, hand-off, margin, target or memory limit.
         ConfigError: a bundle is missing or malformed. StorageError: the storage cannot be used.
     """
     from autotune.device import resolve_device
@@ -118,7 +122,7 @@ def tune(
     target = resolve_target(strategy, target_gpu, target_memory, device)
     return tune_bundles(
         list(bundles), load_specs(specs), device=device, memory_limit=memory_limit, storage=storage,
-        strategy=strategy, objective=objective, margin=margin, timeout=timeout, target=target,
+        strategy=strategy, objective=objective, handoff=handoff, margin=margin, timeout=timeout, target=target,
         probe_env=probe_env, summary_path=summary_path, workers_share=workers_share, progress=progress,
     )
 

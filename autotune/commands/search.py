@@ -24,6 +24,9 @@ def add_tuning_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--objective", default="max-batch",
                    help="max-batch (default: the largest batch that fits) or throughput (the fastest that fits; a "
                    "smaller batch wins only if its advantage survives a repeated measurement)")
+    g.add_argument("--handoff", default="goodput",
+                   help="the batch handed to training: goodput (default: the template's batch unless the largest fit "
+                   "is measured faster to a target accuracy, see docs/handoff.md) or largest (the largest fit)")
     g.add_argument("--margin", type=float, default=0.10, help="share of the limit kept free (default 0.10)")
     g.add_argument("--specs", default=None, help="YAML of Auto3DSeg gpu_customization_specs")
     g.add_argument("--num-trials", type=int, default=None, help="trial budget of the tpe strategy (default 20)")
@@ -59,7 +62,7 @@ def specs_from_args(args: argparse.Namespace) -> dict[str, Any]:
 
 def tuning_options(args: argparse.Namespace) -> dict[str, Any]:
     """The keyword arguments of ``autotune.tune`` (and ``run``) from the options ``add_tuning_args`` adds."""
-    names = ("device", "memory_limit", "storage", "strategy", "objective", "margin", "timeout", "target_gpu",
+    names = ("device", "memory_limit", "storage", "strategy", "objective", "handoff", "margin", "timeout", "target_gpu",
              "target_memory")
     return {"specs": specs_from_args(args), "progress": progress_printer(args), **{n: getattr(args, n) for n in names}}
 

@@ -43,6 +43,7 @@ _RESULT_ATTRS = (
     "train_peak_rss_bytes",
     "infer_peak_rss_bytes",
     "step_seconds_median",
+    "step_seconds_spread",
     "samples_per_s",
     "sw_seconds_per_volume",
     "wall_seconds",

@@ -1,9 +1,10 @@
 """From the largest batch that fits to the batch, learning rate and schedule training gets.
 
 Called by ``autotune.search.tune``: ``cap_range`` before the search (the training set
-caps the searched range of patches per iteration), ``handoff_updates`` at write-back
-(the learning rate and the sample-counted schedule follow the handed batch). The rules
-are in ``autotune.bundles.scaling``.
+caps the searched range of patches per iteration), ``apply_handoff`` after it (the
+goodput rule: the template's reference batch or the largest fit, ``autotune.search.goodput``),
+``handoff_updates`` at write-back (the learning rate and the sample-counted schedule
+follow the handed batch). The rules are in ``autotune.bundles.scaling``.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from autotune.bundles.scaling import (
 )
 from autotune.errors import AutotuneError
 
-__all__ = ["training_set", "cap_range", "batch_report", "handoff_updates"]
+__all__ = ["training_set", "cap_range", "batch_report", "apply_handoff", "handoff_updates"]
 
 
 def training_set(cfg: Mapping[str, Any]) -> tuple[int, list[float]]:
@@ -83,8 +84,12 @@ def batch_report(record: Mapping[str, Any], cap: Mapping[str, Any], predicted_ma
     whole = cap.get("template_range") or cap.get("range")
     if predicted_max is not None and whole:  # the estimate, read no further than the template's range
         predicted_max = min(int(predicted_max), int(whole[1]))
+    verdict = record.get("handoff") or {}
     if handed is None:
         reason = "nothing fits"
+    elif largest is not None and handed < largest and verdict.get("rule") == "goodput" and \
+            verdict.get("handed") == handed:
+        reason = f"{largest} fits, but the goodput rule hands over {handed}: {verdict.get('line')}"
     elif largest is not None and handed < largest:
         reason = (f"{largest} fits, but {handed} trained faster on a repeated measurement "
                   "(objective throughput)")
@@ -99,6 +104,69 @@ def batch_report(record: Mapping[str, Any], cap: Mapping[str, Any], predicted_ma
     return {"largest_fit_in_range": largest, "predicted_largest_fit": predicted_max, "handed_to_training": handed,
             "searched_range": [lo, top], "reason": reason,
             "cap": {k: v for k, v in cap.items() if k != "range"}}
+
+
+def _speed(evaluation: Any) -> tuple[float | None, float | None]:
+    """(samples/s, relative spread of the step timings) of a training evaluation."""
+    result = evaluation.result or {}
+    rate, spread = result.get("samples_per_s"), result.get("step_seconds_spread")
+    return (float(rate) if rate else None), (float(spread) if spread is not None else None)
+
+
+def apply_handoff(
+    record: dict[str, Any],
+    cfg: Mapping[str, Any],
+    candidate: Any,
+    measure_reference: Callable[[int], Any] | None,
+    handoff: str,
+    say: Callable[[str], None],
+) -> None:
+    """Decide which batch a tuned ``record`` hands to training; record the verdict under ``handoff``.
+
+    Args:
+        record: the key's tuned record (``num_patches_per_iter`` is the search's choice); updated in place.
+        cfg: the bundle config (its ``batch_scaling`` block: reference batch and lr rule).
+        candidate: the search's training evaluation at ``num_patches_per_iter``.
+        measure_reference: measures training at a batch (a study point when one exists); None when the
+            search measures no speed (estimates, the TPE baseline): the rule cannot decide.
+        handoff: ``goodput`` (the rule) or ``largest`` (the search's choice, as before the rule).
+        say: progress lines.
+    """
+    from autotune.search.goodput import decide
+
+    algo, n = cfg.get("algo", "?"), int(record["num_patches_per_iter"])
+    if handoff == "largest":
+        record["handoff"] = {"rule": "largest", "handed": n,
+                             "line": f"hand-off rule off (--handoff largest) -> hand over {n}, the search's batch"}
+        return
+    block = batch_scaling_of(cfg)
+    if block is None:
+        record["handoff"] = {"rule": "goodput", "handed": n, "line": (
+            f"bundle has no batch_scaling block (no reference batch); regenerate it -> hand over {n}")}
+        say(f"[{algo}] hand-off: {record['handoff']['line']}")
+        return
+    ref = int(block["reference_batch"])
+    rate, spread = _speed(candidate) if candidate is not None else (None, None)
+    reference = None
+    ref_rate = ref_spread = None
+    if n > ref and measure_reference is not None and rate is not None:
+        reference = measure_reference(ref)  # at most one probe; an earlier point at ref is reused
+        if reference is not None and reference.feasible:
+            ref_rate, ref_spread = _speed(reference)
+    noise = (spread or 0.0) + (ref_spread or 0.0)
+    verdict = decide(ref, ref_rate, n, rate, block["lr_scaling"], noise=noise)
+    record["handoff"] = {"rule": "goodput", **verdict.as_dict(), "largest_fit": record.get("max_num_patches_per_iter"),
+                         "reference_trial": reference.trial_number if reference is not None else None}
+    say(f"[{algo}] hand-off: {verdict.line()}")
+    if verdict.handed == n or reference is None:
+        return
+    result = reference.result or {}
+    train_peak = result.get("train_peak_bytes") or result.get("peak_bytes")
+    record.update(
+        num_patches_per_iter=verdict.handed, train_trial=reference.trial_number, train_peak_bytes=train_peak,
+        samples_per_s=ref_rate,
+        peak_bytes=max(int(train_peak or 0), int(record.get("infer_peak_bytes") or 0)) or record.get("peak_bytes"),
+    )
 
 
 def handoff_updates(cfg: Mapping[str, Any], batch: int) -> dict[str, Any]:

@@ -15,7 +15,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from autotune.search.handoff import batch_report, cap_range
+from autotune.search.handoff import apply_handoff, batch_report, cap_range
 from autotune.search.session import Session
 from autotune.search.space import AlgoSpec, spec_for
 from autotune.search.study import TuningKey, open_study
@@ -24,12 +24,14 @@ from autotune.utils import format_bytes
 __all__ = ["tune_key", "search_key", "result_tag", "validation_devices", "predicted_fit"]
 
 
-def result_tag(strategy: str, margin: float, spec: AlgoSpec, devices: tuple[str, ...], estimate_only: bool) -> str:
+def result_tag(strategy: str, margin: float, spec: AlgoSpec, devices: tuple[str, ...], estimate_only: bool,
+               handoff: str = "largest") -> str:
     """The study attribute holding the result of a search with these settings."""
-    blob = json.dumps(
-        {"strategy": strategy, "margin": margin, "spec": spec.as_dict(), "devices": devices, "estimate": estimate_only},
-        sort_keys=True,
-    )
+    settings: dict[str, Any] = {"strategy": strategy, "margin": margin, "spec": spec.as_dict(), "devices": devices,
+                                "estimate": estimate_only}
+    if handoff != "largest":  # results stored before the goodput rule keep their tag
+        settings["handoff"] = handoff
+    blob = json.dumps(settings, sort_keys=True)
     return "result:" + hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
@@ -51,7 +53,7 @@ def tune_key(session: Session, key: TuningKey, cfg: Mapping[str, Any], n_bundles
         return {"algo": algo, "status": "unsupported", "reason": "template does not support tuning"}
     spec, batch_cap = cap_range(spec_for(session.explicit[algo], cfg), cfg, say)
     devices = validation_devices(spec, budget.device)
-    tag = result_tag(session.strategy, budget.margin, spec, devices, session.estimate_only)
+    tag = result_tag(session.strategy, budget.margin, spec, devices, session.estimate_only, session.handoff)
     sampler = None
     if session.strategy == "tpe":
         import optuna
@@ -199,6 +201,12 @@ def search_key(
         samples_per_s=train_res.get("samples_per_s"),
         sw_seconds_per_volume=infer_res.get("sw_seconds_per_volume"),
     )
+    measure = None  # the goodput rule's one probe at the reference batch (fast search, real probes)
+    if session.strategy != "tpe" and prober.measured:
+        def measure(n: int) -> Any:
+            return evaluator.evaluate({"num_patches_per_iter": n}, ("train",))
+    apply_handoff(record, cfg, outcome.train, measure, session.handoff, session.say)
+    record.update(probes=evaluator.probes, reused_points=evaluator.reused)
     if budget.device.startswith("cuda"):
         from dataclasses import asdict
 

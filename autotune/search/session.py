@@ -2,7 +2,7 @@
 
 - ``Budget``: where the probes run and what memory they may use (limit, margin, allowances);
 - ``Store``: where the results go and who else works on them (storage, liveness, claims);
-- ``Session``: both, with the method (strategy, objective, timeout) and the specs per algorithm.
+- ``Session``: both, with the method (strategy, objective, hand-off, timeout) and the specs per algorithm.
 """
 
 from __future__ import annotations
@@ -74,3 +74,4 @@ class Session:
     explicit: dict[str, dict[str, Any]]
     probe_env: Mapping[str, str] | None = None
     say: Callable[[str], None] = lambda _line: None
+    handoff: str = "goodput"  # the batch handed to training: goodput rule or largest fit (autotune.search.goodput)

@@ -53,6 +53,7 @@ def tune_bundles(
     progress: Callable[[str], None] | None = _print,
     write_back: bool = True,
     objective: str = "max-batch",
+    handoff: str = "goodput",
 ) -> list[dict[str, Any]]:
     """Tune ``bundles`` and write the tuned values (with provenance) into each.
 
@@ -74,12 +75,15 @@ def tune_bundles(
         write_back: write the tuned values into the bundles.
         objective: ``max-batch`` (default: the largest batch that fits) or ``throughput`` (the fastest;
             see ``autotune.search.objective``); part of the study key and of the ``tuning:`` block.
+        handoff: ``goodput`` (default: hand over the largest fit only when it is predicted faster to a
+            target accuracy than the template's batch, ``autotune.search.goodput``) or ``largest``
+            (the search's batch, as before the rule).
 
     Returns:
         One result per bundle (dicts; ``status`` is ``tuned``, ``infeasible`` or ``unsupported``).
 
     Raises:
-        SpecError: bad specs, strategy, margin or memory limit.
+        SpecError: bad specs, strategy, objective, hand-off, margin or memory limit.
         StorageError: the storage cannot be opened.
     """
     say = progress or (lambda _line: None)
@@ -87,6 +91,9 @@ def tune_bundles(
     from autotune.search.objective import OBJECTIVES
 
     objective = look_up_option(objective, OBJECTIVES, "objective", SpecError)
+    from autotune.search.goodput import HANDOFFS
+
+    handoff = look_up_option(handoff, HANDOFFS, "handoff", SpecError)
     if strategy == "estimate":  # the fast search, answered by the estimator alone
         strategy, estimate_only = "fast", True
     if not bundles:
@@ -99,7 +106,7 @@ def tune_bundles(
     explicit = parse_specs(specs, sorted({cfg["algo"] for cfg in configs.values()}))
     budget = _budget(device, memory_limit, margin, target)
     session = Session(budget, _open_store(storage, workers_share, timeout), strategy, objective, estimate_only,
-                      timeout, explicit, probe_env, say)
+                      timeout, explicit, probe_env, say, handoff)
     from autotune.search.study import make_key
 
     groups: dict[str, list[str]] = {}
