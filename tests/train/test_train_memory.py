@@ -21,7 +21,9 @@ def tuned(tmp_path_factory: pytest.TempPathFactory) -> dict:
     root = tmp_path_factory.mktemp("contract")
     data = make_demo_dataset(root / "data", cases=12, size=32, classes=2, seed=1)
     bundle = make_bundles(data, root / "work", algos="unet", num_fold=1)["unet_0"]
+    # handoff largest: the contract is about the largest fit (the goodput rule may hand over the template's batch)
     [result] = tune_bundles([bundle], device="cpu", memory_limit=LIMIT, storage=f"sqlite:///{root}/s.db",
+                            handoff="largest",
                             specs={"universal": {"range_num_images_per_batch": [1, 8],
                                                  "range_num_sw_batch_size": [1, 4]}})
     assert result["status"] == "tuned"
