@@ -1,14 +1,24 @@
 """Time to mean Dice 0.80: each template as generated against the same bundle after tuning.
 
-For each algorithm, fold 0 of 5 of the dataset, full-size templates (no preset): the
-generated bundle, and a copy tuned by ``autotune tune --strategy estimate`` at a fixed
-memory limit (so the largest batch that fits is far above the template's), which gets
-the training-set cap, the scaled learning rate and the sample-counted schedule. Both train
-in fast mode for the same wall budget, one after the other (the order alternates from one
-algorithm to the next), each in its own process, validating every epoch. Prints a table,
-writes JSON (and a PNG of the curves) after every run, so a cut-off run keeps what it had.
+For each algorithm, fold 0 of 5 of the dataset, full-size templates (no preset), the
+variants (``--variants``, default all three):
+
+- ``generated``: the bundle as ``autotune generate`` writes it;
+- ``largest``: a copy tuned by ``autotune tune --strategy estimate --handoff largest`` at a
+  fixed memory limit (so the largest batch that fits is far above the template's): the
+  largest fit under the training-set cap, the scaled learning rate and the sample-counted
+  schedule (results written before the goodput rule call this variant ``tuned``);
+- ``handoff``: a copy tuned by ``autotune tune --strategy fast --handoff goodput`` at the
+  same limit: real probes measure samples/s at the largest fit and at the template's
+  batch, and the goodput rule (``autotune.search.goodput``) picks the batch handed over.
+
+All train in fast mode for the same wall budget, one after the other (the order reverses
+from one algorithm to the next), each in its own process, validating every epoch. Prints
+a table, writes JSON (and a PNG of the curves) after every run, so a cut-off run keeps
+what it had.
 
     python benchmarks/bench_batch_scaling.py --budget 420 --epochs 20
+    python benchmarks/bench_batch_scaling.py --variants generated,handoff   # the goodput rule's pair
     python benchmarks/bench_batch_scaling.py --report-only            # table from the JSON
 """
 
@@ -32,7 +42,12 @@ sys.path.insert(0, str(REPO))
 from common import LoadSampler, write_json  # noqa: E402  (benchmarks/ is the script's folder)
 
 DEFAULT_DATA = "/work/shared/datasets/Task04_Hippocampus"
-VARIANTS = ("generated", "tuned")
+VARIANTS = ("generated", "largest", "handoff")
+#: every variant a report may hold, in table order ("tuned": "largest" before the goodput rule)
+KNOWN_VARIANTS = ("generated", "tuned", "largest", "handoff")
+#: how each tuned variant is tuned (besides the limit, device and storage)
+TUNE_FLAGS = {"largest": ["--strategy", "estimate", "--handoff", "largest"],
+              "handoff": ["--strategy", "fast", "--handoff", "goodput"]}
 
 
 def _args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -44,7 +59,9 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--epochs", type=int, default=20, help="epochs the schedule is planned for (both variants)")
     p.add_argument("--limit", default="8GiB", help="memory limit to tune at (a round figure, not from the estimator)")
     p.add_argument("--range", type=int, nargs=2, default=None, metavar=("MIN", "MAX"),
-                   help="explicit --range-num-images-per-batch for the tuned variant (default: the capped range)")
+                   help="explicit --range-num-images-per-batch for the tuned variants (default: the capped range)")
+    p.add_argument("--variants", default=",".join(VARIANTS),
+                   help=f"comma-separated from {', '.join(VARIANTS)} (default all)")
     p.add_argument("--target", type=float, default=0.80)
     p.add_argument("--device", default="cpu")
     p.add_argument("--report-only", action="store_true")
@@ -60,28 +77,65 @@ def _run(command: list[str], log: Path) -> None:
         raise SystemExit(f"failed (exit {code}): {' '.join(command)}; see {log}")
 
 
-def prepare(args: argparse.Namespace, work: Path, algo: str) -> dict[str, Any]:
-    """The generated bundle of fold 0 and a tuned copy; returns their folders and the tuning record."""
+def parse_variants(text: str) -> tuple[str, ...]:
+    """``--variants`` as a tuple in table order; one clear line for an unknown name."""
+    names = [v.strip() for v in text.split(",") if v.strip()]
+    unknown = sorted(set(names) - set(VARIANTS))
+    if unknown or not names:
+        raise SystemExit(f"--variants: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(VARIANTS)}")
+    return tuple(v for v in VARIANTS if v in names)
+
+
+def _settings(cfg: dict[str, Any]) -> dict[str, Any]:
+    return ({k: cfg[k] for k in ("num_patches_per_iter", "num_images_per_batch", "num_crops_per_image",
+                                 "learning_rate", "roi_size")}
+            | {"lr_warmup_samples": cfg.get("lr_warmup_samples", 0)})
+
+
+def prepare(args: argparse.Namespace, work: Path, algo: str, variants: tuple[str, ...]) -> dict[str, Any]:
+    """The generated bundle of fold 0 and a tuned copy per tuned variant; their folders and tuning records.
+
+    The entry keeps the first tuned variant's record at its top level too (``batch``, ``recipe``,
+    ``tune_command``, ``tune_wall_s``), as results written before ``--variants`` had it.
+    """
     from autotune.bundles.config import load_bundle_config
 
     generated = work / f"{algo}_0"
-    tuned = work / "tuned" / f"{algo}_0"
-    shutil.rmtree(tuned, ignore_errors=True)
-    shutil.copytree(generated, tuned)
-    command = [sys.executable, "-m", "autotune", "tune", str(tuned), "--device", args.device, "--memory-limit",
-               args.limit, "--strategy", "estimate", "--storage", f"sqlite:///{work / 'studies.db'}"]
-    if args.range:
-        command += ["--range-num-images-per-batch", *map(str, args.range)]
-    t0 = time.monotonic()
-    _run(command, work / f"tune_{algo}.log")
-    cfg, gen = load_bundle_config(tuned), load_bundle_config(generated)
-    return {"generated": str(generated), "tuned": str(tuned), "tune_command": " ".join(command[1:]),
-            "tune_wall_s": round(time.monotonic() - t0, 1), "batch": cfg["tuning"]["batch"],
-            "recipe": cfg["tuning"]["recipe"],
-            "settings": {v: {k: c[k] for k in ("num_patches_per_iter", "num_images_per_batch", "num_crops_per_image",
-                                             "learning_rate", "roi_size")}
-                         | {"lr_warmup_samples": c.get("lr_warmup_samples", 0)}
-                         for v, c in (("generated", gen), ("tuned", cfg))}}
+    entry: dict[str, Any] = {"generated": str(generated), "tune": {},
+                             "settings": {"generated": _settings(load_bundle_config(generated))}}
+    for variant in (v for v in variants if v in TUNE_FLAGS):
+        tuned = work / variant / f"{algo}_0"
+        shutil.rmtree(tuned, ignore_errors=True)
+        shutil.copytree(generated, tuned)
+        command = [sys.executable, "-m", "autotune", "tune", str(tuned), "--device", args.device, "--memory-limit",
+                   args.limit, *TUNE_FLAGS[variant], "--storage", f"sqlite:///{work / f'studies_{variant}.db'}"]
+        if args.range:
+            command += ["--range-num-images-per-batch", *map(str, args.range)]
+        t0 = time.monotonic()
+        _run(command, work / f"tune_{algo}_{variant}.log")
+        cfg = load_bundle_config(tuned)
+        block = cfg["tuning"]
+        entry[variant] = str(tuned)
+        entry["settings"][variant] = _settings(cfg)
+        entry["tune"][variant] = {"tune_command": " ".join(command[1:]),
+                                  "tune_wall_s": round(time.monotonic() - t0, 1), "batch": block["batch"],
+                                  "recipe": block["recipe"], "handoff": block.get("handoff"),
+                                  "probes": block.get("probes")}
+        for key in ("tune_command", "tune_wall_s", "batch", "recipe"):
+            entry.setdefault(key, entry["tune"][variant][key])
+        if block.get("handoff"):
+            print(f"[{algo}] {variant}: {block['handoff']['line']}", flush=True)
+    return entry
+
+
+def variants_of(entry: dict[str, Any]) -> list[str]:
+    """The variants an entry holds, in table order (old results: generated, tuned)."""
+    return [v for v in KNOWN_VARIANTS if v in entry.get("settings", {})]
+
+
+def _batch_of(entry: dict[str, Any], variant: str) -> dict[str, Any]:
+    """The tuning's batch record of a tuned variant (old results hold one, at the entry's top level)."""
+    return (entry.get("tune", {}).get(variant) or entry).get("batch") or {}
 
 
 def train_run(args: argparse.Namespace, bundle: Path, label: str, work: Path) -> dict[str, Any]:
@@ -152,10 +206,10 @@ def table(report: dict[str, Any]) -> str:
              "samples/s | time to Dice 0.80 | best mean Dice in the run | load average |",
              "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for algo, entry in report["algos"].items():
-        for variant in VARIANTS:
+        for variant in variants_of(entry):
             run = entry.get("runs", {}).get(variant)
             s = entry["settings"][variant]
-            fits = f" ({entry['batch'].get('predicted_largest_fit')})" if variant == "tuned" else ""
+            fits = f" ({_batch_of(entry, variant).get('predicted_largest_fit')})" if variant != "generated" else ""
             if run is None:
                 lines.append(f"| {algo} | {variant} | {s['num_patches_per_iter']}{fits} | {s['learning_rate']:.3g} "
                              "| not run | | | | | |")
@@ -174,12 +228,24 @@ def curves(report: dict[str, Any]) -> str:
     lines = ["| algo | variant | (wall s: validation mean Dice) after each epoch | training loss per epoch |",
              "|---|---|---|---|"]
     for algo, entry in report["algos"].items():
-        for variant in VARIANTS:
+        for variant in variants_of(entry):
             run = entry.get("runs", {}).get(variant)
             if run:
                 points = ", ".join(f"{c[1]:.0f}: {c[2]:.3f}" for c in run["curve"])
                 losses = ", ".join(f"{c[2]:.3f}" for c in run.get("loss_curve", []))
                 lines.append(f"| {algo} | {variant} | {points} | {losses} |")
+    return "\n".join(lines)
+
+
+def verdicts(report: dict[str, Any]) -> str:
+    """The goodput rule's verdict per template (the ``handoff`` variant), as the tuning block states it."""
+    lines = ["| algo | largest fit (cap) | handed over | verdict |", "|---|---:|---:|---|"]
+    for algo, entry in report["algos"].items():
+        tuned = entry.get("tune", {}).get("handoff")
+        if tuned and tuned.get("handoff"):
+            verdict = tuned["handoff"]
+            lines.append(f"| {algo} | {tuned['batch'].get('largest_fit_in_range')} | {verdict.get('handed')} | "
+                         f"{verdict.get('line')} |")
     return "\n".join(lines)
 
 
@@ -192,7 +258,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
     algos = list(report["algos"])
     fig, axes = plt.subplots(1, len(algos), figsize=(5 * len(algos), 3.6), squeeze=False)
     for ax, algo in zip(axes[0], algos, strict=True):
-        for variant, style in zip(VARIANTS, ("-o", "-s"), strict=True):
+        for variant, style in zip(variants_of(report["algos"][algo]), ("-o", "-s", "-^", "-v"), strict=False):
             run = report["algos"][algo].get("runs", {}).get(variant)
             if run and run["curve"]:
                 n = report["algos"][algo]["settings"][variant]["num_patches_per_iter"]
@@ -217,6 +283,9 @@ def main(argv: list[str] | None = None) -> int:
         print(table(report))
         print()
         print(curves(report))
+        if any("tune" in entry for entry in report["algos"].values()):
+            print()
+            print(verdicts(report))
         return 0
     import monai
     import torch
@@ -224,6 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     from autotune.bundles.bundlegen import BundleGen
     from autotune.data.analyze import analyze
 
+    variants = parse_variants(args.variants)
     work = Path(args.work)
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
@@ -232,7 +302,9 @@ def main(argv: list[str] | None = None) -> int:
     BundleGen(work, algos=algos, data_stats_filename=res.datastats, data_src_cfg_name=res.data_src).generate(
         work, num_fold=5)
     report: dict[str, Any] = {
-        "benchmark": "time to Dice: generated vs tuned bundle (batch cap, lr rule, sample-counted schedule)",
+        "benchmark": "time to Dice: generated vs tuned bundles (largest fit under the batch cap with the lr rule; "
+                     "the goodput hand-off)",
+        "variants": list(variants),
         "data": args.data, "fold": 0,
         "settings": {k: v for k, v in vars(args).items() if k not in ("out", "work", "report_only")},
         "environment": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
@@ -241,9 +313,9 @@ def main(argv: list[str] | None = None) -> int:
         "algos": {},
     }
     for index, algo in enumerate(algos):
-        entry = report["algos"][algo] = prepare(args, work, algo)
+        entry = report["algos"][algo] = prepare(args, work, algo, variants)
         entry["runs"] = {}
-        order = VARIANTS if index % 2 == 0 else VARIANTS[::-1]  # alternate who goes first
+        order = variants if index % 2 == 0 else variants[::-1]  # alternate who goes first
         entry["order"] = list(order)
         for variant in order:
             print(f"[{algo}] training {variant} for {args.budget:g} s ...", flush=True)
@@ -251,6 +323,8 @@ def main(argv: list[str] | None = None) -> int:
             write_json(out, report)
             plot(report, out.with_suffix(".png"))
     print(table(report))
+    print()
+    print(verdicts(report))
     print(f"wrote {out}")
     return 0
 
