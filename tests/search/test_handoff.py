@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import optuna
 import pytest
 from bundle_fixtures import copy_bundle, make_bundles
 from probe_fixtures import limit_for_patches
@@ -33,7 +34,8 @@ def test_goodput_hands_over_the_reference_batch_with_the_tuned_sw_batch(
     monkeypatch.setattr(goodput, "DEFAULT_NOISE", 1e6)  # no measured speed-up passes this margin
     lines: list[str] = []
     [result] = tune_bundles([bundle], {"universal": {"range_num_images_per_batch": [1, 64]}}, device="cpu",
-                            memory_limit=setup["limit"], storage=setup["storage"], margin=MARGIN, progress=lines.append)
+                            memory_limit=setup["limit"], storage=f"sqlite:///{tmp_path / 's.db'}", margin=MARGIN,
+                            progress=lines.append)  # its own storage: the module's keeps unpatched verdicts
     cfg = load_bundle_config(bundle)
     scaling, block = cfg["batch_scaling"], cfg["tuning"]
     ref = scaling["reference_batch"]
@@ -53,18 +55,31 @@ def test_goodput_hands_over_the_reference_batch_with_the_tuned_sw_batch(
     assert any(line.endswith(verdict["line"]) for line in lines)  # said as well as written
 
 
-def test_goodput_verdict_follows_the_measured_speed_up(setup: dict, tmp_path: Path) -> None:
-    bundle = copy_bundle(setup["bundle"], tmp_path / "unet_0")
+@pytest.fixture(scope="module")
+def goodput_run(setup: dict) -> dict:
+    """The default hand-off on a copy, on the module's storage (its points serve the later tunes)."""
+    bundle = copy_bundle(setup["bundle"], setup["root"] / "goodput" / "unet_0")
     [result] = tune_bundles([bundle], {"universal": {"range_num_images_per_batch": [1, 64]}}, device="cpu",
                             memory_limit=setup["limit"], storage=setup["storage"], margin=MARGIN, progress=None)
+    return {"bundle": bundle, "result": result}
+
+
+def test_goodput_verdict_follows_the_measured_speed_up(setup: dict, goodput_run: dict) -> None:
+    bundle, result = goodput_run["bundle"], goodput_run["result"]
     verdict = result["handoff"]
-    assert result["probes"] == 0, "every point, the reference batch's included, is read back from the study"
+    assert verdict["rule"] == "goodput" and verdict["reference_trial"] is not None
+    # the margin is the two probes' timing spread (added), at least the default noise
+    study = optuna.load_study(study_name=result["study_name"], storage=setup["storage"])
+    spread = {t.params["num_patches_per_iter"]: t.user_attrs["step_seconds_spread"] for t in study.trials
+              if t.user_attrs.get("phases") == ["train"] and t.user_attrs.get("status") == "ok"}
+    noise = spread[verdict["batch"]] + spread[verdict["reference_batch"]]
+    assert verdict["margin"] == pytest.approx(max(goodput.DEFAULT_NOISE, noise))
     wins = verdict["speedup"] > 1 + verdict["margin"]
     assert verdict["handed"] == (verdict["batch"] if wins else verdict["reference_batch"])
     assert load_bundle_config(bundle)["num_patches_per_iter"] == verdict["handed"]
 
 
-def test_handoff_largest_restores_the_largest_fit(setup: dict, tmp_path: Path,
+def test_handoff_largest_restores_the_largest_fit(setup: dict, goodput_run: dict, tmp_path: Path,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     bundle = copy_bundle(setup["bundle"], tmp_path / "unet_0")
     code = main(["tune", str(bundle), "--device", "cpu", "--memory-limit", str(setup["limit"]), "--storage",
@@ -75,6 +90,7 @@ def test_handoff_largest_restores_the_largest_fit(setup: dict, tmp_path: Path,
     largest = block["batch"]["largest_fit_in_range"]
     assert cfg["num_patches_per_iter"] == largest == block["max_num_patches_per_iter"] > scaling["reference_batch"]
     assert block["handoff"]["rule"] == "largest"
+    assert block["probes"] == 0, "the goodput run's points are read back from the study; no reference probe"
     assert cfg["learning_rate"] == pytest.approx(scaled_learning_rate(
         scaling["reference_learning_rate"], scaling["reference_batch"], largest, scaling["lr_scaling"]))
 
