@@ -137,7 +137,7 @@ def apply_handoff(
     algo, n = cfg.get("algo", "?"), int(record["num_patches_per_iter"])
     if handoff == "largest":
         record["handoff"] = {"rule": "largest", "handed": n,
-                             "line": f"hand-off rule off (--handoff largest) -> hand over {n}, the search's batch"}
+                             "line": f"--handoff largest (the goodput rule is off): the search's batch -> hand over {n}"}
         return
     block = batch_scaling_of(cfg)
     if block is None:

@@ -38,8 +38,10 @@ def format_results(results: Sequence[Mapping[str, Any]]) -> str:
         if batch.get("reason") and r.get("algo") not in notes:
             rate = recipe.get("learning_rate") or {}
             steps = (recipe.get("schedule") or {}).get("steps_per_epoch") or {}
+            verdict = (r.get("handoff") or {}).get("line")
+            why = batch["reason"] if not verdict or verdict in batch["reason"] else f"{batch['reason']}; hand-off: {verdict}"
             notes[str(r.get("algo"))] = (
-                f"{r.get('algo')}: {r['num_patches_per_iter']} patches/step to training: {batch['reason']}; "
+                f"{r.get('algo')}: {r['num_patches_per_iter']} patches/step to training: {why}; "
                 f"lr {rate.get('before', '-')} -> {rate.get('after', '-')} ({recipe.get('lr_scaling', 'none')}), "
                 f"steps/epoch {steps.get('before', '-')} -> {steps.get('after', '-')}")
         lines.append(

@@ -84,12 +84,14 @@ def test_handoff_largest_restores_the_largest_fit(setup: dict, goodput_run: dict
     bundle = copy_bundle(setup["bundle"], tmp_path / "unet_0")
     code = main(["tune", str(bundle), "--device", "cpu", "--memory-limit", str(setup["limit"]), "--storage",
                  setup["storage"], "--quiet", "--range-num-images-per-batch", *RANGE, "--handoff", "largest"])
-    assert code == 0, capsys.readouterr().err
+    out, err = capsys.readouterr()
+    assert code == 0, err
     cfg = load_bundle_config(bundle)
     block, scaling = cfg["tuning"], cfg["batch_scaling"]
     largest = block["batch"]["largest_fit_in_range"]
     assert cfg["num_patches_per_iter"] == largest == block["max_num_patches_per_iter"] > scaling["reference_batch"]
     assert block["handoff"]["rule"] == "largest"
+    assert f"hand-off: {block['handoff']['line']}" in out  # the table's note says which rule handed over
     assert block["probes"] == 0, "the goodput run's points are read back from the study; no reference probe"
     assert cfg["learning_rate"] == pytest.approx(scaled_learning_rate(
         scaling["reference_learning_rate"], scaling["reference_batch"], largest, scaling["lr_scaling"]))
