@@ -78,11 +78,14 @@ def verify_bundle(
     say(f"  at the plan: {at.get('status')}, peak {format_bytes(at.get('peak_bytes'))}")
     above: dict[str, Any] | None = None
     is_max = True
-    if n < n_hi:
-        above = run_probe(bundle, num_patches_per_iter=n + 1, phases=("train",), **common)
+    # the goodput hand-off may give training less than the largest fit: the edge is the largest fit's
+    edge = max(n, int(tuning.get("max_num_patches_per_iter") or n))
+    if edge < n_hi:
+        above = run_probe(bundle, num_patches_per_iter=edge + 1, phases=("train",), **common)
         above_fits = above.get("status") == "ok" and int(above.get("peak_bytes") or 0) <= budget
         is_max = not above_fits
-        say(f"  one above ({n + 1}): {above.get('status')}, peak {format_bytes(above.get('peak_bytes'))}"
+        say(f"  one above the largest fit ({edge + 1}): {above.get('status')}, "
+            f"peak {format_bytes(above.get('peak_bytes'))}"
             f" -> {'fits: the plan left room' if above_fits else 'does not fit'}")
     est = estimate(bundle, num_patches_per_iter=n, num_sw_batch_size=m, validation_device=vd, device=device)
     allowance = allowance_from_record(tuning, device)
@@ -125,5 +128,6 @@ def verify_bundle(
         report["retuned"] = tune_bundles(
             [bundle], device=device, memory_limit=limit, storage=storage, strategy="fast", margin=margin,
             timeout=timeout, probe_env=probe_env, progress=say,
+            handoff=str((tuning.get("handoff") or {}).get("rule") or "goodput"),
         )[0]
     return report

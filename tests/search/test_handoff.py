@@ -15,6 +15,7 @@ from autotune.bundles.config import load_bundle_config
 from autotune.bundles.scaling import scaled_learning_rate
 from autotune.cli import main
 from autotune.search.tune import tune_bundles
+from autotune.search.verify import verify_bundle
 
 MARGIN = 0.10
 RANGE = ["1", "64"]  # explicit: the demo set's training-set cap (2) would stop the search at the reference batch
@@ -53,6 +54,10 @@ def test_goodput_hands_over_the_reference_batch_with_the_tuned_sw_batch(
     assert block["max_num_patches_per_iter"] == largest
     assert block["train_peak_bytes"] <= block["budget_bytes"] and block["samples_per_s"] > 0
     assert any(line.endswith(verdict["line"]) for line in lines)  # said as well as written
+    # verify checks the handed batch and the largest fit's edge, not the handed batch's
+    report = verify_bundle(bundle, device="cpu", retune=False)
+    assert report["holds"] and report["num_patches_per_iter"] == ref
+    assert report["one_above"]["num_patches_per_iter"] == largest + 1
 
 
 @pytest.fixture(scope="module")
