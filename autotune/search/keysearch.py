@@ -201,11 +201,11 @@ def search_key(
         samples_per_s=train_res.get("samples_per_s"),
         sw_seconds_per_volume=infer_res.get("sw_seconds_per_volume"),
     )
-    measure = None  # the goodput rule's one probe at the reference batch (fast search, real probes)
-    if session.strategy != "tpe" and prober.measured:
-        def measure(n: int) -> Any:
-            return evaluator.evaluate({"num_patches_per_iter": n}, ("train",))
-    apply_handoff(record, cfg, outcome.train, measure, session.handoff, session.say)
+    def measure(n: int) -> Any:  # the goodput rule's one probe at the reference batch (a study point is reused)
+        return evaluator.evaluate({"num_patches_per_iter": n}, ("train",))
+
+    timed = session.strategy != "tpe" and prober.measured  # the fast search with real probes
+    apply_handoff(record, cfg, outcome.train, measure if timed else None, session.handoff, session.say)
     record.update(probes=evaluator.probes, reused_points=evaluator.reused)
     if budget.device.startswith("cuda"):
         from dataclasses import asdict
