@@ -102,15 +102,20 @@ def memory_figure(study: Any, phase: str, record: dict[str, Any], trials_study: 
                          "marker": {"size": 11, "symbol": symbol},
                          "x": [t.params[size] for t in chosen], "y": [_mib(t.user_attrs.get("peak_bytes")) for t in chosen],
                          "text": [f"trial #{t.number}" for t in chosen]})
+    # zoom on the edge: the probes, and the estimate up to a little past the limit (not its whole range)
+    top = 1.4 * max([float(record.get("memory_limit") or 0)] + [float(t.user_attrs.get("peak_bytes") or 0) for t in probes])
+    near = [n for n in estimates if top and estimates[n] <= top] + [t.params[size] for t in probes]
     xs_all = [x for trace in data for x in trace["x"]] or [1]
-    span = [min(xs_all), max(xs_all)]
+    span = [min(xs_all), max(near or xs_all) + 1]
     for name, value in (("budget", record.get("budget_bytes")), ("limit", record.get("memory_limit"))):
         if value:
             data.append({"type": "scatter", "mode": "lines", "name": name, "line": {"dash": "dash"},
                          "x": span, "y": [_mib(value)] * 2})
     label = "patches per iteration (N)" if phase == "train" else f"sliding-window batch (at N = {point['num_patches_per_iter']})"
-    layout = {"title": {"text": f"{phase}: peak memory against {size}"},
-              "xaxis": {"title": {"text": label}}, "yaxis": {"title": {"text": "peak memory (MiB)"}}}
+    title = "training" if phase == "train" else "inference"
+    layout = {"title": {"text": f"{record.get('algo')} {title}: peak memory against {size}, budget and limit"},
+              "xaxis": {"title": {"text": label}, "range": [0, span[1]]},
+              "yaxis": {"title": {"text": "peak memory (MiB)"}, **({"range": [0, _mib(top)]} if top else {})}}
     return _Figure(data, layout)
 
 
