@@ -95,11 +95,11 @@ def memory_figure(study: Any, phase: str, record: dict[str, Any], trials_study: 
         xs = sorted(estimates)
         data.append({"type": "scatter", "mode": "lines+markers", "name": "estimate (no compute)",
                      "x": xs, "y": [_mib(estimates[n]) for n in xs]})
-    for fits, name, symbol in ((True, "fits", "circle"), (False, "does not fit", "x")):
+    for fits, name, symbol, color in ((True, "fits", "circle", "#2ca02c"), (False, "does not fit", "x", "#d62728")):
         chosen = [t for t in probes if _fits(t) == fits]
         if chosen:
             data.append({"type": "scatter", "mode": "markers", "name": f"{'probe' if record.get('method') != 'estimated' else 'estimate'}: {name}",
-                         "marker": {"size": 11, "symbol": symbol},
+                         "marker": {"size": 11, "symbol": symbol, "color": color},
                          "x": [t.params[size] for t in chosen], "y": [_mib(t.user_attrs.get("peak_bytes")) for t in chosen],
                          "text": [f"trial #{t.number}" for t in chosen]})
     # zoom on the edge: the probes, and the estimate up to a little past the limit (not its whole range)
@@ -107,9 +107,10 @@ def memory_figure(study: Any, phase: str, record: dict[str, Any], trials_study: 
     near = [n for n in estimates if top and estimates[n] <= top] + [t.params[size] for t in probes]
     xs_all = [x for trace in data for x in trace["x"]] or [1]
     span = [min(xs_all), max(near or xs_all) + 1]
-    for name, value in (("budget", record.get("budget_bytes")), ("limit", record.get("memory_limit"))):
+    for name, value, color in (("budget", record.get("budget_bytes"), "#ff7f0e"),
+                               ("limit", record.get("memory_limit"), "#000000")):
         if value:
-            data.append({"type": "scatter", "mode": "lines", "name": name, "line": {"dash": "dash"},
+            data.append({"type": "scatter", "mode": "lines", "name": name, "line": {"dash": "dash", "color": color},
                          "x": span, "y": [_mib(value)] * 2})
     label = "patches per iteration (N)" if phase == "train" else f"sliding-window batch (at N = {point['num_patches_per_iter']})"
     title = "training" if phase == "train" else "inference"
