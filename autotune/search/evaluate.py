@@ -151,7 +151,8 @@ class Evaluator:
         self.label = label
         self.probes = 0
         self.reused = 0
-        self.trial_numbers: list[int] = []
+        self.trial_numbers: list[int] = []  # trials of ``study``
+        self.infer_trial_numbers: list[int] = []  # trials of ``infer_study``
 
     # -- lookup ------------------------------------------------------------------------
     def study_for(self, phases: tuple[str, ...]) -> optuna.Study:
@@ -317,7 +318,8 @@ class Evaluator:
         if reused_from is not None:
             trial.set_user_attr("reused_trial", reused_from.trial_number)
             trial.set_user_attr("point_id", point_id(reused_from.point, phases))
-        self.trial_numbers.append(trial.number)
+        own = self.infer_trial_numbers if self.study_for(phases) is not self.study else self.trial_numbers
+        own.append(trial.number)
         if status in ("ok", "oom"):
             peak = result.get("peak_bytes")
             if status == "oom" or peak is None:

@@ -177,7 +177,8 @@ def search_key(
         "method": "measured" if prober.measured else "estimated",
         "probes": evaluator.probes,
         "reused_points": evaluator.reused,
-        "trials": evaluator.trial_numbers,
+        "trials": evaluator.trial_numbers,  # of study_name
+        "infer_trials": evaluator.infer_trial_numbers,  # of infer_study_name (fast, estimate)
     }
     if outcome.num_patches_per_iter is None:
         record.update(status="infeasible", reason=(

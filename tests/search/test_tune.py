@@ -124,6 +124,7 @@ def test_dashboard_best_trials_are_the_bundle_values(work: Path, tuned: dict) ->
         assert best_infer.params["validation_device"] == cfg["tuning"]["validation_device"]
         assert best_infer.number == cfg["tuning"]["infer_trial"]
         assert cfg["tuning"]["infer_study_name"] == first["infer_study_name"]
+        assert cfg["tuning"]["infer_trial"] in cfg["tuning"]["infer_trials"]
     for best in (best_train, best_infer):
         assert best.user_attrs["verdict"] == "fits" and best.constraints["memory"] <= 0
 
