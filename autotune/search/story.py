@@ -128,6 +128,17 @@ _WHAT = {
 }
 
 
+def _answer_line(objective: str, phase: str, answer: int | None) -> str:
+    """Where the tuned answer is among the study's trials."""
+    if answer is None:
+        return "."
+    if objective == "max-batch" and phase != "joint":
+        return f" and **the best trial is the tuned answer** (trial #{answer})."
+    why = ("the larger batch wins among points within the timing tolerance of the fastest" if objective == "throughput"
+           else "among trials with the largest N the largest sw batch wins")
+    return f"; **the tuned answer is trial #{answer}** (the best trial shown can differ: {why})."
+
+
 def story_note(study: Any, record: dict[str, Any], trials_study: Any = None) -> str:
     """A study's note: what the study sizes, where the answer is, the objective, the limit and the probes.
     ``study`` is the key's study (estimates); ``trials_study`` the study the note is for (default ``study``)."""
@@ -144,8 +155,8 @@ def story_note(study: Any, record: dict[str, Any], trials_study: Any = None) -> 
         f"### {record.get('algo')}: {record.get('status')}",
         f"This study sizes {_WHAT.get(phase, phase)}. Trial values are the {metric_name(objective, phase)}; "
         "a point that does not fit stores 0 and keeps its measured peak in `peak_bytes` (`verdict`, and the "
-        "`memory` constraint = peak - budget), so the **best trial is the tuned answer**"
-        + (f" (trial #{answer})." if answer is not None and record.get("status") == "tuned" else "."),
+        "`memory` constraint = peak - budget), so the best trial is a point that fits"
+        + _answer_line(objective, phase, answer if record.get("status") == "tuned" else None),
         f"Objective **{objective}**; the other phase's study: "
         f"`{record.get('study_name') if own.study_name != record.get('study_name') else record.get('infer_study_name')}`.",
         f"Strategy {record.get('strategy')}; limit {format_bytes(record.get('memory_limit'))}, budget "
