@@ -92,9 +92,12 @@ def _probe_edge(bundle: Path, limit: int, budget: int, upto: int) -> dict[str, A
 
 
 def _trials(storage: str, study_name: str) -> list[Any]:
+    """Trials of a key's study and of its ``-infer`` sibling (fast, estimate: one study per phase)."""
     import optuna
 
-    return optuna.load_study(study_name=study_name, storage=storage).get_trials()
+    names = {s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False)}
+    return [t for name in (study_name, study_name + "-infer") if name in names
+            for t in optuna.load_study(study_name=name, storage=storage).get_trials()]
 
 
 def _fast(bundle: Path, limit: int, storage: str, strategy: str = "fast", trials: int = 20) -> dict[str, Any]:

@@ -173,8 +173,8 @@ def _study_trials(url: str) -> list[Any]:
 
     storage = optuna.storages.RDBStorage(url)
     try:
-        studies = storage.get_all_studies()
-        return [] if not studies else storage.get_all_trials(storage.get_study_id_from_name(studies[0].study_name), deepcopy=False)
+        names = [s.study_name for s in storage.get_all_studies()]  # a key's studies: training and -infer
+        return [t for name in names for t in storage.get_all_trials(storage.get_study_id_from_name(name), deepcopy=False)]
     finally:
         storage.engine.dispose()
 
@@ -231,9 +231,10 @@ def run(url: str, workers: int, spec_path: Path, args: argparse.Namespace, crash
         from autotune.search.study import open_storage
 
         storage = open_storage(url)
-        study = optuna.load_study(study_name=storage.get_all_studies()[0].study_name, storage=storage)
         liveness = Liveness(url, owner_tag())
-        stale_failed = liveness.fail_stale_trials(storage, study)
+        for summary in storage.get_all_studies():  # a key's studies: training and -infer
+            study = optuna.load_study(study_name=summary.study_name, storage=storage)
+            stale_failed += liveness.fail_stale_trials(storage, study)
         liveness.close()
         storage.engine.dispose()
     trials = _study_trials(url)

@@ -83,8 +83,9 @@ def test_tune_on_cuda_records_cuda_peaks_in_the_study(bundles: dict[str, Path], 
     assert result["status"] == "tuned"
     assert result["peak_bytes"] <= result["budget_bytes"]
     assert result["allowances"]["source"]
-    study = optuna.load_study(study_name=result["study_name"], storage=storage)
-    attrs = [t.user_attrs for t in study.trials if t.user_attrs.get("kind", "probe") == "probe"]
+    trials = [t for name in (result["study_name"], result["infer_study_name"])
+              for t in optuna.load_study(study_name=name, storage=storage).trials]
+    attrs = [t.user_attrs for t in trials if t.user_attrs.get("kind", "probe") == "probe"]
     assert any(a.get("train_cuda_max_memory_reserved") for a in attrs)
     assert any(a.get("infer_cuda_max_memory_allocated") for a in attrs)
 

@@ -4,6 +4,11 @@ Every point a strategy looks at becomes a trial carrying its parameters and the
 measurement as user attributes, so the dashboard tells the whole story:
 - a point that fits or that ran out of memory is a COMPLETE trial whose ``memory``
   constraint is ``peak - budget`` (positive = infeasible; samplers learn where memory ends);
+  a point that does not fit stores the value ``NO_FIT`` (0), below every point that fits, so the
+  study's best trial (what optuna-dashboard shows, ignoring constraints) is a point that fits;
+  its measured peak stays in ``peak_bytes`` and ``verdict`` says ``does not fit``;
+- training-only trials go to the key's study, inference-only trials to its ``-infer`` study
+  (one unit per study), joint trials (tpe) to the key's study;
 - a crash, kill or timeout is a FAIL trial with ``fail_reason``.
 A point already measured in the study is answered from it (resume, folds, reruns);
 a point that failed twice is taken as infeasible without a third try.
@@ -21,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from autotune.probe.trial import cuda_result_keys
 from autotune.search.liveness import TakenOver, owner_tag
-from autotune.search.objective import trial_value
+from autotune.search.objective import NO_FIT, trial_value
 from autotune.search.study import trial_id
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -130,8 +135,10 @@ class Evaluator:
         claims: ClaimStore | None = None,
         poll_seconds: float = 1.0,
         objective: str = "max-batch",
+        infer_study: optuna.Study | None = None,
     ) -> None:
         self.objective = objective
+        self.infer_study = infer_study
         self.storage = storage
         self.liveness = liveness
         self.owner = liveness.owner if liveness is not None else owner_tag()
@@ -145,15 +152,22 @@ class Evaluator:
         self.label = label
         self.probes = 0
         self.reused = 0
-        self.trial_numbers: list[int] = []
+        self.trial_numbers: list[int] = []  # trials of ``study``
+        self.infer_trial_numbers: list[int] = []  # trials of ``infer_study``
 
     # -- lookup ------------------------------------------------------------------------
-    def _previous(self, pid: str) -> tuple[optuna.trial.FrozenTrial | None, int]:
+    def study_for(self, phases: tuple[str, ...]) -> optuna.Study:
+        """The study a point of ``phases`` is a trial of: inference-only points in the infer study."""
+        if tuple(phases) == ("infer",) and self.infer_study is not None:
+            return self.infer_study
+        return self.study
+
+    def _previous(self, pid: str, study: optuna.Study) -> tuple[optuna.trial.FrozenTrial | None, int]:
         from optuna.trial import TrialState
 
         done = None
         failures = 0
-        for trial in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)):
+        for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)):
             if trial.user_attrs.get("point_id") != pid:
                 continue
             if trial.state == TrialState.COMPLETE and done is None:
@@ -180,7 +194,7 @@ class Evaluator:
     def _skipped(self, pid: str, point: dict[str, Any], phases: tuple[str, ...]) -> Evaluation:
         from optuna.trial import TrialState
 
-        failed = [t.number for t in self.study.get_trials(deepcopy=False, states=(TrialState.FAIL,))
+        failed = [t.number for t in self.study_for(phases).get_trials(deepcopy=False, states=(TrialState.FAIL,))
                   if t.user_attrs.get("point_id") == pid and "reused_trial" not in t.user_attrs]
         listed = ", ".join(f"#{n}" for n in failed)
         result = {"status": "skipped",
@@ -226,21 +240,22 @@ class Evaluator:
         import optuna
 
         pid = point_id(point, phases) + (f"|repeat={repeat}" if repeat else "")
-        previous, failures = self._previous(pid)
+        study = self.study_for(phases)
+        previous, failures = self._previous(pid, study)
         claimed = False
         # with several workers: probe a point only while holding its claim; otherwise wait for
         # the holder's trial (or for its claim to go stale, then take it over)
         while self.claims is not None and previous is None and failures < MAX_FAILURES:
-            claimed = self.claims.claim(self.study.study_name, "point:" + pid)
+            claimed = self.claims.claim(study.study_name, "point:" + pid)
             if claimed:
-                previous, failures = self._previous(pid)  # it may have finished just before
+                previous, failures = self._previous(pid, study)  # it may have finished just before
                 if previous is not None or failures >= MAX_FAILURES:
-                    self.claims.release(self.study.study_name, "point:" + pid, done=previous is not None)
+                    self.claims.release(study.study_name, "point:" + pid, done=previous is not None)
                     claimed = False
                 break
             time.sleep(self.poll_seconds)
             self._step()
-            previous, failures = self._previous(pid)
+            previous, failures = self._previous(pid, study)
         if previous is not None or failures >= MAX_FAILURES:
             if previous is not None:
                 evaluation = self._from_trial(previous, point, phases)
@@ -253,9 +268,9 @@ class Evaluator:
             return evaluation
 
         if trial is None:
-            trial = self.study.ask()
+            trial = study.ask()
             trial.set_user_attr("owner", self.owner)
-            stored_id = trial_id(self.storage, self.study, trial.number)
+            stored_id = trial_id(self.storage, study, trial.number)
             for name, value in point.items():
                 dist = self.distributions[name]
                 self.storage.set_trial_param(stored_id, name, dist.to_internal_repr(value), dist)
@@ -275,15 +290,15 @@ class Evaluator:
             evaluation = self._tell(trial, result, phases, point)
         except BaseException as exc:
             if claimed:
-                self.claims.release(self.study.study_name, "point:" + pid)
+                self.claims.release(study.study_name, "point:" + pid)
             if isinstance(exc, optuna.exceptions.UpdateFinishedTrialError):
                 raise TakenOver(
-                    f"trial #{trial.number} of {self.study.study_name} was failed as stale while this worker was on "
+                    f"trial #{trial.number} of {study.study_name} was failed as stale while this worker was on "
                     "it (no progress within its promise and the grace); another worker takes the work over"
                 ) from exc
             raise
         if claimed:
-            self.claims.release(self.study.study_name, "point:" + pid, done=not evaluation.failed)
+            self.claims.release(study.study_name, "point:" + pid, done=not evaluation.failed)
         self._report(evaluation, phases, reused=False)
         return evaluation
 
@@ -304,7 +319,8 @@ class Evaluator:
         if reused_from is not None:
             trial.set_user_attr("reused_trial", reused_from.trial_number)
             trial.set_user_attr("point_id", point_id(reused_from.point, phases))
-        self.trial_numbers.append(trial.number)
+        own = self.infer_trial_numbers if self.study_for(phases) is not self.study else self.trial_numbers
+        own.append(trial.number)
         if status in ("ok", "oom"):
             peak = result.get("peak_bytes")
             if status == "oom" or peak is None:
@@ -312,9 +328,11 @@ class Evaluator:
             else:
                 over = int(peak) - self.budget_bytes
             trial.set_constraint("memory", float(over))
-            value = trial_value(self.objective, result, phases, point) if status == "ok" else 0.0
-            self.study.tell(trial, value)
             feasible = status == "ok" and over <= 0
+            # a point that does not fit can never be the study's best (the dashboard ignores constraints)
+            value = trial_value(self.objective, result, phases, point) if feasible else NO_FIT
+            trial.set_user_attr("verdict", "fits" if feasible else "does not fit")
+            self.study_for(phases).tell(trial, value)
             return Evaluation(point, phases, status, feasible, peak, value, trial.number, reused_from is not None,
                               dict(result))
         reason = " ".join(str(part).strip() for part in (f"{status}:", result.get("error_type"), result.get("error_tail"))
@@ -326,7 +344,7 @@ class Evaluator:
             reason = (f"timeout: no result after {float(result.get('wall_seconds') or 0.0):.1f} s "
                       f"(phase {result.get('phase_failed') or '?'}); the probe was killed")
         trial.set_user_attr("fail_reason", reason[-500:])
-        self.study.tell(trial, state=TrialState.FAIL)
+        self.study_for(phases).tell(trial, state=TrialState.FAIL)
         return Evaluation(point, phases, status, False, None, 0.0, trial.number, reused_from is not None, dict(result))
 
     def _report(self, evaluation: Evaluation, phases: tuple[str, ...], reused: bool) -> None:

@@ -84,9 +84,12 @@ def tune_key(session: Session, key: TuningKey, cfg: Mapping[str, Any], n_bundles
         time.sleep(2.0)
         study = open_study(store.storage, key, sampler=sampler)
     try:
-        stale = store.liveness.fail_stale_trials(store.storage, study)
-        if stale:
-            say(f"[{algo}] marked stale RUNNING trials {stale} as failed (their worker is gone)")
+        # fast and estimate: training trials in the key's study, inference trials in its -infer study
+        infer_study = open_study(store.storage, key, phase="infer") if session.strategy != "tpe" else None
+        for one in (study, infer_study):
+            stale = store.liveness.fail_stale_trials(store.storage, one) if one is not None else []
+            if stale:
+                say(f"[{algo}] marked stale RUNNING trials {stale} of {one.study_name} as failed (their worker is gone)")
         say(
             f"[{algo}] tuning {study_name} ({n_bundles} bundle{'s' if n_bundles > 1 else ''}) on "
             f"{budget.info['device_name']}, strategy {session.strategy}"
@@ -95,10 +98,11 @@ def tune_key(session: Session, key: TuningKey, cfg: Mapping[str, Any], n_bundles
             f"patches/iter {list(spec.patches_range)}, sw batch {list(spec.sw_range)}"
         )
         started = time.perf_counter()
-        record, train_curve = search_key(study, cfg, spec, devices, session)
+        record, train_curve = search_key(study, cfg, spec, devices, session, infer_study)
         record["batch"] = batch_report(record, batch_cap, predicted_fit(train_curve, batch_cap, budget.budget))
         record.update(
             study_name=study_name,
+            infer_study_name=infer_study.study_name if infer_study is not None else study_name,
             storage=store.shown,
             strategy=session.strategy,
             memory_limit=budget.limit,
@@ -117,7 +121,7 @@ def tune_key(session: Session, key: TuningKey, cfg: Mapping[str, Any], n_bundles
             record["target"] = dict(budget.target)
         from autotune.search.story import tell_story
 
-        tell_story(study, record)  # the dashboard's note and memory plots
+        tell_story(study, record, infer_study)  # the dashboard's notes and memory plots
         if record["status"] == "tuned":
             study.set_user_attr(tag, {k: v for k, v in record.items() if k != "from_storage"})
         return record
@@ -140,9 +144,11 @@ def predicted_fit(curve: Any, batch_cap: Mapping[str, Any], budget: int) -> int 
 
 
 def search_key(
-    study: Any, cfg: Mapping[str, Any], spec: AlgoSpec, devices: tuple[str, ...], session: Session
+    study: Any, cfg: Mapping[str, Any], spec: AlgoSpec, devices: tuple[str, ...], session: Session,
+    infer_study: Any = None,
 ) -> tuple[dict[str, Any], Any]:
-    """Run the session's strategy on ``study``: the key's record, and the estimator's training curve (or None)."""
+    """Run the session's strategy on ``study`` (inference-only trials on ``infer_study`` when given): the key's
+    record, and the estimator's training curve (or None)."""
     from autotune.search.evaluate import Evaluator
     from autotune.search.probers import EstimateProber, ProbeProber
     from autotune.search.strategy import distributions, run_fast, run_tpe
@@ -157,6 +163,7 @@ def search_key(
     evaluator = Evaluator(
         study, prober, budget.budget, distributions(spec, devices), storage=store.storage, progress=session.say,
         label=cfg["algo"], liveness=store.liveness, claims=store.claims, objective=session.objective,
+        infer_study=infer_study,
     )
     train_model = None
     if session.strategy == "tpe":
@@ -172,7 +179,8 @@ def search_key(
         "method": "measured" if prober.measured else "estimated",
         "probes": evaluator.probes,
         "reused_points": evaluator.reused,
-        "trials": evaluator.trial_numbers,
+        "trials": evaluator.trial_numbers,  # of study_name
+        "infer_trials": evaluator.infer_trial_numbers,  # of infer_study_name (fast, estimate)
     }
     if outcome.num_patches_per_iter is None:
         record.update(status="infeasible", reason=(

@@ -15,22 +15,31 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["OBJECTIVES", "DEFAULT_OBJECTIVE", "TIE_TOLERANCE", "metric_name", "trial_value", "choose"]
+__all__ = ["OBJECTIVES", "DEFAULT_OBJECTIVE", "TIE_TOLERANCE", "NO_FIT", "metric_name", "trial_value", "choose"]
 
 OBJECTIVES = ("max-batch", "throughput")
 DEFAULT_OBJECTIVE = "max-batch"
 TIE_TOLERANCE = 0.10  # timings closer than this are noise on a shared machine: prefer the larger batch
 
 
-def metric_name(objective: str) -> str:
-    """The study's metric name (the dashboard's axis)."""
+NO_FIT = 0.0  # the value of a trial whose point does not fit: below every point that fits, in both objectives
+
+
+def metric_name(objective: str, phase: str = "train") -> str:
+    """The metric name (the dashboard's axis) of a study of ``phase`` (``train``, ``infer`` or ``joint``)."""
     if objective == "throughput":
-        return "throughput (train trials: samples/s; infer trials: volumes/s)"
-    return "batch that fits (train trials: patches/iter; infer trials: sw batch; 0 = does not fit)"
+        unit = "inference volumes/s" if phase == "infer" else "training samples/s"
+        return f"{unit} of a point that fits (0 = does not fit)"
+    if phase == "infer":
+        return "sliding-window batch that fits (0 = does not fit)"
+    if phase == "joint":
+        return "patches per iteration that fit, with the trial's sw batch (0 = does not fit)"
+    return "patches per iteration that fit (0 = does not fit)"
 
 
 def trial_value(objective: str, result: Mapping[str, Any], phases: tuple[str, ...], point: Mapping[str, Any]) -> float:
-    """A trial's value: the batch size of the phase it sizes (max-batch) or its measured throughput."""
+    """A fitting trial's value: the batch size of the phase it sizes (max-batch) or its measured throughput.
+    A trial that does not fit stores ``NO_FIT`` instead (``autotune.search.evaluate``)."""
     if objective == "throughput":
         if "train" in phases:
             return float(result.get("samples_per_s") or 0.0)

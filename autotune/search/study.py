@@ -135,6 +135,9 @@ class TuningKey:
     monai_version: str
     strategy: str
     objective: str = "max-batch"
+    # one study per phase (training batch, inference point): a study's trials share one unit and its
+    # best trial is the phase's answer (issue 23); studies written before this layout are not read again
+    layout: str = "phase-studies"
 
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -148,7 +151,13 @@ class TuningKey:
 
     @property
     def study_name(self) -> str:
+        """The key's study: training trials (fast, estimate) or joint trials (tpe); it holds the result."""
         return f"autotune-{self.algo}-{self.strategy}-{self.digest}"
+
+    @property
+    def infer_study_name(self) -> str:
+        """The study of the inference trials (sw batch, validation device) of the fast and estimate searches."""
+        return f"{self.study_name}-infer"
 
 
 def _section_hash(cfg: Mapping[str, Any]) -> str:
@@ -185,14 +194,21 @@ def make_key(cfg: Mapping[str, Any], device: Mapping[str, Any], memory_limit: in
 
 
 def open_study(
-    storage: optuna.storages.BaseStorage, key: TuningKey, sampler: optuna.samplers.BaseSampler | None = None
+    storage: optuna.storages.BaseStorage, key: TuningKey, sampler: optuna.samplers.BaseSampler | None = None,
+    phase: str | None = None,
 ) -> optuna.Study:
-    """Create or load the study of ``key``; the key's fields are stored as study attributes."""
+    """Create or load a study of ``key``; the key's fields are stored as study attributes.
+
+    ``phase``: ``train`` (the key's study; the default for fast and estimate), ``infer`` (its sibling
+    ``<name>-infer``) or ``joint`` (the default for tpe: one trial sizes both phases).
+    """
     import optuna
 
+    if phase is None:
+        phase = "joint" if key.strategy.startswith("tpe") else "train"
     study = optuna.create_study(
         storage=storage,
-        study_name=key.study_name,
+        study_name=key.infer_study_name if phase == "infer" else key.study_name,
         direction="maximize",
         sampler=sampler,
         load_if_exists=True,
@@ -200,7 +216,9 @@ def open_study(
     if not study.metric_names:
         from autotune.search.objective import metric_name
 
-        study.set_metric_names([metric_name(key.objective)])
+        study.set_metric_names([metric_name(key.objective, phase)])
+    if "phase" not in study.user_attrs:
+        study.set_user_attr("phase", phase)
     if "tuning_key" not in study.user_attrs:
         study.set_user_attr("tuning_key", key.as_dict())
         for name, value in key.as_dict().items():

@@ -1,9 +1,10 @@
-"""``autotune dashboard`` serves a real tuning study: headless Chromium sees the study and its trials.
+"""``autotune dashboard`` serves real tuning studies: headless Chromium sees the studies, their trials,
+the best trial (the tuned answer) and the memory-against-batch picture.
 
-One tiny UNet bundle is tuned on the CPU (real probes, two trials), ``autotune dashboard`` is
-started on that SQLite storage, and headless Chromium renders the trials page (the page is drawn
-by JavaScript, so a plain HTTP fetch would not show the trials). Set
-``AUTOTUNE_DASHBOARD_SCREENSHOT=/path/to.png`` to also save a screenshot of the page.
+One tiny UNet bundle is tuned on the CPU at a binding limit (real probes; a training point that
+does not fit is a trial), ``autotune dashboard`` is started on that SQLite storage, and headless
+Chromium renders the pages (drawn by JavaScript, so a plain HTTP fetch would not show them). Set
+``AUTOTUNE_DASHBOARD_SCREENSHOT=/path/to.png`` to also keep the training study's screenshot.
 """
 
 from __future__ import annotations
@@ -36,18 +37,23 @@ CHROMIUM_FLAGS = (
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
     "--virtual-time-budget=8000",
 )
-# A narrow search so the two real probes take seconds, not a minute.
-TINY_SPECS = {"unet": {"range_num_images_per_batch": [1, 2], "range_num_sw_batch_size": [1, 2]}}
+# A narrow sliding-window range so the real probes take seconds, not a minute.
+TINY_SPECS = {"unet": {"range_num_images_per_batch": [1, 64], "range_num_sw_batch_size": [1, 2]}}
+MARGIN = 0.10
+BUDGET_RGB = (0xFF, 0x7F, 0x0E)  # the budget line's colour in autotune.search.story.memory_figure
 
 
 @dataclass(frozen=True)
 class TunedStudy:
-    """A study written by a real ``tune_bundles`` run."""
+    """The training study written by a real ``tune_bundles`` run (and its inference sibling)."""
 
     storage_url: str
     name: str
     study_id: int
     num_trials: int
+    infer_name: str
+    infer_study_id: int
+    result: dict
 
 
 @dataclass(frozen=True)
@@ -134,24 +140,31 @@ def tuned_study(tmp_path_factory: pytest.TempPathFactory) -> TunedStudy:
         BundleGen(work, algos="unet", data_stats_filename=result.datastats,
                   data_src_cfg_name=result.data_src).generate(work, num_fold=1, overrides=load_overrides("tiny"))
         bundle = work / "unet_0"
+    from autotune.probe.estimate import fit_memory_model
+
+    model = fit_memory_model(bundle, phase="train", device="cpu")
+    limit = int((model.intercept + 3.5 * model.slope) / (1 - MARGIN))  # binds: about 3.5 patches' worth
     storage_url = f"sqlite:///{root / 'studies.db'}"
-    # write_back=False: the dashboard only needs the study, not the tuned bundle.
-    tune_bundles([bundle], TINY_SPECS, device="cpu", memory_limit="1GiB", storage=storage_url, strategy="fast",
-                 progress=None, write_back=False)
+    # write_back=False: the dashboard only needs the studies, not the tuned bundle.
+    [result] = tune_bundles([bundle], TINY_SPECS, device="cpu", memory_limit=limit, storage=storage_url,
+                            strategy="fast", margin=MARGIN, progress=None, write_back=False)
+    assert result["status"] == "tuned", result
 
     summaries = optuna.get_all_study_summaries(storage_url, include_best_trial=False)
-    assert len(summaries) == 1, [s.study_name for s in summaries]
-    study = optuna.load_study(study_name=summaries[0].study_name, storage=storage_url)
+    assert sorted(s.study_name for s in summaries) == sorted([result["study_name"], result["infer_study_name"]])
+    study = optuna.load_study(study_name=result["study_name"], storage=storage_url)
     trials = study.get_trials(deepcopy=False)
-    assert trials, "the tune wrote no trial"
     assert any(t.user_attrs.get("status") == "ok" and t.user_attrs.get("peak_bytes", 0) > 0 for t in trials), \
         [t.user_attrs for t in trials]
+    assert any(t.user_attrs.get("verdict") == "does not fit" for t in trials), "the limit must bind"
     storage = optuna.storages.RDBStorage(storage_url)
     try:
         study_id = storage.get_study_id_from_name(study.study_name)
+        infer_id = storage.get_study_id_from_name(result["infer_study_name"])
     finally:
         storage.engine.dispose()
-    return TunedStudy(storage_url=storage_url, name=study.study_name, study_id=study_id, num_trials=len(trials))
+    return TunedStudy(storage_url=storage_url, name=study.study_name, study_id=study_id, num_trials=len(trials),
+                      infer_name=result["infer_study_name"], infer_study_id=infer_id, result=result)
 
 
 @pytest.fixture(scope="module")
@@ -206,10 +219,11 @@ def _chromium(*args: str) -> str:
 
 
 def test_dashboard_api_lists_the_study(dashboard: Dashboard, tuned_study: TunedStudy) -> None:
-    """The JSON API (what the page reads) lists the tuned study under its name and id."""
+    """The JSON API (what the page reads) lists the key's two studies (training, inference) by name and id."""
     with urllib.request.urlopen(f"{dashboard.base_url}/api/studies", timeout=10) as response:
         summaries = json.load(response)["study_summaries"]
-    assert [(s["study_id"], s["study_name"]) for s in summaries] == [(tuned_study.study_id, tuned_study.name)]
+    assert sorted((s["study_id"], s["study_name"]) for s in summaries) == sorted(
+        [(tuned_study.study_id, tuned_study.name), (tuned_study.infer_study_id, tuned_study.infer_name)])
 
 
 def test_dashboard_listens_on_loopback_only(dashboard: Dashboard) -> None:
@@ -245,7 +259,34 @@ def test_chromium_renders_the_trials_page(chromium: str, dashboard: Dashboard, t
     assert "peak_bytes" in dom, dom[-2000:]
     assert f"{tuned_study.num_trials} Trials" in dom, dom[-2000:]
 
-    screenshot = os.environ.get("AUTOTUNE_DASHBOARD_SCREENSHOT")
-    if screenshot:
-        _chromium("--window-size=1400,900", f"--screenshot={Path(screenshot).resolve()}", url)
-        assert Path(screenshot).stat().st_size > 0
+
+
+@pytest.mark.chromium
+@pytest.mark.parametrize("phase", ["train", "infer"])
+def test_chromium_shows_the_answer_and_the_memory_picture(chromium: str, dashboard: Dashboard, tuned_study: TunedStudy,
+                                                          phase: str, tmp_path: Path) -> None:
+    """Each study's page shows the tuned value as its best trial and the peak-against-batch plot with the
+    budget and limit lines (fits and, for training at this limit, non-fits marked); the screenshot has the
+    budget line's colour in it."""
+    result = tuned_study.result
+    study_id = tuned_study.study_id if phase == "train" else tuned_study.infer_study_id
+    url = f"{dashboard.base_url}/dashboard/studies/{study_id}"
+    dom = _chromium("--window-size=1400,1800", "--dump-dom", url)
+    size = "num_patches_per_iter" if phase == "train" else "num_sw_batch_size"
+    best = result["train_trial"] if phase == "train" else result["infer_trial"]
+    assert f"Best Trial (number={best})" in dom, dom[-3000:]
+    assert f"{size}: {result[size]}" in dom, dom[-3000:]
+    assert f"peak memory against {size}" in dom, dom[-3000:]
+    assert ">budget<" in dom and ">limit<" in dom, "the budget and limit lines are in the plot's legend"
+    assert "fits<" in dom, "the points that fit are marked"
+    if phase == "train":
+        assert "does not fit" in dom, "the non-fitting training point is marked"
+
+    env = os.environ.get("AUTOTUNE_DASHBOARD_SCREENSHOT")
+    screenshot = Path(env).resolve() if env and phase == "train" else tmp_path / f"{phase}.png"
+    _chromium("--window-size=1400,1800", f"--screenshot={screenshot}", url)
+    assert screenshot.stat().st_size > 0
+    image = pytest.importorskip("PIL.Image").open(screenshot).convert("RGB")
+    near = sum(count for count, rgb in image.getcolors(image.width * image.height)
+               if all(abs(a - b) <= 24 for a, b in zip(rgb, BUDGET_RGB, strict=True)))
+    assert near >= 50, f"the budget line ({near} pixels of its colour) is not in the screenshot {screenshot}"

@@ -251,6 +251,6 @@ def test_dashboard_story_names_the_objective_and_plots_each_phase(tmp_path) -> N
     assert any("train" in k for k in plots) and any("infer" in k for k in plots)
     train_plot = json.loads("".join(v for k, v in sorted(plots.items()) if "train" in k))
     names = [trace["name"] for trace in train_plot["data"]]
-    assert names[:2] == ["estimate (no compute)", "probe: ok"] and "budget" in names
+    assert names[:2] == ["estimate (no compute)", "probe: fits"] and "budget" in names
     budget_trace = next(trace for trace in train_plot["data"] if trace["name"] == "budget")
     assert budget_trace["y"][0] == pytest.approx(budget / MiB, rel=1e-4)

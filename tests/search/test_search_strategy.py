@@ -244,3 +244,33 @@ def test_window_cap_limits_the_sliding_window_range(tmp_path) -> None:
     capped = MemoryModel(device.base + device.sw_base, device.per_window, cap=6)
     outcome = run_fast(evaluator, SPEC, ("device",), device.memory_model("train", {}), lambda n, vd: capped)
     assert outcome.num_sw_batch_size == 6, "no batch larger than the number of windows"
+
+
+@pytest.mark.parametrize("objective", ["max-batch", "throughput"])
+def test_best_trial_of_each_phase_study_is_the_answer(tmp_path, objective: str) -> None:
+    """Points between the budget and the limit run ("ok") but do not fit; they store 0, so each study's best
+    trial as optuna-dashboard reads it (``storage.get_best_trial``, constraints ignored) is the answer. Training
+    and inference trials go to separate studies (one unit each). Throughput rises with the batch here, so the
+    fastest point that fits is also the chosen one."""
+    limit = 2048 * MiB
+    budget = int(limit * 0.9)
+    device = SimulatedDevice(limit)
+    storage = _storage(tmp_path)
+    train_study, infer_study = _study(tmp_path, "train"), _study(tmp_path, "train-infer")
+    evaluator = Evaluator(train_study, device, budget, distributions(SPEC, ("device",)), storage=storage,
+                          objective=objective, infer_study=infer_study)
+    outcome = run_fast(evaluator, SPEC, ("device",), device.memory_model("train", {}),
+                       lambda n, vd: device.memory_model("infer", {"validation_device": vd}), objective)
+    train_trials, infer_trials = train_study.get_trials(), infer_study.get_trials()
+    assert {tuple(t.user_attrs["phases"]) for t in train_trials} == {("train",)}
+    assert {tuple(t.user_attrs["phases"]) for t in infer_trials} == {("infer",)}
+    ran_but_over = [t for t in train_trials if t.user_attrs["status"] == "ok" and t.constraints["memory"] > 0]
+    assert ran_but_over, "the simulated limit must leave a point that runs above the budget"
+    assert all(t.value == 0 and t.user_attrs["verdict"] == "does not fit" for t in ran_but_over)
+    best_train = storage.get_best_trial(storage.get_study_id_from_name("train"))
+    best_infer = storage.get_best_trial(storage.get_study_id_from_name("train-infer"))
+    assert best_train.number == outcome.train.trial_number
+    assert best_train.params["num_patches_per_iter"] == outcome.num_patches_per_iter
+    assert best_infer.number == outcome.infer.trial_number
+    assert best_infer.params["num_sw_batch_size"] == outcome.num_sw_batch_size
+    assert evaluator.infer_trial_numbers == [t.number for t in infer_trials]

@@ -93,6 +93,44 @@ def test_write_back_and_folds_share_one_search(work: Path, tuned: dict) -> None:
     assert (work / "summary.json").is_file()
 
 
+def _dashboard_best(storage_url: str, study_name: str) -> optuna.trial.FrozenTrial:
+    """The best trial as optuna-dashboard reads it: the storage's ``get_best_trial`` (constraints ignored)."""
+    storage = optuna.storages.RDBStorage(storage_url)
+    try:
+        return storage.get_best_trial(storage.get_study_id_from_name(study_name))
+    finally:
+        storage.engine.dispose()
+
+
+def test_dashboard_best_trials_are_the_bundle_values(work: Path, tuned: dict) -> None:
+    """At a binding limit (a training point that does not fit is a trial), each study's best trial as the
+    dashboard shows it is the tuned value written into the bundles: N in the training study, the sw batch and
+    validation device in the inference study; neither study mixes patches with windows."""
+    first = tuned["results"][0]
+    assert first["infer_study_name"] != first["study_name"]
+    train_trials = _trials(tuned["storage"], first["study_name"])
+    infer_trials = _trials(tuned["storage"], first["infer_study_name"])
+    assert {tuple(t.user_attrs.get("phases", [])) for t in train_trials} == {("train",)}
+    assert {tuple(t.user_attrs.get("phases", [])) for t in infer_trials} == {("infer",)}
+    non_fits = [t for t in train_trials if t.state == optuna.trial.TrialState.COMPLETE and t.constraints["memory"] > 0]
+    assert non_fits, "the limit must bind: some training point does not fit"
+    for t in non_fits:  # it keeps its measurement and can never be the best
+        assert t.value == 0 and t.user_attrs["verdict"] == "does not fit" and t.user_attrs["peak_bytes"] > 0
+    best_train = _dashboard_best(tuned["storage"], first["study_name"])
+    best_infer = _dashboard_best(tuned["storage"], first["infer_study_name"])
+    for bundle in ("unet_0", "unet_1"):
+        cfg = load_bundle_config(work / bundle)
+        assert best_train.params["num_patches_per_iter"] == cfg["num_patches_per_iter"]
+        assert best_train.number == cfg["tuning"]["train_trial"]
+        assert best_infer.params["num_sw_batch_size"] == cfg["num_sw_batch_size"]
+        assert best_infer.params["validation_device"] == cfg["tuning"]["validation_device"]
+        assert best_infer.number == cfg["tuning"]["infer_trial"]
+        assert cfg["tuning"]["infer_study_name"] == first["infer_study_name"]
+        assert cfg["tuning"]["infer_trial"] in cfg["tuning"]["infer_trials"]
+    for best in (best_train, best_infer):
+        assert best.user_attrs["verdict"] == "fits" and best.constraints["memory"] <= 0
+
+
 def test_rerun_answers_from_storage_without_trials(work: Path, limit: int, tuned: dict) -> None:
     before = len(_trials(tuned["storage"], tuned["results"][0]["study_name"]))
     again = tune_bundles([work / "unet_0"], SPECS, device="cpu", memory_limit=limit, storage=tuned["storage"],

@@ -119,12 +119,11 @@ def _prepare(url: str) -> None:
 
 
 def _trials(storage: optuna.storages.RDBStorage) -> list[optuna.trial.FrozenTrial]:
-    """All trials of the storage's one study (none yet: [])."""
-    studies = storage.get_all_studies()
-    assert len(studies) <= 1, "one tuning key, one study"
-    if not studies:
-        return []
-    return storage.get_all_trials(storage.get_study_id_from_name(studies[0].study_name), deepcopy=False)
+    """All trials of the storage's one tuning key: its training study and its ``-infer`` study (none yet: [])."""
+    names = sorted(s.study_name for s in storage.get_all_studies())
+    assert len(names) <= 2 and all(n == names[0] or n == names[0] + "-infer" for n in names), \
+        f"one tuning key, one study per phase: {names}"
+    return [t for name in names for t in storage.get_all_trials(storage.get_study_id_from_name(name), deepcopy=False)]
 
 
 def _check_study(trials: list[optuna.trial.FrozenTrial]) -> None:
