@@ -38,6 +38,7 @@ TABLES: dict[str, tuple[str, str, tuple[str, ...]]] = {
                          ("probe_overhead_subprocess.json", "probe_overhead_forkserver.json")),
     "train-subset-300s": ("bench_train", "markdown_table", ("train.json",)),
     "train-full-fold-300s": ("bench_train", "markdown_table", ("train_full_fold_300s.json",)),
+    "train-unet-600s": ("bench_train", "markdown_table", ("train_unet_600s.json",)),
     "workers": ("bench_workers", "markdown_table", ("workers.json",)),
     "workers-faults": ("bench_workers", "fault_summary", ("workers.json",)),
     "plan-targets": ("bench_plan", "plans_table", ("plan.json",)),

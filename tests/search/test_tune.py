@@ -186,7 +186,9 @@ def test_kill_midway_then_resume(work: Path, limit: int, tuned: dict, tmp_path: 
         assert trials[number].state == optuna.trial.TrialState.FAIL
         assert trials[number].user_attrs["fail_reason"].startswith("stale"), trials[number].user_attrs
     assert not any(t.state == optuna.trial.TrialState.RUNNING for t in trials.values())
-    for key in ("num_patches_per_iter", "num_sw_batch_size", "sw_input_on_cpu"):
+    # the largest fit and the inference point, not the handed batch: the goodput hand-off weighs
+    # throughputs measured in each run, which differ between two runs on a busy machine
+    for key in ("max_num_patches_per_iter", "num_sw_batch_size", "sw_input_on_cpu"):
         assert resumed[key] == tuned["results"][0][key]
 
 
