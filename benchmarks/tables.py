@@ -47,6 +47,7 @@ TABLES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "batch-scaling-curves": ("bench_batch_scaling", "curves", ("batch_scaling.json",)),
     "contract": ("bench_contract", "markdown_table", ("contract.json",)),
     "precision": ("bench_precision", "markdown_table", ("precision.json",)),
+    "precision-native-bf16": ("bench_precision", "markdown_table", ("precision_native_bf16.json",)),
 }
 
 
