@@ -60,10 +60,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _join_negative_values(argv: list[str]) -> list[str]:
+    """``--memory-limit -1GiB`` as ``--memory-limit=-1GiB``: argparse takes a value that starts with ``-`` and
+    is not a plain number for an option ("expected one argument"); joined, the option's own check names the
+    real fault (a size must be positive)."""
+    out: list[str] = []
+    for token in argv:
+        if (out and out[-1].startswith("--") and "=" not in out[-1] and len(token) > 1 and token[0] == "-"
+                and (token[1].isdigit() or token[1] == ".")):
+            out[-1] = f"{out[-1]}={token}"
+        else:
+            out.append(token)
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code (0 ok, 2 bad input, 1 failure, 130 interrupted)."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(_join_negative_values(list(sys.argv[1:] if argv is None else argv)))
     logging.basicConfig(
         level=logging.DEBUG if getattr(args, "verbose", False) else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",

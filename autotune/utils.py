@@ -185,6 +185,8 @@ def parse_bytes(text: str | int | float, what: str = "memory size") -> int:
     if isinstance(text, (int, float)):
         value = float(text)
     else:
+        if str(text).strip().startswith("-"):
+            raise SpecError(f"{what}: {text!r} must be a positive size; write e.g. 8GiB or 512MiB")
         match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(text))
         if not match or match.group(2).lower() not in _UNITS:
             raise SpecError(f"{what}: {text!r} is not a size; write e.g. 8GiB, 512MiB or 2GB")

@@ -49,3 +49,16 @@ def test_unknown_subcommand_and_missing_argument_exit_2(capsys) -> None:
 def test_public_api_resolves() -> None:
     for name in autotune.__all__:
         assert getattr(autotune, name) is not None, name
+
+
+@pytest.mark.parametrize("value", ["-1GiB", "-0.5GiB"])
+def test_negative_memory_limit_is_named_not_swallowed_by_argparse(value: str, demo_data, tmp_path, capsys) -> None:
+    """``--memory-limit -1GiB`` (a value starting with '-') reaches the size check: one line saying why."""
+    from bundle_fixtures import make_bundles
+
+    bundle = make_bundles(demo_data, tmp_path / "work", algos="unet", num_fold=1)["unet_0"]
+    capsys.readouterr()
+    code = main(["estimate", str(bundle), "--memory-limit", value])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert "must be a positive size" in err and value in err and "expected one argument" not in err

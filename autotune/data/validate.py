@@ -151,9 +151,53 @@ def _open(nib: Any, path: str) -> Any:
     if not os.path.isfile(path):
         raise DataError(f"{path}: file not found; fix the path in the datalist or remove the case")
     try:
-        return nib.load(path)
+        image = nib.load(path)
     except Exception as exc:  # nibabel raises many types for a bad file; all mean "cannot read"
         raise DataError(f"cannot read {path}: {_reason(exc, path)}; re-export or remove it from the datalist") from exc
+    _check_header(image, path)
+    return image
+
+
+def _check_header(image: Any, path: str) -> None:
+    """Refuse what the header alone shows is wrong, before any voxel is read: a zero, negative or non-finite
+    voxel size (which would otherwise surface as a misalignment), and a grid too large for this machine's RAM
+    (which would otherwise end in a MemoryError)."""
+    shape = tuple(int(n) for n in image.shape)
+    try:  # the raw pixdim (nibabel's get_zooms turns a 0 into 1) and the voxel size the affine implies
+        raw = [float(z) for z in np.asarray(image.header["pixdim"])[1:4]]
+    except Exception:  # a header without pixdim: only the affine
+        raw = []
+    from_affine = [float(z) for z in np.linalg.norm(np.asarray(image.affine, dtype=float)[:3, :3], axis=0)]
+    bad = [z for z in raw + from_affine if not np.isfinite(z) or z <= 0]
+    zooms = raw if any(not np.isfinite(z) or z <= 0 for z in raw) else from_affine
+    if bad:
+        raise DataError(f"{path}: the header's voxel spacing is {'x'.join(f'{z:g}' for z in zooms)} mm (a spacing "
+                        "must be positive); fix pixdim in the header or re-export the image")
+    try:
+        itemsize = np.dtype(image.get_data_dtype()).itemsize
+    except Exception:
+        itemsize = 4
+    needed = float(np.prod([max(n, 1) for n in shape], dtype=float)) * itemsize
+    available = _available_ram()
+    if available and needed > available:
+        raise DataError(f"{path}: the header declares a {'x'.join(map(str, shape))} grid, {needed / 2**30:.1f} GiB "
+                        f"to read, more than the {available / 2**30:.1f} GiB of RAM available; check the header "
+                        "(a corrupt dim field?) or crop the image")
+
+
+def _available_ram() -> float | None:
+    """Bytes of RAM available now (MemAvailable), or None where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return float(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 def _read(image: Any, path: str) -> np.ndarray:

@@ -217,6 +217,28 @@ def demo_unknown_modality(root: Path) -> tuple[list[str], str]:
     return ["demo-data", str(root / "new"), "--modality", "XRAY"], "--modality 'XRAY'"
 
 
+def _patch_header(path: Path, offset: int, fmt: str, *values: float) -> None:
+    """Write ``values`` into the NIfTI-1 header of a .nii.gz at ``offset`` (the voxel data stays as it is)."""
+    import struct
+
+    raw = bytearray(gzip.decompress(path.read_bytes()))
+    struct.pack_into(fmt, raw, offset, *values)
+    path.write_bytes(gzip.compress(bytes(raw)))
+
+
+def zero_spacing_in_header(root: Path) -> tuple[list[str], str]:
+    path = root / "imagesTr" / "case_004.nii.gz"
+    _patch_header(path, 80, "<f", 0.0)  # pixdim[1]
+    _patch_header(path, 280, "<f", 0.0)  # srow_x[0]: the sform's x voxel size
+    return _analyze(root / "input.yaml"), "imagesTr/case_004.nii.gz: the header's voxel spacing is 0x"
+
+
+def header_too_large_for_ram(root: Path) -> tuple[list[str], str]:
+    path = root / "imagesTr" / "case_002.nii.gz"
+    _patch_header(path, 42, "<3h", 30000, 30000, 30000)  # dim[1:4]; the data stays a few KiB
+    return _analyze(root / "input.yaml"), "imagesTr/case_002.nii.gz: the header declares a 30000x30000x30000 grid"
+
+
 BREAKERS: list[Breaker] = [
     missing_input, bad_yaml_syntax, yaml_top_level_list, unknown_modality, datalist_missing, dataroot_not_a_folder,
     bad_json, empty_training, training_not_a_list, entry_without_label, negative_fold, path_escaping_dataroot,
@@ -224,7 +246,7 @@ BREAKERS: list[Breaker] = [
     corrupt_inside_gzip, truncated_gzip, shape_mismatch, affine_mismatch, non_integer_labels, image_2d,
     label_beyond_declared_labels, case_listed_twice, class_names_fewer_than_label_values, all_labels_empty,
     num_fold_zero, more_folds_than_cases, cases_zero, size_too_small,
-    demo_unknown_modality,
+    demo_unknown_modality, zero_spacing_in_header, header_too_large_for_ram,
 ]
 
 
