@@ -194,6 +194,10 @@ def search_key(
                       for phase, ns in bounded.items()}
         if not stated:
             edge_check["reason"] = "no calibration stating an error bound for this device: N+1 probed"
+        for phase, ns in bounded.items():
+            if ns and stated:
+                session.say(f"[{cfg['algo']}] {phase}: {ns[0]} not probed: its estimate exceeds the budget by more "
+                            f"than the bound {stated['bound']:.1%} stated by {stated['calibration']}")
         from autotune.search.sparse import passes_of
 
         passes = {"train": passes_of(train_model),
