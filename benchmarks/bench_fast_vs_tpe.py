@@ -55,6 +55,7 @@ class Counter:
             out = self.orig[1](*a, **k)
             self.probes.append({"phases": list(k.get("phases") or []), "n": k.get("num_patches_per_iter"),
                                 "sw": k.get("num_sw_batch_size"), "status": out.get("status"),
+                                "peak_bytes": out.get("peak_bytes"),
                                 "s": round(time.perf_counter() - start, 3)})
             return out
 
@@ -78,9 +79,7 @@ def _run(counter: Counter, bundle: Path, algo: str, limit: str, strategy: str, r
     wall = time.perf_counter() - start
     n = r.get("max_num_patches_per_iter")
     train = [p for p in counter.probes if p["phases"] == ["train"]]
-    fits = any(p["n"] == n and p["status"] == "ok" for p in counter.probes if "train" in p["phases"])
-    above = any(p["n"] == (n or 0) + 1 and p["status"] == "oom" for p in counter.probes if "train" in p["phases"])
-    bounded = (r.get("edge_check") or {}).get("train", {}).get("how") == "bounded"
+    return_value = {"budget_bytes": r.get("budget_bytes")}
     return {
         "strategy": strategy, "wall_s": round(wall, 2), "status": r.get("status"),
         "num_patches_per_iter": r.get("num_patches_per_iter"), "max_num_patches_per_iter": n,
@@ -89,9 +88,29 @@ def _run(counter: Counter, bundle: Path, algo: str, limit: str, strategy: str, r
         "probe_s": round(sum(p["s"] for p in counter.probes), 2),
         "estimator_passes": len(counter.estimates), "estimator_s": round(sum(e["s"] for e in counter.estimates), 2),
         "estimator_passes_by_phase": r.get("estimator_passes"), "edge_check": r.get("edge_check"),
-        "edge_exact": bool(fits and (above or bounded or n == RANGE[1])) if strategy == "fast" else None,
-        "probes": counter.probes, "estimates": counter.estimates,
+        "probes": counter.probes, "estimates": counter.estimates, **return_value,
     }
+
+
+def edge_exact(run: dict[str, Any]) -> bool | None:
+    """Fast: N probed and fits, N+1 probed and does not fit the budget (or settled by a stated bound).
+
+    A probe past the budget but under the limit reports "ok" with its peak; where the peak or
+    budget was not recorded, N+1 probed and not chosen is the search's own verdict that it does not fit."""
+    if run["strategy"] != "fast":
+        return None
+    n, budget = run["max_num_patches_per_iter"], run.get("budget_bytes")
+    train = [p for p in run["probes"] if p["phases"] == ["train"]]
+
+    def fits(p: dict[str, Any]) -> bool | None:
+        if p["status"] != "ok":
+            return False
+        return None if p.get("peak_bytes") is None or budget is None else p["peak_bytes"] <= budget
+
+    at_n = [fits(p) for p in train if p["n"] == n]
+    above = [fits(p) for p in train if p["n"] == (n or 0) + 1]
+    bounded = ((run.get("edge_check") or {}).get("train") or {}).get("how") == "bounded"
+    return bool(at_n and at_n[-1] is not False and (bounded or n == RANGE[1] or (above and above[-1] is not True)))
 
 
 def table(results: list[dict[str, Any]]) -> str:
@@ -101,7 +120,7 @@ def table(results: list[dict[str, Any]]) -> str:
         by = {r["strategy"]: r for r in case["runs"]}
         ratio = by["tpe"]["wall_s"] / by["fast"]["wall_s"] if "tpe" in by and "fast" in by else None
         for r in case["runs"]:
-            edge = {True: "N fits, N+1 not", False: "NOT exact", None: "-"}[r["edge_exact"]]
+            edge = {True: "N fits, N+1 not", False: "NOT exact", None: "-"}[edge_exact(r)]
             lines.append(
                 f"| {case['case']} | {r['strategy']} | {r['real_probes']} | {r['estimator_passes']} ({r['estimator_s']}) "
                 f"| {r['probe_s']} | {r['wall_s']} | {r['num_patches_per_iter']} ({r['max_num_patches_per_iter']}) "

@@ -127,10 +127,10 @@ def largest_under(curve: Any, lo: int, hi: int, budget: float) -> int:
     from autotune.search.sparse import settle
 
     settle(curve, lo, hi, budget)
+    if curve.predict(hi) <= budget:  # the top first: where it fits, one estimate is all
+        return hi
     if curve.predict(lo) > budget:
         return lo - 1
-    if curve.predict(hi) <= budget:
-        return hi
     fits, over = lo, hi
     while fits + 1 < over:
         mid = (fits + over) // 2

@@ -181,3 +181,12 @@ def test_stated_bound_needs_a_calibration_that_states_it(tmp_path) -> None:
     assert stated_bound("NVIDIA H100 80GB HBM3", [without]) is None
     assert stated_bound("NVIDIA A100 40GB", [with_fit]) is None
     assert stated_bound(None, [with_fit]) is None
+
+
+def test_one_pass_when_the_top_fits() -> None:
+    from autotune.search.edge import largest_under
+
+    asked: list[int] = []
+    curve = SparseCurve(lambda m: asked.append(m) or 500 * MiB + 9 * MiB * m, cap=8)
+    assert largest_under(curve, 1, 32, 10**12) == 32  # past the cap memory stops growing
+    assert asked == [8]
