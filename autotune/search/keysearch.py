@@ -192,7 +192,9 @@ def search_key(
                            stated["bound"] if stated else None, bounded)
         edge_check = {phase: ({"n": ns[0], "how": "bounded", **(stated or {})} if ns else {"how": "probed"})
                       for phase, ns in bounded.items()}
-        if not stated:
+        if not prober.measured:
+            edge_check = {"how": "estimated", "reason": "estimates only: N and N+1 are estimates, no probe"}
+        elif not stated:
             edge_check["reason"] = "no calibration stating an error bound for this device: N+1 probed"
         for phase, ns in bounded.items():
             if ns and stated:
