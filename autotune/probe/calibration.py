@@ -42,6 +42,7 @@ __all__ = [
     "calibration_filename",
     "write_calibration",
     "same_gpu",
+    "stated_bound",
 ]
 
 CALIBRATION_VERSION = 1
@@ -184,3 +185,19 @@ def calibration_filename(gpu_name: str) -> str:
 def write_calibration(folder: str | os.PathLike[str], record: Mapping[str, Any]) -> Path:
     """Write ``record`` atomically as ``folder/<gpu-name>.json``; returns the path."""
     return atomic_write_json(Path(folder) / calibration_filename(str(record["gpu_name"])), dict(record))
+
+
+def stated_bound(device_name: str | None, dirs: Sequence[Path] | None = None) -> dict[str, Any] | None:
+    """The over-prediction bound a calibration for ``device_name`` states (``fit.max_over_prediction``:
+    the device's peak is at least estimate / (1 + bound)), with its file; None when there is no
+    calibration or it states no bound."""
+    found = find_calibration(device_name, dirs)
+    if found is None:
+        return None
+    try:
+        bound = float((found.get("fit") or {})["max_over_prediction"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    if not math.isfinite(bound) or bound < 0:
+        return None
+    return {"bound": bound, "calibration": Path(found["path"]).name, "gpu_name": found["gpu_name"]}

@@ -104,13 +104,33 @@ def _raised(base: Any, at_least: dict[int, int]) -> Any:
     return CorrectedCurve(base, 1.0, shift) if shift > 0 else base
 
 
+def _over_by_bound(model: Any, n: int, budget: float, bound: float) -> bool:
+    """True when the estimate at ``n`` exceeds ``budget`` by more than a stated over-prediction bound.
+
+    The bound holds for estimates, not for a curve read between them: with a ``SparseCurve`` under
+    ``model``, ``n`` must be estimated (a pass left, or known), else the answer is False (probe)."""
+    from autotune.search.sparse import sparse_of
+
+    sparse = sparse_of(model)
+    try:
+        if sparse is not None and not sparse.spend(n, reserve=True):
+            return False
+        return model.predict(n) / (1.0 + float(bound)) > budget
+    except Exception:  # noqa: BLE001 - no estimate: probe
+        return False
+
+
 def largest_under(curve: Any, lo: int, hi: int, budget: float) -> int:
     """The largest n in [lo, hi] whose prediction fits ``budget`` (``lo - 1`` when none does), by
-    bisection over the curve's answers (peak memory grows with n)."""
+    bisection over the curve's answers (peak memory grows with n). A curve over a
+    ``autotune.search.sparse.SparseCurve`` first spends its few estimator passes (``settle``)."""
+    from autotune.search.sparse import settle
+
+    settle(curve, lo, hi, budget)
+    if curve.predict(hi) <= budget:  # the top first: where it fits, one estimate is all
+        return hi
     if curve.predict(lo) > budget:
         return lo - 1
-    if curve.predict(hi) <= budget:
-        return hi
     fits, over = lo, hi
     while fits + 1 < over:
         mid = (fits + over) // 2
@@ -127,6 +147,8 @@ def find_max_feasible(
     hi: int,
     model: Any,
     budget: int,
+    bound: float | None = None,
+    bounded: list[int] | None = None,
 ) -> tuple[int | None, list[Any]]:
     """The largest n in [lo, hi] that fits, with as few real evaluations as the estimate allows.
 
@@ -134,6 +156,11 @@ def find_max_feasible(
     under the budget is probed, then one above. Each measurement corrects the model; after two
     predictions that measurements contradict, it bisects (doubling while nothing above is known
     to fail), so a wrong model costs O(log range) probes.
+
+    ``bound``: a calibration's stated bound on the estimate's over-prediction (the device's peak is at
+    least ``model.predict(n) / (1 + bound)``), or None. With a bound, the check one above a measured
+    fit is skipped when ``model`` puts it over the budget by more than the bound; each n so settled is
+    appended to ``bounded``. Without a bound every n is probed.
 
     Returns:
         (largest feasible n or None when even ``lo`` does not fit, evaluations made)
@@ -144,6 +171,12 @@ def find_max_feasible(
     evaluations: list[Any] = []
     misses = 0
     current = model
+    if bound is not None:  # keep one estimator pass for the check one above the edge
+        from autotune.search.sparse import sparse_of
+
+        sparse = sparse_of(model)
+        if sparse is not None and sparse.reserved == 0 and sparse.passes < sparse.max_passes:
+            sparse.reserved = 1
 
     def predicted_edge(curve: Any) -> int | None:
         nonlocal model
@@ -167,6 +200,12 @@ def find_max_feasible(
             n = lo_ok + 1  # the model says lo_ok is the edge: confirm one above
         else:
             n = hi_bad - 1
+        if bound is not None and model is not None and lo_ok >= lo and n == lo_ok + 1 \
+                and _over_by_bound(model, n, budget, bound):
+            hi_bad = n  # the device's peak at n exceeds the budget even at the bound's worst
+            if bounded is not None:
+                bounded.append(n)
+            continue
         evaluation = evaluate(n)
         evaluations.append(evaluation)
         if evaluation.failed:  # a crash says nothing about memory: try the point once more

@@ -143,6 +143,18 @@ def predicted_fit(curve: Any, batch_cap: Mapping[str, Any], budget: int) -> int 
         return None
 
 
+def edge_bound(budget: Any, measured: bool) -> dict[str, Any] | None:
+    """The stated over-prediction bound of a calibration for the budget's device, or None (probe N+1).
+
+    Only for real probes on a device with a calibration file (``autotune.probe.calibration``) whose
+    fit states ``max_over_prediction``; the defaults state no bound."""
+    if not measured:
+        return None
+    from autotune.probe.calibration import stated_bound
+
+    return stated_bound((budget.info or {}).get("device_name"))
+
+
 def search_key(
     study: Any, cfg: Mapping[str, Any], spec: AlgoSpec, devices: tuple[str, ...], session: Session,
     infer_study: Any = None,
@@ -166,13 +178,32 @@ def search_key(
         infer_study=infer_study,
     )
     train_model = None
+    passes: dict[str, int] | None = None
+    edge_check: dict[str, Any] = {}
     if session.strategy == "tpe":
         outcome = run_tpe(evaluator, spec, devices, seed=int(cfg.get("seed", 0)), objective=session.objective)
     else:
         from autotune.search.story import search_curves
 
         train_model, infer_model_for = search_curves(study, prober)
-        outcome = run_fast(evaluator, spec, devices, train_model, infer_model_for, session.objective)
+        stated = edge_bound(budget, prober.measured)
+        bounded: dict[str, list[int]] = {}
+        outcome = run_fast(evaluator, spec, devices, train_model, infer_model_for, session.objective,
+                           stated["bound"] if stated else None, bounded)
+        edge_check = {phase: ({"n": ns[0], "how": "bounded", **(stated or {})} if ns else {"how": "probed"})
+                      for phase, ns in bounded.items()}
+        if not prober.measured:
+            edge_check = {"how": "estimated", "reason": "estimates only: N and N+1 are estimates, no probe"}
+        elif not stated:
+            edge_check["reason"] = "no calibration stating an error bound for this device: N+1 probed"
+        for phase, ns in bounded.items():
+            if ns and stated:
+                session.say(f"[{cfg['algo']}] {phase}: {ns[0]} not probed: its estimate exceeds the budget by more "
+                            f"than the bound {stated['bound']:.1%} stated by {stated['calibration']}")
+        from autotune.search.sparse import passes_of
+
+        passes = {"train": passes_of(train_model),
+                  "infer": sum(passes_of(c) for c in getattr(infer_model_for, "curves", []))}
     record: dict[str, Any] = {
         "algo": cfg["algo"],
         "objective": session.objective,
@@ -182,6 +213,9 @@ def search_key(
         "trials": evaluator.trial_numbers,  # of study_name
         "infer_trials": evaluator.infer_trial_numbers,  # of infer_study_name (fast, estimate)
     }
+    if passes is not None:  # estimator passes spent by this search (stored estimates cost none)
+        record["estimator_passes"] = passes
+        record["edge_check"] = edge_check  # N+1: probed, or settled by a calibration's stated bound
     if outcome.num_patches_per_iter is None:
         record.update(status="infeasible", reason=(
             f"even {spec.patches_range[0]} patch(es) per iteration does not fit in the budget; "

@@ -25,6 +25,20 @@ def _point_kwargs(point: Mapping[str, Any]) -> dict[str, Any]:
     return kwargs
 
 
+def loader_bytes_fn(cfg: Mapping[str, Any]) -> Callable[[int], float]:
+    """Bytes of the two loader batches training holds at N patches per pass (``make_loader_batches``:
+    lcm(N, crops) float32 images and labels each), exact and not affine in N."""
+    import math
+
+    from autotune.step import loader_batch_patches
+
+    voxels = math.prod(int(v) for v in cfg["roi_size"])
+    label_channels = int(cfg["output_classes"]) if cfg.get("sigmoid") else 1
+    per_patch = 4 * voxels * (int(cfg["input_channels"]) + label_channels)
+    crops = int(cfg.get("num_crops_per_image", 1) or 1)
+    return lambda n: float(2 * loader_batch_patches(n, crops) * per_patch)
+
+
 class _ModelMixin:
     """Estimated peaks become device memory as ``raw * scale + offset`` (the CUDA allowances:
     allocator slack and cuDNN workspace; identity on the CPU)."""
@@ -67,19 +81,23 @@ class _ModelMixin:
             on_estimate: called with (n, raw bytes) for each new estimate (to store it).
         """
         from autotune.probe.estimate import estimate
-        from autotune.search.edge import CorrectedCurve, EstimatedCurve
+        from autotune.probe.runner import resolve_request
+        from autotune.search.edge import CorrectedCurve
+        from autotune.search.sparse import SparseCurve
 
         kwargs = _point_kwargs(point)
         size = "num_patches_per_iter" if phase == "train" else "num_sw_batch_size"
         kwargs.pop(size, None)
         if phase == "train":
             kwargs.pop("validation_device", None)
-        cap = None
+        cfg = resolve_request(self.bundle, check_device=False)["config"]
+        cap, step = None, None
         if phase == "infer":
             from autotune.probe.model import num_windows
-            from autotune.probe.runner import resolve_request
 
-            cap = num_windows(resolve_request(self.bundle, check_device=False)["config"])
+            cap = num_windows(cfg)
+        else:
+            step = loader_bytes_fn(cfg)
 
         def raw_peak(n: int) -> float:
             raw = int(estimate(self.bundle, device=self.device, phases=(phase,), **{size: n}, **kwargs)[f"{phase}_peak_bytes"])
@@ -87,9 +105,9 @@ class _ModelMixin:
                 on_estimate(n, raw)
             return float(raw)
 
-        raw_curve = EstimatedCurve(raw_peak, cap, {int(k): float(v) for k, v in (known or {}).items()})
-        try:
-            raw_curve.predict(1)
+        raw_curve = SparseCurve(raw_peak, cap, {int(k): float(v) for k, v in (known or {}).items()}, step)
+        try:  # the first pass checks the estimator: at the top for inference (often all that is needed)
+            raw_curve.predict(cap if cap is not None else 1)
         except Exception as exc:  # the estimator is an aid: fall back to bisection without it
             log.warning("estimate for %s (%s) failed, bisecting without it: %s", Path(self.bundle).name, phase, exc)
             return None

@@ -44,11 +44,16 @@ def search_curves(study: Any, prober: Any) -> tuple[Any, Callable[[int, str], An
     name = estimates_attr("train")
     train = prober.memory_curve("train", {}, stored_estimates(study, name), _store(study, name))
 
+    made: list[Any] = []
+
     def infer_for(n: int, validation_device: str) -> Any:
         point = {"num_patches_per_iter": n, "validation_device": validation_device}
         attr = estimates_attr("infer", point)
-        return prober.memory_curve("infer", point, stored_estimates(study, attr), _store(study, attr))
+        curve = prober.memory_curve("infer", point, stored_estimates(study, attr), _store(study, attr))
+        made.append(curve)
+        return curve
 
+    infer_for.curves = made  # type: ignore[attr-defined]  # to count the estimator passes they spent
     return train, infer_for
 
 

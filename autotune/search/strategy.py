@@ -53,8 +53,15 @@ def run_fast(
     train_model: Any,
     infer_model_for: Callable[[int, str], Any],
     objective: str = DEFAULT_OBJECTIVE,
+    bound: float | None = None,
+    bounded: dict[str, list[int]] | None = None,
 ) -> SearchOutcome:
-    """The default strategy; see the module docstring. Models are ``autotune.search.edge.Curve``s."""
+    """The default strategy; see the module docstring. Models are ``autotune.search.edge.Curve``s.
+
+    ``bound``: a calibration's stated over-prediction bound (``find_max_feasible``): the check one above
+    the edge is settled without a probe where the estimate exceeds the budget by more; the points so
+    settled go to ``bounded["train"]`` / ``bounded["infer"]``."""
+    bounded = bounded if bounded is not None else {}
     budget = evaluator.budget_bytes
     lo, hi = spec.patches_range
     evaluations: list[Evaluation] = []
@@ -67,7 +74,7 @@ def run_fast(
     def train(n: int, repeat: int = 0) -> Evaluation:
         return measured({"num_patches_per_iter": n}, ("train",), repeat)
 
-    n_max, train_evals = find_max_feasible(train, lo, hi, train_model, budget)
+    n_max, train_evals = find_max_feasible(train, lo, hi, train_model, budget, bound, bounded.setdefault("train", []))
     if n_max is None:
         return SearchOutcome(None, None, None, None, None, None, evaluations)
     if objective == "throughput" and max(lo, n_max // 2) < n_max:  # one smaller candidate to race the largest
@@ -90,7 +97,8 @@ def run_fast(
         cap = getattr(infer_model, "cap", None)
         # past the number of windows a larger batch holds no more memory (and gains nothing)
         top = max(sw_lo, min(sw_hi, int(cap))) if cap else sw_hi
-        m_max, sw_evals = find_max_feasible(evaluate_sw, sw_lo, top, infer_model, budget)
+        m_max, sw_evals = find_max_feasible(evaluate_sw, sw_lo, top, infer_model, budget, bound,
+                                            bounded.setdefault("infer", []))
         if m_max is None:
             continue
         if objective == "throughput" and max(sw_lo, m_max // 2) < m_max:
