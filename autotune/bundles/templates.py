@@ -1,4 +1,4 @@
-"""The registry of algorithm templates: ``autotune/algorithm_templates/<algo>/template.yaml``.
+"""The registry of algorithm templates: ``algorithm_templates/<algo>/template.yaml`` (top level).
 
 Templates are plain data read with ``yaml.safe_load``. A value that looks like a
 MONAI bundle expression (a string starting with ``$``) is refused: nothing in a
@@ -45,12 +45,16 @@ REQUIRED_TRAINING_KEYS = (
 
 
 def default_templates_path() -> Path:
-    """``$AUTOTUNE_TEMPLATES`` if set, else the ``algorithm_templates/`` folder shipped inside the package
-    (package data, so a wheel install finds it too)."""
+    """``$AUTOTUNE_TEMPLATES`` if set, else the shipped ``algorithm_templates/``: inside the package for a
+    wheel (``setup.py`` maps the top-level folder to ``autotune/algorithm_templates``), at the top of the
+    repository for a checkout."""
     env = os.environ.get("AUTOTUNE_TEMPLATES")
     if env:
         return expand_path(env).resolve()
-    return Path(__file__).resolve().parents[1] / "algorithm_templates"
+    package = Path(__file__).resolve().parents[1]
+    installed = package / "algorithm_templates"  # a wheel: setup.py maps the folder into the package
+    checkout = package.parent / "algorithm_templates"  # a checkout (editable install): the top-level folder
+    return installed if installed.is_dir() or not checkout.is_dir() else checkout
 
 
 def _root(templates_path: str | os.PathLike[str] | None) -> Path:
@@ -58,7 +62,7 @@ def _root(templates_path: str | os.PathLike[str] | None) -> Path:
     if not root.is_dir():
         raise ConfigError(
             f"templates folder {root} not found; pass templates_path or set AUTOTUNE_TEMPLATES to the "
-            "autotune/algorithm_templates/ folder of an autotune checkout"
+            "algorithm_templates/ folder of an autotune checkout"
         )
     return root
 
