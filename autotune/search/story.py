@@ -84,7 +84,8 @@ def memory_figure(study: Any, phase: str, record: dict[str, Any], trials_study: 
     from optuna.trial import TrialState
 
     size = "num_patches_per_iter" if phase == "train" else "num_sw_batch_size"
-    point = {"num_patches_per_iter": record.get("num_patches_per_iter"),
+    # the inference point was searched at the largest fit; the goodput hand-off may give training less
+    point = {"num_patches_per_iter": record.get("max_num_patches_per_iter") or record.get("num_patches_per_iter"),
              "validation_device": record.get("validation_device")}
     if phase == "train":
         estimates = stored_estimates(study, estimates_attr("train"))
