@@ -62,6 +62,9 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="explicit --range-num-images-per-batch for the tuned variants (default: the capped range)")
     p.add_argument("--variants", default=",".join(VARIANTS),
                    help=f"comma-separated from {', '.join(VARIANTS)} (default all)")
+    p.add_argument("--reverse-first", action="store_true",
+                   help="the first algorithm runs its variants in reverse order (then alternating), so two "
+                        "processes of one algorithm each can alternate who goes first")
     p.add_argument("--target", type=float, default=0.80)
     p.add_argument("--device", default="cpu")
     p.add_argument("--report-only", action="store_true")
@@ -315,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     for index, algo in enumerate(algos):
         entry = report["algos"][algo] = prepare(args, work, algo, variants)
         entry["runs"] = {}
-        order = variants if index % 2 == 0 else variants[::-1]  # alternate who goes first
+        order = variants if (index + args.reverse_first) % 2 == 0 else variants[::-1]  # alternate who goes first
         entry["order"] = list(order)
         for variant in order:
             print(f"[{algo}] training {variant} for {args.budget:g} s ...", flush=True)
