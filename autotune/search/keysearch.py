@@ -143,12 +143,23 @@ def predicted_fit(curve: Any, batch_cap: Mapping[str, Any], budget: int) -> int 
         return None
 
 
+#: set to 1 to probe N+1 even where a calibration states a bound (trust no estimate at the edge)
+PROBE_EDGE_ENV = "AUTOTUNE_PROBE_EDGE"
+
+
+def probe_edge_forced() -> bool:
+    """True when ``$AUTOTUNE_PROBE_EDGE`` asks for a real probe one above every measured fit."""
+    return os.environ.get(PROBE_EDGE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
 def edge_bound(budget: Any, measured: bool) -> dict[str, Any] | None:
     """The stated over-prediction bound of a calibration for the budget's device, or None (probe N+1).
 
     Only for real probes on a device with a calibration file (``autotune.probe.calibration``) whose
-    fit states ``max_over_prediction``; the defaults state no bound."""
-    if not measured:
+    fit states ``max_over_prediction``: a GPU's from ``benchmarks/gpu_check.py``, the CPU's
+    (``calibrations/cpu.json``) from ``benchmarks/calibrate_cpu.py``; the defaults state no bound.
+    ``$AUTOTUNE_PROBE_EDGE=1`` ignores any bound."""
+    if not measured or probe_edge_forced():
         return None
     from autotune.probe.calibration import stated_bound
 
@@ -194,12 +205,14 @@ def search_key(
                       for phase, ns in bounded.items()}
         if not prober.measured:
             edge_check = {"how": "estimated", "reason": "estimates only: N and N+1 are estimates, no probe"}
+        elif probe_edge_forced():
+            edge_check["reason"] = f"{PROBE_EDGE_ENV} set: N+1 probed"
         elif not stated:
             edge_check["reason"] = "no calibration stating an error bound for this device: N+1 probed"
         for phase, ns in bounded.items():
             if ns and stated:
                 session.say(f"[{cfg['algo']}] {phase}: {ns[0]} not probed: its estimate exceeds the budget by more "
-                            f"than the bound {stated['bound']:.1%} stated by {stated['calibration']}")
+                            f"than the bound {stated['bound']:.3%} stated by {stated['calibration']}")
         from autotune.search.sparse import passes_of
 
         passes = {"train": passes_of(train_model),

@@ -1,0 +1,155 @@
+"""The CPU's calibration: the estimator's measured error against real CPU probes, as a stated bound.
+
+On a GPU, ``benchmarks/gpu_check.py`` fits a calibration from real probes and states the
+estimator's worst over-prediction (``fit.max_over_prediction``); the fast search then skips
+the probe one above a measured fit when the estimate there exceeds the budget by more than
+that bound (``autotune/search/edge.py``). This script does the same for the CPU, where
+"memory" is the tracked tensor peak: for each template at full size (the shared hippocampus
+set, fold 0) and with the tiny preset, in both precisions the CPU trains in (``amp`` on: bf16
+where the CPU runs it natively, else fp32; ``amp`` off: fp32), at several batch sizes, one
+real probe (isolated child, tracked peak per phase) and one estimate (FakeTensorMode) of the
+same point. The bound is the worst estimate / measured - 1 over every point and phase (0
+where no estimate was above its measurement). It writes the points and the bound to
+``autotune/probe/calibrations/cpu.json`` (shipped in the wheel; ``--out`` elsewhere) and
+prints a table.
+
+    python benchmarks/calibrate_cpu.py                                  # full-size and tiny, N = 1, 3
+    python benchmarks/calibrate_cpu.py --sizes 1,2,5 --out /tmp/cpu.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))
+
+DEFAULT_DATA = "/work/shared/datasets/Task04_Hippocampus"
+
+
+def _args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--data", default=DEFAULT_DATA, help="a Decathlon task folder for the full-size bundles")
+    p.add_argument("--algos", default="segresnet,dints,unet")
+    p.add_argument("--sizes", default="1,3", help="comma-separated N (= sliding-window M) values")
+    p.add_argument("--presets", default="full,tiny", help="full, tiny or full,tiny")
+    p.add_argument("--amp", default="on,off")
+    p.add_argument("--out", default=str(REPO / "autotune" / "probe" / "calibrations" / "cpu.json"))
+    p.add_argument("--results", default=str(REPO / "benchmarks" / "results" / "cpu_calibration.json"))
+    return p.parse_args(argv)
+
+
+def _full_size_bundles(data: str, work: Path, algos: list[str]) -> dict[str, Path]:
+    from autotune.bundles.bundlegen import BundleGen
+    from autotune.data.analyze import analyze
+
+    res = analyze(data, work, num_fold=5, progress=False)
+    BundleGen(work, algos=algos, data_stats_filename=res.datastats, data_src_cfg_name=res.data_src).generate(
+        work, num_fold=1)
+    return {algo: work / f"{algo}_0" for algo in algos}
+
+
+def bound_of(points: list[dict[str, Any]]) -> dict[str, float]:
+    """The worst over- and under-prediction (estimate / measured - 1, and 1 - that) over the points."""
+    ratios = [p["estimate_bytes"] / p["measured_bytes"] for p in points if p["measured_bytes"] > 0]
+    return {"max_over_prediction": max(0.0, max(ratios) - 1.0), "max_under_prediction": max(0.0, 1.0 - min(ratios))}
+
+
+def markdown_table(record: dict[str, Any]) -> str:
+    """One row per preset, template and precision: the points' peaks and the estimator's worst errors."""
+    lines = ["| preset | algo | precision | N = M | train measured | infer measured | worst over-prediction | "
+             "worst under-prediction |", "|---|---|---|---|---|---|---:|---:|"]
+    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    for p in record["points"]:
+        groups.setdefault((p["preset"], p["algo"], p["precision"]), []).append(p)
+    for (preset, algo, precision), points in groups.items():
+        ns = sorted({p["n"] for p in points})
+
+        def peaks(phase: str, points: list[dict[str, Any]] = points) -> str:
+            return " / ".join(f"{p['measured_bytes'] / 2**20:.1f}" for p in sorted(points, key=lambda q: q["n"])
+                              if p["phase"] == phase) + " MiB"
+        fit = bound_of(points)
+        lines.append(f"| {preset} | {algo} | {precision} | {', '.join(map(str, ns))} | {peaks('train')} | "
+                     f"{peaks('infer')} | {fit['max_over_prediction']:.4%} | {fit['max_under_prediction']:.4%} |")
+    fit = record["fit"]
+    lines.append(f"| **all** | | | | | | **{fit['max_over_prediction']:.4%}** (the stated bound) | "
+                 f"{fit['max_under_prediction']:.4%} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import torch
+
+    from autotune.bundles.config import load_bundle_config
+    from autotune.precision import resolve_precision
+    from autotune.probe.calibration import CALIBRATION_VERSION
+    from autotune.probe.estimate import estimate
+    from autotune.probe.runner import run_probe
+    from autotune.utils import atomic_write_json
+
+    args = _args(argv)
+    algos = [a for a in args.algos.split(",") if a]
+    sizes = [int(v) for v in args.sizes.split(",")]
+    amps = [v == "on" for v in args.amp.split(",")]
+    points: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="calibrate_cpu_") as tmp:
+        sets: dict[str, dict[str, Path]] = {}
+        if "full" in args.presets:
+            sets["full"] = _full_size_bundles(args.data, Path(tmp) / "full", algos)
+        if "tiny" in args.presets:
+            from probe_fixtures import make_tiny_bundles
+
+            sets["tiny"] = make_tiny_bundles(Path(tmp) / "tiny", algos)
+        for preset, bundles in sets.items():
+            for algo in algos:
+                for amp in amps:
+                    cfg = {**load_bundle_config(bundles[algo]), "amp": amp}
+                    precision = resolve_precision(amp, "cpu").name
+                    for n in sizes:
+                        t0 = time.perf_counter()
+                        measured = run_probe(cfg, num_patches_per_iter=n, num_sw_batch_size=n, timeout=900)
+                        if measured["status"] != "ok":
+                            raise SystemExit(f"{preset} {algo} amp={amp} N={n}: probe {measured['status']}: "
+                                             f"{measured.get('error_tail')}")
+                        est = estimate(cfg, num_patches_per_iter=n, num_sw_batch_size=n)
+                        for phase in ("train", "infer"):
+                            points.append({"preset": preset, "algo": algo, "amp": amp, "precision": precision,
+                                           "phase": phase, "n": n,
+                                           "measured_bytes": int(measured[f"{phase}_peak_bytes"]),
+                                           "estimate_bytes": int(est[f"{phase}_peak_bytes"])})
+                        print(f"  {preset} {algo} {precision} N={n}: {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    fit = bound_of(points)
+    record = {
+        "calibration_version": CALIBRATION_VERSION,
+        "gpu_name": "cpu",
+        "device": "cpu",
+        "memory": "tracked tensor bytes (the CPU probe's and the estimator's one tracker), not RSS",
+        "torch": torch.__version__,
+        "processor": platform.processor() or platform.machine(),
+        "cpu_bf16_native": bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()),
+        "measured_at": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "command": "python benchmarks/calibrate_cpu.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "allowance": {"context_bytes": 0, "cudnn_workspace_bytes": 0, "allocator_slack_fraction": 0.0},
+        "fit": {"max_over_prediction": fit["max_over_prediction"], "max_under_prediction": fit["max_under_prediction"],
+                "points": len(points)},
+        "points": points,
+    }
+    print(markdown_table(record))
+    print(f"stated bound (worst over-prediction): {fit['max_over_prediction']:.4%}; "
+          f"worst under-prediction {fit['max_under_prediction']:.4%}; {len(points)} points")
+    out = atomic_write_json(Path(args.out), record)
+    copy = atomic_write_json(Path(args.results), record)  # BENCHMARKS.md's table reads this copy
+    print(f"wrote {out} and {copy}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
