@@ -1,0 +1,95 @@
+"""The CPU's shipped calibration states the estimator's measured error; the fast search then settles
+N+1 from its estimate instead of a probe, and the answer is the one a probed edge gives."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+
+from autotune import BundleGen
+from autotune.bundles.templates import load_overrides
+from autotune.data.analyze import analyze
+from autotune.probe.calibration import PACKAGE_DIR, stated_bound
+from autotune.search.tune import tune_bundles
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from calibrate_cpu import bound_of  # noqa: E402
+
+MARGIN = 0.10
+SPECS = {"universal": {"range_num_images_per_batch": [1, 64]}}
+SHIPPED = PACKAGE_DIR / "cpu.json"
+
+
+def test_the_shipped_cpu_calibration_is_a_measurement() -> None:
+    record = json.loads(SHIPPED.read_text())
+    points = record["points"]
+    assert record["gpu_name"] == "cpu" and record["fit"]["points"] == len(points)
+    # full-size templates, each in both phases and in fp32 at least: the claim covers what users tune
+    full = {(p["algo"], p["phase"]) for p in points if p["preset"] == "full" and p["precision"] == "fp32"}
+    assert full == {(a, ph) for a in ("segresnet", "dints", "unet") for ph in ("train", "infer")}
+    assert all(p["measured_bytes"] > 0 and p["estimate_bytes"] > 0 for p in points)
+    # the stated bound is what the points say, not a number typed in
+    assert record["fit"]["max_over_prediction"] == pytest.approx(bound_of(points)["max_over_prediction"])
+    stated = stated_bound("cpu")
+    assert stated is not None and stated["calibration"] == "cpu.json"
+    assert stated["bound"] == record["fit"]["max_over_prediction"]
+
+
+def test_bound_of_reads_the_worst_over_prediction() -> None:
+    points = [{"estimate_bytes": 103, "measured_bytes": 100}, {"estimate_bytes": 90, "measured_bytes": 100},
+              {"estimate_bytes": 100, "measured_bytes": 100}]
+    fit = bound_of(points)
+    assert fit["max_over_prediction"] == pytest.approx(0.03) and fit["max_under_prediction"] == pytest.approx(0.10)
+    assert bound_of([{"estimate_bytes": 99, "measured_bytes": 100}])["max_over_prediction"] == 0.0
+
+
+@pytest.fixture(scope="module")
+def bundle(demo_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    work = tmp_path_factory.mktemp("cpu_bound")
+    res = analyze(demo_data, work, num_fold=1, progress=False)
+    BundleGen(work, algos="unet", data_stats_filename=res.datastats, data_src_cfg_name=res.data_src).generate(
+        work, num_fold=1, overrides=load_overrides("tiny"))
+    return work / "unet_0"
+
+
+def _tune(bundle: Path, limit: int, storage: str) -> dict:
+    (result,) = tune_bundles([bundle], SPECS, device="cpu", memory_limit=limit, storage=storage, margin=MARGIN,
+                             progress=None, handoff="largest")
+    return result
+
+
+def _train_probes(storage: str, study_name: str) -> dict[int, optuna.trial.FrozenTrial]:
+    trials = optuna.load_study(study_name=study_name, storage=storage).get_trials()
+    return {t.params["num_patches_per_iter"]: t for t in trials
+            if t.user_attrs.get("kind") == "probe" and t.state == optuna.trial.TrialState.COMPLETE}
+
+
+def test_bounded_edge_gives_the_probed_answer_with_one_probe_less(bundle: Path, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from autotune.probe.estimate import fit_memory_model
+
+    model = fit_memory_model(bundle, phase="train", device="cpu")
+    limit = int((model.intercept + 3.5 * model.slope) / (1 - MARGIN))  # binds at about 3 patches
+
+    monkeypatch.setenv("AUTOTUNE_PROBE_EDGE", "1")
+    probed = _tune(bundle, limit, f"sqlite:///{tmp_path / 'probed.db'}")
+    monkeypatch.delenv("AUTOTUNE_PROBE_EDGE")
+    bounded = _tune(bundle, limit, f"sqlite:///{tmp_path / 'bounded.db'}")
+
+    n = probed["max_num_patches_per_iter"]
+    assert probed["edge_check"]["train"]["how"] == "probed"
+    assert bounded["max_num_patches_per_iter"] == n, "the bounded edge must give the probed answer"
+    check = bounded["edge_check"]["train"]
+    assert check["how"] == "bounded" and check["n"] == n + 1 and check["calibration"] == "cpu.json"
+
+    probes = _train_probes(f"sqlite:///{tmp_path / 'bounded.db'}", bounded["study_name"])
+    assert n in probes and probes[n].user_attrs["status"] == "ok", "N itself is always probed"
+    assert n + 1 not in probes, "N+1 was settled by the bound, not probed"
+    assert n + 1 in _train_probes(f"sqlite:///{tmp_path / 'probed.db'}", probed["study_name"])
+    assert bounded["probes"] < probed["probes"]
