@@ -50,6 +50,7 @@ TABLES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "handoff-curves": ("bench_batch_scaling", "curves", ("batch_scaling_handoff.json",)),
     "handoff-unet-e1": ("bench_batch_scaling", "table", ("batch_scaling_unet_linear_e1.json",)),
     "cpu-calibration": ("calibrate_cpu", "markdown_table", ("cpu_calibration.json",)),
+    "fast-vs-tpe-bound-overall": ("bench_fast_vs_tpe", "report_table", ("fast_vs_tpe_bound_overall.json",)),
     "fast-vs-tpe-bounded": ("bench_fast_vs_tpe", "report_table", ("fast_vs_tpe_bounded.json",)),
     "contract": ("bench_contract", "markdown_table", ("contract.json",)),
     "precision": ("bench_precision", "markdown_table", ("precision.json",)),

@@ -187,17 +187,34 @@ def write_calibration(folder: str | os.PathLike[str], record: Mapping[str, Any])
     return atomic_write_json(Path(folder) / calibration_filename(str(record["gpu_name"])), dict(record))
 
 
-def stated_bound(device_name: str | None, dirs: Sequence[Path] | None = None) -> dict[str, Any] | None:
+def _bound_of(fit: Any) -> float | None:
+    """A fit block's ``max_over_prediction`` when it is a finite, non-negative number."""
+    try:
+        bound = float(fit["max_over_prediction"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    return bound if math.isfinite(bound) and bound >= 0 else None
+
+
+def stated_bound(device_name: str | None, dirs: Sequence[Path] | None = None,
+                 template: str | None = None) -> dict[str, Any] | None:
     """The over-prediction bound a calibration for ``device_name`` states (``fit.max_over_prediction``:
     the device's peak is at least estimate / (1 + bound)), with its file; None when there is no
-    calibration or it states no bound."""
+    calibration or it states no bound.
+
+    Where the calibration also states a bound per template (``fit.by_template``, measured on that
+    template's points only) and ``template`` has one, that bound is returned (``scope`` says which)."""
     found = find_calibration(device_name, dirs)
     if found is None:
         return None
-    try:
-        bound = float((found.get("fit") or {})["max_over_prediction"])
-    except (KeyError, TypeError, ValueError):
+    fit = found.get("fit") or {}
+    bound = _bound_of(fit)
+    if bound is None:
         return None
-    if not math.isfinite(bound) or bound < 0:
-        return None
-    return {"bound": bound, "calibration": Path(found["path"]).name, "gpu_name": found["gpu_name"]}
+    scope = "all templates"
+    by_template = fit.get("by_template") if isinstance(fit.get("by_template"), dict) else {}
+    if template and isinstance(by_template.get(template), dict):
+        own = _bound_of(by_template[template])
+        if own is not None:
+            bound, scope = own, f"template {template}"
+    return {"bound": bound, "scope": scope, "calibration": Path(found["path"]).name, "gpu_name": found["gpu_name"]}

@@ -152,18 +152,19 @@ def probe_edge_forced() -> bool:
     return os.environ.get(PROBE_EDGE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def edge_bound(budget: Any, measured: bool) -> dict[str, Any] | None:
+def edge_bound(budget: Any, measured: bool, template: str | None = None) -> dict[str, Any] | None:
     """The stated over-prediction bound of a calibration for the budget's device, or None (probe N+1).
 
     Only for real probes on a device with a calibration file (``autotune.probe.calibration``) whose
     fit states ``max_over_prediction``: a GPU's from ``benchmarks/gpu_check.py``, the CPU's
     (``calibrations/cpu.json``) from ``benchmarks/calibrate_cpu.py``; the defaults state no bound.
+    A bound stated for ``template`` alone is preferred to the calibration's overall one.
     ``$AUTOTUNE_PROBE_EDGE=1`` ignores any bound."""
     if not measured or probe_edge_forced():
         return None
     from autotune.probe.calibration import stated_bound
 
-    return stated_bound((budget.info or {}).get("device_name"))
+    return stated_bound((budget.info or {}).get("device_name"), template=template)
 
 
 def search_key(
@@ -197,7 +198,7 @@ def search_key(
         from autotune.search.story import search_curves
 
         train_model, infer_model_for = search_curves(study, prober)
-        stated = edge_bound(budget, prober.measured)
+        stated = edge_bound(budget, prober.measured, cfg["algo"])
         bounded: dict[str, list[int]] = {}
         outcome = run_fast(evaluator, spec, devices, train_model, infer_model_for, session.objective,
                            stated["bound"] if stated else None, bounded)
@@ -212,7 +213,7 @@ def search_key(
         for phase, ns in bounded.items():
             if ns and stated:
                 session.say(f"[{cfg['algo']}] {phase}: {ns[0]} not probed: its estimate exceeds the budget by more "
-                            f"than the bound {stated['bound']:.3%} stated by {stated['calibration']}")
+                            f"than the bound {stated['bound']:.3%} ({stated['scope']}) stated by {stated['calibration']}")
         from autotune.search.sparse import passes_of
 
         passes = {"train": passes_of(train_model),

@@ -19,7 +19,7 @@ from autotune.search.tune import tune_bundles
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from calibrate_cpu import bound_of  # noqa: E402
+from calibrate_cpu import bound_of, by_template  # noqa: E402
 
 MARGIN = 0.10
 SPECS = {"universal": {"range_num_images_per_batch": [1, 64]}}
@@ -37,8 +37,29 @@ def test_the_shipped_cpu_calibration_is_a_measurement() -> None:
     # the stated bound is what the points say, not a number typed in
     assert record["fit"]["max_over_prediction"] == pytest.approx(bound_of(points)["max_over_prediction"])
     stated = stated_bound("cpu")
-    assert stated is not None and stated["calibration"] == "cpu.json"
+    assert stated is not None and stated["calibration"] == "cpu.json" and stated["scope"] == "all templates"
     assert stated["bound"] == record["fit"]["max_over_prediction"]
+    # each template's own bound is what its own points say; a template not measured gets the overall one
+    assert record["fit"]["by_template"] == by_template(points)
+    for algo in ("segresnet", "dints", "unet"):
+        own = stated_bound("cpu", template=algo)
+        assert own["scope"] == f"template {algo}"
+        assert own["bound"] == pytest.approx(bound_of([p for p in points if p["algo"] == algo])["max_over_prediction"])
+    assert stated_bound("cpu", template="my_net")["bound"] == record["fit"]["max_over_prediction"]
+
+
+def test_a_template_bound_replaces_the_overall_one_only_for_that_template(tmp_path: Path) -> None:
+    record = {"gpu_name": "cpu", "allowance": {"context_bytes": 0, "cudnn_workspace_bytes": 0,
+                                               "allocator_slack_fraction": 0.0},
+              "fit": {"max_over_prediction": 0.03, "by_template": {"unet": {"max_over_prediction": 0.0},
+                                                                    "dints": {"max_over_prediction": "bad"}}}}
+    (tmp_path / "cpu.json").write_text(json.dumps(record))
+    assert stated_bound("cpu", [tmp_path], template="unet")["bound"] == 0.0
+    assert stated_bound("cpu", [tmp_path], template="dints")["bound"] == 0.03  # malformed: the overall bound
+    assert stated_bound("cpu", [tmp_path], template="segresnet")["scope"] == "all templates"
+    record["fit"] = {"by_template": {"unet": {"max_over_prediction": 0.0}}}  # no overall bound: none at all
+    (tmp_path / "cpu.json").write_text(json.dumps(record))
+    assert stated_bound("cpu", [tmp_path], template="unet") is None
 
 
 def test_bound_of_reads_the_worst_over_prediction() -> None:
@@ -87,6 +108,7 @@ def test_bounded_edge_gives_the_probed_answer_with_one_probe_less(bundle: Path, 
     assert bounded["max_num_patches_per_iter"] == n, "the bounded edge must give the probed answer"
     check = bounded["edge_check"]["train"]
     assert check["how"] == "bounded" and check["n"] == n + 1 and check["calibration"] == "cpu.json"
+    assert check["scope"] == "template unet" and check["bound"] == stated_bound("cpu", template="unet")["bound"]
 
     probes = _train_probes(f"sqlite:///{tmp_path / 'bounded.db'}", bounded["study_name"])
     assert n in probes and probes[n].user_attrs["status"] == "ok", "N itself is always probed"
