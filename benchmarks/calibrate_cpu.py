@@ -5,11 +5,11 @@ estimator's worst over-prediction (``fit.max_over_prediction``); the fast search
 the probe one above a measured fit when the estimate there exceeds the budget by more than
 that bound (``autotune/search/edge.py``). This script does the same for the CPU, where
 "memory" is the tracked tensor peak: for each template at full size (the shared hippocampus
-set, fold 0) and with the tiny preset, in both precisions the CPU trains in (``amp`` on: bf16
+set, the bundles ``bench_search`` generates) and with the tiny preset, in both precisions the CPU trains in (``amp`` on: bf16
 where the CPU runs it natively, else fp32; ``amp`` off: fp32), at several batch sizes, one
 real probe (isolated child, tracked peak per phase) and one estimate (FakeTensorMode) of the
 same point. The bound is the worst estimate / measured - 1 over every point and phase (0
-where no estimate was above its measurement). It writes the points and the bound to
+where no estimate was above its measurement), overall and per template (``fit.by_template``). It writes the points and the bound to
 ``autotune/probe/calibrations/cpu.json`` (shipped in the wheel; ``--out`` elsewhere) and
 prints a table.
 
@@ -32,12 +32,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 
-DEFAULT_DATA = "/work/shared/datasets/Task04_Hippocampus"
-
 
 def _args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--data", default=DEFAULT_DATA, help="a Decathlon task folder for the full-size bundles")
     p.add_argument("--algos", default="segresnet,dints,unet")
     p.add_argument("--sizes", default="1,3", help="comma-separated N (= sliding-window M) values")
     p.add_argument("--presets", default="full,tiny", help="full, tiny or full,tiny")
@@ -45,16 +42,6 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", default=str(REPO / "autotune" / "probe" / "calibrations" / "cpu.json"))
     p.add_argument("--results", default=str(REPO / "benchmarks" / "results" / "cpu_calibration.json"))
     return p.parse_args(argv)
-
-
-def _full_size_bundles(data: str, work: Path, algos: list[str]) -> dict[str, Path]:
-    from autotune.bundles.bundlegen import BundleGen
-    from autotune.data.analyze import analyze
-
-    res = analyze(data, work, num_fold=5, progress=False)
-    BundleGen(work, algos=algos, data_stats_filename=res.datastats, data_src_cfg_name=res.data_src).generate(
-        work, num_fold=1)
-    return {algo: work / f"{algo}_0" for algo in algos}
 
 
 def bound_of(points: list[dict[str, Any]]) -> dict[str, float]:
@@ -114,7 +101,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="calibrate_cpu_") as tmp:
         sets: dict[str, dict[str, Path]] = {}
         if "full" in args.presets:
-            sets["full"] = _full_size_bundles(args.data, Path(tmp) / "full", algos)
+            from bench_search import _bundles  # the full-size bundles the search benchmarks probe
+
+            sets["full"] = _bundles(Path(tmp) / "full", "hippocampus", algos)
         if "tiny" in args.presets:
             from probe_fixtures import make_tiny_bundles
 
