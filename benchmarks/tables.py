@@ -52,6 +52,8 @@ TABLES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "cpu-calibration": ("calibrate_cpu", "markdown_table", ("cpu_calibration.json",)),
     "fast-vs-tpe-bound-overall": ("bench_fast_vs_tpe", "report_table", ("fast_vs_tpe_bound_overall.json",)),
     "fast-vs-tpe-bounded": ("bench_fast_vs_tpe", "report_table", ("fast_vs_tpe_bounded.json",)),
+    "fast-vs-tpe-replay": ("bench_fast_vs_tpe", "report_table", ("fast_vs_tpe_replay.json",)),
+    "fast-vs-tpe-replay-dints": ("bench_fast_vs_tpe", "report_table", ("fast_vs_tpe_replay_dints.json",)),
     "contract": ("bench_contract", "markdown_table", ("contract.json",)),
     "precision": ("bench_precision", "markdown_table", ("precision.json",)),
     "precision-native-bf16": ("bench_precision", "markdown_table", ("precision_native_bf16.json",)),

@@ -18,8 +18,11 @@ Differences from a real step, each small and pinned by tests:
   window's Gaussian importance map calls ``.item()``; it is replaced by an empty tensor of
   the same shape, dtype and device (its short-lived intermediates are not counted).
 - fp16 on CUDA: no GradScaler (its few scalar tensors are left out).
-- Two training steps are run (the first creates the optimizer state, the second runs with
-  it); the probe's later steps repeat the second.
+- The training state a first step leaves (a gradient for every parameter, the optimizer's
+  state) is created untraced, then one loader batch is traced: the probe's later steps,
+  whose peak is the probe's (the first step, without that state, peaks lower). With
+  ``record=True`` the tracker's events are returned as well, from which
+  ``autotune.probe.replay`` gives the peak at any other batch size.
 - CUDA target with no GPU visible: fake CUDA tensors cannot run autograd on a CPU-only
   build (PyTorch aborts for want of a CUDA device guard), so the pass runs on fake CPU tensors
   under CPU fp16 autocast with CUDA's float32 op list applied on top (``_cuda_autocast_policy``;
@@ -46,7 +49,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["estimate", "fit_memory_model"]
 
-ESTIMATE_STEPS = 2
 
 
 def _resolve(bundle: str | Path | Mapping[str, Any], num_patches_per_iter: int | None, num_sw_batch_size: int | None,
@@ -74,10 +76,23 @@ def _data_values(fake_mode: Any, guesses: list[str]) -> Any:
 
     arange = torch.ops.aten.arange
     scalar_reads = (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.item.default)
+    group_norm = torch.ops.aten.native_group_norm.default
+    group_norm_backward = torch.ops.aten.native_group_norm_backward.default
 
     class DataValues(TorchDispatchMode):
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             kwargs = kwargs or {}
+            if func is group_norm_backward:  # the kernels give the input's gradient the input's dtype; the
+                out = func(*args, **kwargs)  # decomposition promotes it with the fp32 weight (2x in bf16)
+                if out[0] is not None and out[0].dtype != args[1].dtype:
+                    out = (out[0].to(args[1].dtype), *out[1:])
+                return out
+            if func is group_norm:  # mixed input and weight dtypes: the kernels keep mean and rstd in the weight's
+                out = func(*args, **kwargs)
+                weight = args[1]
+                if weight is not None and weight.dtype != args[0].dtype and out[1].dtype != weight.dtype:
+                    out = (out[0], out[1].to(weight.dtype), out[2].to(weight.dtype))
+                return out
             if func.overloadpacket is arange and torch.device(kwargs.get("device") or "cpu").type == "cpu":
                 with unset_fake_temporarily():
                     real = func(*args, **kwargs)
@@ -165,6 +180,20 @@ def _fake_session(emulate_cuda: bool = False, guesses: list[str] | None = None) 
         sw_utils.compute_importance_map = saved_map
 
 
+@contextlib.contextmanager
+def _no_gc() -> Iterator[None]:
+    """Python's cyclic collector off: frees happen where references drop, the same in every trace."""
+    import gc
+
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def _fake_model(cfg: Mapping[str, Any], device: str) -> torch.nn.Module:
     """Build the network on the meta device (no memory), then give it fake parameters on ``device``.
 
@@ -182,7 +211,7 @@ def _fake_model(cfg: Mapping[str, Any], device: str) -> torch.nn.Module:
 
 def estimate(bundle: str | Path | Mapping[str, Any], *, num_patches_per_iter: int | None = None,
              num_sw_batch_size: int | None = None, validation_device: str = "device", device: str = "cpu",
-             phases: Any = ("train", "infer"), precision: str | None = None) -> dict[str, Any]:
+             phases: Any = ("train", "infer"), precision: str | None = None, record: bool = False) -> dict[str, Any]:
     """Estimate the peak tensor memory of a probe of ``bundle``, in this process, with fake tensors.
 
     Returns the probe's result keys where they apply (timings are None), with
@@ -229,11 +258,18 @@ def estimate(bundle: str | Path | Mapping[str, Any], *, num_patches_per_iter: in
                 if phase == "train":
                     model.train()
                     batches = workload.make_loader_batches(cfg, req["num_patches_per_iter"], compute)
-                    tracker.track(memory.tensors_of(model, optimizer, batches))
-                    with tracker:
-                        for _ in range(ESTIMATE_STEPS):
-                            workload.train_loader_batch(model, loss_fn, optimizer, batches[0],
-                                                        req["num_patches_per_iter"], dtype, None)
+                    # the state a first step leaves (gradients, optimizer state), then one loader batch:
+                    # the peak of the probe's later steps, at half the cost of tracing two
+                    workload.ensure_training_state(model, optimizer)
+                    if record:
+                        tracker.record()
+                    tracker.track(memory.tensors_of(model, optimizer), "state")
+                    tracker.track(memory.tensors_of(batches), "loader")
+                    with tracker, _no_gc():
+                        workload.train_loader_batch(model, loss_fn, optimizer, batches[0],
+                                                    req["num_patches_per_iter"], dtype, None)
+                    if record:
+                        result["train_events"] = tracker.events
                     del batches
                 else:
                     workload.ensure_training_state(model, optimizer)

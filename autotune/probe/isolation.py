@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from multiprocessing import context, forkserver, popen_forkserver, reduction, spawn, util
 from typing import Any
 
-__all__ = ["ISOLATION_ENV", "PRELOAD", "isolation_mode", "ForkedChild", "start_forked"]
+__all__ = ["ISOLATION_ENV", "PRELOAD", "isolation_mode", "prestart", "ForkedChild", "start_forked"]
 
 ISOLATION_ENV = "AUTOTUNE_PROBE_ISOLATION"
 PRELOAD = ["autotune.probe.preload"]
@@ -50,6 +50,17 @@ def _context() -> Any:
             ctx.set_forkserver_preload(PRELOAD)
             _CONTEXT = ctx
         return _CONTEXT
+
+
+def prestart() -> bool:
+    """Start the fork server now, without waiting for it: it imports torch and MONAI (seconds) while the
+    caller goes on (the tuner estimates meanwhile), so the first probe does not wait for that. Returns
+    False where probes do not use a fork server (nothing started)."""
+    if isolation_mode() != "forkserver":
+        return False
+    _context()
+    forkserver.ensure_running()
+    return True
 
 
 class _Popen(popen_forkserver.Popen):

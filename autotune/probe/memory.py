@@ -113,9 +113,23 @@ def make_tracker(device_type: str | None = None, limit_bytes: int | None = None)
             self.peak_bytes = 0
             self._reserved = 0
             self._live: dict[int, tuple[weakref.ref, int]] = {}
+            # with ``record()``: what happened, in order, for ``autotune.probe.replay``
+            self.events: list[tuple[str, int, int, str]] | None = None
+            self._slots: dict[int, int] = {}
+            self._next_slot = 0
+            self._op = "existing"
 
-        def track(self, tensors: Iterable[torch.Tensor]) -> int:
-            """Count storages that already exist (parameters, gradients, state, inputs); returns the new total."""
+        def record(self) -> None:
+            """Keep every count from now on as an event: ("alloc" | "grow", slot, raw bytes, op) when a
+            storage is counted or grows, ("free", slot, 0, "") when it is freed; slots number storages in
+            the order they were first counted. Two runs of one program at two batch sizes give the same
+            events with other sizes (``autotune.probe.replay``)."""
+            self.events = []
+
+        def track(self, tensors: Iterable[torch.Tensor], label: str = "existing") -> int:
+            """Count storages that already exist (parameters, gradients, state, inputs); returns the new total.
+            ``label`` names them in the recorded events."""
+            self._op = label
             for tensor in tensors:
                 self._add(tensor)
             return self.current_bytes
@@ -150,6 +164,9 @@ def make_tracker(device_type: str | None = None, limit_bytes: int | None = None)
             entry = self._live.pop(key, None)
             if entry is not None:
                 self.current_bytes -= entry[1]
+                slot = self._slots.pop(key, None)
+                if self.events is not None and slot is not None:
+                    self.events.append(("free", slot, 0, ""))
 
         def _add(self, tensor: torch.Tensor) -> None:
             if self.device_type is not None and tensor.device.type != self.device_type:
@@ -163,10 +180,16 @@ def make_tracker(device_type: str | None = None, limit_bytes: int | None = None)
                     return
                 self._live[key] = (entry[0], nbytes)
                 self.current_bytes += nbytes - entry[1]
+                if self.events is not None and key in self._slots:
+                    self.events.append(("grow", self._slots[key], storage.nbytes(), self._op))
             else:
                 ref = weakref.ref(storage, lambda _ref, key=key: self._freed(key))
                 self._live[key] = (ref, nbytes)
                 self.current_bytes += nbytes
+                if self.events is not None:
+                    self._slots[key] = slot = self._next_slot
+                    self._next_slot += 1
+                    self.events.append(("alloc", slot, storage.nbytes(), self._op))
             if self.current_bytes > self.peak_bytes:
                 self.peak_bytes = self.current_bytes
                 if self.limit_bytes is not None and self.current_bytes > self.limit_bytes:
@@ -177,6 +200,7 @@ def make_tracker(device_type: str | None = None, limit_bytes: int | None = None)
 
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             out = func(*args, **(kwargs or {}))
+            self._op = func.__name__
             for leaf in tree_leaves(out):
                 if isinstance(leaf, torch.Tensor):
                     self._add(leaf)

@@ -70,6 +70,7 @@ def train_loader_batch(model: Any, loss_fn: Any, optimizer: Any, batch: tuple[to
 
     loss = None
     for image, label in split_patches(batch[0], batch[1], num_patches_per_iter):
+        loss = None  # the last pass's loss is not held through the next: every pass allocates the same
         loss = train_step(model, loss_fn, optimizer, image, label, amp_dtype, scaler)
     return loss
 

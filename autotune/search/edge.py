@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-__all__ = ["Curve", "EstimatedCurve", "CorrectedCurve", "correct", "largest_under", "find_max_feasible"]
+__all__ = ["Curve", "EstimatedCurve", "CorrectedCurve", "correct", "raw_of", "largest_under", "find_max_feasible"]
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +65,13 @@ class CorrectedCurve:
 
     def predict(self, n: int) -> float:
         return self.scale * self.base.predict(n) + self.offset
+
+
+def raw_of(curve: Any) -> Any:
+    """The estimator's own curve under ``curve`` (through ``CorrectedCurve.base`` links)."""
+    while isinstance(curve, CorrectedCurve):
+        curve = curve.base
+    return curve
 
 
 def correct(base: Any, measured: dict[int, int], near: int) -> Any:
@@ -116,6 +123,24 @@ def _over_by_bound(model: Any, n: int, budget: float, bound: float) -> bool:
         if sparse is not None and not sparse.spend(n, reserve=True):
             return False
         return model.predict(n) / (1.0 + float(bound)) > budget
+    except Exception:  # noqa: BLE001 - no estimate: probe
+        return False
+
+
+def _bound_held(model: Any, peak: int | None, n: int, bound: float) -> bool:
+    """True when the measured ``peak`` at ``n`` is no further under the estimate than the bound allows:
+    the probe at the edge checks the estimate the bound is then applied to, one above it. Where ``n``
+    was not estimated (a ``SparseCurve`` reads it between estimates) there is nothing to check it
+    against, and the calibration's word stands."""
+    from autotune.search.sparse import sparse_of
+
+    if peak is None:
+        return False
+    sparse = sparse_of(model)
+    if sparse is not None and sparse._clamp(n) not in sparse.known:
+        return True
+    try:
+        return float(peak) >= model.predict(n) / (1.0 + float(bound))
     except Exception:  # noqa: BLE001 - no estimate: probe
         return False
 
@@ -201,7 +226,7 @@ def find_max_feasible(
         else:
             n = hi_bad - 1
         if bound is not None and model is not None and lo_ok >= lo and n == lo_ok + 1 \
-                and _over_by_bound(model, n, budget, bound):
+                and _bound_held(model, measured.get(lo_ok), lo_ok, bound) and _over_by_bound(model, n, budget, bound):
             hi_bad = n  # the device's peak at n exceeds the budget even at the bound's worst
             if bounded is not None:
                 bounded.append(n)

@@ -184,6 +184,9 @@ def search_key(
     else:
         prober = ProbeProber(bundle, budget.device, budget.limit, timeout=session.timeout, env=session.probe_env,
                              scale=scale, offset=offset)
+        from autotune.probe.isolation import prestart
+
+        prestart()  # the probes' fork server imports torch and MONAI while the estimator traces
     evaluator = Evaluator(
         study, prober, budget.budget, distributions(spec, devices), storage=store.storage, progress=session.say,
         label=cfg["algo"], liveness=store.liveness, claims=store.claims, objective=session.objective,
@@ -197,10 +200,11 @@ def search_key(
     else:
         from autotune.search.story import search_curves
 
-        train_model, infer_model_for = search_curves(study, prober)
+        curves = search_curves(study, prober, spec.patches_range, spec.sw_range, devices[0])
+        train_model = curves.train
         stated = edge_bound(budget, prober.measured, cfg["algo"])
         bounded: dict[str, list[int]] = {}
-        outcome = run_fast(evaluator, spec, devices, train_model, infer_model_for, session.objective,
+        outcome = run_fast(evaluator, spec, devices, train_model, curves.infer_for, session.objective,
                            stated["bound"] if stated else None, bounded)
         edge_check = {phase: ({"n": ns[0], "how": "bounded", **(stated or {})} if ns else {"how": "probed"})
                       for phase, ns in bounded.items()}
@@ -214,10 +218,7 @@ def search_key(
             if ns and stated:
                 session.say(f"[{cfg['algo']}] {phase}: {ns[0]} not probed: its estimate exceeds the budget by more "
                             f"than the bound {stated['bound']:.3%} ({stated['scope']}) stated by {stated['calibration']}")
-        from autotune.search.sparse import passes_of
-
-        passes = {"train": passes_of(train_model),
-                  "infer": sum(passes_of(c) for c in getattr(infer_model_for, "curves", []))}
+        passes = curves.passes()
     record: dict[str, Any] = {
         "algo": cfg["algo"],
         "objective": session.objective,

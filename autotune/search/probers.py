@@ -71,26 +71,26 @@ class _ModelMixin:
         point: Mapping[str, Any],
         known: Mapping[int, float] | None = None,
         on_estimate: Callable[[int, int], None] | None = None,
+        max_passes: int | None = None,
     ) -> Any:
         """The estimator's peak (plus the device allowance) at each batch size, computed on demand:
         ``num_patches_per_iter`` for "train", ``num_sw_batch_size`` for "infer" (capped at the
-        number of windows). None when the estimator fails at the first point asked (bisection then).
+        number of windows), from at most ``max_passes`` estimates (``autotune.search.sparse``). None
+        when the estimator fails at the first point asked (bisection then).
 
         Args:
             known: raw estimates already computed (n -> bytes), e.g. read back from the study.
             on_estimate: called with (n, raw bytes) for each new estimate (to store it).
         """
         from autotune.probe.estimate import estimate
-        from autotune.probe.runner import resolve_request
-        from autotune.search.edge import CorrectedCurve
-        from autotune.search.sparse import SparseCurve
+        from autotune.search.sparse import MAX_PASSES, SparseCurve
 
         kwargs = _point_kwargs(point)
         size = "num_patches_per_iter" if phase == "train" else "num_sw_batch_size"
         kwargs.pop(size, None)
         if phase == "train":
             kwargs.pop("validation_device", None)
-        cfg = resolve_request(self.bundle, check_device=False)["config"]
+        cfg = self.config()
         cap, step = None, None
         if phase == "infer":
             from autotune.probe.model import num_windows
@@ -105,12 +105,53 @@ class _ModelMixin:
                 on_estimate(n, raw)
             return float(raw)
 
-        raw_curve = SparseCurve(raw_peak, cap, {int(k): float(v) for k, v in (known or {}).items()}, step)
+        passes = MAX_PASSES if max_passes is None else max(0, int(max_passes))
+        raw_curve = SparseCurve(raw_peak, cap, {int(k): float(v) for k, v in (known or {}).items()}, step, passes)
         try:  # the first pass checks the estimator: at the top for inference (often all that is needed)
-            raw_curve.predict(cap if cap is not None else 1)
+            if not raw_curve.known:
+                raw_curve.predict(cap if cap is not None else 1)
         except Exception as exc:  # the estimator is an aid: fall back to bisection without it
             log.warning("estimate for %s (%s) failed, bisecting without it: %s", Path(self.bundle).name, phase, exc)
             return None
+        return self._allowed(raw_curve)
+
+    def training_replay(self, infer_point: Mapping[str, Any] | None = None) -> tuple[Any, int | None]:
+        """The training curve from one estimator pass (``autotune.probe.replay``), plus the device
+        allowance; with ``infer_point`` (``num_sw_batch_size``, ``validation_device``) the same pass
+        estimates that sliding-window point too. Returns (curve or None when the trace does not replay,
+        the raw inference estimate or None)."""
+        from autotune.probe.estimate import estimate
+        from autotune.probe.replay import marker_batch, replay_of
+
+        cfg = self.config()
+        crops = int(cfg.get("num_crops_per_image", 1) or 1)
+        phases: tuple[str, ...] = ("train", "infer") if infer_point else ("train",)
+        kwargs = {k: v for k, v in _point_kwargs(infer_point or {}).items() if k != "num_patches_per_iter"}
+        try:
+            result = estimate(self.bundle, device=self.device, phases=phases, num_patches_per_iter=marker_batch(crops),
+                              record=True, **kwargs)
+        except Exception as exc:  # the estimator is an aid: the caller falls back
+            log.warning("estimate for %s (train) failed: %s", Path(self.bundle).name, exc)
+            return None, None
+        infer_raw = int(result["infer_peak_bytes"]) if result.get("infer_peak_bytes") is not None else None
+        try:
+            curve = replay_of(result, crops)
+        except ValueError as exc:
+            log.warning("the training trace of %s does not replay (%s); estimating point by point",
+                        Path(self.bundle).name, exc)
+            return None, infer_raw
+        return self._allowed(curve), infer_raw
+
+    def config(self) -> dict[str, Any]:
+        """The bundle's resolved config."""
+        from autotune.probe.runner import resolve_request
+
+        return resolve_request(self.bundle, check_device=False)["config"]
+
+    def _allowed(self, raw_curve: Any) -> Any:
+        """``raw_curve`` with the device allowance (``raw * scale + offset``; identity on the CPU)."""
+        from autotune.search.edge import CorrectedCurve
+
         if self.scale == 1.0 and self.offset == 0:
             return raw_curve
         return CorrectedCurve(raw_curve, self.scale, float(self.offset))

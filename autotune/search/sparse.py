@@ -1,16 +1,17 @@
-"""An estimated memory curve that spends at most three estimator passes.
+"""An estimated memory curve that spends at most a few estimator passes (a key's three in all).
 
-The estimator (a FakeTensor trace on the CPU) costs seconds per pass, more than a real probe
-on a GPU; a bisection over its answers costs one pass per step (eight for a range of 64).
-``SparseCurve`` instead reads the estimator at the top of the range, at the bottom, and once
-more where the line through those two puts the edge (``settle``); every other N is read off
-the curve through the estimates it has (the parabola through the three nearest inside
-them, a line outside). The loader batch's bytes are exact
-and not affine in N (a loader batch holds lcm(N, crops) patches), so they are taken out
-before interpolating and added back after (``step_bytes``): the interpolation is over the
-rest, which grows with N. The real probes at N and N+1 settle the edge; a curve read
-wrong costs probes (``find_max_feasible`` corrects and, after two misses, bisects), never
-the answer.
+The estimator (a FakeTensor trace on the CPU) costs about a second per pass, more than a real
+probe on a GPU; a bisection over its answers costs one pass per step (eight for a range of 64).
+The training curve needs one pass (``autotune.probe.replay``: one trace, every N, exact). This
+curve is for what cannot be replayed: the sliding window, whose loop over window batches
+changes with its batch size, and training where a trace does not replay. ``SparseCurve`` reads
+the estimator at the top of the range, at the bottom, and once more where the line through
+those two puts the edge (``settle``); every other N is read off the curve through the estimates
+it has (the parabola through the three nearest inside them, a line outside). The loader batch's
+bytes are exact and not affine in N (a loader batch holds lcm(N, crops) patches), so they are
+taken out before interpolating and added back after (``step_bytes``): the interpolation is over
+the rest, which grows with N. The real probes at N and N+1 settle the edge; a curve read wrong
+costs probes (``find_max_feasible`` corrects and, after two misses, bisects), never the answer.
 """
 
 from __future__ import annotations

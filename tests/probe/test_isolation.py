@@ -55,3 +55,27 @@ def test_a_script_without_main_guard_runs_once(unet: Path, tmp_path: Path) -> No
     assert out.stdout.count("main ran") == 1, out.stdout
     assert "status error ValueError" in out.stdout
     assert "cuda initialised in parent False" in out.stdout
+
+
+def test_prestart_returns_before_the_server_has_imported_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tuner starts the fork server before it estimates: the server's imports (seconds) overlap the
+    estimator's trace instead of delaying the first probe. A fresh interpreter, so the server is new."""
+    code = (
+        "import time, sys\n"
+        "from multiprocessing import forkserver\n"
+        "from autotune.probe.isolation import prestart\n"
+        "start = time.perf_counter()\n"
+        "assert prestart() is True\n"
+        "took = time.perf_counter() - start\n"
+        "assert forkserver._forkserver._forkserver_pid is not None\n"
+        "assert 'torch' not in sys.modules\n"
+        "print(took)\n"
+    )
+    monkeypatch.delenv(ISOLATION_ENV, raising=False)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    assert float(out.stdout.strip()) < 1.0  # torch and MONAI alone take longer than that to import
+    monkeypatch.setenv(ISOLATION_ENV, "subprocess")
+    from autotune.probe.isolation import prestart
+
+    assert prestart() is False

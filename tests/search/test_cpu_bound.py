@@ -98,10 +98,23 @@ def test_bounded_edge_gives_the_probed_answer_with_one_probe_less(bundle: Path, 
     model = fit_memory_model(bundle, phase="train", device="cpu")
     limit = int((model.intercept + 3.5 * model.slope) / (1 - MARGIN))  # binds at about 3 patches
 
+    import importlib
+
+    module = importlib.import_module("autotune.probe.estimate")
+    calls: list[dict] = []
+    real_estimate = module.estimate
+    monkeypatch.setattr(module, "estimate", lambda *a, **k: calls.append(k) or real_estimate(*a, **k))
+
     monkeypatch.setenv("AUTOTUNE_PROBE_EDGE", "1")
     probed = _tune(bundle, limit, f"sqlite:///{tmp_path / 'probed.db'}")
     monkeypatch.delenv("AUTOTUNE_PROBE_EDGE")
+    calls_probed, calls[:] = list(calls), []
     bounded = _tune(bundle, limit, f"sqlite:///{tmp_path / 'bounded.db'}")
+
+    # estimator passes per key, counted where the estimator is called: at most three, and what the record says
+    for record, made in ((probed, calls_probed), (bounded, calls)):
+        assert 1 <= len(made) <= 3 and sum(record["estimator_passes"].values()) == len(made), (made, record)
+    assert calls[0]["phases"] == ("train", "infer") and calls[0]["record"] is True  # one trace, sw top folded in
 
     n = probed["max_num_patches_per_iter"]
     assert probed["edge_check"]["train"]["how"] == "probed"

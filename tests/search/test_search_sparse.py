@@ -190,3 +190,111 @@ def test_one_pass_when_the_top_fits() -> None:
     curve = SparseCurve(lambda m: asked.append(m) or 500 * MiB + 9 * MiB * m, cap=8)
     assert largest_under(curve, 1, 32, 10**12) == 32  # past the cap memory stops growing
     assert asked == [8]
+
+
+def test_a_bound_the_probe_at_n_contradicts_is_not_applied_above_it() -> None:
+    # the device peaks 10% under the estimate: a bound of 0.1% is wrong here, and the probe at N shows it
+    device = Device(bend=0.0, scale=0.9)
+    budget = int(0.9 * device.true_train(20) + 2 * MiB)
+
+    class Exact:  # the estimator's answer at every n (a replayed trace)
+        cap = None
+
+        def predict(self, n: int) -> float:
+            return device.true_train(n)
+
+    class Ev:
+        def __init__(self, n: int) -> None:
+            self.peak_bytes = int(0.9 * device.true_train(n))
+            self.status = "ok"
+            self.feasible, self.failed = self.peak_bytes <= budget, False
+
+    asked: list[int] = []
+    bounded: list[int] = []
+    n_max, _ = find_max_feasible(lambda n: asked.append(n) or Ev(n), 1, 64, Exact(), budget, 0.001, bounded)
+    assert n_max == _true_max(lambda m: 0.9 * device.true_train(m), budget, 64)
+    assert n_max + 1 in asked and bounded == []
+    # where the probe at N agrees with the bound, N+1 is settled from the estimate
+    asked.clear()
+    exact_budget = int(device.true_train(20) + 2 * MiB)
+
+    class Agrees(Ev):
+        def __init__(self, n: int) -> None:
+            self.peak_bytes = int(device.true_train(n))
+            self.status = "ok"
+            self.feasible, self.failed = self.peak_bytes <= exact_budget, False
+
+    n_max, _ = find_max_feasible(lambda n: asked.append(n) or Agrees(n), 1, 64, Exact(), exact_budget, 0.001, bounded)
+    assert n_max == 20 and asked == [20] and bounded == [21]
+
+
+class _Prober:
+    """A prober whose estimator is ``Device``'s: one trace for training (with the sliding window's top folded
+    in), point estimates for inference; every estimator pass counted."""
+
+    measured = True
+
+    def __init__(self, device: Device) -> None:
+        self.device, self.passes = device, 0
+
+    def config(self) -> dict[str, Any]:  # 96^3 in 32^3 windows at overlap 0.5: 125 windows
+        return {"roi_size": [32, 32, 32], "infer_volume_shape": [96, 96, 96], "sw_overlap": 0.5}
+
+    def training_replay(self, infer_point: dict | None) -> tuple[Any, int | None]:
+        self.passes += 1
+
+        class Exact:
+            cap = None
+
+            def predict(_, n: int) -> float:  # noqa: N805
+                return self.device.true_train(n)
+
+            def as_dict(_, lo: int, hi: int) -> dict[int, int]:  # noqa: N805
+                return {n: int(self.device.true_train(n)) for n in range(lo, hi + 1)}
+
+        infer = int(self.device.true_infer(infer_point["num_sw_batch_size"])) if infer_point else None
+        assert infer_point is None or infer_point["num_sw_batch_size"] == 32  # the top of the range, under the cap
+        return Exact(), infer
+
+    def memory_curve(self, phase: str, point: dict, known: dict, on_estimate: Any, max_passes: int) -> Any:
+        def estimate(m: int) -> float:
+            self.passes += 1
+            on_estimate(m, int(self.device.true_infer(m)))
+            return float(int(self.device.true_infer(m)))
+
+        return SparseCurve(estimate, 125, {int(k): float(v) for k, v in known.items()}, None, max_passes)
+
+
+@pytest.mark.parametrize("budget_mib", [700, 900, 2000])
+def test_at_most_three_estimator_passes_per_key(tmp_path, budget_mib: int) -> None:
+    from autotune.search.story import search_curves
+
+    device = Device()
+    device.limit = budget = budget_mib * MiB
+    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'studies.db'}")
+    study = optuna.create_study(storage=storage, study_name="s", direction="maximize")
+    evaluator = Evaluator(study, device, budget, distributions(SPEC, ("device",)), storage=storage)
+    prober = _Prober(device)
+    curves = search_curves(study, prober, SPEC.patches_range, SPEC.sw_range, "device")
+    outcome = run_fast(evaluator, SPEC, ("device",), curves.train, curves.infer_for)
+    assert prober.passes == sum(curves.passes().values()) <= MAX_PASSES, curves.passes()
+    assert curves.passes()["train"] == 1
+    assert outcome.max_num_patches_per_iter == _true_max(device.true_train, budget, 64)
+    assert outcome.num_sw_batch_size == _true_max(device.true_infer, budget, 32)
+    if device.true_infer(32) <= budget:  # the top fits: the training trace's folded estimate was all
+        assert prober.passes == 1
+    # a resumed search reads the training curve from the study: no trace again
+    again = _Prober(device)
+    resumed = search_curves(study, again, SPEC.patches_range, SPEC.sw_range, "device")
+    run_fast(Evaluator(study, device, budget, distributions(SPEC, ("device",)), storage=storage), SPEC, ("device",),
+             resumed.train, resumed.infer_for)
+    assert resumed.passes()["train"] == 0 and again.passes <= MAX_PASSES - 1
+
+
+def test_the_bound_is_checked_at_n_only_against_an_estimate() -> None:
+    from autotune.search.edge import _bound_held
+
+    curve = SparseCurve(lambda m: 100.0 * m, known={1: 100.0, 10: 1000.0}, max_passes=0)
+    assert _bound_held(curve, 1000, 10, 0.0) and not _bound_held(curve, 999, 10, 0.0)  # an estimate: checked
+    assert _bound_held(curve, 1, 5, 0.0)  # read between estimates: nothing to check against, the bound stands
+    assert not _bound_held(curve, None, 10, 0.5)  # no measurement at n: no bound
