@@ -64,15 +64,23 @@ _RESULT_ATTRS = (
 
 
 class Prober(Protocol):
-    """What a strategy asks for points: a real probe or an estimate, and a memory model."""
+    """What a strategy asks for points: a real probe or an estimate, and the estimated curves
+    (``autotune.search.probers``; ``autotune.search.story.search_curves`` builds a key's)."""
 
     measured: bool
 
     def probe(self, point: Mapping[str, Any], phases: tuple[str, ...]) -> dict[str, Any]:
         """Evaluate ``point`` (num_patches_per_iter, num_sw_batch_size, validation_device)."""
 
-    def memory_model(self, phase: str, point: Mapping[str, Any]) -> Any:
-        """An affine model ``peak(n)`` with ``predict(n)`` and ``max_fitting(limit)``, or None."""
+    def training_replay(self, infer_point: Mapping[str, Any] | None = None) -> tuple[Any, int | None]:
+        """The training curve from one estimator trace (or None), and the folded inference estimate."""
+
+    def memory_curve(self, phase: str, point: Mapping[str, Any], known: Mapping[int, float] | None = None,
+                     on_estimate: Any = None, max_passes: int | None = None) -> Any:
+        """A curve read from at most ``max_passes`` point estimates (or None)."""
+
+    def config(self) -> dict[str, Any]:
+        """The bundle's resolved config."""
 
 
 def point_id(point: Mapping[str, Any], phases: tuple[str, ...]) -> str:

@@ -1,8 +1,9 @@
 """Probers: how the searcher gets a point evaluated.
 
 ``ProbeProber`` runs a real, isolated trial (``autotune.probe``); ``EstimateProber``
-answers from the FakeTensor estimator alone (plans for a GPU you do not have). Both
-give the strategies an affine memory model from two estimator passes.
+answers from the FakeTensor estimator alone (plans for a GPU you do not have). Both give
+the strategies the estimator's curves: training from one trace (``training_replay``),
+the sliding window from a few point estimates (``memory_curve``).
 """
 
 from __future__ import annotations
@@ -47,23 +48,6 @@ class _ModelMixin:
     device: str
     scale: float = 1.0
     offset: int = 0
-
-    def memory_model(self, phase: str, point: Mapping[str, Any]) -> Any:
-        """Affine model of the peak (plus the device allowance) from two estimates; None if it fails."""
-        from autotune.probe.estimate import fit_memory_model
-
-        kwargs = _point_kwargs(point)
-        kwargs.pop("num_sw_batch_size", None)
-        if phase == "train":
-            kwargs.pop("validation_device", None)
-            kwargs.pop("num_patches_per_iter", None)
-        try:
-            model = fit_memory_model(self.bundle, phase=phase, device=self.device, **kwargs)
-        except Exception as exc:  # the estimator is an aid: fall back to bisection without it
-            log.warning("estimate for %s (%s) failed, bisecting without it: %s", Path(self.bundle).name, phase, exc)
-            return None
-        return model.scaled(self.scale, self.offset)
-
 
     def memory_curve(
         self,
