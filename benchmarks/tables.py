@@ -54,6 +54,7 @@ TABLES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "fast-vs-tpe-bounded": ("bench_fast_vs_tpe", "report_table", ("fast_vs_tpe_bounded.json",)),
     "fast-vs-tpe-replay": ("bench_fast_vs_tpe", "report_table", ("fast_vs_tpe_replay.json",)),
     "fast-vs-tpe-replay-dints": ("bench_fast_vs_tpe", "report_table", ("fast_vs_tpe_replay_dints.json",)),
+    "replay-check": ("check_replay", "markdown_table", ("replay_check.json",)),
     "contract": ("bench_contract", "markdown_table", ("contract.json",)),
     "precision": ("bench_precision", "markdown_table", ("precision.json",)),
     "precision-native-bf16": ("bench_precision", "markdown_table", ("precision_native_bf16.json",)),
