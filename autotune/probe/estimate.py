@@ -61,14 +61,18 @@ def _resolve(bundle: str | Path | Mapping[str, Any], num_patches_per_iter: int |
                            warmup_steps=1, measure_steps=1, check_device=False, precision=precision)
 
 
-def _data_values(fake_mode: Any, guesses: list[str]) -> Any:
-    """A dispatch mode for the few Python values a step reads from tensors.
+def _fake_corrections(fake_mode: Any, guesses: list[str]) -> Any:
+    """A dispatch mode for where the fake pass would otherwise differ from a real step: the few Python
+    values a step reads from tensors, and fake kernels that allocate otherwise than the real ones.
 
     CPU ``aten.arange`` with plain-number arguments becomes a constant fake tensor, so
     ``.tolist()`` on it gives the real numbers (MONAI's Dice loss reads its reduce axes so).
     A truth value read from a non-constant bool tensor (``if state == 0:`` in Novograd) is
     answered False and noted in ``guesses``: such branches choose between in-place updates,
     so memory does not depend on the answer. Any other data-dependent value still fails.
+    GroupNorm: PyTorch's decompositions promote the input's gradient to the weight's dtype and keep
+    mean and rstd in the input's; the kernels do the opposite under mixed dtypes (bf16 autocast), so
+    the outputs are cast to what the kernels allocate (the promoted intermediate is never counted).
     """
     import torch
     from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
@@ -79,7 +83,7 @@ def _data_values(fake_mode: Any, guesses: list[str]) -> Any:
     group_norm = torch.ops.aten.native_group_norm.default
     group_norm_backward = torch.ops.aten.native_group_norm_backward.default
 
-    class DataValues(TorchDispatchMode):
+    class FakeCorrections(TorchDispatchMode):
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             kwargs = kwargs or {}
             if func is group_norm_backward:  # the kernels give the input's gradient the input's dtype; the
@@ -103,7 +107,7 @@ def _data_values(fake_mode: Any, guesses: list[str]) -> Any:
                 return False
             return func(*args, **kwargs)
 
-    return DataValues()
+    return FakeCorrections()
 
 
 def _empty_importance_map(patch_size: Any, mode: Any = "constant", sigma_scale: Any = 0.125,
@@ -161,7 +165,7 @@ def _cuda_autocast_policy() -> Any:
 
 @contextlib.contextmanager
 def _fake_session(emulate_cuda: bool = False, guesses: list[str] | None = None) -> Iterator[Any]:
-    """FakeTensorMode plus what the fake pass needs: data values (``_data_values``), the importance-map
+    """FakeTensorMode plus what the fake pass needs: data values and kernel corrections (``_fake_corrections``), the importance-map
     stand-in, and with ``emulate_cuda`` CUDA's autocast float32 list on CPU tensors."""
     import monai.inferers.utils as sw_utils
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -172,7 +176,7 @@ def _fake_session(emulate_cuda: bool = False, guesses: list[str] | None = None) 
     try:
         with contextlib.ExitStack() as stack:
             stack.enter_context(fake_mode)
-            stack.enter_context(_data_values(fake_mode, guesses if guesses is not None else []))
+            stack.enter_context(_fake_corrections(fake_mode, guesses if guesses is not None else []))
             if emulate_cuda:
                 stack.enter_context(_cuda_autocast_policy())
             yield fake_mode

@@ -137,7 +137,7 @@ def _bound_held(model: Any, peak: int | None, n: int, bound: float) -> bool:
     if peak is None:
         return False
     sparse = sparse_of(model)
-    if sparse is not None and sparse._clamp(n) not in sparse.known:
+    if sparse is not None and not sparse.estimated(n):
         return True
     try:
         return float(peak) >= model.predict(n) / (1.0 + float(bound))

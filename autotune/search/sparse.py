@@ -48,6 +48,10 @@ class SparseCurve:
     def _step(self, n: int) -> float:
         return float(self.step_bytes(n)) if self.step_bytes is not None else 0.0
 
+    def estimated(self, n: int) -> bool:
+        """True when the estimator has answered at ``n`` (not read off the curve between estimates)."""
+        return self._clamp(n) in self.known
+
     def spend(self, n: int, reserve: bool = False) -> bool:
         """Estimate at ``n`` when it is not known and a pass is left (``reserve``: one of the reserved
         passes may be used); True when ``n`` is known after."""
@@ -130,6 +134,6 @@ def settle(curve: Any, lo: int, hi: int, budget: float) -> None:
         else:
             over = mid
     for n in (fits, fits + 1):  # the check: the predicted edge, or the point above it when the edge is known
-        if lo < n < hi and sparse._clamp(n) not in sparse.known:
+        if lo < n < hi and not sparse.estimated(n):
             sparse.spend(n)
             break
