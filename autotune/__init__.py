@@ -1,10 +1,14 @@
 """autotune: generate, tune and train MONAI 3D segmentation bundles for the GPU you have.
 
-Every stage is a function: ``analyze``, ``generate``, ``tune``, ``verify``, ``train``,
-``infer``; ``run`` does the whole job (see ``autotune.pipeline``).
+Every stage is a function whose keyword arguments are its command's options, with the same
+defaults: ``make_demo_dataset``, ``analyze``, ``generate``, ``run_probe``, ``estimate_report``,
+``tune``, ``tune_worker``, ``verify``, ``train``, ``infer``; ``run`` does the whole job and
+returns a ``RunResult``. ``BundleGen`` and ``AutotuneAlgo`` are shaped like MONAI Auto3DSeg's.
+Errors derive from ``AutotuneError``. Everything else is reachable from its module (for
+example ``autotune.bundles.plan.TuningPlan``, the typed ``tuning:`` block).
 
-The public API is what ``__all__`` lists; names are loaded lazily so that importing
-``autotune`` (and running ``autotune --help``) does not import torch.
+Names are loaded lazily, so that importing ``autotune`` (and running ``autotune --help``) does
+not import torch.
 """
 
 from __future__ import annotations
@@ -24,39 +28,22 @@ _EXPORTS: dict[str, str] = {
     "SpecError": "autotune.errors",
     "ProbeError": "autotune.errors",
     "StorageError": "autotune.errors",
-    # data
-    "load_data_source": "autotune.data.datalist",
-    "DataSource": "autotune.data.datalist",
-    "analyze": "autotune.data",
+    # the stages, in the order a job runs them
     "make_demo_dataset": "autotune.data.synthetic",
-    # the stages as functions, and the whole job (run)
+    "analyze": "autotune.data",
+    "generate": "autotune.pipeline",
+    "run_probe": "autotune.probe.runner",
+    "estimate_report": "autotune.probe.report",
+    "tune": "autotune.stages",
+    "tune_worker": "autotune.stages",
+    "verify": "autotune.stages",
+    "train": "autotune.trainer.runner",
+    "infer": "autotune.trainer.infer",
+    # the whole job, and MONAI Auto3DSeg's shapes
     "run": "autotune.pipeline",
     "RunResult": "autotune.pipeline",
-    "generate": "autotune.pipeline",
-    "tune": "autotune.tuning",
-    "tune_worker": "autotune.tuning",
-    "verify": "autotune.tuning",
-    "find_bundles": "autotune.tuning",
-    "load_specs": "autotune.tuning",
-    # bundles (BundleGen tunes with gpu_customization=True, so it is assembled in the pipeline)
     "BundleGen": "autotune.pipeline",
     "AutotuneAlgo": "autotune.bundles.algo",
-    "load_overrides": "autotune.bundles.templates",
-    "load_bundle_config": "autotune.bundles.config",
-    "list_templates": "autotune.bundles.templates",
-    # probe and estimate
-    "run_probe": "autotune.probe.runner",
-    "estimate": "autotune.probe.estimate",
-    "fit_memory_model": "autotune.probe.estimate",
-    "estimate_report": "autotune.probe.report",
-    # search
-    "tune_bundles": "autotune.search.tune",
-    "verify_bundle": "autotune.search.verify",
-    "parse_specs": "autotune.search.space",
-    "resolve_target": "autotune.search.targets",
-    # training
-    "train": "autotune.train.runner",
-    "infer": "autotune.train.infer",
 }
 
 __all__ = ["__version__", *_EXPORTS]

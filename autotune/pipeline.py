@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 from autotune.bundles.bundlegen import BundleGen as _BundleGen
 from autotune.errors import SpecError
-from autotune.tuning import PathLike, Progress, TuneOptions, stderr_lines, tune
+from autotune.stages import PathLike, Progress, TuneOptions, stderr_lines, tune
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -132,16 +132,9 @@ class RunResult:
 
 
 def run(
-    input: PathLike,
-    work_dir: PathLike,
-    *,
-    specs: Mapping[str, Any] | PathLike | None = None,
-    train: bool = False,
-    epochs: int | None = None,
-    max_time: float | str | None = None,
-    folds: Collection[int] | None = None,
-    progress: Progress | None = stderr_lines,
-    on_tuned: Callable[[list[dict[str, Any]], Path], None] | None = None,
+    input: PathLike, work_dir: PathLike, *, specs: Mapping[str, Any] | PathLike | None = None, train: bool = False,
+    epochs: int | None = None, max_time: float | str | None = None, folds: Collection[int] | None = None,
+    progress: Progress | None = stderr_lines, on_tuned: Callable[[list[dict[str, Any]], Path], None] | None = None,
     **options: Unpack[RunOptions],
 ) -> RunResult:
     """The whole job: analyse, generate, tune, write ``autotune_summary.json``; with ``train``, train.
@@ -171,33 +164,40 @@ def run(
         What ``generate``, ``tune`` and ``autotune.train`` raise (all ``AutotuneError``).
     """
     from autotune.device import resolve_device
+    from autotune.precision import precision_scope
     from autotune.train.runner import parse_duration
-    from autotune.train.runner import train as train_bundle
 
     unknown = sorted(set(options) - RunOptions.__optional_keys__)
     if unknown:  # before the analysis, not after it when tune() would refuse them
         raise TypeError(f"run() got unexpected keyword arguments: {', '.join(unknown)}")
     say = progress or _quiet
     seconds = parse_duration(max_time) if max_time is not None else None
-    device = options["device"] = resolve_device(options.get("device", "auto"))
-    generation = cast(GenerateOptions, {k: options.pop(k) for k in GenerateOptions.__optional_keys__ & set(options)})
-    work = Path(work_dir)
-    summary_path = work / SUMMARY_NAME
-    say(f"[1/3] analysing {input}")
-    bundles = generate(input, work, progress=progress is not None, **generation)
-    say(f"[2/3] generated {len(bundles)} bundles in {work.resolve()}; tuning")
-    records = tune([b["path"] for b in bundles], specs, summary_path=summary_path, progress=progress,
-                   **cast(TuneOptions, options))
-    result = RunResult(work, bundles, records, summary_path)
-    if on_tuned is not None:
-        on_tuned(records, summary_path)
-    if train:
-        say("[3/3] training the tuned bundles")
-        for bundle in bundles:
-            if folds is not None and bundle["fold"] not in folds:
-                continue
-            summary = train_bundle(bundle["path"], device=device, epochs=epochs, max_time=seconds,
-                                   progress=progress is not None)
-            result.trained[bundle["identifier"]] = summary
-            say(f"  {bundle['identifier']}: best mean Dice {summary.get('best_metric')}")
+    with precision_scope(options.get("precision", "auto")):
+        device = options["device"] = resolve_device(options.get("device", "auto"))
+        generation = cast(GenerateOptions, {k: options.pop(k) for k in GenerateOptions.__optional_keys__ & set(options)})
+        work = Path(work_dir)
+        say(f"[1/3] analysing {input}")
+        bundles = generate(input, work, progress=progress is not None, **generation)
+        say(f"[2/3] generated {len(bundles)} bundles in {work.resolve()}; tuning")
+        records = tune([b["path"] for b in bundles], specs, summary_path=work / SUMMARY_NAME, progress=progress,
+                       **cast(TuneOptions, options))
+        result = RunResult(work, bundles, records, work / SUMMARY_NAME)
+        if on_tuned is not None:
+            on_tuned(records, result.summary_path)
+        if train:
+            say("[3/3] training the tuned bundles")
+            _train_all(result, folds, device, epochs, seconds, progress is not None, say)
     return result
+
+
+def _train_all(result: RunResult, folds: Collection[int] | None, device: str, epochs: int | None,
+               seconds: float | None, bars: bool, say: Progress) -> None:
+    """Train ``result``'s bundles (those of ``folds``) one after another; their summaries go to ``result.trained``."""
+    from autotune.train.runner import train as train_bundle
+
+    for bundle in result.bundles:
+        if folds is not None and bundle["fold"] not in folds:
+            continue
+        summary = train_bundle(bundle["path"], device=device, epochs=epochs, max_time=seconds, progress=bars)
+        result.trained[bundle["identifier"]] = summary
+        say(f"  {bundle['identifier']}: best mean Dice {summary.get('best_metric')}")

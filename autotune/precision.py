@@ -24,10 +24,11 @@ block; training uses that precision (``for_bundle``), so the memory contract hol
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +43,7 @@ __all__ = [
     "forced_precision",
     "cpu_bf16_native",
     "dtype_of",
+    "precision_scope",
 ]
 
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -97,6 +99,34 @@ def forced_precision() -> str | None:
     if value not in PRECISIONS:
         raise SpecError(f"{PRECISION_ENV}={value!r}: give auto, fp32, bf16 or fp16 (or unset it)")
     return value
+
+
+@contextlib.contextmanager
+def precision_scope(precision: str | None) -> Iterator[None]:
+    """Force ``precision`` for the calls inside (through ``AUTOTUNE_PRECISION``, which the probes' requests
+    and training read); ``auto`` or None leaves the environment as it is. The environment is the
+    process's: do not run two scopes in threads at once.
+
+    Raises:
+        SpecError: ``precision`` is not auto, fp32, bf16 or fp16.
+    """
+    from autotune.errors import SpecError
+
+    value = str(precision or "auto").strip().lower()
+    if value not in ("auto", *PRECISIONS):
+        raise SpecError(f"precision {precision!r}: give auto, fp32, bf16 or fp16")
+    if value == "auto":
+        yield
+        return
+    before = os.environ.get(PRECISION_ENV)
+    os.environ[PRECISION_ENV] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(PRECISION_ENV, None)
+        else:
+            os.environ[PRECISION_ENV] = before
 
 
 def _check_forced_on(name: str, kind: str) -> None:

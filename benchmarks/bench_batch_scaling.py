@@ -10,7 +10,7 @@ variants (``--variants``, default all three):
   schedule (results written before the goodput rule call this variant ``tuned``);
 - ``handoff``: a copy tuned by ``autotune tune --strategy fast --handoff goodput`` at the
   same limit: real probes measure samples/s at the largest fit and at the template's
-  batch, and the goodput rule (``autotune.search.goodput``) picks the batch handed over.
+  batch, and the goodput rule (``autotune.search.handoff``) picks the batch handed over.
 
 All train in fast mode for the same wall budget, one after the other (the order reverses
 from one algorithm to the next), each in its own process, validating every epoch. Prints

@@ -70,7 +70,7 @@ def main() -> int:
 
     from autotune.bundles.bundlegen import BundleGen
     from autotune.data.analyze import analyze
-    from autotune.search.tune import tune_bundles
+    from autotune.stages import tune
     from autotune.train.runner import train
     from autotune.utils import parse_bytes
 
@@ -90,7 +90,7 @@ def main() -> int:
             t0 = time.perf_counter()
             # The range as given, so the batch cap (which hands a smaller batch than fits) stays out of it.
             with LoadSampler() as load:
-                [tuned] = tune_bundles([bundles[algo]], device="cpu", memory_limit=args.limit,
+                [tuned] = tune([bundles[algo]], device="cpu", memory_limit=args.limit,
                                        storage=f"sqlite:///{root / 'studies.db'}", progress=None,
                                        specs={"universal": {"range_num_images_per_batch": [1, 64]}})
             tune_s = time.perf_counter() - t0

@@ -68,7 +68,7 @@ class Counter:
 
 
 def _run(counter: Counter, bundle: Path, algo: str, limit: str, strategy: str, root: Path) -> dict[str, Any]:
-    from autotune.search.tune import tune_bundles
+    from autotune.stages import tune
 
     counter.reset()
     spec: dict[str, Any] = {"range_num_patches_per_iter": RANGE}
@@ -76,7 +76,7 @@ def _run(counter: Counter, bundle: Path, algo: str, limit: str, strategy: str, r
         spec["num_trials"] = 20
     storage = f"sqlite:///{root / f'{algo}-{strategy}-{time.time_ns()}.db'}"  # a fresh study
     start = time.perf_counter()
-    r = tune_bundles([str(bundle)], {algo: spec}, device="cpu", memory_limit=limit, storage=storage,
+    r = tune([str(bundle)], {algo: spec}, device="cpu", memory_limit=limit, storage=storage,
                      strategy=strategy, write_back=False, progress=None, handoff="largest")[0]
     wall = time.perf_counter() - start
     n = r.get("max_num_patches_per_iter")

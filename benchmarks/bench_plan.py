@@ -66,8 +66,8 @@ def main() -> int:
     args = parser.parse_args()
 
     from autotune.bundles.templates import load_overrides
-    from autotune.search.targets import resolve_target
-    from autotune.search.tune import tune_bundles
+    from autotune.search.driver.targets import resolve_target
+    from autotune.stages import tune
 
     rows, checks = [], []
     with tempfile.TemporaryDirectory(prefix="bench-plan-") as tmp:
@@ -78,7 +78,7 @@ def main() -> int:
             for algo in ALGOS:
                 start = time.perf_counter()
                 with LoadSampler() as load:
-                    res = tune_bundles([full[algo]], storage=f"sqlite:///{root / f'{target_name}.db'}",
+                    res = tune([full[algo]], storage=f"sqlite:///{root / f'{target_name}.db'}",
                                        strategy="estimate", target=target, progress=None, write_back=False)[0]
                 seconds = time.perf_counter() - start
                 rows.append({"target": target_name, "algo": algo, "seconds": round(seconds, 2),
@@ -97,7 +97,7 @@ def main() -> int:
                 for strategy in ("estimate", "fast"):
                     start = time.perf_counter()
                     with LoadSampler() as load:
-                        res = tune_bundles([tiny[algo]], device="cpu", memory_limit=limit,
+                        res = tune([tiny[algo]], device="cpu", memory_limit=limit,
                                            storage=f"sqlite:///{root / f'cpu-{strategy}.db'}", strategy=strategy,
                                            progress=None, write_back=False)[0]
                     out[strategy] = {"N": res.get("num_patches_per_iter"), "max_N": res.get("max_num_patches_per_iter"),

@@ -29,9 +29,9 @@ from pathlib import Path
 import autotune.probe.isolation as iso
 if sys.argv[2] == "off":
     iso.prestart = lambda: False
-from autotune.search.tune import tune_bundles
+from autotune.stages import tune
 root = Path(tempfile.mkdtemp())
-r = tune_bundles([sys.argv[1]], {sys.argv[3]: {"range_num_patches_per_iter": [1, 64]}}, device="cpu",
+r = tune([sys.argv[1]], {sys.argv[3]: {"range_num_patches_per_iter": [1, 64]}}, device="cpu",
                  memory_limit="1GiB", storage=f"sqlite:///{root}/s.db", strategy="fast", write_back=False,
                  progress=None, handoff="largest")[0]
 print(json.dumps({"search_s": r["wall_seconds"], "n": r["max_num_patches_per_iter"]}))

@@ -46,8 +46,8 @@ VALUES = ("num_patches_per_iter", "max_num_patches_per_iter", "num_sw_batch_size
 WORKER = """
 import json, sys
 sys.path.insert(0, {repo!r})
-from autotune.search.tune import tune_bundles
-r = tune_bundles([{bundle!r}], device="cpu", memory_limit={limit}, storage={storage!r}, margin={margin},
+from autotune.stages import tune
+r = tune([{bundle!r}], device="cpu", memory_limit={limit}, storage={storage!r}, margin={margin},
                  workers_share=True, write_back=False, progress=None)[0]
 print(json.dumps({{k: r.get(k) for k in {values!r}}}))
 """
@@ -101,12 +101,12 @@ def _trials(storage: str, study_name: str) -> list[Any]:
 
 
 def _fast(bundle: Path, limit: int, storage: str, strategy: str = "fast", trials: int = 20) -> dict[str, Any]:
-    from autotune.search.tune import tune_bundles
+    from autotune.stages import tune
 
     specs = {"universal": {"num_trials": trials}} if strategy == "tpe" else None
     start = time.perf_counter()
     with LoadSampler() as load:
-        res = tune_bundles([bundle], specs, device="cpu", memory_limit=limit, storage=storage, strategy=strategy,
+        res = tune([bundle], specs, device="cpu", memory_limit=limit, storage=storage, strategy=strategy,
                            margin=MARGIN, progress=None, write_back=False)[0]
     seconds = time.perf_counter() - start
     done = [t for t in _trials(storage, res["study_name"]) if t.user_attrs.get("kind") == "probe"
@@ -121,7 +121,7 @@ def _fast(bundle: Path, limit: int, storage: str, strategy: str = "fast", trials
 def _killed_and_resumed(bundle: Path, limit: int, storage: str, study_name: str) -> dict[str, Any]:
     from optuna.trial import TrialState
 
-    from autotune.search.tune import tune_bundles
+    from autotune.stages import tune
 
     cmd = [sys.executable, "-m", "autotune", "tune", str(bundle), "--device", "cpu", "--memory-limit", str(limit),
            "--storage", storage, "--quiet"]
@@ -140,7 +140,7 @@ def _killed_and_resumed(bundle: Path, limit: int, storage: str, study_name: str)
             os.killpg(proc.pid, signal.SIGKILL)
             break
     proc.wait()
-    res = tune_bundles([bundle], device="cpu", memory_limit=limit, storage=storage, margin=MARGIN, progress=None,
+    res = tune([bundle], device="cpu", memory_limit=limit, storage=storage, margin=MARGIN, progress=None,
                        write_back=False)[0]
     return {"values": {k: res.get(k) for k in VALUES}, "killed_after_trials": killed_after,
             "finished_before_kill": killed_after is None}

@@ -2,7 +2,7 @@
 and with one worker on SQLite; then a run with faults injected (simulated probe crashes and a
 worker SIGKILLed halfway), counting what survived and what was lost.
 
-Each worker is a separate process running ``tune_bundles(..., strategy="tpe", estimate_only=True,
+Each worker is a separate process running ``tune(..., strategy="tpe", estimate_only=True,
 workers_share=True)`` -- what ``autotune worker`` runs -- on one tiny UNet bundle. Its points
 are answered from the estimator's affine memory models, fitted once by the harness (two
 FakeTensor passes per phase), so a trial costs no compute: the storage (trial rows, point
@@ -48,7 +48,7 @@ from common import LoadSampler, write_json  # noqa: E402  (benchmarks/ is the sc
 # -- the worker process ---------------------------------------------------------------
 def _install_model_answers(models: dict[str, Any], crash_every: int) -> None:
     """Answer every point from the fitted models; with ``crash_every`` > 0 some points 'crash'."""
-    from autotune.search import probers
+    from autotune.search.curves import probers
 
     train, infer = models["train"], models["infer"]
 
@@ -89,13 +89,13 @@ def worker_main(args: argparse.Namespace) -> int:
         _distinct_seed(args.index)
     import optuna  # noqa: F401  (imports done before the start signal)
 
-    from autotune.search.tune import tune_bundles
+    from autotune.stages import tune
 
     barrier = Path(args.barrier)
     (barrier / f"ready.{args.index}").touch()
     while not (barrier / "go").exists():  # all workers start their search together
         time.sleep(0.02)
-    results = tune_bundles([spec["bundle"]], {"universal": {**SPACE, "num_trials": args.trials}}, device="cpu",
+    results = tune([spec["bundle"]], {"universal": {**SPACE, "num_trials": args.trials}}, device="cpu",
                            memory_limit=spec["limit"], storage=args.storage, strategy="tpe", estimate_only=True,
                            margin=MARGIN, workers_share=True, progress=None, write_back=False)
     return 0 if results[0]["status"] == "tuned" else 1
@@ -158,9 +158,9 @@ class Postgres:
 def _prepare(url: str) -> None:
     """Create the tables before the workers start (workers starting together on an empty
     database race to create them; see tests/search/test_workers.py)."""
-    from autotune.search.claims import ClaimStore
-    from autotune.search.liveness import Liveness
-    from autotune.search.study import open_storage
+    from autotune.search.storage.claims import ClaimStore
+    from autotune.search.storage.liveness import Liveness
+    from autotune.search.storage.study import open_storage
 
     open_storage(url).engine.dispose()
     liveness = Liveness(url, "bench:0")
@@ -227,8 +227,8 @@ def run(url: str, workers: int, spec_path: Path, args: argparse.Namespace, crash
     errors = [p.stderr.read().strip()[-300:] for p in procs if p.returncode not in (0, -signal.SIGKILL)]
     stale_failed: list[int] = []
     if killed_pid is not None:  # what the next worker to start does first: fail the dead worker's trials
-        from autotune.search.liveness import Liveness, owner_tag
-        from autotune.search.study import open_storage
+        from autotune.search.storage.liveness import Liveness, owner_tag
+        from autotune.search.storage.study import open_storage
 
         storage = open_storage(url)
         liveness = Liveness(url, owner_tag())
@@ -322,7 +322,7 @@ def main() -> int:
     if args.worker:
         return worker_main(args)
 
-    from autotune.search.study import redact_url
+    from autotune.search.storage.study import redact_url
 
     counts = [int(c) for c in args.workers.split(",") if c.strip()]
     rows: list[dict[str, Any]] = []

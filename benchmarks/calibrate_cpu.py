@@ -3,7 +3,7 @@
 On a GPU, ``benchmarks/gpu_check.py`` fits a calibration from real probes and states the
 estimator's worst over-prediction (``fit.max_over_prediction``); the fast search then skips
 the probe one above a measured fit when the estimate there exceeds the budget by more than
-that bound (``autotune/search/edge.py``). This script does the same for the CPU, where
+that bound (``autotune/search/curves/edge.py``). This script does the same for the CPU, where
 "memory" is the tracked tensor peak: for each template at full size (the shared hippocampus
 set, the bundles ``bench_search`` generates) and with the tiny preset, in both precisions the CPU trains in (``amp`` on: bf16
 where the CPU runs it natively, else fp32; ``amp`` off: fp32), at several batch sizes, one

@@ -44,10 +44,10 @@ def main() -> None:
     dataset = sys.argv[1] if len(sys.argv) > 1 else "hippocampus"
     limit = sys.argv[2] if len(sys.argv) > 2 else "1GiB"
     bundle = _bundles(root, dataset, ["unet"])["unet"]
-    from autotune.search.tune import tune_bundles
+    from autotune.stages import tune
 
     start = time.perf_counter()
-    r = tune_bundles([str(bundle)], {"unet": {"range_num_patches_per_iter": [1, 64]}}, device="cpu",
+    r = tune([str(bundle)], {"unet": {"range_num_patches_per_iter": [1, 64]}}, device="cpu",
                      memory_limit=limit, storage=f"sqlite:///{root}/s.db", strategy="fast", write_back=False,
                      progress=None, handoff="largest")[0]
     wall = time.perf_counter() - start

@@ -72,12 +72,12 @@ def test_tune_on_cuda_records_cuda_peaks_in_the_study(bundles: dict[str, Path], 
 
     import optuna
 
-    from autotune.search.tune import tune_bundles
+    from autotune.stages import tune
 
     bundle = tmp_path / "unet_0"
     shutil.copytree(bundles["unet"], bundle)
     storage = f"sqlite:///{tmp_path}/s.db"
-    [result] = tune_bundles([bundle], device="cuda:0", memory_limit="2GiB", storage=storage,
+    [result] = tune([bundle], device="cuda:0", memory_limit="2GiB", storage=storage,
                             specs={"universal": {"range_num_images_per_batch": [1, 8],
                                                  "range_num_sw_batch_size": [1, 4]}})
     assert result["status"] == "tuned"

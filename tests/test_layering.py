@@ -57,12 +57,12 @@ def test_the_scanner_sees_imports_inside_functions_and_relative_ones() -> None:
     source = (
         "import os\n"
         "def later():\n"
-        "    from autotune.search.tune import tune_bundles\n"
+        "    from autotune.search.driver.bundles import search_bundles\n"
         "    from . import render\n"
         "    from ..commands import train\n"
     )
     found = imported_modules(source, "autotune.bundles.bundlegen")
-    assert {"autotune.search.tune", "autotune.bundles.render", "autotune.commands.train"} <= found
+    assert {"autotune.search.driver.bundles", "autotune.bundles.render", "autotune.commands.train"} <= found
 
 
 def test_bundles_do_not_import_the_search() -> None:
@@ -86,3 +86,127 @@ def test_torchrun_entry_loads_no_cli_module() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert "usage: python -m autotune.train" in out and "--nproc" in out
     assert out.strip().splitlines()[-1] == "[]"
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan), each sorted."""
+    import itertools
+
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    counter = itertools.count()
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = next(counter)
+        stack.append(node)
+        on_stack.add(node)
+        for target in graph.get(node, ()):
+            if target not in graph:
+                continue
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """Module -> the autotune modules it imports (a package's ``__init__`` counts as the package; an import
+    of ``pkg.name`` where ``name`` is not a module counts as ``pkg``)."""
+    graph = import_graph()
+    modules = set(graph)
+    out: dict[str, set[str]] = {}
+    for name, targets in graph.items():
+        edges = set()
+        for target in targets:
+            while target and target not in modules and "." in target:
+                target = target.rpartition(".")[0]
+            if target in modules and target != name and not name.startswith(target + "."):
+                edges.add(target)
+        out[name] = edges
+    return out
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_no_import_cycle_among_modules() -> None:
+    """No module reaches itself through the imports of others, lazy imports included (a package's own
+    ``__init__`` re-exporting its modules is not a cycle)."""
+    graph = _module_graph()
+    for name in graph:  # a package's __init__ may import its own modules
+        graph[name] = {t for t in graph[name] if not t.startswith(name + ".")}
+    assert _cycles(graph) == []
+
+
+# the search's families, lowest first: a family may import only those before it
+SEARCH_FAMILIES = ("storage", "curves", "strategies", "handoff", "dashboard", "driver")
+
+
+def _family(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[:2] == ["autotune", "search"] else None
+
+
+def test_search_families_import_only_lower_families() -> None:
+    offenders = {}
+    for name, targets in import_graph().items():
+        own = _family(name)
+        if own is None:
+            continue
+        rank = SEARCH_FAMILIES.index(own)
+        higher = sorted(t for t in targets if _family(t) in SEARCH_FAMILIES[rank + 1:])
+        if higher:
+            offenders[name] = higher
+    assert offenders == {}
+
+
+def test_the_search_reaches_the_probe_through_its_package() -> None:
+    """``autotune.search`` uses what ``autotune.probe`` exports (its ``__all__``), not the probe's modules."""
+    import autotune.probe
+
+    exported = set(autotune.probe.__all__)
+    offenders = {}
+    for name, targets in import_graph().items():
+        if not _within(name, "autotune.search"):
+            continue
+        inside = sorted(t for t in targets if t.startswith("autotune.probe.") and t.rpartition(".")[2] not in exported)
+        if inside:
+            offenders[name] = inside
+    assert offenders == {}
+
+
+def test_public_names_are_not_shadowed_by_subpackages() -> None:
+    """Importing every module leaves each public name of ``autotune`` what ``__all__`` says (a function stays a
+    function: a subpackage of the same name would replace it on import)."""
+    import importlib
+    import types
+
+    import autotune
+
+    for path in sorted(PACKAGE.rglob("*.py")):
+        name = module_name(path)
+        if name.endswith("__main__"):
+            continue
+        importlib.import_module(name)
+    shadowed = [n for n in autotune.__all__ if isinstance(getattr(autotune, n), types.ModuleType)]
+    assert shadowed == []

@@ -14,6 +14,7 @@ from autotune.bundles.bundlegen import BundleGen as PlainBundleGen
 from autotune.bundles.config import load_bundle_config
 from autotune.cli import main
 from autotune.errors import ConfigError, SpecError
+from autotune.stages import load_specs
 
 # the estimate strategy plans from fake tensors: no probe child, seconds not minutes
 OPTIONS: dict[str, Any] = {"algos": "unet", "overrides": "tiny", "strategy": "estimate", "device": "cpu",
@@ -125,7 +126,7 @@ def test_specs_load_from_yaml_and_a_bad_top_level_is_named(tmp_path: Path) -> No
     good, bad = tmp_path / "good.yaml", tmp_path / "bad.yaml"
     good.write_text("universal:\n  num_trials: 7\n")
     bad.write_text("- 1\n- 2\n")
-    assert autotune.load_specs(good) == {"universal": {"num_trials": 7}}
-    assert autotune.load_specs(None) == {}
+    assert load_specs(good) == {"universal": {"num_trials": 7}}
+    assert load_specs(None) == {}
     with pytest.raises(SpecError, match="bad.yaml: specs must be a mapping"):
-        autotune.load_specs(bad)
+        load_specs(bad)

@@ -110,7 +110,7 @@ def test_forcing_another_precision_than_the_tuned_one_warns(monkeypatch: pytest.
 
 
 def test_the_precision_is_part_of_the_tuning_key(monkeypatch: pytest.MonkeyPatch) -> None:
-    from autotune.search.study import make_key
+    from autotune.search.storage.study import make_key
 
     cfg = {"algo": "unet", "roi_size": [32, 32, 32], "input_channels": 1, "output_classes": 2, "amp": True}
     info = {"device": "cpu", "device_name": "cpu", "device_total_memory": 8 * 1024**3}
@@ -130,7 +130,7 @@ def test_no_native_bf16_means_fp32_from_estimate_and_probe_to_tuning_and_trainin
     from autotune.bundles.config import load_bundle_config
     from autotune.probe.estimate import estimate
     from autotune.probe.runner import run_probe
-    from autotune.search.tune import tune_bundles
+    from autotune.stages import tune
     from autotune.train.runner import train
 
     bundle = make_bundles(demo_data, tmp_path / "work", algos="unet", num_fold=1)["unet_0"]
@@ -140,7 +140,7 @@ def test_no_native_bf16_means_fp32_from_estimate_and_probe_to_tuning_and_trainin
     assert probe["status"] == "ok" and probe["precision"] == "fp32"
     lines: list[str] = []
     storage = f"sqlite:///{tmp_path / 's.db'}"
-    [result] = tune_bundles([bundle], device="cpu", memory_limit=40 * MiB, storage=storage, progress=lines.append,
+    [result] = tune([bundle], device="cpu", memory_limit=40 * MiB, storage=storage, progress=lines.append,
                             specs={"universal": {"range_num_images_per_batch": [1, 4],
                                                  "range_num_sw_batch_size": [1, 2]}})
     assert result["status"] == "tuned" and result["precision"] == "fp32"

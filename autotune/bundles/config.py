@@ -1,23 +1,28 @@
 """Read, check and write a bundle's ``configs/hyper_parameters.yaml``.
 
-This file is the hand-off between generation, tuning and training: a person can
-read and edit it, and every stage reads it through ``load_bundle_config``, which
-checks the values the stages rely on and names the key at fault.
+This file is the hand-off between generation, tuning and training: a person can read and
+edit it, and every stage reads it through ``load_bundle`` (a ``Bundle``: the folder, the
+checked config and its typed ``tuning:`` plan) or ``load_bundle_config`` (the config alone),
+which check the values the stages rely on and name the key at fault.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from autotune.bundles.plan import TuningPlan, plan_of
 from autotune.bundles.templates import reject_expressions
 from autotune.errors import ConfigError
 from autotune.utils import atomic_write_yaml, expand_path, read_yaml
 
 __all__ = [
     "CONFIG_RELPATH",
+    "Bundle",
+    "load_bundle",
     "bundle_config_path",
     "load_bundle_config",
     "save_bundle_config",
@@ -92,6 +97,7 @@ def check_bundle_config(cfg: Any, where: str) -> dict[str, Any]:
     cache_rate = cfg.get("cache_rate", 1.0)
     if not isinstance(cache_rate, (int, float)) or not 0.0 <= float(cache_rate) <= 1.0:
         raise ConfigError(f"{where}: key 'cache_rate' must be between 0 and 1, got {cache_rate!r}")
+    plan_of(cfg, where)  # a malformed tuning block is named here, not where a stage reads it
     return cfg
 
 
@@ -107,6 +113,33 @@ def load_bundle_config(bundle: str | os.PathLike[str]) -> dict[str, Any]:
     cfg = check_bundle_config(read_yaml(path, ConfigError), str(path))
     cfg["bundle_root"] = str(path.resolve().parent.parent) if path.parent.name == "configs" else str(path.parent)
     return cfg
+
+
+@dataclass(frozen=True)
+class Bundle:
+    """A loaded bundle: what every stage hands on instead of reloading it.
+
+    Attributes:
+        path: the bundle folder.
+        config_path: its ``configs/hyper_parameters.yaml``.
+        config: the checked config (``bundle_root`` set to ``path``).
+        plan: the typed ``tuning:`` block, or None when the bundle was never tuned.
+    """
+
+    path: Path
+    config_path: Path
+    config: dict[str, Any]
+    plan: TuningPlan | None
+
+
+def load_bundle(bundle: str | os.PathLike[str]) -> Bundle:
+    """Load and check a bundle once: its config and its plan.
+
+    Raises:
+        ConfigError: missing file, bad YAML, or an invalid value, the tuning block's included (the key is named).
+    """
+    cfg = load_bundle_config(bundle)
+    return Bundle(Path(cfg["bundle_root"]), bundle_config_path(bundle), cfg, plan_of(cfg))
 
 
 def save_bundle_config(bundle: str | os.PathLike[str], cfg: Mapping[str, Any]) -> Path:

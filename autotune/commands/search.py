@@ -43,7 +43,7 @@ def add_tuning_args(p: argparse.ArgumentParser) -> None:
 
 def specs_from_args(args: argparse.Namespace) -> dict[str, Any]:
     """Specs from --specs merged with the command-line ranges (which win, under ``universal``)."""
-    from autotune.tuning import load_specs
+    from autotune.stages import load_specs
 
     specs = load_specs(args.specs)
     universal = dict(specs.get("universal") or {})
@@ -115,7 +115,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _report(results: Sequence[dict[str, Any]], summary_path: object | None = None) -> int:
     """Print the results table (and where the summary is); 0 when every bundle was tuned (or unsupported)."""
-    from autotune.search.report import format_results
+    from autotune.search.driver.report import format_results
 
     print(format_results(results))
     if summary_path:
@@ -130,7 +130,7 @@ def run_tune(args: argparse.Namespace) -> int:
     memory limit (less a margin) (or, with --objective throughput, run fastest); write them back with
     provenance. Folds share one search.
     """
-    from autotune.tuning import tune
+    from autotune.stages import tune
 
     return _report(tune(args.bundles, summary_path=args.summary, **tuning_options(args)), args.summary)
 
@@ -165,7 +165,7 @@ def run_worker(args: argparse.Namespace) -> int:
     several processes). Each tuning key is searched by one worker at a time; TPE studies are shared point
     by point; a worker that dies is taken over once its heartbeat is stale.
     """
-    from autotune.tuning import tune_worker
+    from autotune.stages import tune_worker
 
     return _report(tune_worker(args.work_dir, args.algos, **tuning_options(args)))
 
@@ -179,7 +179,7 @@ def run_verify(args: argparse.Namespace) -> int:
     """
     import json
 
-    from autotune.tuning import verify
+    from autotune.stages import verify
 
     report = verify(args.bundle, device=args.device, memory_limit=args.memory_limit, storage=args.storage,
                     timeout=args.timeout, retune=not args.no_retune, progress=progress_printer(args))
@@ -202,7 +202,7 @@ def run_dashboard(args: argparse.Namespace) -> int:
     bound to 127.0.0.1 unless --host says otherwise.
     """
     from autotune.errors import AutotuneError
-    from autotune.search.study import default_storage_url, open_storage, redact_url
+    from autotune.search.storage.study import default_storage_url, open_storage, redact_url
 
     try:
         import optuna_dashboard

@@ -14,7 +14,7 @@ N = 1..64, bf16 and fp32, in ``tests/probe/test_replay.py``. The estimator then 
 per key instead of one per N, and the curve is exact at every N, not interpolated.
 
 A trace that does not replay (events out of order, a size that cannot scale) raises
-``ReplayError``; the search then estimates point by point (``autotune.search.sparse``).
+``ReplayError``; the search then estimates point by point (``autotune.search.curves.sparse``).
 """
 
 from __future__ import annotations

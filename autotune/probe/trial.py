@@ -86,7 +86,7 @@ def _train_phase(req: Mapping[str, Any], parts: dict[str, Any], result: dict[str
                                    parts["amp_dtype"], parts["scaler"]),
     )
     result["step_seconds_median"] = statistics.median(times)  # one loader batch
-    if len(times) > 1:  # the timing's relative noise: the hand-off's margin (autotune.search.goodput)
+    if len(times) > 1:  # the timing's relative noise: the hand-off's margin (autotune.search.handoff)
         result["step_seconds_spread"] = (max(times) - min(times)) / max(result["step_seconds_median"], 1e-12)
     result["loader_batch_patches"] = int(batch[0].shape[0])
     result["samples_per_s"] = int(batch[0].shape[0]) / max(result["step_seconds_median"], 1e-12)

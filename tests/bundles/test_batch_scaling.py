@@ -18,7 +18,7 @@ from autotune.bundles.scaling import (
     steps_per_epoch,
 )
 from autotune.errors import ConfigError
-from autotune.search.tune import tune_bundles
+from autotune.stages import tune
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +30,7 @@ def _tune(bundle: Path, storage: str, batch: int, capture: list[str] | None = No
     """Tune with the estimator alone over the range [batch, batch] (an explicit range is searched as given)."""
     specs = {"universal": {"range_num_images_per_batch": [batch, batch]}}
     say = capture.append if capture is not None else None
-    (result,) = tune_bundles([bundle], specs, device="cpu", memory_limit="2GiB", storage=storage,
+    (result,) = tune([bundle], specs, device="cpu", memory_limit="2GiB", storage=storage,
                              strategy="estimate", progress=say)
     assert result["status"] == "tuned" and result["num_patches_per_iter"] == batch
     return load_bundle_config(bundle)
@@ -127,7 +127,7 @@ def test_doubling_the_batch_scales_lr_and_halves_steps(bundles: dict[str, Path],
 def test_default_range_is_capped_and_explicit_range_warns(bundles: dict[str, Path], tmp_path: Path) -> None:
     storage = f"sqlite:///{tmp_path / 's.db'}"
     capped = copy_bundle(bundles["unet_0"], tmp_path / "capped")
-    (result,) = tune_bundles([capped], device="cpu", memory_limit="2GiB", storage=storage, strategy="estimate",
+    (result,) = tune([capped], device="cpu", memory_limit="2GiB", storage=storage, strategy="estimate",
                              progress=None)
     batch = result["batch"]
     cap = batch["cap"]

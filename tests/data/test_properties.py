@@ -23,7 +23,8 @@ from hypothesis import strategies as st
 
 from autotune.data.datalist import MODALITIES, DataSource, load_data_source
 from autotune.errors import AutotuneError
-from autotune.search.space import SPEC_KEYS, VALIDATION_DEVICES, parse_specs
+from autotune.probe.runner import VALIDATION_DEVICES
+from autotune.search.strategies.space import SPEC_KEYS, parse_specs
 
 ALGOS = ["segresnet", "dints", "unet"]
 RANGE_KEYS = ("range_num_images_per_batch", "range_num_patches_per_iter", "range_num_sw_batch_size")

@@ -119,7 +119,7 @@ def test_allowance_for_uses_a_calibration(tmp_path: Path, monkeypatch: pytest.Mo
 
 
 def test_plan_for_a_catalogue_gpu_records_its_calibration(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from autotune.search.targets import resolve_target
+    from autotune.search.driver.targets import resolve_target
 
     _write(tmp_path, H100)
     monkeypatch.setenv("AUTOTUNE_CALIBRATION_DIR", str(tmp_path))
@@ -133,9 +133,9 @@ def test_plan_for_a_catalogue_gpu_records_its_calibration(tmp_path: Path, monkey
 def test_cuda_peaks_reach_the_study(tmp_path: Path) -> None:
     """The keys as the probe's child writes them on CUDA are copied onto the trial."""
     from autotune.probe.trial import phase_key
-    from autotune.search.evaluate import Evaluator
-    from autotune.search.space import AlgoSpec
-    from autotune.search.strategy import distributions
+    from autotune.search.strategies.evaluate import Evaluator
+    from autotune.search.strategies.outcome import distributions
+    from autotune.search.strategies.space import AlgoSpec
 
     cuda_fields = {phase_key(p, f): 1000 + i for i, (p, f) in enumerate(
         (p, f) for p in ("train", "infer") for f in ("cuda_max_memory_reserved", "cuda_max_memory_allocated",

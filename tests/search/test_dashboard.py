@@ -40,7 +40,7 @@ CHROMIUM_FLAGS = (
 # A narrow sliding-window range so the real probes take seconds, not a minute.
 TINY_SPECS = {"unet": {"range_num_images_per_batch": [1, 64], "range_num_sw_batch_size": [1, 2]}}
 MARGIN = 0.10
-BUDGET_RGB = (0xFF, 0x7F, 0x0E)  # the budget line's colour in autotune.search.story.memory_figure
+BUDGET_RGB = (0xFF, 0x7F, 0x0E)  # the budget line's colour in autotune.search.curves.key_curves.memory_figure
 
 
 @dataclass(frozen=True)
@@ -119,7 +119,7 @@ def tuned_study(tmp_path_factory: pytest.TempPathFactory) -> TunedStudy:
     """Tune one tiny UNet bundle on the CPU into a fresh SQLite storage (real probes)."""
     import optuna
 
-    from autotune.search.tune import tune_bundles
+    from autotune.stages import tune
 
     try:
         from probe_fixtures import make_tiny_bundles
@@ -146,7 +146,7 @@ def tuned_study(tmp_path_factory: pytest.TempPathFactory) -> TunedStudy:
     limit = int((model.intercept + 3.5 * model.slope) / (1 - MARGIN))  # binds: about 3.5 patches' worth
     storage_url = f"sqlite:///{root / 'studies.db'}"
     # write_back=False: the dashboard only needs the studies, not the tuned bundle.
-    [result] = tune_bundles([bundle], TINY_SPECS, device="cpu", memory_limit=limit, storage=storage_url,
+    [result] = tune([bundle], TINY_SPECS, device="cpu", memory_limit=limit, storage=storage_url,
                             strategy="fast", margin=MARGIN, progress=None, write_back=False)
     assert result["status"] == "tuned", result
 

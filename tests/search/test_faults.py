@@ -20,8 +20,8 @@ from probe_fixtures import limit_for_patches, one_window_unet
 
 from autotune.bundles.config import load_bundle_config
 from autotune.device import device_info
-from autotune.search.study import make_key, open_storage, open_study
-from autotune.search.tune import tune_bundles
+from autotune.search.storage.study import make_key, open_storage, open_study
+from autotune.stages import tune
 
 MARGIN = 0.10
 # (num_patches_per_iter, num_sw_batch_size) of trials 0..8, and what happens at each
@@ -65,9 +65,9 @@ def study_run(bundle: Path, limit: int, tmp_path_factory: pytest.TempPathFactory
         study.enqueue_trial({"num_patches_per_iter": n, "num_sw_batch_size": m, "validation_device": "device"})
     common = dict(device="cpu", memory_limit=limit, storage=storage, strategy="tpe", margin=MARGIN,
                   probe_env={"AUTOTUNE_PROBE_FAULT": FAULTS}, progress=None)
-    first = tune_bundles([bundle], {"universal": {**SPACE, "num_trials": FIRST_RUN}}, timeout=240,
+    first = tune([bundle], {"universal": {**SPACE, "num_trials": FIRST_RUN}}, timeout=240,
                          write_back=False, **common)[0]
-    second = tune_bundles([bundle], {"universal": {**SPACE, "num_trials": len(PLAN)}}, timeout=4, **common)[0]
+    second = tune([bundle], {"universal": {**SPACE, "num_trials": len(PLAN)}}, timeout=4, **common)[0]
     trials = optuna.load_study(study_name=key.study_name, storage=storage).get_trials()
     return {"first": first, "second": second, "trials": trials, "study_name": key.study_name}
 

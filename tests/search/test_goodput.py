@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from autotune.search.goodput import DEFAULT_NOISE, decide, per_sample_efficiency, relative_spread
+from autotune.search.handoff import DEFAULT_NOISE, decide, per_sample_efficiency
 
 REF = 2
 
@@ -91,9 +91,3 @@ def test_verdict_line_states_inputs_and_answer() -> None:
     assert line.startswith("samples/s at 2: 3, at 5: 3.3, per-sample efficiency 0.632")
     assert f"predicted speed-up {verdict.speedup:.3g}" in line and line.endswith("-> hand over 2")
     assert verdict.as_dict()["line"] == line
-
-
-def test_relative_spread() -> None:
-    assert relative_spread([1.0]) is None
-    assert relative_spread([1.0, 1.2]) == pytest.approx(0.2 / 1.1)
-    assert relative_spread([1.0, 2.0, 1.5]) == pytest.approx(1.0 / 1.5)

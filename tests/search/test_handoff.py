@@ -11,12 +11,11 @@ import pytest
 from bundle_fixtures import copy_bundle, make_bundles
 from probe_fixtures import limit_for_patches
 
-import autotune.search.goodput as goodput
+import autotune.search.handoff as goodput
 from autotune.bundles.config import load_bundle_config
 from autotune.bundles.scaling import scaled_learning_rate
 from autotune.cli import main
-from autotune.search.tune import tune_bundles
-from autotune.search.verify import verify_bundle
+from autotune.stages import tune, verify
 
 MARGIN = 0.10
 RANGE = ["1", "64"]  # explicit: the demo set's training-set cap (2) would stop the search at the reference batch
@@ -35,7 +34,7 @@ def test_goodput_hands_over_the_reference_batch_with_the_tuned_sw_batch(
     bundle = copy_bundle(setup["bundle"], tmp_path / "unet_0")
     monkeypatch.setattr(goodput, "DEFAULT_NOISE", 1e6)  # no measured speed-up passes this margin
     lines: list[str] = []
-    [result] = tune_bundles([bundle], {"universal": {"range_num_images_per_batch": [1, 64]}}, device="cpu",
+    [result] = tune([bundle], {"universal": {"range_num_images_per_batch": [1, 64]}}, device="cpu",
                             memory_limit=setup["limit"], storage=f"sqlite:///{tmp_path / 's.db'}", margin=MARGIN,
                             progress=lines.append)  # its own storage: the module's keeps unpatched verdicts
     cfg = load_bundle_config(bundle)
@@ -56,7 +55,7 @@ def test_goodput_hands_over_the_reference_batch_with_the_tuned_sw_batch(
     assert block["train_peak_bytes"] <= block["budget_bytes"] and block["samples_per_s"] > 0
     assert any(line.endswith(verdict["line"]) for line in lines)  # said as well as written
     # verify checks the handed batch and the largest fit's edge, not the handed batch's
-    report = verify_bundle(bundle, device="cpu", retune=False)
+    report = verify(bundle, device="cpu", retune=False)
     assert report["holds"] and report["num_patches_per_iter"] == ref
     assert report["one_above"]["num_patches_per_iter"] == largest + 1
 
@@ -65,7 +64,7 @@ def test_goodput_hands_over_the_reference_batch_with_the_tuned_sw_batch(
 def goodput_run(setup: dict) -> dict:
     """The default hand-off on a copy, on the module's storage (its points serve the later tunes)."""
     bundle = copy_bundle(setup["bundle"], setup["root"] / "goodput" / "unet_0")
-    [result] = tune_bundles([bundle], {"universal": {"range_num_images_per_batch": [1, 64]}}, device="cpu",
+    [result] = tune([bundle], {"universal": {"range_num_images_per_batch": [1, 64]}}, device="cpu",
                             memory_limit=setup["limit"], storage=setup["storage"], margin=MARGIN, progress=None)
     return {"bundle": bundle, "result": result}
 

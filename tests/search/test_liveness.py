@@ -1,4 +1,4 @@
-"""Worker liveness (``autotune.search.liveness``): a heartbeat renewed only while the worker
+"""Worker liveness (``autotune.search.storage.liveness``): a heartbeat renewed only while the worker
 makes progress, so a hung worker blocks the others for at most its promise (the probe
 timeout) plus the grace; its trial is failed as stale and its late result is refused.
 Also: autotune reaches Optuna through its public API only.
@@ -19,10 +19,10 @@ from typing import Any
 import optuna
 import pytest
 
-from autotune.search.claims import ClaimStore
-from autotune.search.evaluate import Evaluator, point_id
-from autotune.search.liveness import Liveness, TakenOver
-from autotune.search.study import open_storage
+from autotune.search.storage.claims import ClaimStore
+from autotune.search.storage.liveness import Liveness, TakenOver
+from autotune.search.storage.study import open_storage
+from autotune.search.strategies.evaluate import Evaluator, point_id
 
 GRACE = 1.5  # seconds without a heartbeat after which a worker is not live
 PROMISE = 2.0  # seconds a worker promises between steps (the probe timeout)

@@ -12,9 +12,8 @@ from probe_fixtures import shared_tiny_bundles
 from autotune.bundles.config import load_bundle_config, update_bundle_config
 from autotune.cli import main
 from autotune.errors import SpecError
-from autotune.search.targets import CATALOGUE, resolve_target
-from autotune.search.tune import tune_bundles
-from autotune.search.verify import verify_bundle
+from autotune.search.driver.targets import CATALOGUE, resolve_target
+from autotune.stages import tune, verify
 
 MARGIN = 0.10
 
@@ -35,14 +34,14 @@ def _limit(bundle: Path, patches: float) -> int:
 def test_cpu_plan_is_estimated_then_verified_as_measured(bundle: Path, tmp_path: Path) -> None:
     storage = f"sqlite:///{tmp_path / 'plan.db'}"
     limit = _limit(bundle, 3.5)
-    plan = tune_bundles([bundle], device="cpu", memory_limit=limit, storage=storage, strategy="estimate",
+    plan = tune([bundle], device="cpu", memory_limit=limit, storage=storage, strategy="estimate",
                         margin=MARGIN, progress=None)[0]
     assert plan["status"] == "tuned" and plan["method"] == "estimated" and plan["probes"] == 0
     trials = optuna.load_study(study_name=plan["study_name"], storage=storage).get_trials()
     assert trials and all(t.user_attrs["kind"] == "estimate" and t.user_attrs["measured"] is False for t in trials)
     cfg = load_bundle_config(bundle)
     assert cfg["tuning"]["method"] == "estimated"
-    report = verify_bundle(bundle, device="cpu", storage=storage, retune=False)
+    report = verify(bundle, device="cpu", storage=storage, retune=False)
     assert report["holds"], report
     assert report["estimate_error"] is not None and report["estimate_error"] <= 0.05
     after = load_bundle_config(bundle)
@@ -54,13 +53,13 @@ def test_cpu_plan_is_estimated_then_verified_as_measured(bundle: Path, tmp_path:
 def test_a_wrong_plan_is_retuned(bundle: Path, tmp_path: Path) -> None:
     storage = f"sqlite:///{tmp_path / 'plan.db'}"
     limit = _limit(bundle, 3.5)
-    plan = tune_bundles([bundle], device="cpu", memory_limit=limit, storage=storage, strategy="estimate",
+    plan = tune([bundle], device="cpu", memory_limit=limit, storage=storage, strategy="estimate",
                         margin=MARGIN, progress=None)[0]
     cfg = load_bundle_config(bundle)
     # spoil the plan: two patches more than fit
     update_bundle_config(bundle, {"num_patches_per_iter": cfg["num_patches_per_iter"] + 2,
                                   "num_images_per_batch": cfg["num_patches_per_iter"] + 2})
-    report = verify_bundle(bundle, device="cpu", storage=storage)
+    report = verify(bundle, device="cpu", storage=storage)
     assert not report["holds"]
     assert report["retuned"]["status"] == "tuned"
     assert load_bundle_config(bundle)["num_patches_per_iter"] == plan["num_patches_per_iter"]
@@ -70,7 +69,7 @@ def test_a_wrong_plan_is_retuned(bundle: Path, tmp_path: Path) -> None:
 def test_plan_for_a_catalogue_gpu_without_one(bundle: Path, tmp_path: Path) -> None:
     target = resolve_target("estimate", "a100-80gb", None, "cpu")
     assert target["memory"] == CATALOGUE["a100-80gb"][1]
-    result = tune_bundles([bundle], storage=f"sqlite:///{tmp_path / 'a100.db'}", strategy="estimate", target=target,
+    result = tune([bundle], storage=f"sqlite:///{tmp_path / 'a100.db'}", strategy="estimate", target_gpu="a100-80gb",
                           progress=None)[0]
     assert result["status"] == "tuned" and result["method"] == "estimated" and result["probes"] == 0
     tuning = load_bundle_config(bundle)["tuning"]

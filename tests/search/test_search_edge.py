@@ -10,19 +10,38 @@ give the undisturbed run's values.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import optuna
 import pytest
 
 from autotune.probe.model import MemoryModel
-from autotune.search.edge import CorrectedCurve, EstimatedCurve, correct, largest_under
-from autotune.search.evaluate import Evaluator
-from autotune.search.objective import choose, metric_name
-from autotune.search.space import AlgoSpec
-from autotune.search.strategy import distributions, run_fast
+from autotune.search.curves.edge import CorrectedCurve, correct, largest_under
+from autotune.search.strategies.evaluate import Evaluator
+from autotune.search.strategies.fast import run_fast
+from autotune.search.strategies.objective import choose, metric_name
+from autotune.search.strategies.outcome import distributions
+from autotune.search.strategies.space import AlgoSpec
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+@dataclass
+class EstimatedCurve:
+    """A curve that answers from a function, once per n (the estimator's answers, in these tests)."""
+
+    estimate_fn: Callable[[int], float]
+    cap: int | None = None
+    known: dict[int, float] = field(default_factory=dict)
+
+    def predict(self, n: int) -> float:
+        if self.cap is not None:
+            n = min(n, self.cap)
+        if n not in self.known:
+            self.known[n] = float(self.estimate_fn(n))
+        return self.known[n]
+
 
 MiB = 1024**2
 SPEC = AlgoSpec(patches_range=(1, 64), sw_range=(1, 32))
@@ -145,8 +164,12 @@ def test_killed_and_resumed_search_gives_the_undisturbed_values(tmp_path) -> Non
     study = _study(tmp_path, "killed")
     with pytest.raises(KeyboardInterrupt):
         _search(study, BentDevice(limit, seed=3, kill_at_call=2), budget)  # killed at its third probe
-    states = [t.state for t in study.get_trials()]
-    assert states.count(optuna.trial.TrialState.COMPLETE) == 2 and optuna.trial.TrialState.RUNNING in states
+    trials = study.get_trials()
+    states = [t.state for t in trials]
+    # the interrupted probe's trial is failed with the reason, not left RUNNING for a process that is gone
+    assert states.count(optuna.trial.TrialState.COMPLETE) == 2 and optuna.trial.TrialState.RUNNING not in states
+    [interrupted] = [t for t in trials if t.state == optuna.trial.TrialState.FAIL]
+    assert interrupted.user_attrs["fail_reason"].startswith("interrupted: KeyboardInterrupt")
     resumed_device = BentDevice(limit, seed=4)
     resumed = _search(_study(tmp_path, "killed"), resumed_device, budget)
     for outcome in (other, resumed):
@@ -213,7 +236,7 @@ def test_correction_fixes_scale_and_offset_not_shape() -> None:
 
 
 def test_objective_is_in_the_key_and_named_on_the_study(tmp_path) -> None:
-    from autotune.search.study import make_key, open_storage, open_study
+    from autotune.search.storage.study import make_key, open_storage, open_study
 
     cfg = {"algo": "unet", "roi_size": [32, 32, 32], "input_channels": 1, "output_classes": 2}
     info = {"device_name": "cpu", "device_total_memory": 8 * 1024**3}
@@ -230,7 +253,8 @@ def test_dashboard_story_names_the_objective_and_plots_each_phase(tmp_path) -> N
 
     from optuna_dashboard import get_note
 
-    from autotune.search.story import estimates_attr, tell_story
+    from autotune.search.curves.key_curves import estimates_attr
+    from autotune.search.dashboard.notes import tell_story
 
     limit = 2048 * MiB
     budget = int(limit * 0.9)

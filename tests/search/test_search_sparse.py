@@ -18,11 +18,12 @@ import optuna
 import pytest
 
 from autotune.probe.calibration import stated_bound
-from autotune.search.edge import find_max_feasible
-from autotune.search.evaluate import Evaluator
-from autotune.search.space import AlgoSpec
-from autotune.search.sparse import MAX_PASSES, SparseCurve, passes_of
-from autotune.search.strategy import distributions, run_fast
+from autotune.search.curves.sparse import MAX_PASSES, SparseCurve, passes_of
+from autotune.search.strategies.edge_search import find_max_feasible
+from autotune.search.strategies.evaluate import Evaluator
+from autotune.search.strategies.fast import run_fast
+from autotune.search.strategies.outcome import distributions
+from autotune.search.strategies.space import AlgoSpec
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -184,7 +185,7 @@ def test_stated_bound_needs_a_calibration_that_states_it(tmp_path) -> None:
 
 
 def test_one_pass_when_the_top_fits() -> None:
-    from autotune.search.edge import largest_under
+    from autotune.search.curves.edge import largest_under
 
     asked: list[int] = []
     curve = SparseCurve(lambda m: asked.append(m) or 500 * MiB + 9 * MiB * m, cap=8)
@@ -267,7 +268,7 @@ class _Prober:
 
 @pytest.mark.parametrize("budget_mib", [700, 900, 2000])
 def test_at_most_three_estimator_passes_per_key(tmp_path, budget_mib: int) -> None:
-    from autotune.search.story import search_curves
+    from autotune.search.curves.key_curves import search_curves
 
     device = Device()
     device.limit = budget = budget_mib * MiB
@@ -292,7 +293,7 @@ def test_at_most_three_estimator_passes_per_key(tmp_path, budget_mib: int) -> No
 
 
 def test_the_bound_is_checked_at_n_only_against_an_estimate() -> None:
-    from autotune.search.edge import _bound_held
+    from autotune.search.curves.bound import bound_held as _bound_held
 
     curve = SparseCurve(lambda m: 100.0 * m, known={1: 100.0, 10: 1000.0}, max_passes=0)
     assert _bound_held(curve, 1000, 10, 0.0) and not _bound_held(curve, 999, 10, 0.0)  # an estimate: checked

@@ -9,9 +9,12 @@ import optuna
 import pytest
 
 from autotune.probe.model import MemoryModel
-from autotune.search.evaluate import Evaluator
-from autotune.search.space import AlgoSpec
-from autotune.search.strategy import distributions, find_max_feasible, run_fast, run_tpe
+from autotune.search.strategies.edge_search import find_max_feasible
+from autotune.search.strategies.evaluate import Evaluator
+from autotune.search.strategies.fast import run_fast
+from autotune.search.strategies.outcome import distributions
+from autotune.search.strategies.space import AlgoSpec
+from autotune.search.strategies.tpe import run_tpe
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 

@@ -18,7 +18,7 @@ from autotune.bundles.config import load_bundle_config
 from autotune.bundles.templates import load_overrides
 from autotune.cli import main
 from autotune.data.analyze import analyze
-from autotune.search.tune import tune_bundles
+from autotune.stages import tune
 
 MARGIN = 0.10
 # an explicit range, searched as given: the demo set's training-set cap (2) would stop the search
@@ -48,7 +48,7 @@ def limit(work: Path) -> int:
 @pytest.fixture(scope="module")
 def tuned(work: Path, limit: int, tmp_path_factory: pytest.TempPathFactory) -> dict:
     storage = f"sqlite:///{tmp_path_factory.mktemp('studies') / 'tune.db'}"
-    results = tune_bundles([work / "unet_0", work / "unet_1"], SPECS, device="cpu", memory_limit=limit,
+    results = tune([work / "unet_0", work / "unet_1"], SPECS, device="cpu", memory_limit=limit,
                            storage=storage, margin=MARGIN, progress=None, summary_path=work / "summary.json")
     return {"results": results, "storage": storage}
 
@@ -141,7 +141,7 @@ def test_dashboard_best_trials_are_the_bundle_values(work: Path, tuned: dict) ->
 
 def test_rerun_answers_from_storage_without_trials(work: Path, limit: int, tuned: dict) -> None:
     before = len(_trials(tuned["storage"], tuned["results"][0]["study_name"]))
-    again = tune_bundles([work / "unet_0"], SPECS, device="cpu", memory_limit=limit, storage=tuned["storage"],
+    again = tune([work / "unet_0"], SPECS, device="cpu", memory_limit=limit, storage=tuned["storage"],
                          margin=MARGIN, progress=None)
     assert again[0]["from_storage"] is True and again[0]["probes"] == 0
     assert again[0]["num_patches_per_iter"] == tuned["results"][0]["num_patches_per_iter"]
@@ -185,7 +185,7 @@ def test_kill_midway_then_resume(work: Path, limit: int, tuned: dict, tmp_path: 
         if done_before and running:
             break
     assert done_before and running, "no kill landed while a trial ran after another had finished (3 tries)"
-    resumed = tune_bundles([work / "unet_0"], SPECS, device="cpu", memory_limit=limit, storage=storage,
+    resumed = tune([work / "unet_0"], SPECS, device="cpu", memory_limit=limit, storage=storage,
                            margin=MARGIN, progress=None, write_back=False)[0]
     trials = {t.number: t for t in _trials(storage, study_name)}
     for number in done_before:  # nothing finished was lost
@@ -253,6 +253,6 @@ def test_specs_file_unknown_key_is_named(work: Path, tmp_path: Path, capsys) -> 
 ])
 def test_redact_url_hides_only_the_password(url: str, shown: str) -> None:
     """What the bundle's tuning block and every message show of a storage URL."""
-    from autotune.search.study import redact_url
+    from autotune.search.storage.study import redact_url
 
     assert redact_url(url) == shown

@@ -33,7 +33,7 @@ from pg_fixtures import pg_database_url, postgres_url  # noqa: F401
 from probe_fixtures import limit_for_patches, one_window_unet, two_fold_work
 
 from autotune.bundles.config import load_bundle_config
-from autotune.search.tune import tune_bundles
+from autotune.stages import tune
 
 pytestmark = pytest.mark.postgres
 
@@ -60,7 +60,7 @@ def reference(tiny: Path, limit: int, tmp_path_factory: pytest.TempPathFactory) 
     work = tmp_path_factory.mktemp("reference")
     shutil.copytree(tiny, work / "unet_0")
     specs = {"universal": {"range_num_images_per_batch": [1, 8], "range_num_sw_batch_size": [1, 4]}}
-    result = tune_bundles([work / "unet_0"], specs, device="cpu", memory_limit=limit, strategy="estimate",
+    result = tune([work / "unet_0"], specs, device="cpu", memory_limit=limit, strategy="estimate",
                           margin=MARGIN, storage=f"sqlite:///{work / 'ref.db'}", progress=None)[0]
     assert result["status"] == "tuned"
     return {key: load_bundle_config(work / "unet_0")[key] for key in TUNED_KEYS}
@@ -108,9 +108,9 @@ def _start(work: Path, url: str, limit: int, name: str, *extra: str) -> Worker:
 def _prepare(url: str) -> None:
     """Create the tables once, so these tests see the workers, not the empty-database race
     (which ``test_workers_started_together_on_an_empty_database`` covers)."""
-    from autotune.search.claims import ClaimStore
-    from autotune.search.liveness import Liveness
-    from autotune.search.study import open_storage
+    from autotune.search.storage.claims import ClaimStore
+    from autotune.search.storage.liveness import Liveness
+    from autotune.search.storage.study import open_storage
 
     open_storage(url).engine.dispose()
     liveness = Liveness(url, "test:0")
@@ -168,9 +168,9 @@ def test_workers_started_together_on_an_empty_database(pg_database_url: str, tmp
     start_at = time.time() + 4.0
     script = (
         "import sys, time\n"
-        "from autotune.search.claims import ClaimStore\n"
-        "from autotune.search.liveness import Liveness\n"
-        "from autotune.search.study import open_storage\n"
+        "from autotune.search.storage.claims import ClaimStore\n"
+        "from autotune.search.storage.liveness import Liveness\n"
+        "from autotune.search.storage.study import open_storage\n"
         f"time.sleep(max(0.0, {start_at} - time.time()))\n"
         "open_storage(sys.argv[1]).engine.dispose()\n"
         "liveness = Liveness(sys.argv[1], 'w')\n"

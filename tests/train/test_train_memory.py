@@ -16,13 +16,13 @@ LIMIT = 40 * MiB  # by hand: the tiny UNet's edge falls inside [1, 8] patches pe
 def tuned(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """A tiny UNet bundle on 12 cases, tuned under LIMIT on the CPU (range given: no data cap)."""
     from autotune.data.synthetic import make_demo_dataset
-    from autotune.search.tune import tune_bundles
+    from autotune.stages import tune
 
     root = tmp_path_factory.mktemp("contract")
     data = make_demo_dataset(root / "data", cases=12, size=32, classes=2, seed=1)
     bundle = make_bundles(data, root / "work", algos="unet", num_fold=1)["unet_0"]
     # handoff largest: the contract is about the largest fit (the goodput rule may hand over the template's batch)
-    [result] = tune_bundles([bundle], device="cpu", memory_limit=LIMIT, storage=f"sqlite:///{root}/s.db",
+    [result] = tune([bundle], device="cpu", memory_limit=LIMIT, storage=f"sqlite:///{root}/s.db",
                             handoff="largest",
                             specs={"universal": {"range_num_images_per_batch": [1, 8],
                                                  "range_num_sw_batch_size": [1, 4]}})

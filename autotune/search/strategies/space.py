@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autotune.errors import SpecError
+from autotune.probe import VALIDATION_DEVICES
+from autotune.search.strategies.objective import SW_SCALE
 from autotune.utils import look_up_option
 
 __all__ = ["AlgoSpec", "SPEC_KEYS", "VALIDATION_DEVICES", "parse_specs", "spec_for"]
@@ -32,7 +34,6 @@ SPEC_KEYS = (
     "range_num_sw_batch_size",
     "validation_devices",
 )
-VALIDATION_DEVICES = ("device", "cpu")
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,8 @@ def _check_entry(entry: Any, where: str) -> dict[str, Any]:
             if name in out:
                 raise SpecError(f"{where}: give range_num_patches_per_iter or range_num_images_per_batch, not both")
             out[name] = _int_range(value, f"{where}.{key}")
+            if name == "range_num_sw_batch_size" and out[name][1] >= SW_SCALE:
+                raise SpecError(f"{where}.{key}: maximum must be below {SW_SCALE}, got {out[name][1]}")
     return out
 
 

@@ -3,7 +3,7 @@
 Several workers share one storage. Before a worker searches a tuning key, or probes a
 point, it claims it: an INSERT into ``autotune_claims`` whose primary key makes the
 claim atomic on any SQL database. A claim has no heartbeat of its own: it is as live as
-its holder (``autotune.search.liveness``: one heartbeat per worker, renewed only while the
+its holder (``autotune.search.storage.liveness``: one heartbeat per worker, renewed only while the
 worker makes progress). A claim whose holder is not live may be taken over
 (compare-and-swap on the old holder, so only one taker wins).
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from autotune.search.liveness import Liveness, create_tables
+from autotune.search.storage.liveness import Liveness, create_tables
 
 __all__ = ["ClaimStore"]
 

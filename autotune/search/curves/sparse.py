@@ -11,7 +11,8 @@ it has (the parabola through the three nearest inside them, a line outside). The
 bytes are exact and not affine in N (a loader batch holds lcm(N, crops) patches), so they are
 taken out before interpolating and added back after (``step_bytes``): the interpolation is over
 the rest, which grows with N. The real probes at N and N+1 settle the edge; a curve read wrong
-costs probes (``find_max_feasible`` corrects and, after two misses, bisects), never the answer.
+costs probes (``autotune.search.strategies.edge_search`` corrects and, after two misses, bisects), never
+the answer.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["MAX_PASSES", "SparseCurve", "sparse_of", "settle", "passes_of"]
+__all__ = ["MAX_PASSES", "SparseCurve", "sparse_of", "settle", "passes_of", "bisect_fits"]
 
 MAX_PASSES = 3
 
@@ -113,6 +114,18 @@ def passes_of(curve: Any) -> int:
     return sparse.passes if sparse is not None else 0
 
 
+def bisect_fits(predict: Callable[[int], float], fits: int, over: int, budget: float) -> int:
+    """The largest n in [fits, over) whose prediction fits ``budget``, by bisection (peak memory grows
+    with n), given that ``fits`` fits and ``over`` does not."""
+    while fits + 1 < over:
+        mid = (fits + over) // 2
+        if predict(mid) <= budget:
+            fits = mid
+        else:
+            over = mid
+    return fits
+
+
 def settle(curve: Any, lo: int, hi: int, budget: float) -> None:
     """Spend the passes where they tell the edge in [lo, hi]: the top (fits: done), the bottom (does not:
     done), then the edge the line through them predicts. ``curve`` may wrap the sparse curve (an allowance
@@ -126,13 +139,7 @@ def settle(curve: Any, lo: int, hi: int, budget: float) -> None:
     sparse.spend(lo)
     if curve.predict(lo) > budget:
         return
-    fits, over = lo, hi  # bisection over the interpolated answers: no pass
-    while fits + 1 < over:
-        mid = (fits + over) // 2
-        if curve.predict(mid) <= budget:
-            fits = mid
-        else:
-            over = mid
+    fits = bisect_fits(curve.predict, lo, hi, budget)  # over the interpolated answers: no pass
     for n in (fits, fits + 1):  # the check: the predicted edge, or the point above it when the edge is known
         if lo < n < hi and not sparse.estimated(n):
             sparse.spend(n)

@@ -11,7 +11,7 @@ beating once its promise runs out; ``stale_after`` seconds later (the grace,
 ``AUTOTUNE_CLAIM_STALE_SECONDS``, default 60 s, the same for every worker on one storage)
 it is no longer live, so a hung or dead worker blocks others for at most ``promise +
 stale_after`` seconds (plus one beat). Whatever it held is then taken over: its claims
-(``autotune.search.claims``) go to the next worker that asks, and ``fail_stale_trials``
+(``autotune.search.storage.claims``) go to the next worker that asks, and ``fail_stale_trials``
 marks its RUNNING trials FAIL with ``fail_reason`` ``stale: ...``. One shortcut answers the
 same question sooner: on the same host, a worker whose process no longer exists is not
 live (a rerun after a kill does not wait for the grace). A RUNNING trial with no owner yet

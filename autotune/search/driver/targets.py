@@ -57,7 +57,7 @@ def resolve_target(
         name = f"GPU with {target_memory}"
     from dataclasses import asdict
 
-    from autotune.probe.allowances import DEFAULT_CUDA_ALLOWANCE, allowance_for
+    from autotune.probe import DEFAULT_CUDA_ALLOWANCE, allowance_for
 
     allowance = allowance_for("cuda:0", gpu_name=name) if key != "custom" else DEFAULT_CUDA_ALLOWANCE
     return {"catalogue": key, "name": name, "memory": total, "allowances": asdict(allowance), "device": "cuda:0"}

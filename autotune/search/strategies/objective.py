@@ -15,7 +15,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["OBJECTIVES", "DEFAULT_OBJECTIVE", "TIE_TOLERANCE", "NO_FIT", "metric_name", "trial_value", "choose"]
+__all__ = ["OBJECTIVES", "DEFAULT_OBJECTIVE", "TIE_TOLERANCE", "NO_FIT", "SW_SCALE", "size_param", "metric_name",
+           "trial_value", "choose"]
 
 OBJECTIVES = ("max-batch", "throughput")
 DEFAULT_OBJECTIVE = "max-batch"
@@ -23,6 +24,14 @@ TIE_TOLERANCE = 0.10  # timings closer than this are noise on a shared machine: 
 
 
 NO_FIT = 0.0  # the value of a trial whose point does not fit: below every point that fits, in both objectives
+# a joint (tpe) trial's max-batch value is N + sw / SW_SCALE: ordered by N, then by the sw batch, as the search
+# chooses, so the study's best trial is the answer written back (sliding-window ranges stay below SW_SCALE)
+SW_SCALE = 10_000
+
+
+def size_param(phase: str) -> str:
+    """The batch parameter a phase sizes: ``num_patches_per_iter`` (train, joint) or ``num_sw_batch_size`` (infer)."""
+    return "num_sw_batch_size" if phase == "infer" else "num_patches_per_iter"
 
 
 def metric_name(objective: str, phase: str = "train") -> str:
@@ -33,20 +42,21 @@ def metric_name(objective: str, phase: str = "train") -> str:
     if phase == "infer":
         return "sliding-window batch that fits (0 = does not fit)"
     if phase == "joint":
-        return "patches per iteration that fit, with the trial's sw batch (0 = does not fit)"
+        return f"patches per iteration + sw batch / {SW_SCALE} of a point that fits (3.0062 = 3 patches, sw 62; 0 = does not fit)"
     return "patches per iteration that fit (0 = does not fit)"
 
 
 def trial_value(objective: str, result: Mapping[str, Any], phases: tuple[str, ...], point: Mapping[str, Any]) -> float:
     """A fitting trial's value: the batch size of the phase it sizes (max-batch) or its measured throughput.
-    A trial that does not fit stores ``NO_FIT`` instead (``autotune.search.evaluate``)."""
+    A trial that does not fit stores ``NO_FIT`` instead (``autotune.search.strategies.evaluate``)."""
     if objective == "throughput":
         if "train" in phases:
             return float(result.get("samples_per_s") or 0.0)
         seconds = result.get("sw_seconds_per_volume")
         return 1.0 / float(seconds) if seconds else 0.0
-    size = "num_patches_per_iter" if "train" in phases else "num_sw_batch_size"
-    return float(point.get(size) or 0)
+    if tuple(phases) == ("train", "infer"):
+        return float(point.get("num_patches_per_iter") or 0) + float(point.get("num_sw_batch_size") or 0) / SW_SCALE
+    return float(point.get(size_param("train" if "train" in phases else "infer")) or 0)
 
 
 def _speed(evaluation: Any) -> float:

@@ -12,7 +12,7 @@ measurement as user attributes, so the dashboard tells the whole story:
 - a crash, kill or timeout is a FAIL trial with ``fail_reason``.
 A point already measured in the study is answered from it (resume, folds, reruns);
 a point that failed twice is taken as infeasible without a third try.
-Each point is a step of this worker's liveness (``autotune.search.liveness``); a worker
+Each point is a step of this worker's liveness (``autotune.search.storage.liveness``); a worker
 whose trial was failed as stale meanwhile (it hung past its promise) gets ``TakenOver``.
 """
 
@@ -22,20 +22,21 @@ import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
-from autotune.probe.trial import cuda_result_keys
-from autotune.search.liveness import TakenOver, owner_tag
-from autotune.search.objective import NO_FIT, trial_value
-from autotune.search.study import trial_id
+from autotune.probe import cuda_result_keys
+from autotune.search.storage.liveness import TakenOver, owner_tag
+from autotune.search.storage.study import trial_id
+from autotune.search.strategies.objective import NO_FIT, trial_value
 
 if TYPE_CHECKING:  # pragma: no cover
     import optuna
 
-    from autotune.search.claims import ClaimStore
-    from autotune.search.liveness import Liveness
+    from autotune.search.curves.probers import Prober
+    from autotune.search.storage.claims import ClaimStore
+    from autotune.search.storage.liveness import Liveness
 
-__all__ = ["Prober", "Evaluation", "Evaluator", "point_id", "MAX_FAILURES"]
+__all__ = ["Evaluation", "Evaluator", "point_id", "trial_fits", "MAX_FAILURES"]
 
 MAX_FAILURES = 2
 # user attributes copied from a probe result onto its trial
@@ -63,30 +64,15 @@ _RESULT_ATTRS = (
 )
 
 
-class Prober(Protocol):
-    """What a strategy asks for points: a real probe or an estimate, and the estimated curves
-    (``autotune.search.probers``; ``autotune.search.story.search_curves`` builds a key's)."""
-
-    measured: bool
-
-    def probe(self, point: Mapping[str, Any], phases: tuple[str, ...]) -> dict[str, Any]:
-        """Evaluate ``point`` (num_patches_per_iter, num_sw_batch_size, validation_device)."""
-
-    def training_replay(self, infer_point: Mapping[str, Any] | None = None) -> tuple[Any, int | None]:
-        """The training curve from one estimator trace (or None), and the folded inference estimate."""
-
-    def memory_curve(self, phase: str, point: Mapping[str, Any], known: Mapping[int, float] | None = None,
-                     on_estimate: Any = None, max_passes: int | None = None) -> Any:
-        """A curve read from at most ``max_passes`` point estimates (or None)."""
-
-    def config(self) -> dict[str, Any]:
-        """The bundle's resolved config."""
-
-
 def point_id(point: Mapping[str, Any], phases: tuple[str, ...]) -> str:
     """A canonical string naming a point and the phases it ran, to find it again."""
     parts = [f"{k}={point[k]}" for k in sorted(point)]
     return "+".join(phases) + "|" + ",".join(parts)
+
+
+def trial_fits(trial: Any) -> bool:
+    """True when a stored trial's point ran and fits: status ok and no memory constraint violated."""
+    return trial.user_attrs.get("status") == "ok" and all(v <= 0 for v in (trial.constraints or {}).values())
 
 
 @dataclass
@@ -106,6 +92,14 @@ class Evaluation:
     @property
     def failed(self) -> bool:
         return self.status in ("error", "timeout", "killed")
+
+    @classmethod
+    def from_trial(cls, trial: Any, point: dict[str, Any], phases: tuple[str, ...], reused: bool = False) -> Evaluation:
+        """The evaluation a stored trial holds."""
+        attrs = trial.user_attrs
+        return cls(point=point, phases=phases, status=str(attrs.get("status")), feasible=trial_fits(trial),
+                   peak_bytes=attrs.get("peak_bytes"), value=float(trial.value or 0.0), trial_number=trial.number,
+                   reused=reused, result=dict(attrs))
 
 
 def _throughput(result: Mapping[str, Any], phases: tuple[str, ...]) -> float:
@@ -184,21 +178,6 @@ class Evaluator:
                 failures += 1
         return done, failures
 
-    def _from_trial(self, trial: optuna.trial.FrozenTrial, point: dict[str, Any], phases: tuple[str, ...]) -> Evaluation:
-        attrs = trial.user_attrs
-        feasible = all(v <= 0 for v in trial.constraints.values()) and attrs.get("status") == "ok"
-        return Evaluation(
-            point=point,
-            phases=phases,
-            status=str(attrs.get("status")),
-            feasible=feasible,
-            peak_bytes=attrs.get("peak_bytes"),
-            value=float(trial.value or 0.0),
-            trial_number=trial.number,
-            reused=True,
-            result=dict(attrs),
-        )
-
     def _skipped(self, pid: str, point: dict[str, Any], phases: tuple[str, ...]) -> Evaluation:
         from optuna.trial import TrialState
 
@@ -234,7 +213,7 @@ class Evaluator:
         """
         if trial is not None:
             # a trial the sampler asked is RUNNING already: mark it as this worker's at once, so a worker
-            # that stops at any moment leaves a trial its liveness answers for (autotune.search.liveness)
+            # that stops at any moment leaves a trial its liveness answers for (autotune.search.storage.liveness)
             trial.set_user_attr("owner", self.owner)
         self._step()
         return self._evaluate(dict(point), phases, trial, repeat)
@@ -244,37 +223,39 @@ class Evaluator:
         if self.liveness is not None:
             self.liveness.progress()
 
-    def _evaluate(self, point: dict[str, Any], phases: tuple[str, ...], trial: Any, repeat: int) -> Evaluation:
-        import optuna
-
-        pid = point_id(point, phases) + (f"|repeat={repeat}" if repeat else "")
-        study = self.study_for(phases)
+    def _known(self, pid: str, study: optuna.Study) -> tuple[optuna.trial.FrozenTrial | None, int, bool]:
+        """(the point's finished trial, its failures, whether this worker holds its claim). With several
+        workers a point is probed only while holding its claim; otherwise this waits for the holder's
+        trial (or for its claim to go stale, then takes it over)."""
         previous, failures = self._previous(pid, study)
-        claimed = False
-        # with several workers: probe a point only while holding its claim; otherwise wait for
-        # the holder's trial (or for its claim to go stale, then take it over)
         while self.claims is not None and previous is None and failures < MAX_FAILURES:
-            claimed = self.claims.claim(study.study_name, "point:" + pid)
-            if claimed:
+            if self.claims.claim(study.study_name, "point:" + pid):
                 previous, failures = self._previous(pid, study)  # it may have finished just before
-                if previous is not None or failures >= MAX_FAILURES:
-                    self.claims.release(study.study_name, "point:" + pid, done=previous is not None)
-                    claimed = False
+                if previous is None and failures < MAX_FAILURES:
+                    return None, failures, True
+                self.claims.release(study.study_name, "point:" + pid, done=previous is not None)
                 break
             time.sleep(self.poll_seconds)
             self._step()
             previous, failures = self._previous(pid, study)
-        if previous is not None or failures >= MAX_FAILURES:
-            if previous is not None:
-                evaluation = self._from_trial(previous, point, phases)
-            else:  # failed MAX_FAILURES times: taken as infeasible, and the trial says so
-                evaluation = self._skipped(pid, point, phases)
-            if trial is not None:  # a sampler asked for a point we know: record the answer, no probe
-                self._tell(trial, evaluation.result or {"status": evaluation.status}, phases, point, reused_from=evaluation)
-            self.reused += 1
-            self._report(evaluation, phases, reused=True)
-            return evaluation
+        return previous, failures, False
 
+    def _answer_known(self, previous: Any, pid: str, point: dict[str, Any], phases: tuple[str, ...],
+                      trial: Any) -> Evaluation:
+        """A point the study answers: its finished trial, or infeasible after ``MAX_FAILURES`` failures."""
+        if previous is not None:
+            evaluation = Evaluation.from_trial(previous, point, phases, reused=True)
+        else:  # failed MAX_FAILURES times: taken as infeasible, and the trial says so
+            evaluation = self._skipped(pid, point, phases)
+        if trial is not None:  # a sampler asked for a point we know: record the answer, no probe
+            self._tell(trial, evaluation.result or {"status": evaluation.status}, phases, point, reused_from=evaluation)
+        self.reused += 1
+        self._report(evaluation, phases, reused=True)
+        return evaluation
+
+    def _new_trial(self, study: optuna.Study, point: dict[str, Any], phases: tuple[str, ...], pid: str,
+                   repeat: int, trial: Any) -> Any:
+        """The trial a probe of ``point`` is recorded in (asked here unless the sampler asked it), tagged."""
         if trial is None:
             trial = study.ask()
             trial.set_user_attr("owner", self.owner)
@@ -288,6 +269,32 @@ class Evaluator:
             trial.set_user_attr("repeat", repeat)
         trial.set_user_attr("kind", "probe" if self.prober.measured else "estimate")
         trial.set_user_attr("budget_bytes", self.budget_bytes)
+        return trial
+
+    def _abandon(self, study: optuna.Study, trial: Any, exc: BaseException) -> None:
+        """Fail the trial a probe was interrupted in (a signal, Ctrl-C, an error), so the study keeps no
+        RUNNING trial of a process that is gone; a trial already failed as stale means ``TakenOver``."""
+        import optuna
+        from optuna.trial import TrialState
+
+        if isinstance(exc, optuna.exceptions.UpdateFinishedTrialError):
+            raise TakenOver(
+                f"trial #{trial.number} of {study.study_name} was failed as stale while this worker was on "
+                "it (no progress within its promise and the grace); another worker takes the work over"
+            ) from exc
+        try:
+            trial.set_user_attr("fail_reason", f"interrupted: {type(exc).__name__} {exc}".strip()[:500])
+            study.tell(trial, state=TrialState.FAIL)
+        except Exception:  # noqa: BLE001 - the storage may be what failed; liveness fails the trial later
+            pass
+
+    def _evaluate(self, point: dict[str, Any], phases: tuple[str, ...], trial: Any, repeat: int) -> Evaluation:
+        pid = point_id(point, phases) + (f"|repeat={repeat}" if repeat else "")
+        study = self.study_for(phases)
+        previous, failures, claimed = self._known(pid, study)
+        if previous is not None or failures >= MAX_FAILURES:
+            return self._answer_known(previous, pid, point, phases, trial)
+        trial = self._new_trial(study, point, phases, pid, repeat, trial)
         started = time.perf_counter()
         try:
             result = self.prober.probe(point, phases)
@@ -299,11 +306,7 @@ class Evaluator:
         except BaseException as exc:
             if claimed:
                 self.claims.release(study.study_name, "point:" + pid)
-            if isinstance(exc, optuna.exceptions.UpdateFinishedTrialError):
-                raise TakenOver(
-                    f"trial #{trial.number} of {study.study_name} was failed as stale while this worker was on "
-                    "it (no progress within its promise and the grace); another worker takes the work over"
-                ) from exc
+            self._abandon(study, trial, exc)
             raise
         if claimed:
             self.claims.release(study.study_name, "point:" + pid, done=not evaluation.failed)

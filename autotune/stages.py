@@ -1,9 +1,9 @@
-"""The tuning stage as library functions: ``tune``, ``tune_worker``, ``verify``.
+"""The tuning stages as library functions: ``tune``, ``tune_worker``, ``verify``.
 
-They take keyword arguments with the CLI's defaults (``device="auto"``: the first GPU,
-else the CPU), return the tuning records and raise ``autotune.errors`` subclasses; the
-CLI's handlers (``autotune/commands/search.py``) only parse arguments, call these and
-print. They sit above ``autotune.search`` and ``autotune.bundles``: ``autotune.BundleGen``
+They take keyword arguments with the CLI's defaults (``device="auto"``: the first GPU, else the
+CPU; ``precision="auto"``), return the tuning records and raise ``autotune.errors`` subclasses;
+the CLI's handlers (``autotune/commands/search.py``) only parse arguments, call these and print.
+They sit above ``autotune.search`` and ``autotune.bundles``: ``autotune.BundleGen``
 (``autotune.pipeline``) tunes with ``tune``.
 """
 
@@ -26,10 +26,16 @@ __all__ = ["TuneOptions", "find_bundles", "load_specs", "tune", "tune_worker", "
 Progress = Callable[[str], None]
 PathLike = str | os.PathLike[str]
 
+DEFAULT_TIMEOUT = 300.0
+
 
 def stderr_lines(line: str) -> None:
     """The default ``progress``: each line to stderr, at once."""
     print(line, file=sys.stderr, flush=True)
+
+
+def _quiet(_line: str) -> None:
+    return None
 
 
 class TuneOptions(TypedDict, total=False):
@@ -43,6 +49,7 @@ class TuneOptions(TypedDict, total=False):
     handoff: str
     margin: float
     timeout: float
+    precision: str
     target_gpu: str | None
     target_memory: str | None
     probe_env: Mapping[str, str] | None
@@ -68,22 +75,14 @@ def tune(
     bundles: Sequence[PathLike],
     specs: Mapping[str, Any] | PathLike | None = None,
     *,
-    device: str = "auto",
-    memory_limit: int | str | None = None,
-    storage: str | None = None,
-    strategy: str = "fast",
-    objective: str = "max-batch",
-    handoff: str = "goodput",
-    margin: float = 0.10,
-    timeout: float = 300.0,
-    target_gpu: str | None = None,
-    target_memory: str | None = None,
-    summary_path: PathLike | None = None,
-    workers_share: bool = False,
-    probe_env: Mapping[str, str] | None = None,
+    device: str = "auto", memory_limit: int | str | None = None, storage: str | None = None,
+    strategy: str = "fast", objective: str = "max-batch", handoff: str = "goodput",
+    margin: float = 0.10, timeout: float = DEFAULT_TIMEOUT, precision: str = "auto",
+    target_gpu: str | None = None, target_memory: str | None = None, summary_path: PathLike | None = None,
+    workers_share: bool = False, write_back: bool = True, probe_env: Mapping[str, str] | None = None,
     progress: Progress | None = stderr_lines,
 ) -> list[dict[str, Any]]:
-    """Tune ``bundles`` and write the tuned values (with ``tuning:`` provenance) into each.
+    """Tune ``bundles`` and write the tuned values (with the ``tuning:`` plan) into each.
 
     Args:
         bundles: bundle folders made by ``generate`` (folds of one algorithm share one search).
@@ -99,10 +98,12 @@ def tune(
             measured faster to a target accuracy by more than the noise) or ``largest`` (the search's batch).
         margin: share of the limit kept free.
         timeout: seconds before a probe is killed.
+        precision: ``auto`` (mixed precision where the device runs it natively), ``fp32``, ``bf16`` or ``fp16``.
         target_gpu: with ``strategy="estimate"``: a catalogue GPU to plan for, e.g. ``a100-80gb``.
         target_memory: with ``strategy="estimate"``: the memory of a GPU not in the catalogue.
         summary_path: where to write the JSON summary (``{"results": [...]}``).
         workers_share: other workers tune from the same storage (see ``tune_worker``).
+        write_back: write the tuned values into the bundles (False: only return and store them).
         probe_env: extra environment for the probe children.
         progress: called with one line per step; None for silence.
 
@@ -111,20 +112,21 @@ def tune(
         the tuned values, the measured peak and the limit.
 
     Raises:
-        SpecError: bad specs, strategy, objective, hand-off, margin, target or memory limit.
+        SpecError: bad specs, strategy, objective, hand-off, margin, precision, target or memory limit.
         ConfigError: a bundle is missing or malformed. StorageError: the storage cannot be used.
     """
     from autotune.device import resolve_device
-    from autotune.search.targets import resolve_target
-    from autotune.search.tune import tune_bundles
+    from autotune.precision import precision_scope
+    from autotune.search import SearchSettings, resolve_target, search_bundles
 
-    device = resolve_device(device)
-    target = resolve_target(strategy, target_gpu, target_memory, device)
-    return tune_bundles(
-        list(bundles), load_specs(specs), device=device, memory_limit=memory_limit, storage=storage,
-        strategy=strategy, objective=objective, handoff=handoff, margin=margin, timeout=timeout, target=target,
-        probe_env=probe_env, summary_path=summary_path, workers_share=workers_share, progress=progress,
-    )
+    with precision_scope(precision):
+        device = resolve_device(device)
+        settings = SearchSettings(
+            device=device, memory_limit=memory_limit, storage=storage, strategy=strategy, objective=objective,
+            handoff=handoff, margin=margin, timeout=timeout,
+            target=resolve_target(strategy, target_gpu, target_memory, device),
+            probe_env=probe_env, workers_share=workers_share, write_back=write_back)
+        return search_bundles(list(bundles), load_specs(specs), settings, progress or _quiet, summary_path)
 
 
 def find_bundles(work_dir: PathLike, algos: str | Sequence[str] | None = None) -> list[str]:
@@ -173,8 +175,10 @@ def verify(
     device: str = "auto",
     memory_limit: int | str | None = None,
     storage: str | None = None,
-    timeout: float = 300.0,
+    timeout: float = DEFAULT_TIMEOUT,
     retune: bool = True,
+    precision: str = "auto",
+    probe_env: Mapping[str, str] | None = None,
     progress: Progress | None = stderr_lines,
 ) -> dict[str, Any]:
     """Probe a tuned (or planned) bundle on ``device``; set its provenance to ``measured`` when the plan holds.
@@ -186,8 +190,12 @@ def verify(
     Raises:
         ConfigError: the bundle was never tuned. SpecError: the limit is above the device's memory.
     """
+    from autotune.bundles.config import load_bundle
     from autotune.device import resolve_device
-    from autotune.search.verify import verify_bundle
+    from autotune.precision import precision_scope
+    from autotune.search import verify_plan
 
-    return verify_bundle(bundle, device=resolve_device(device), memory_limit=memory_limit, storage=storage,
-                         timeout=timeout, retune=retune, progress=progress)
+    with precision_scope(precision):
+        return verify_plan(load_bundle(bundle), device=resolve_device(device), memory_limit=memory_limit,
+                           storage=storage, timeout=timeout, retune=retune, probe_env=probe_env,
+                           say=progress or _quiet)

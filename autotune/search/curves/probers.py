@@ -11,11 +11,31 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-__all__ = ["ProbeProber", "EstimateProber"]
+__all__ = ["Prober", "ProbeProber", "EstimateProber", "loader_bytes_fn"]
 
 log = logging.getLogger(__name__)
+
+
+class Prober(Protocol):
+    """What a strategy asks for points: a real probe or an estimate, and the estimated curves
+    (``autotune.search.curves.key_curves.search_curves`` builds a key's from them)."""
+
+    measured: bool
+
+    def probe(self, point: Mapping[str, Any], phases: tuple[str, ...]) -> dict[str, Any]:
+        """Evaluate ``point`` (num_patches_per_iter, num_sw_batch_size, validation_device)."""
+
+    def training_replay(self, infer_point: Mapping[str, Any] | None = None) -> tuple[Any, int | None]:
+        """The training curve from one estimator trace (or None), and the folded inference estimate."""
+
+    def memory_curve(self, phase: str, point: Mapping[str, Any], known: Mapping[int, float] | None = None,
+                     on_estimate: Any = None, max_passes: int | None = None) -> Any:
+        """A curve read from at most ``max_passes`` point estimates (or None)."""
+
+    def config(self) -> dict[str, Any]:
+        """The bundle's resolved config."""
 
 
 def _point_kwargs(point: Mapping[str, Any]) -> dict[str, Any]:
@@ -59,15 +79,15 @@ class _ModelMixin:
     ) -> Any:
         """The estimator's peak (plus the device allowance) at each batch size, computed on demand:
         ``num_patches_per_iter`` for "train", ``num_sw_batch_size`` for "infer" (capped at the
-        number of windows), from at most ``max_passes`` estimates (``autotune.search.sparse``). None
+        number of windows), from at most ``max_passes`` estimates (``autotune.search.curves.sparse``). None
         when the estimator fails at the first point asked (bisection then).
 
         Args:
             known: raw estimates already computed (n -> bytes), e.g. read back from the study.
             on_estimate: called with (n, raw bytes) for each new estimate (to store it).
         """
-        from autotune.probe.estimate import estimate
-        from autotune.search.sparse import MAX_PASSES, SparseCurve
+        from autotune.probe import estimate
+        from autotune.search.curves.sparse import MAX_PASSES, SparseCurve
 
         kwargs = _point_kwargs(point)
         size = "num_patches_per_iter" if phase == "train" else "num_sw_batch_size"
@@ -77,7 +97,7 @@ class _ModelMixin:
         cfg = self.config()
         cap, step = None, None
         if phase == "infer":
-            from autotune.probe.model import num_windows
+            from autotune.probe import num_windows
 
             cap = num_windows(cfg)
         else:
@@ -104,8 +124,7 @@ class _ModelMixin:
         allowance; with ``infer_point`` (``num_sw_batch_size``, ``validation_device``) the same pass
         estimates that sliding-window point too. Returns (curve or None when the trace does not replay,
         the raw inference estimate or None)."""
-        from autotune.probe.estimate import estimate
-        from autotune.probe.replay import marker_batch, replay_of
+        from autotune.probe import estimate, marker_batch, replay_of
 
         cfg = self.config()
         crops = int(cfg.get("num_crops_per_image", 1) or 1)
@@ -128,13 +147,13 @@ class _ModelMixin:
 
     def config(self) -> dict[str, Any]:
         """The bundle's resolved config."""
-        from autotune.probe.runner import resolve_request
+        from autotune.probe import resolve_request
 
         return resolve_request(self.bundle, check_device=False)["config"]
 
     def _allowed(self, raw_curve: Any) -> Any:
         """``raw_curve`` with the device allowance (``raw * scale + offset``; identity on the CPU)."""
-        from autotune.search.edge import CorrectedCurve
+        from autotune.search.curves.edge import CorrectedCurve
 
         if self.scale == 1.0 and self.offset == 0:
             return raw_curve
@@ -164,7 +183,7 @@ class ProbeProber(_ModelMixin):
         self.scale, self.offset = float(scale), int(offset)
 
     def probe(self, point: Mapping[str, Any], phases: tuple[str, ...]) -> dict[str, Any]:
-        from autotune.probe.runner import run_probe
+        from autotune.probe import run_probe
 
         return run_probe(
             self.bundle,
@@ -191,7 +210,7 @@ class EstimateProber(_ModelMixin):
         self.scale, self.offset = float(scale), int(offset)
 
     def probe(self, point: Mapping[str, Any], phases: tuple[str, ...]) -> dict[str, Any]:
-        from autotune.probe.estimate import estimate
+        from autotune.probe import estimate
 
         result = dict(estimate(self.bundle, device=self.device, phases=tuple(phases), **_point_kwargs(point)))
         raw = int(result.get("peak_bytes") or 0)

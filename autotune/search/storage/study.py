@@ -30,6 +30,7 @@ __all__ = [
     "open_storage",
     "make_key",
     "open_study",
+    "study_phase",
     "trial_id",
 ]
 
@@ -71,7 +72,7 @@ def quiet_optuna() -> None:
 
 def open_storage(url: str | None = None) -> optuna.storages.BaseStorage:
     """Open (and create) the Optuna RDB storage at ``url``. Optuna's trial heartbeats are not
-    used: a worker's liveness is ``autotune.search.liveness``.
+    used: a worker's liveness is ``autotune.search.storage.liveness``.
 
     Raises:
         StorageError: the URL is malformed, its driver is missing, or the database is
@@ -135,8 +136,9 @@ class TuningKey:
     monai_version: str
     strategy: str
     objective: str = "max-batch"
-    # one study per phase (training batch, inference point): a study's trials share one unit and its
-    # best trial is the phase's answer (issue 23); studies written before this layout are not read again
+    # how the key's studies hold their trials: one study per phase (training batch, inference point), so a
+    # study's trials share one unit and its best trial is the phase's answer; tpe's joint study values a
+    # point N + sw / SW_SCALE. Part of the digest: a study laid out otherwise is never read as this one.
     layout: str = "phase-studies"
 
     def as_dict(self) -> dict[str, Any]:
@@ -190,22 +192,23 @@ def make_key(cfg: Mapping[str, Any], device: Mapping[str, Any], memory_limit: in
         monai_version=str(monai.__version__),
         strategy=strategy,
         objective=objective,
+        layout="joint-n-sw" if strategy.startswith("tpe") else "phase-studies",
     )
 
 
 def open_study(
     storage: optuna.storages.BaseStorage, key: TuningKey, sampler: optuna.samplers.BaseSampler | None = None,
-    phase: str | None = None,
+    phase: str | None = None, metric: str | None = None,
 ) -> optuna.Study:
     """Create or load a study of ``key``; the key's fields are stored as study attributes.
 
     ``phase``: ``train`` (the key's study; the default for fast and estimate), ``infer`` (its sibling
-    ``<name>-infer``) or ``joint`` (the default for tpe: one trial sizes both phases).
+    ``<name>-infer``) or ``joint`` (the default for tpe: one trial sizes both phases). ``metric``: the name
+    of the trial values (the dashboard's axis), set when the study is created.
     """
     import optuna
 
-    if phase is None:
-        phase = "joint" if key.strategy.startswith("tpe") else "train"
+    phase = phase or study_phase(key)
     study = optuna.create_study(
         storage=storage,
         study_name=key.infer_study_name if phase == "infer" else key.study_name,
@@ -213,10 +216,8 @@ def open_study(
         sampler=sampler,
         load_if_exists=True,
     )
-    if not study.metric_names:
-        from autotune.search.objective import metric_name
-
-        study.set_metric_names([metric_name(key.objective, phase)])
+    if metric and not study.metric_names:
+        study.set_metric_names([metric])
     if "phase" not in study.user_attrs:
         study.set_user_attr("phase", phase)
     if "tuning_key" not in study.user_attrs:
@@ -224,6 +225,11 @@ def open_study(
         for name, value in key.as_dict().items():
             study.set_user_attr(f"key.{name}", value)
     return study
+
+
+def study_phase(key: TuningKey) -> str:
+    """The phase of a key's own study: ``joint`` for tpe (one trial sizes both phases), else ``train``."""
+    return "joint" if key.strategy.startswith("tpe") else "train"
 
 
 def trial_id(storage: optuna.storages.BaseStorage, study: optuna.Study, number: int) -> int:

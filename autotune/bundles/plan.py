@@ -1,0 +1,215 @@
+"""The ``tuning:`` block of a tuned bundle, as one typed class: ``TuningPlan``.
+
+The tuner writes it (``TuningPlan.from_record(...).as_dict()``) and every stage that reads it
+(training's memory limit and precision, the Algo class, ``verify``) reads it through
+``plan_of(cfg)``; ``autotune.bundles.config.load_bundle`` checks it when a bundle is loaded, so
+a malformed block is one line naming the key, not a ``KeyError`` later. A block carries
+``version``; a block without one (written before the field existed) holds the same fields and
+loads as version 1, and a newer version than this autotune reads is refused.
+
+The answer and the figures a program reads are typed fields; the reports a person reads
+(``key``, ``batch``, ``handoff``, ``recipe``, ``edge_check``, ...) are plain mappings whose
+content is documented in docs/tuning.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from autotune.errors import ConfigError
+
+__all__ = ["PLAN_VERSION", "TuningPlan", "plan_of"]
+
+PLAN_VERSION = 1
+METHODS = ("measured", "estimated")
+
+# field -> (accepted types, required); a report is a mapping, a list a list of ints
+_INT, _FLOAT, _STR, _BOOL, _MAP, _LIST = (int,), (int, float), (str,), (bool,), (Mapping,), (list,)
+
+
+@dataclass(frozen=True)
+class TuningPlan:
+    """What a tuned bundle was tuned for, its answer, and how the answer was found.
+
+    Attributes:
+        num_patches_per_iter: patches per forward pass handed to training.
+        max_num_patches_per_iter: the largest that fits (the hand-off may give training less).
+        num_sw_batch_size: the sliding-window batch.
+        validation_device: where the validation volume lives (``device`` or ``cpu``).
+        sw_input_on_cpu: the volume is kept on the CPU while windows run on the GPU.
+        memory_limit: the limit tuned for (bytes); ``margin`` the share kept free; ``budget_bytes``
+            what a point could use.
+        device, device_name, device_total_memory: the device tuned on (or planned for).
+        method: ``measured`` (real probes) or ``estimated`` (the estimator alone: a plan to verify).
+        precision: ``fp32``, ``bf16`` or ``fp16``: what the probes ran in.
+        peak_bytes, train_peak_bytes, infer_peak_bytes: measured (or estimated) peaks of the answer.
+    """
+
+    num_patches_per_iter: int
+    num_sw_batch_size: int
+    memory_limit: int
+    device: str
+    method: str = "measured"
+    algo: str | None = None
+    objective: str | None = None
+    strategy: str | None = None
+    status: str = "tuned"
+    max_num_patches_per_iter: int | None = None
+    validation_device: str | None = None
+    sw_input_on_cpu: bool = False
+    device_name: str | None = None
+    device_total_memory: int | None = None
+    margin: float | None = None
+    budget_bytes: int | None = None
+    precision: str | None = None
+    peak_bytes: int | None = None
+    train_peak_bytes: int | None = None
+    infer_peak_bytes: int | None = None
+    samples_per_s: float | None = None
+    sw_seconds_per_volume: float | None = None
+    probes: int | None = None
+    reused_points: int | None = None
+    trials: list[int] | None = None
+    infer_trials: list[int] | None = None
+    train_trial: int | None = None
+    infer_trial: int | None = None
+    study_name: str | None = None
+    infer_study_name: str | None = None
+    storage: str | None = None
+    wall_seconds: float | None = None
+    date: str | None = None
+    allowances_validated_on_gpu: bool | None = None
+    # reports: plain mappings for people (docs/tuning.md)
+    estimator_passes: Mapping[str, Any] | None = None
+    edge_check: Mapping[str, Any] | None = None
+    handoff: Mapping[str, Any] | None = None
+    batch: Mapping[str, Any] | None = None
+    key: Mapping[str, Any] | None = None
+    recipe: Mapping[str, Any] | None = None
+    allowances: Mapping[str, Any] | None = None
+    target: Mapping[str, Any] | None = None
+    verified: Mapping[str, Any] | None = None
+    version: int = PLAN_VERSION
+
+    @property
+    def largest_fit(self) -> int:
+        """The largest batch that fit: the edge ``verify`` checks one above."""
+        return max(self.num_patches_per_iter, int(self.max_num_patches_per_iter or self.num_patches_per_iter))
+
+    @property
+    def searched_top(self) -> int | None:
+        """The top of the range of patches per iteration that was searched (None when not recorded)."""
+        top = ((self.batch or {}).get("searched_range") or [None, None])[1]
+        return int(top) if top else None
+
+    @property
+    def handoff_rule(self) -> str:
+        """``goodput`` or ``largest``: how training's batch was chosen from the largest fit."""
+        return str((self.handoff or {}).get("rule") or "goodput")
+
+    def tuned_on(self, device: str) -> bool:
+        """True when this plan was measured on a device of the same kind as ``device`` (cpu, cuda)."""
+        return self.method == "measured" and self.device.split(":")[0] == str(device).split(":")[0]
+
+    def as_dict(self) -> dict[str, Any]:
+        """The block as plain data, in a fixed order (``None`` fields left out)."""
+        from autotune.utils import plain_data
+
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return plain_data({k: v for k, v in out.items() if v is not None})
+
+    def replace(self, **changes: Any) -> TuningPlan:
+        """A copy with ``changes`` (checked as a loaded block is)."""
+        return TuningPlan.from_dict({**self.as_dict(), **changes}, "tuning")
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any], recipe: Mapping[str, Any] | None = None) -> TuningPlan:
+        """The plan of a tuned key's record (``autotune.search``), with the hand-off's ``recipe``."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        block = {k: v for k, v in record.items() if k in names and v is not None}
+        if recipe is not None:
+            block["recipe"] = dict(recipe)
+        return cls.from_dict(block, "tuning")
+
+    @classmethod
+    def from_dict(cls, block: Any, where: str) -> TuningPlan:
+        """Check ``block`` (a bundle's ``tuning:`` mapping) and return the plan.
+
+        Raises:
+            ConfigError: not a mapping, an unknown or missing key, a value of the wrong type, or a
+                version this autotune does not read; the message names ``where`` and the key.
+        """
+        if not isinstance(block, Mapping):
+            raise ConfigError(f"{where}: must be a mapping (the tuner writes it); run 'autotune tune' again")
+        version = block.get("version", PLAN_VERSION)
+        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+            raise ConfigError(f"{where}.version: must be a positive integer, got {version!r}")
+        if version > PLAN_VERSION:
+            raise ConfigError(f"{where}.version: {version} was written by a newer autotune (this one reads up to "
+                              f"{PLAN_VERSION}); upgrade autotune, or run 'autotune tune' again")
+        names = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(block) - set(names))
+        if unknown:
+            from autotune.utils import look_up_option
+
+            look_up_option(str(unknown[0]), names, f"key in {where}", ConfigError)
+        for name in ("num_patches_per_iter", "num_sw_batch_size", "memory_limit", "device"):
+            if block.get(name) is None:
+                raise ConfigError(f"{where}: key {name!r} is missing; run 'autotune tune' again")
+        values = {name: _checked(name, block[name], where) for name in names if block.get(name) is not None}
+        return cls(**values)
+
+
+_TYPES: dict[str, tuple[type, ...]] = {
+    **{name: _INT for name in ("num_patches_per_iter", "num_sw_batch_size", "memory_limit", "max_num_patches_per_iter",
+                               "device_total_memory", "budget_bytes", "peak_bytes", "train_peak_bytes",
+                               "infer_peak_bytes", "probes", "reused_points", "train_trial", "infer_trial", "version")},
+    **{name: _FLOAT for name in ("margin", "samples_per_s", "sw_seconds_per_volume", "wall_seconds")},
+    **{name: _STR for name in ("device", "method", "algo", "objective", "strategy", "status", "validation_device",
+                               "device_name", "precision", "study_name", "infer_study_name", "storage", "date")},
+    **{name: _BOOL for name in ("sw_input_on_cpu", "allowances_validated_on_gpu")},
+    **{name: _LIST for name in ("trials", "infer_trials")},
+    **{name: _MAP for name in ("estimator_passes", "edge_check", "handoff", "batch", "key", "recipe", "allowances",
+                               "target", "verified")},
+}
+_POSITIVE = ("num_patches_per_iter", "num_sw_batch_size", "memory_limit")
+
+
+def _checked(name: str, value: Any, where: str) -> Any:
+    """``value`` of key ``name`` when its type is right, else a ``ConfigError`` naming it."""
+    kinds = _TYPES[name]
+    wrong = not isinstance(value, kinds) or (kinds is not _BOOL and isinstance(value, bool))
+    if not wrong and name in _POSITIVE and value < 1:
+        wrong = True
+    if not wrong and name == "method" and value not in METHODS:
+        wrong = True
+    if wrong:
+        what = {_INT: "an integer", _FLOAT: "a number", _STR: "a string", _BOOL: "true or false",
+                _LIST: "a list", _MAP: "a mapping"}[kinds]
+        if name in _POSITIVE:
+            what = "a positive integer"
+        if name == "method":
+            what = " or ".join(METHODS)
+        raise ConfigError(f"{where}.{name}: must be {what}, got {value!r}; run 'autotune tune' again")
+    if kinds is _MAP:
+        return dict(value)
+    if kinds is _FLOAT:
+        return float(value)
+    return list(value) if kinds is _LIST else value
+
+
+def plan_of(cfg: Mapping[str, Any], where: str | None = None) -> TuningPlan | None:
+    """The plan of a loaded bundle config (None when the bundle was never tuned).
+
+    Raises:
+        ConfigError: the block is malformed (``where`` names the file; default the bundle).
+    """
+    block = cfg.get("tuning")
+    if block is None:
+        return None
+    if isinstance(block, TuningPlan):
+        return block
+    return TuningPlan.from_dict(block, f"{where or cfg.get('bundle_root', 'bundle')}: tuning")

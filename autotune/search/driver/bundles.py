@@ -1,0 +1,140 @@
+"""Tune bundles: group them by tuning key, answer each key once, write the values back.
+
+Folds of one algorithm share a key, so one search serves them all. Each key's study keeps
+every evaluated point; a rerun after an interruption resumes from it, and a finished key
+answers from storage with no new trial. One key is ``autotune.search.driver.key``; the
+write-back ``autotune.search.driver.writeback``. The public entry is ``autotune.tune``
+(``autotune/stages.py``), which resolves the device and the target GPU and calls
+``search_bundles``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from autotune.bundles.config import Bundle, load_bundle
+from autotune.errors import SpecError
+from autotune.search.driver.key import answer_key
+from autotune.search.driver.session import Session, make_budget, open_store
+from autotune.search.driver.writeback import check_writable, write_bundle
+from autotune.search.storage.liveness import TakenOver
+from autotune.search.strategies.space import parse_specs
+from autotune.utils import look_up_option
+
+__all__ = ["STRATEGIES", "SearchSettings", "search_bundles"]
+
+STRATEGIES = ("fast", "tpe", "estimate")
+
+
+@dataclass(frozen=True)
+class SearchSettings:
+    """How to search, as ``autotune.tune`` resolved it (see there for each field)."""
+
+    device: str
+    memory_limit: int | str | None
+    storage: str | None
+    strategy: str
+    objective: str
+    handoff: str
+    margin: float
+    timeout: float
+    target: Mapping[str, Any] | None = None
+    probe_env: Mapping[str, str] | None = None
+    workers_share: bool = False
+    write_back: bool = True
+    estimate_only: bool = False  # answer every point from the estimator (``strategy="estimate"`` sets it)
+
+
+def _checked_method(settings: SearchSettings) -> tuple[str, bool, str, str]:
+    """(strategy, estimate_only, objective, hand-off), each checked against its valid names."""
+    from autotune.search.handoff import HANDOFFS
+    from autotune.search.strategies.objective import OBJECTIVES
+
+    strategy = look_up_option(settings.strategy, STRATEGIES, "strategy", SpecError)
+    objective = look_up_option(settings.objective, OBJECTIVES, "objective", SpecError)
+    handoff = look_up_option(settings.handoff, HANDOFFS, "handoff", SpecError)
+    if strategy == "estimate":  # the fast search, answered by the estimator alone
+        return "fast", True, objective, handoff
+    return strategy, settings.estimate_only, objective, handoff
+
+
+def _group(bundles: Mapping[str, Bundle], session: Session) -> tuple[dict[str, list[str]], dict[str, Any]]:
+    """Bundles by tuning key's study name, and the keys; says the precision once per run."""
+    from autotune.precision import resolve_precision
+    from autotune.search.storage.study import make_key
+
+    budget = session.budget
+    strategy = session.strategy + ("-estimate" if session.estimate_only else "")
+    groups: dict[str, list[str]] = {}
+    keys: dict[str, Any] = {}
+    said: set[str] = set()
+    for path, bundle in bundles.items():
+        key = make_key(bundle.config, budget.info, budget.limit, strategy, session.objective)
+        groups.setdefault(key.study_name, []).append(path)
+        keys[key.study_name] = key
+        line = resolve_precision(bool(bundle.config.get("amp", False)), budget.info["device"]).line()
+        if line not in said:
+            said.add(line)
+            session.say(line + (", for the GPU planned for" if budget.target is not None else ""))
+    return groups, keys
+
+
+def _answer_all(session: Session, bundles: Mapping[str, Bundle], groups: Mapping[str, list[str]],
+                keys: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each key's record: the keys this worker can take first, then those other workers held."""
+    records: dict[str, dict[str, Any]] = {}
+    pending: list[str] = []
+    for study_name, paths in groups.items():
+        first = bundles[paths[0]].config
+        try:
+            record = answer_key(session, keys[study_name], first, len(paths), wait=False)
+        except TakenOver as exc:  # this worker hung past its promise: the taker's result is awaited
+            session.say(f"[{first['algo']}] {exc}")
+            record = None
+        if record is None:
+            pending.append(study_name)
+        else:
+            records[study_name] = record
+    for study_name in pending:  # keys other workers hold: wait for their results (or take over)
+        paths = groups[study_name]
+        records[study_name] = answer_key(session, keys[study_name], bundles[paths[0]].config, len(paths), wait=True)
+    return records
+
+
+def search_bundles(bundles: Sequence[str | Path], specs: Mapping[str, Any] | None, settings: SearchSettings,
+                   say: Callable[[str], None], summary_path: str | Path | None = None) -> list[dict[str, Any]]:
+    """Tune ``bundles`` with ``settings``; write the tuned values (with the ``tuning:`` plan) into each.
+
+    Returns:
+        One record per bundle (``status``: ``tuned``, ``infeasible`` or ``unsupported``).
+
+    Raises:
+        SpecError: bad specs, strategy, objective, hand-off, margin or memory limit.
+        ConfigError: a bundle is missing or malformed, or a folder cannot be written.
+        StorageError: the storage cannot be opened.
+    """
+    from autotune.utils import atomic_write_json
+
+    strategy, estimate_only, objective, handoff = _checked_method(settings)
+    if not bundles:
+        raise SpecError("no bundle to tune; run 'autotune generate' first")
+    loaded = {str(Path(b)): load_bundle(b) for b in bundles}
+    check_writable([b.config_path.parent for b in loaded.values()] if settings.write_back else [])
+    check_writable([Path(summary_path).parent] if summary_path else [])
+    explicit = parse_specs(specs, sorted({b.config["algo"] for b in loaded.values()}))
+    budget = make_budget(settings.device, settings.memory_limit, settings.margin, settings.target)
+    session = Session(budget, open_store(settings.storage, settings.workers_share, settings.timeout), strategy,
+                      objective, estimate_only, settings.timeout, explicit, settings.probe_env, say, handoff)
+    try:
+        groups, keys = _group(loaded, session)
+        records = _answer_all(session, loaded, groups, keys)
+    finally:
+        session.store.liveness.close()
+    results = [write_bundle(path, loaded[path], records[name], settings.write_back, say)
+               for name, paths in groups.items() for path in paths]
+    if summary_path:
+        atomic_write_json(summary_path, {"results": results})
+    return results

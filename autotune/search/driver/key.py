@@ -1,0 +1,179 @@
+"""One tuning key: answer from storage, or claim the key, search it and store the result.
+
+The fast and estimate searches are sequential: with workers sharing a storage one worker
+claims the key and the others wait for its stored result (or take the key over when its
+holder is not live, ``autotune.search.storage.liveness``). TPE studies are shared point by point.
+The search itself (prober, evaluator, strategy) is ``autotune.search.driver.strategy_run``.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import os
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from autotune.search.driver.session import Session
+from autotune.search.driver.strategy_run import search_key
+from autotune.search.handoff import batch_report, cap_range
+from autotune.search.storage.study import TuningKey, open_study, study_phase
+from autotune.search.strategies.objective import metric_name
+from autotune.search.strategies.space import AlgoSpec, spec_for
+from autotune.utils import format_bytes
+
+__all__ = ["answer_key", "result_tag", "validation_devices"]
+
+
+def result_tag(strategy: str, margin: float, spec: AlgoSpec, devices: tuple[str, ...], estimate_only: bool,
+               handoff: str = "largest") -> str:
+    """The study attribute holding the result of a search with these settings."""
+    settings: dict[str, Any] = {"strategy": strategy, "margin": margin, "spec": spec.as_dict(), "devices": devices,
+                                "estimate": estimate_only}
+    if handoff != "largest":  # "largest" is the tag's default: left out of it
+        settings["handoff"] = handoff
+    blob = json.dumps(settings, sort_keys=True)
+    return "result:" + hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def validation_devices(spec: AlgoSpec, device: str) -> tuple[str, ...]:
+    """On the CPU the volume is on the compute device either way: one search, not two."""
+    if not device.startswith("cuda"):
+        return ("device",)
+    return spec.validation_devices
+
+
+def _open(session: Session, key: TuningKey, phase: str | None = None, sampler: Any = None) -> Any:
+    """Open (or create) the key's study of ``phase`` (default its own), its values named by the objective."""
+    phase = phase or study_phase(key)
+    return open_study(session.store.storage, key, sampler=sampler, phase=phase,
+                      metric=metric_name(session.objective, phase))
+
+
+def _sampler(session: Session, cfg: Mapping[str, Any], spec: AlgoSpec) -> Any:
+    """The TPE sampler of a tpe search (None for the others)."""
+    if session.strategy != "tpe":
+        return None
+    import optuna
+
+    seed = int(cfg.get("seed", 0))
+    if session.store.claims is not None:  # workers sharing a study: different opening points, not the same ones
+        seed += os.getpid()
+    return optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(10, spec.num_trials))
+
+
+def _stored_or_claimed(session: Session, key: TuningKey, study: Any, tag: str, sampler: Any,
+                       wait: bool, algo: str) -> tuple[Any, dict[str, Any] | None]:
+    """(study, stored result) once the result is stored, or (study, None) once this worker holds the key;
+    (None, None) when another worker holds it and not ``wait``."""
+    claims = session.store.claims if session.strategy != "tpe" else None
+    announced = False
+    while True:
+        session.store.liveness.progress()
+        stored = study.user_attrs.get(tag)
+        if stored is not None:
+            return study, stored
+        if claims is None or claims.claim(key.study_name, "key:" + tag):
+            return study, None
+        if not wait:
+            holder = claims.holder(key.study_name, "key:" + tag) or {}
+            session.say(f"[{algo}] {key.study_name} is being tuned by {holder.get('owner', 'another worker')}; "
+                        "will wait")
+            return None, None
+        if not announced:
+            session.say(f"[{algo}] waiting for another worker's result on {key.study_name}")
+            announced = True
+        time.sleep(2.0)
+        study = _open(session, key, sampler=sampler)
+
+
+def _fail_stale(session: Session, studies: tuple[Any, ...], algo: str) -> None:
+    """Mark RUNNING trials of ``studies`` whose worker is gone as failed, and say so."""
+    for one in studies:
+        stale = session.store.liveness.fail_stale_trials(session.store.storage, one) if one is not None else []
+        if stale:
+            session.say(f"[{algo}] marked stale RUNNING trials {stale} of {one.study_name} as failed "
+                        "(their worker is gone)")
+
+
+def _announce(session: Session, key: TuningKey, spec: AlgoSpec, n_bundles: int, algo: str) -> None:
+    budget = session.budget
+    session.say(
+        f"[{algo}] tuning {key.study_name} ({n_bundles} bundle{'s' if n_bundles > 1 else ''}) on "
+        f"{budget.info['device_name']}, strategy {session.strategy}"
+        f"{' (estimates only)' if session.estimate_only else ''}, objective {session.objective}: "
+        f"limit {format_bytes(budget.limit)}, budget {format_bytes(budget.budget)} (margin {budget.margin:.0%}), "
+        f"patches/iter {list(spec.patches_range)}, sw batch {list(spec.sw_range)}"
+    )
+
+
+def _provenance(session: Session, key: TuningKey, infer_study: Any, started: float) -> dict[str, Any]:
+    """Where and under what limit the key was searched: the record's provenance fields."""
+    budget = session.budget
+    fields = {
+        "study_name": key.study_name,
+        "infer_study_name": infer_study.study_name if infer_study is not None else key.study_name,
+        "storage": session.store.shown, "strategy": session.strategy, "memory_limit": budget.limit,
+        "margin": budget.margin, "budget_bytes": budget.budget, "device": budget.info["device"],
+        "device_name": budget.info["device_name"], "device_total_memory": budget.info["device_total_memory"],
+        "precision": key.precision, "wall_seconds": round(time.perf_counter() - started, 3),
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "key": key.as_dict(), "from_storage": False,
+    }
+    if budget.target is not None:
+        fields["target"] = dict(budget.target)
+    return fields
+
+
+def answer_key(session: Session, key: TuningKey, cfg: Mapping[str, Any], n_bundles: int,
+               wait: bool) -> dict[str, Any] | None:
+    """The key's record: from storage, or searched now; None when another worker holds it (and not ``wait``)."""
+    algo = cfg["algo"]
+    if not cfg.get("tuning_supported", True):
+        session.say(f"[{algo}] this template does not support tuning; bundles left as generated")
+        return {"algo": algo, "status": "unsupported", "reason": "template does not support tuning"}
+    spec, batch_cap = cap_range(spec_for(session.explicit[algo], cfg), cfg, session.say)
+    devices = validation_devices(spec, session.budget.device)
+    tag = result_tag(session.strategy, session.budget.margin, spec, devices, session.estimate_only,
+                     session.handoff)
+    sampler = _sampler(session, cfg, spec)
+    study, stored = _stored_or_claimed(session, key, _open(session, key, sampler=sampler),
+                                       tag, sampler, wait, algo)
+    if study is None:
+        return None
+    if stored is not None:
+        session.say(f"[{algo}] answered from storage ({key.study_name}); no new trial")
+        return dict(stored, from_storage=True, probes=0)
+    try:
+        infer_study = _open(session, key, "infer") if session.strategy != "tpe" else None
+        _fail_stale(session, (study, infer_study), algo)
+        _announce(session, key, spec, n_bundles, algo)
+        started = time.perf_counter()
+        record, train_curve = search_key(study, cfg, spec, devices, session, infer_study)
+        record["batch"] = batch_report(record, batch_cap, predicted_fit(train_curve, batch_cap, session.budget.budget))
+        record.update(_provenance(session, key, infer_study, started))
+        from autotune.search.dashboard.notes import tell_story
+
+        tell_story(study, record, infer_study)
+        if record["status"] == "tuned":
+            study.set_user_attr(tag, {k: v for k, v in record.items() if k != "from_storage"})
+        return record
+    finally:
+        claims = session.store.claims if session.strategy != "tpe" else None
+        if claims is not None:
+            claims.release(key.study_name, "key:" + tag, done=False)
+
+
+def predicted_fit(curve: Any, batch_cap: Mapping[str, Any], budget: int) -> int | None:
+    """The estimator's largest fit over the template's whole range (the cap may stop the search below it)."""
+    from autotune.search.curves.edge import largest_under
+
+    whole = batch_cap.get("template_range") or batch_cap.get("range")
+    if curve is None or not whole:
+        return None
+    try:
+        return int(largest_under(curve, int(whole[0]), int(whole[1]), budget))
+    except Exception:  # noqa: BLE001 - the estimate only explains the cap; its failure costs nothing
+        return None

@@ -1,0 +1,136 @@
+"""What one tuning run holds, built once by ``search_bundles`` and read by each key's search.
+
+- ``Budget``: where the probes run and what memory they may use (limit, margin, allowances);
+- ``Store``: where the results go and who else works on them (storage, liveness, claims);
+- ``Session``: both, with the method (strategy, objective, hand-off, timeout) and the specs per algorithm.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from autotune.errors import SpecError
+from autotune.utils import format_bytes, parse_bytes
+
+if TYPE_CHECKING:  # pragma: no cover
+    import optuna
+
+    from autotune.probe import CudaAllowance
+    from autotune.search.storage.claims import ClaimStore
+    from autotune.search.storage.liveness import Liveness
+
+__all__ = ["DEFAULT_MARGIN", "Budget", "Store", "Session", "make_budget", "open_store"]
+
+DEFAULT_MARGIN = 0.10
+
+
+@dataclass(frozen=True)
+class Budget:
+    """The device and its memory budget.
+
+    Attributes:
+        device: where probes run (``cpu``, ``cuda:N``).
+        info: ``device``, ``device_name`` and ``device_total_memory`` of the device tuned for.
+        limit: the memory limit in bytes.
+        margin: share of the limit kept free.
+        budget: what a point may use: the limit less the margin and the allowances.
+        allowance: the device allowances (allocator slack, workspaces) the estimates are corrected by.
+        target: the GPU planned for without a probe (``--target-gpu``), or None.
+    """
+
+    device: str
+    info: Mapping[str, Any]
+    limit: int
+    margin: float
+    budget: int
+    allowance: CudaAllowance
+    target: Mapping[str, Any] | None = None
+
+
+@dataclass
+class Store:
+    """The storage and this run's place among the workers on it.
+
+    Attributes:
+        storage: the Optuna storage this run opened.
+        shown: its URL with any password hidden (for messages and the provenance).
+        liveness: this run's heartbeat (``autotune.search.storage.liveness``).
+        claims: key and point claims when workers share the storage, else None.
+    """
+
+    storage: optuna.storages.BaseStorage
+    shown: str
+    liveness: Liveness
+    claims: ClaimStore | None = None
+
+
+@dataclass
+class Session:
+    """One tuning run: budget, storage, method and specs.
+
+    Attributes:
+        strategy: ``fast`` or ``tpe`` (``estimate`` is ``fast`` with ``estimate_only``).
+        objective: ``max-batch`` or ``throughput`` (``autotune.search.strategies.objective``).
+        handoff: the batch handed to training: ``goodput`` or ``largest`` (``autotune.search.handoff``).
+        explicit: the specs given per algorithm (``autotune.search.strategies.space.parse_specs``).
+    """
+
+    budget: Budget
+    store: Store
+    strategy: str
+    objective: str
+    estimate_only: bool
+    timeout: float
+    explicit: dict[str, dict[str, Any]]
+    probe_env: Mapping[str, str] | None = None
+    say: Callable[[str], None] = lambda _line: None
+    handoff: str = "goodput"
+
+
+def make_budget(device: str, memory_limit: int | str | None, margin: float,
+                target: Mapping[str, Any] | None) -> Budget:
+    """The device tuned for (or the ``target`` GPU planned for) and its budget: the limit less the margin
+    and the allowances.
+
+    Raises:
+        SpecError: a margin outside [0, 1), a limit above the device's memory, or nothing left.
+    """
+    from autotune.device import device_info
+    from autotune.probe import allocator_budget, allowance_from_record
+
+    if not isinstance(margin, (int, float)) or not 0.0 <= float(margin) < 1.0:
+        raise SpecError(f"margin must be in [0, 1), got {margin!r}")
+    if target is not None:
+        device = str(target.get("device", "cuda:0"))
+        info = {"device": device, "device_name": str(target["name"]), "device_total_memory": int(target["memory"])}
+    else:
+        info = device_info(device)
+    limit = parse_bytes(memory_limit, "memory limit") if memory_limit is not None else info["device_total_memory"]
+    if limit > info["device_total_memory"]:
+        raise SpecError(f"memory limit {format_bytes(limit)} is above the {info['device_name']}'s "
+                        f"{format_bytes(info['device_total_memory'])}; pass a smaller --memory-limit")
+    allowance = allowance_from_record(target, device)
+    budget = allocator_budget(limit, float(margin), allowance)
+    if budget <= 0:
+        raise SpecError(f"memory limit {format_bytes(limit)} leaves nothing after the margin and allowances")
+    return Budget(device, info, limit, float(margin), budget, allowance, target)
+
+
+def open_store(storage: str | None, workers_share: bool, timeout: float) -> Store:
+    """Open the storage and this run's liveness there (and claims when workers share it).
+
+    Raises:
+        SpecError: a bad ``$AUTOTUNE_CLAIM_STALE_SECONDS`` (before the storage is touched).
+        StorageError: the storage cannot be opened.
+    """
+    from autotune.search.storage.claims import ClaimStore
+    from autotune.search.storage.liveness import Liveness, owner_tag, stale_after_default
+    from autotune.search.storage.study import default_storage_url, open_storage, redact_url
+
+    url = storage or default_storage_url()
+    stale_after = stale_after_default()
+    opened = open_storage(url)
+    liveness = Liveness(url, owner_tag(), stale_after=stale_after, promise=timeout)
+    return Store(opened, redact_url(url), liveness, ClaimStore(liveness) if workers_share else None)

@@ -1,0 +1,153 @@
+"""Run a session's strategy on one key's studies and turn its outcome into the key's record.
+
+The prober answers points (real probes, or the estimator alone for ``estimate``); the evaluator
+records each point as a trial; the strategy (``fast``/``estimate`` with the key's estimated
+curves, or ``tpe``) chooses; the hand-off (``autotune.search.handoff``) decides the batch
+training gets. The record is plain data: it goes into the study, the summary and, through
+``autotune.bundles.plan.TuningPlan``, the bundle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from autotune.search.curves.bound import PROBE_EDGE_ENV, edge_bound, probe_edge_forced
+from autotune.search.driver.session import Session
+from autotune.search.handoff import apply_handoff
+from autotune.search.strategies.space import AlgoSpec
+
+__all__ = ["search_key"]
+
+
+def _prober(cfg: Mapping[str, Any], session: Session) -> Any:
+    """Real probes in isolated children, or the estimator alone (``estimate``)."""
+    from autotune.search.curves.probers import EstimateProber, ProbeProber
+
+    budget = session.budget
+    scale, offset = budget.allowance.affine()
+    if session.estimate_only:
+        return EstimateProber(cfg["bundle_root"], budget.device, budget.budget, scale=scale, offset=offset)
+    from autotune.probe import prestart
+
+    prestart()  # the probes' fork server imports torch and MONAI while the estimator traces
+    return ProbeProber(cfg["bundle_root"], budget.device, budget.limit, timeout=session.timeout,
+                       env=session.probe_env, scale=scale, offset=offset)
+
+
+def _edge_check(prober: Any, stated: dict[str, Any] | None, bounded: dict[str, list[int]]) -> dict[str, Any]:
+    """How N+1 was settled per phase: probed, or by a calibration's stated bound; and why."""
+    if not prober.measured:
+        return {"how": "estimated", "reason": "estimates only: N and N+1 are estimates, no probe"}
+    check: dict[str, Any] = {phase: ({"n": ns[0], "how": "bounded", **(stated or {})} if ns else {"how": "probed"})
+                             for phase, ns in bounded.items()}
+    if probe_edge_forced():
+        check["reason"] = f"{PROBE_EDGE_ENV} set: N+1 probed"
+    elif not stated:
+        check["reason"] = "no calibration stating an error bound for this device: N+1 probed"
+    return check
+
+
+def _run_fast(study: Any, evaluator: Any, prober: Any, cfg: Mapping[str, Any], spec: AlgoSpec,
+              devices: tuple[str, ...], session: Session) -> tuple[Any, Any, dict[str, Any]]:
+    """The fast search over the key's estimated curves: (outcome, training curve, its record fields)."""
+    from autotune.search.curves.key_curves import search_curves
+    from autotune.search.strategies.fast import run_fast
+
+    curves = search_curves(study, prober, spec.patches_range, spec.sw_range, devices[0])
+    stated = edge_bound(session.budget.info.get("device_name"), prober.measured, cfg["algo"])
+    bounded: dict[str, list[int]] = {}
+    outcome = run_fast(evaluator, spec, devices, curves.train, curves.infer_for, session.objective,
+                       stated["bound"] if stated else None, bounded)
+    for phase, ns in bounded.items():
+        if ns and stated:
+            session.say(f"[{cfg['algo']}] {phase}: {ns[0]} not probed: its estimate exceeds the budget by more "
+                        f"than the bound {stated['bound']:.3%} ({stated['scope']}) stated by {stated['calibration']}")
+    return outcome, curves.train, {"estimator_passes": curves.passes(),
+                                   "edge_check": _edge_check(prober, stated, bounded)}
+
+
+def _infeasible(outcome: Any, spec: AlgoSpec) -> str | None:
+    """Why nothing was tuned (None when the outcome has an answer)."""
+    if outcome.num_patches_per_iter is None:
+        return (f"even {spec.patches_range[0]} patch(es) per iteration does not fit in the budget; "
+                "raise --memory-limit, lower the roi or use a smaller network")
+    if outcome.num_sw_batch_size is None:
+        return (f"training fits with {outcome.num_patches_per_iter} patches per iteration but no sliding-window "
+                "batch size fits on any validation device; raise --memory-limit")
+    return None
+
+
+def _answer(outcome: Any, device: str) -> dict[str, Any]:
+    """The tuned values and the measurements of the chosen points."""
+    train_res = outcome.train.result if outcome.train else {}
+    infer_res = outcome.infer.result if outcome.infer else {}
+    return {
+        "status": "tuned",
+        "num_patches_per_iter": outcome.num_patches_per_iter,
+        "max_num_patches_per_iter": outcome.max_num_patches_per_iter,
+        "num_sw_batch_size": outcome.num_sw_batch_size,
+        "validation_device": outcome.validation_device,
+        "sw_input_on_cpu": bool(device.startswith("cuda") and outcome.validation_device == "cpu"),
+        "train_trial": outcome.train.trial_number if outcome.train else None,
+        "infer_trial": outcome.infer.trial_number if outcome.infer else None,
+        "train_peak_bytes": train_res.get("train_peak_bytes") or train_res.get("peak_bytes"),
+        "peak_bytes": max(int(train_res.get("peak_bytes") or 0), int(infer_res.get("peak_bytes") or 0)) or None,
+        "infer_peak_bytes": infer_res.get("infer_peak_bytes") or infer_res.get("peak_bytes"),
+        "samples_per_s": train_res.get("samples_per_s"),
+        "sw_seconds_per_volume": infer_res.get("sw_seconds_per_volume"),
+    }
+
+
+def _allowances(session: Session) -> dict[str, Any]:
+    """The CUDA allowances the estimates were corrected by (nothing on the CPU)."""
+    if not session.budget.device.startswith("cuda"):
+        return {}
+    from dataclasses import asdict
+
+    from autotune.probe import is_calibrated
+
+    return {"allowances": asdict(session.budget.allowance),
+            "allowances_validated_on_gpu": is_calibrated(session.budget.allowance)}
+
+
+def search_key(
+    study: Any, cfg: Mapping[str, Any], spec: AlgoSpec, devices: tuple[str, ...], session: Session,
+    infer_study: Any = None,
+) -> tuple[dict[str, Any], Any]:
+    """Run the session's strategy on ``study`` (inference-only trials on ``infer_study`` when given): the key's
+    record, and the estimator's training curve (or None)."""
+    from autotune.search.strategies.evaluate import Evaluator
+    from autotune.search.strategies.outcome import distributions
+    from autotune.search.strategies.tpe import run_tpe
+
+    prober = _prober(cfg, session)
+    store = session.store
+    evaluator = Evaluator(
+        study, prober, session.budget.budget, distributions(spec, devices), storage=store.storage,
+        progress=session.say, label=cfg["algo"], liveness=store.liveness, claims=store.claims,
+        objective=session.objective, infer_study=infer_study,
+    )
+    train_curve, fields = None, {}
+    if session.strategy == "tpe":
+        outcome = run_tpe(evaluator, spec, devices, seed=int(cfg.get("seed", 0)), objective=session.objective)
+    else:
+        outcome, train_curve, fields = _run_fast(study, evaluator, prober, cfg, spec, devices, session)
+    record: dict[str, Any] = {
+        "algo": cfg["algo"], "objective": session.objective, "method": "measured" if prober.measured else "estimated",
+        "probes": evaluator.probes, "reused_points": evaluator.reused,
+        "trials": evaluator.trial_numbers, "infer_trials": evaluator.infer_trial_numbers, **fields,
+    }
+    reason = _infeasible(outcome, spec)
+    if reason is not None:
+        record.update(status="infeasible", reason=reason)
+        return record, train_curve
+    record.update(_answer(outcome, session.budget.device))
+
+    def measure(n: int) -> Any:  # the goodput rule's one probe at the reference batch (a study point is reused)
+        return evaluator.evaluate({"num_patches_per_iter": n}, ("train",))
+
+    timed = session.strategy != "tpe" and prober.measured  # the fast search with real probes
+    apply_handoff(record, cfg, outcome.train, measure if timed else None, session.handoff, session.say)
+    record.update(probes=evaluator.probes, reused_points=evaluator.reused, **_allowances(session))
+    return record, train_curve

@@ -1,0 +1,58 @@
+"""Write a key's result into its bundles: the tuned values, the loader batch and learning rate that
+follow them, and the ``tuning:`` plan (``autotune.bundles.plan.TuningPlan``), written atomically."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from autotune.bundles.config import Bundle, update_bundle_config
+from autotune.bundles.plan import TuningPlan
+from autotune.search.handoff import handoff_updates, loader_settings
+
+__all__ = ["check_writable", "write_bundle"]
+
+
+def check_writable(folders: Sequence[Path]) -> None:
+    """Fail before any trial when a folder the results go to cannot be written.
+
+    Raises:
+        ConfigError: naming the folder and what to do.
+    """
+    import tempfile
+
+    from autotune.errors import ConfigError
+
+    for folder in sorted(set(folders)):
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryFile(dir=folder):
+                pass
+        except OSError as exc:
+            raise ConfigError(
+                f"{folder}: cannot write the tuned values here ({exc.strerror or exc}); "
+                "make it writable, or tune a copy of the bundles"
+            ) from exc
+
+
+def write_bundle(path: str, bundle: Bundle, record: Mapping[str, Any], write: bool,
+                 say: Callable[[str], None]) -> dict[str, Any]:
+    """The result of ``bundle`` (given as ``path``): ``record`` with the values it gets; written into the bundle
+    when ``write``."""
+    cfg = bundle.config
+    result = {"bundle": path, **record}
+    if record.get("status") != "tuned":
+        say(f"[{record.get('algo')}] {bundle.path.name}: not tuned: {record.get('reason', record.get('status'))}")
+        return result
+    updates: dict[str, Any] = loader_settings(record["num_patches_per_iter"], cfg.get("num_crops_per_image", 1))
+    updates["num_sw_batch_size"] = int(record["num_sw_batch_size"])
+    updates["sw_input_on_cpu"] = bool(record["sw_input_on_cpu"])
+    handed = handoff_updates(cfg, int(record["num_patches_per_iter"]))  # lr and schedule follow the batch
+    recipe = handed.pop("record")
+    updates.update(handed)
+    updates["tuning"] = TuningPlan.from_record(record, recipe).as_dict()
+    result.update(updates)
+    if write:
+        update_bundle_config(bundle.path, updates)
+    return result
