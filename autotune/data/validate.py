@@ -5,13 +5,15 @@ accepted on purpose (real datasets have these): uint8 or float images, float
 labels that hold whole numbers, shapes that vary from case to case, 4D images
 whose last axis holds the channels. Each ``CaseInfo`` also records the label values
 present and the orientation, so that ``autotune.data.integrity`` can check the dataset
-as a whole without reading a file again.
+as a whole without reading a file again (and ``autotune.data.case_cache`` can keep it for
+files that have not changed).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,7 +55,8 @@ class CaseInfo:
     orientation: str = ""
 
 
-def check_cases(source: DataSource, progress: bool = True) -> list[CaseInfo]:
+def check_cases(source: DataSource, progress: bool = True, known: Mapping[int, CaseInfo] | None = None
+                ) -> list[CaseInfo]:
     """Check every training case of ``source`` (see ``check_case``) and that all have the same channels.
 
     Label values are checked against the classes the dataset declares (``labels``, or
@@ -62,6 +65,8 @@ def check_cases(source: DataSource, progress: bool = True) -> list[CaseInfo]:
     Args:
         source: The data source to check.
         progress: Show a tqdm bar on stderr.
+        known: Cases already checked, by index in ``source.training`` (files unchanged since): their
+            files are not read again; their label values are still held against the declared classes.
 
     Returns:
         One ``CaseInfo`` per training case, in datalist order.
@@ -73,10 +78,15 @@ def check_cases(source: DataSource, progress: bool = True) -> list[CaseInfo]:
     from tqdm import tqdm
 
     declared = declared_classes(source)
+    known = known or {}
     infos: list[CaseInfo] = []
-    for entry in tqdm(source.training, desc="checking cases", unit="case", file=sys.stderr,
-                      disable=not bars_enabled(progress), leave=False):
-        info = check_case(entry, declared=declared)
+    for index, entry in enumerate(tqdm(source.training, desc="checking cases", unit="case", file=sys.stderr,
+                                       disable=not bars_enabled(progress), leave=False)):
+        info = known.get(index)
+        if info is None:
+            info = check_case(entry, declared=declared)
+        elif declared is not None:
+            refuse_undeclared(info.label, info.label_values, declared)
         if infos and info.channels != infos[0].channels:
             raise DataError(f"{info.image[0]}: image has {info.channels} channel(s) but {infos[0].image[0]} has "
                             f"{infos[0].channels}; every case needs the same channels")
