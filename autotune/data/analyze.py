@@ -1,32 +1,33 @@
-"""Data analysis: validate a dataset and write ``datastats.yaml`` with MONAI Auto3DSeg's DataAnalyzer.
+"""Data analysis: validate a dataset and write ``datastats.yaml`` with MONAI Auto3DSeg's statistics.
 
-``analyze`` writes three files into the work folder:
+``analyze`` writes these files into the work folder:
 
 - ``datalist.json``: the Auto3DSeg datalist, absolute paths, a fold per training case;
 - ``data_src.yaml``: an Auto3DSeg input.yaml pointing at that datalist;
-- ``datastats.yaml``: DataAnalyzer's ``stats_summary`` (same keys as Auto3DSeg) plus an
-  ``autotune`` block that records the content hash the statistics were computed from and
-  the integrity warnings (``autotune.data.integrity``).
+- ``datastats.yaml``: the ``stats_summary`` MONAI's ``DataAnalyzer`` writes (same keys and
+  values) plus an ``autotune`` block that records the content hash the statistics were
+  computed from and the integrity warnings (``autotune.data.integrity``);
+- ``datastats_by_case.json``: the per-case statistics, in datalist order;
+- ``datastats_cache.json``: the per-case results by file digest (``autotune.data.case_cache``).
 
-The per-case statistics go to ``datastats_by_case.json``. A second run with the same
-content hash and folds does nothing.
+The statistics do not depend on the folds: a run with the same cases and other folds only
+rewrites ``datalist.json`` and ``data_src.yaml``. A run with new or changed cases reads and
+analyses only those; the summary is taken over all cases again.
 """
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import hashlib
 import json
 import logging
 import os
 import sys
-import warnings
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from autotune.data.case_cache import CASE_CACHE, CaseCache
 from autotune.data.datalist import (
     DataSource,
     load_data_source,
@@ -34,16 +35,10 @@ from autotune.data.datalist import (
     write_datalist,
 )
 from autotune.data.integrity import check_dataset, check_duplicates, log_warnings
-from autotune.data.validate import check_cases
+from autotune.data.monai_stats import ANALYZER, ANALYZER_SETTINGS, case_stats, monai_version, summarize
+from autotune.data.validate import CaseInfo, check_cases
 from autotune.errors import AutotuneError, DataError, InputError
-from autotune.utils import (
-    atomic_write_json,
-    atomic_write_yaml,
-    bars_enabled,
-    expand_path,
-    plain_data,
-    read_yaml,
-)
+from autotune.utils import atomic_write_json, atomic_write_yaml, expand_path, read_json, read_yaml
 
 __all__ = ["AnalysisResult", "analyze", "content_hash", "DATASTATS", "DATALIST", "DATA_SRC"]
 
@@ -53,9 +48,9 @@ DATASTATS = "datastats.yaml"
 DATASTATS_BY_CASE = "datastats_by_case.json"
 DATALIST = "datalist.json"
 DATA_SRC = "data_src.yaml"
-ANALYZER = "monai.apps.auto3dseg.DataAnalyzer"
-_HASH_VERSION = "autotune-datastats-2"  # bump when the statistics or checks change meaning (2: integrity pass)
-_MONAI_LOGGERS = ("monai.apps.auto3dseg.data_analyzer", "monai.auto3dseg", "monai.apps.auto3dseg")
+# names what the statistics and the checks mean; change it when either changes, so that
+# datastats.yaml files written under the other meaning are analysed again
+_HASH_VERSION = "autotune-datastats-3"
 
 
 @dataclass
@@ -68,8 +63,10 @@ class AnalysisResult:
         data_src: ``data_src.yaml`` (Auto3DSeg input.yaml form).
         skipped: True if the statistics were already up to date.
         content_hash: The hash the statistics belong to (see ``content_hash``).
-        n_cases: Number of training cases analysed.
+        n_cases: Number of training cases.
         warnings: The integrity warnings, one line each (also logged, and kept in datastats.yaml).
+        cases_read: Cases whose files were read and analysed in this run (the others came from
+            ``datastats_cache.json``, or the statistics were up to date).
     """
 
     datastats: Path
@@ -79,25 +76,23 @@ class AnalysisResult:
     content_hash: str
     n_cases: int
     warnings: list[str] = field(default_factory=list)
+    cases_read: int = 0
 
 
 def content_hash(source: DataSource) -> str:
     """SHA-256 over what the statistics depend on, cheap enough to compute on every run.
 
-    Covers the normalised datalist (absolute paths, folds, modality, channels, name,
-    class names, labels, sigmoid) and each training file's size and modification time
+    Covers the normalised datalist without its folds (absolute paths, modality, channels,
+    name, class names, labels, sigmoid) and each training file's size and modification time
     (``mtime_ns``). File contents are not read: hashing every volume of a large CT dataset
-    would take minutes, and a rewritten file gets a new mtime. A missing file is recorded
-    as missing (``check_cases`` reports it).
+    takes a while, and a rewritten file gets a new mtime (the per-case cache goes by content).
+    Folds are left out: the statistics are the same whatever the split. A missing file is
+    recorded as missing (``check_cases`` reports it).
     """
     training = []
     for entry in source.training:
         images = entry["image"] if isinstance(entry["image"], list) else [entry["image"]]
-        training.append({
-            "image": [_file_stamp(path) for path in images],
-            "label": _file_stamp(entry["label"]),
-            "fold": int(entry["fold"]),
-        })
+        training.append({"image": [_file_stamp(path) for path in images], "label": _file_stamp(entry["label"])})
     payload = {
         "version": _HASH_VERSION,
         "modality": source.modality,
@@ -121,7 +116,7 @@ def analyze(input: str | Path, work_dir: str | Path, num_fold: int = 5, force: b
         input: An input.yaml, a datalist .json or a Decathlon task folder.
         work_dir: Folder for the outputs (created if needed).
         num_fold: Folds to assign when the datalist does not give them.
-        force: Analyse even when datastats.yaml is up to date.
+        force: Read and analyse every case, even when datastats.yaml is up to date.
         progress: Print what is happening and show progress bars (stderr).
 
     Returns:
@@ -136,50 +131,98 @@ def analyze(input: str | Path, work_dir: str | Path, num_fold: int = 5, force: b
     work = Path(os.path.abspath(expand_path(work_dir, InputError, "work dir", "an absolute path")))
     if work.exists() and not work.is_dir():
         raise InputError(f"{work}: exists and is not a folder; give a folder as the work dir")
-    datastats_path, datalist_path, data_src_path = work / DATASTATS, work / DATALIST, work / DATA_SRC
-    digest = content_hash(source)
-    n_cases = len(source.training)
-    result = AnalysisResult(datastats=datastats_path, datalist=datalist_path, data_src=data_src_path,
-                            skipped=False, content_hash=digest, n_cases=n_cases)
-    outputs_exist = datalist_path.is_file() and data_src_path.is_file()
-    block = _up_to_date_block(datastats_path, digest, source.num_fold) if outputs_exist and not force else None
+    result = AnalysisResult(datastats=work / DATASTATS, datalist=work / DATALIST, data_src=work / DATA_SRC,
+                            skipped=False, content_hash=content_hash(source), n_cases=len(source.training))
+    block = None if force else _up_to_date_block(result.datastats, result.content_hash)
     if block is not None:
-        _say(progress, f"{datastats_path}: up to date ({n_cases} cases, hash {digest[:12]}); use --force to redo")
-        result.skipped = True
-        result.warnings = [str(line) for line in block.get("warnings") or []]
-        log_warnings(result.warnings)
+        _keep_statistics(source, result, block, progress)
         return result
-
-    _say(progress, f"analyzing {n_cases} cases ...")
-    check_duplicates(source)  # before reading any file: a duplicate is wrong whatever the files hold
-    result.warnings = check_dataset(source, check_cases(source, progress=progress))
-    log_warnings(result.warnings)
-    work.mkdir(parents=True, exist_ok=True)
-    datastats_path.unlink(missing_ok=True)  # stale from here on: new datalist, statistics not yet computed
-    write_datalist(source, datalist_path)
-    write_data_src_config(source, datalist_path, data_src_path)
-    summary, by_case = _run_data_analyzer(source, progress)
-    datastats = {
+    cache = CaseCache(work / CASE_CACHE, _cache_settings()) if force else \
+        CaseCache.load(work / CASE_CACHE, _cache_settings())
+    summary, by_case = _analyse(source, result, cache, progress)
+    atomic_write_json(work / DATASTATS_BY_CASE, by_case)
+    atomic_write_yaml(result.datastats, {  # written last: its presence means the analysis finished
         "stats_summary": summary,
         "autotune": {
-            "content_hash": digest,
+            "content_hash": result.content_hash,
             "input": str(source.source),
-            "n_cases": n_cases,
-            "num_fold": source.num_fold,
+            "n_cases": result.n_cases,
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "monai_version": _monai_version(),
+            "monai_version": monai_version(),
             "analyzer": ANALYZER,
             "warnings": result.warnings,
         },
-    }
-    atomic_write_json(work / DATASTATS_BY_CASE, by_case)
-    atomic_write_yaml(datastats_path, datastats)  # written last: its presence means the analysis finished
-    _say(progress, f"wrote {datastats_path}")
+    })
+    _say(progress, f"wrote {result.datastats}")
     return result
 
 
-def _up_to_date_block(path: Path, digest: str, num_fold: int) -> dict[str, Any] | None:
-    """The ``autotune`` block of ``path`` if it belongs to ``digest`` and ``num_fold``, else None."""
+def _analyse(source: DataSource, result: AnalysisResult, cache: CaseCache,
+             progress: bool) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Check the cases and the dataset, write the lists, compute the statistics of the cases ``cache``
+    lacks; returns the summary and the per-case statistics of all cases (the cache is saved)."""
+    check_duplicates(source)  # before reading any file: a duplicate is wrong whatever the files hold
+    keys = [cache.case_key(entry) for entry in source.training]
+    known = {index: info for index, (key, entry) in enumerate(zip(keys, source.training, strict=True))
+             if (info := cache.info(key, entry)) is not None}
+    unchanged = f" ({len(known)} unchanged: from {CASE_CACHE})" if known else ""
+    _say(progress, f"analyzing {result.n_cases} cases{unchanged} ...")
+    infos = check_cases(source, progress=progress, known=known)
+    result.warnings = check_dataset(source, infos)
+    log_warnings(result.warnings)
+    result.datastats.parent.mkdir(parents=True, exist_ok=True)
+    result.datastats.unlink(missing_ok=True)  # stale from here on: new datalist, statistics not yet computed
+    _write_lists(source, result)
+    by_case, result.cases_read = _case_statistics(source, keys, infos, cache, progress)
+    cache.save(keys)
+    return summarize(by_case), by_case
+
+
+def _case_statistics(source: DataSource, keys: list[str | None], infos: list[CaseInfo], cache: CaseCache,
+                     progress: bool) -> tuple[list[dict[str, Any]], int]:
+    """Per-case statistics of every case, in datalist order: from ``cache`` where it has them, else from
+    MONAI's DataAnalyzer (recorded in ``cache``); and how many were computed."""
+    found = [cache.stats(key, entry) for key, entry in zip(keys, source.training, strict=True)]
+    new = [index for index, stats in enumerate(found) if stats is None]
+    if new:
+        computed = case_stats([source.training[index] for index in new], source.source, progress)
+        for index, stats in zip(new, computed, strict=True):
+            found[index] = stats
+            cache.put(keys[index], infos[index], stats)
+    return [stats for stats in found if stats is not None], len(new)
+
+
+def _keep_statistics(source: DataSource, result: AnalysisResult, block: dict[str, Any], progress: bool) -> None:
+    """Statistics up to date: take the warnings they were written with; write the lists if the folds changed."""
+    result.skipped = True
+    result.warnings = [str(line) for line in block.get("warnings") or []]
+    rewrite = _lists_differ(source, result)
+    if rewrite:
+        _write_lists(source, result)
+    folds = f"; {result.datalist.name} written with {source.num_fold} fold(s)" if rewrite else ""
+    _say(progress, f"{result.datastats}: up to date ({result.n_cases} cases, hash {result.content_hash[:12]})"
+                   f"{folds}; use --force to redo")
+    log_warnings(result.warnings)
+
+
+def _write_lists(source: DataSource, result: AnalysisResult) -> None:
+    """Write datalist.json (absolute paths, folds) and data_src.yaml (the rest of the source) for ``source``."""
+    write_datalist(source, result.datalist)
+    write_data_src_config(source, result.datalist, result.data_src)
+
+
+def _lists_differ(source: DataSource, result: AnalysisResult) -> bool:
+    """Whether datalist.json is missing or lists other cases or folds than ``source``, or data_src.yaml is
+    missing (its other fields are covered by the content hash)."""
+    try:
+        current = read_json(result.datalist, error=DataError) if result.datalist.is_file() else None
+    except AutotuneError:
+        current = None
+    return current != source.as_datalist() or not result.data_src.is_file()
+
+
+def _up_to_date_block(path: Path, digest: str) -> dict[str, Any] | None:
+    """The ``autotune`` block of ``path`` if its statistics belong to ``digest``, else None."""
     if not path.is_file():
         return None
     try:
@@ -188,107 +231,14 @@ def _up_to_date_block(path: Path, digest: str, num_fold: int) -> dict[str, Any] 
         logger.warning("%s; analysing again", exc)
         return None
     block = data.get("autotune") if isinstance(data, dict) else None
-    if (isinstance(block, dict) and "stats_summary" in data and block.get("content_hash") == digest
-            and block.get("num_fold") == num_fold):
+    if isinstance(block, dict) and "stats_summary" in data and block.get("content_hash") == digest:
         return block
     return None
 
 
-def _run_data_analyzer(source: DataSource, progress: bool) -> tuple[dict[str, Any], list[Any]]:
-    """Run DataAnalyzer on the CPU; returns the plain ``stats_summary`` and the per-case list."""
-    import functools
-
-    from monai.apps.auto3dseg import DataAnalyzer
-    from monai.apps.auto3dseg import data_analyzer as analyzer_module
-    from tqdm import tqdm
-
-    datalist = {"training": source.as_datalist()["training"]}
-    failures: list[str] = []
-    bar = functools.partial(tqdm, desc="analyzing", unit="case", file=sys.stderr, disable=not bars_enabled(progress), leave=False)
-    with _quiet_monai(failures), _patched(analyzer_module, "tqdm", bar), _torch_threads(1), \
-            warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        try:
-            # worker=0 and one torch thread: the per-case statistics are many small ops; loader processes
-            # and intra-op threads only add overhead (160 hippocampus cases: 3.4 s with one thread, 30 s
-            # with two on a busy 2-core machine).
-            raw = DataAnalyzer(datalist, "", output_path="", device="cpu", worker=0).get_all_case_stats()
-        except Exception as exc:
-            logger.debug("DataAnalyzer failed", exc_info=True)
-            cause = _root_cause(exc)  # MONAI wraps loader errors in "applying transform <...>"
-            raise DataError(f"{source.source}: MONAI DataAnalyzer failed ({type(cause).__name__}: {cause}); fix "
-                            "or remove the file it names, or run with -v for details") from exc
-    stats = plain_data(raw, str_keys=True, str_other=True)
-    summary = stats.get("stats_summary") or {}
-    analysed = summary.get("n_cases", 0)
-    if analysed != len(source.training):
-        first = failures[0] if failures else "no reason given"
-        raise DataError(f"{source.source}: MONAI DataAnalyzer could only process {analysed} of "
-                        f"{len(source.training)} cases (first problem: {first}); fix or remove those cases")
-    return summary, stats.get("stats_by_cases", [])
-
-
-class _Collect(logging.Handler):
-    """Keeps DataAnalyzer's 'Unable to process data ...' lines, which it logs instead of raising."""
-
-    def __init__(self, failures: list[str]) -> None:
-        super().__init__(logging.INFO)
-        self.failures = failures
-
-    def emit(self, record: logging.LogRecord) -> None:
-        message = record.getMessage()
-        if message.startswith("Unable to process"):
-            self.failures.append(" ".join(message.split()))
-
-
-@contextlib.contextmanager
-def _quiet_monai(failures: list[str]) -> Iterator[None]:
-    """Silence MONAI's INFO logging (it has its own handlers) but keep the per-case failures."""
-    saved = []
-    collect = _Collect(failures)
-    for name in _MONAI_LOGGERS:
-        log = logging.getLogger(name)
-        saved.append((log, log.handlers[:], log.level, log.propagate))
-        log.handlers = [collect]
-        log.setLevel(logging.INFO)
-        log.propagate = False
-    try:
-        yield
-    finally:
-        for log, handlers, level, propagate in saved:
-            log.handlers, log.propagate = handlers, propagate
-            log.setLevel(level)
-
-
-@contextlib.contextmanager
-def _torch_threads(count: int) -> Iterator[None]:
-    import torch
-
-    previous = torch.get_num_threads()
-    torch.set_num_threads(count)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
-
-
-@contextlib.contextmanager
-def _patched(module: Any, name: str, value: Any) -> Iterator[None]:
-    """Swap DataAnalyzer's progress bar for one that follows ``progress`` (it has no switch)."""
-    original = getattr(module, name, None)
-    setattr(module, name, value)
-    try:
-        yield
-    finally:
-        setattr(module, name, original)
-
-
-def _root_cause(exc: BaseException) -> BaseException:
-    seen = {id(exc)}
-    while (inner := exc.__cause__ or exc.__context__) is not None and id(inner) not in seen:
-        seen.add(id(inner))
-        exc = inner
-    return exc
+def _cache_settings() -> dict[str, Any]:
+    """What the per-case results depend on besides the files."""
+    return {"monai": monai_version(), "analyzer": ANALYZER, "settings": ANALYZER_SETTINGS}
 
 
 def _file_stamp(path: str) -> list[Any]:
@@ -298,12 +248,6 @@ def _file_stamp(path: str) -> list[Any]:
     except OSError:
         return [path, None, None]
     return [path, stat.st_size, stat.st_mtime_ns]
-
-
-def _monai_version() -> str:
-    import monai
-
-    return str(monai.__version__)
 
 
 def _say(progress: bool, message: str) -> None:

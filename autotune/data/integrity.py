@@ -10,7 +10,8 @@ Refused (``DataError`` or ``InputError``, one line naming the file and the fix):
 
 - the same file listed twice in the training list (``check_duplicates``; paths are
   compared as files, so ``a/../x.nii.gz``, a symlink or a hard link to ``x.nii.gz`` count);
-- a label value outside the declared classes (``refuse_undeclared``, per case);
+- a label value outside the declared classes (``classes.refuse_undeclared``, which the
+  per-case checks apply);
 - every label empty (``check_dataset``).
 
 Warned (one line each; the run goes on): declared classes present in no label; a class
@@ -25,18 +26,15 @@ import logging
 import os
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from autotune.data.datalist import DataSource
-from autotune.errors import DataError, InputError
+from autotune.data.classes import declared_classes
+from autotune.data.source import DataSource
+from autotune.data.validate import CaseInfo
+from autotune.errors import DataError
 
-if TYPE_CHECKING:
-    from autotune.data.validate import CaseInfo
-
-__all__ = ["MIN_CLASS_SHARE", "SPACING_FACTOR", "DeclaredClasses", "check_dataset", "check_duplicates",
-           "declared_classes", "geometry_warnings", "log_warnings", "refuse_undeclared"]
+__all__ = ["MIN_CLASS_SHARE", "SPACING_FACTOR", "check_dataset", "check_duplicates", "geometry_warnings",
+           "log_warnings"]
 
 logger = logging.getLogger(__name__)
 
@@ -44,65 +42,6 @@ MIN_CLASS_SHARE = 0.2  # a class in fewer labels than this may be missing from w
 SPACING_FACTOR = 3.0  # per axis, against the median spacing (which training resamples to)
 MIN_CASES_FOR_STRAY = 3  # "one case against all the others" needs at least two others
 _AXIS = {"L": 0, "R": 0, "P": 1, "A": 1, "I": 2, "S": 2}
-
-
-@dataclass(frozen=True)
-class DeclaredClasses:
-    """The label values a dataset declares, and where.
-
-    Attributes:
-        values: Allowed label values, ascending; background 0 is always allowed.
-        names: Class name per foreground value, where known.
-        where: Completes "label holds the value V, which ...", naming the declaring file.
-        fix: What to change, for the refusal.
-        file: The declaring file.
-    """
-
-    values: tuple[int, ...]
-    names: dict[int, str] = field(default_factory=dict)
-    where: str = "is not declared"
-    fix: str = "fix the label"
-    file: Path | None = None
-
-
-def declared_classes(source: DataSource) -> DeclaredClasses | None:
-    """The classes ``source`` declares: its ``labels``, else ``class_names`` (values 0..N) unless ``sigmoid``.
-
-    With ``sigmoid`` (overlapping regions) class names name regions, not label values, so they
-    declare nothing on their own.
-
-    Raises:
-        InputError: Both ``labels`` and ``class_names`` are given (without ``sigmoid``) and they name
-            a different number of foreground classes.
-    """
-    declaring = _declaring_file(source)
-    names = source.class_names
-    if source.labels is not None:
-        values = tuple(sorted({0, *source.labels}))
-        foreground = [value for value in values if value != 0]
-        if names is not None and not source.sigmoid and len(names) != len(foreground):
-            raise InputError(f"{declaring}: class_names names {len(names)} class(es) but labels declares "
-                             f"{len(foreground)} foreground value(s) {foreground}; give one class name per "
-                             "foreground label value")
-        named = dict(zip(foreground, names, strict=True)) if names is not None and not source.sigmoid else {}
-        return DeclaredClasses(values=values, names=named, file=declaring,
-                               where=f"is not among the labels {list(values)} declared in {declaring}",
-                               fix=f"fix the label, or add the value to 'labels' in {declaring.name}")
-    if names is not None and not source.sigmoid:
-        count = len(names)
-        return DeclaredClasses(values=tuple(range(count + 1)), names=dict(enumerate(names, start=1)), file=declaring,
-                               where=f"class_names in {declaring} does not name ({count} class(es): label values "
-                                     f"0-{count})",
-                               fix="fix the label, or give class_names one name per foreground value")
-    return None
-
-
-def refuse_undeclared(label_path: str, values: tuple[int, ...], declared: DeclaredClasses) -> None:
-    """Raise ``DataError`` for the first value of ``values`` that ``declared`` does not allow."""
-    allowed = set(declared.values) | {0}
-    for value in values:
-        if value not in allowed:
-            raise DataError(f"{label_path}: label holds the value {value}, which {declared.where}; {declared.fix}")
 
 
 def check_duplicates(source: DataSource) -> None:
@@ -153,48 +92,66 @@ def check_dataset(source: DataSource, infos: list[CaseInfo]) -> list[str]:
     """
     if not infos:
         return []
-    listed = source.listed_in or source.source
-    count = len(infos)
     holders: dict[int, list[CaseInfo]] = {}
     for info in infos:
         for value in info.label_values:
             holders.setdefault(value, []).append(info)
-    foreground = sorted(value for value in holders if value != 0)
-    if not foreground:
-        raise DataError(f"{listed}: all {count} labels are empty (only background 0, e.g. {infos[0].label}); point "
-                        "each 'label' at its segmentation mask: with no foreground there is nothing to learn")
-    warnings: list[str] = []
+    if not any(value != 0 for value in holders):
+        raise DataError(f"{source.listed_in or source.source}: all {len(infos)} labels are empty (only background "
+                        f"0, e.g. {infos[0].label}); point each 'label' at its segmentation mask: with no foreground "
+                        "there is nothing to learn")
     declared = declared_classes(source)
     if declared is not None:
         classes = [value for value in declared.values if value != 0]
+        warnings = _absent_declared(classes, holders, declared.names, declared.file, len(infos))
         names = declared.names
-        absent = [value for value in classes if value not in holders]
-        if absent:
-            warnings.append(f"{declared.file}: declared class(es) {_named(absent, names)} are in none of the {count} "
-                            "labels; the network still gets an output channel for each: remove them from the "
-                            "declaration or check the labels")
     else:
+        classes, warnings = _undeclared_value_warnings(source, holders, len(infos))
         names = {}
-        stray, top = _stray_values(holders, count)
-        kept = max((value for value in foreground if value not in stray), default=0)
-        for value in stray:
-            warnings.append(f"{holders[value][0].label}: label value {value} is in this label only, while the other "
-                            f"{count - 1} labels together hold 0-{top}; it makes the network {max(foreground) + 1} classes "
-                            "wide: fix this label, or declare the classes (labels or class_names) so that analyze "
-                            "refuses such values")
-        classes = list(range(1, kept + 1))
-        absent = [value for value in classes if value not in holders]
-        if absent:
-            warnings.append(f"{listed}: label value(s) {_named(absent, names)} are in none of the {count} labels, yet "
-                            f"values go up to {kept}; the network still gets an output channel for each: renumber "
-                            "the labels 0, 1, 2, ... without gaps")
+    return warnings + _rare_class_warnings(classes, holders, names, len(infos)) + geometry_warnings(infos)
+
+
+def _absent_declared(classes: list[int], holders: dict[int, list[CaseInfo]], names: dict[int, str],
+                     declaring: Path | None, count: int) -> list[str]:
+    """A warning when declared classes are in no label (each still gets an output channel)."""
+    absent = [value for value in classes if value not in holders]
+    if not absent:
+        return []
+    return [f"{declaring}: declared class(es) {_named(absent, names)} are in none of the {count} labels; the network "
+            "still gets an output channel for each: remove them from the declaration or check the labels"]
+
+
+def _undeclared_value_warnings(source: DataSource, holders: dict[int, list[CaseInfo]],
+                               count: int) -> tuple[list[int], list[str]]:
+    """Without declared classes: the classes taken as meant (1..K below any stray value) and the warnings
+    about stray values and gaps in 0..K."""
+    foreground = sorted(value for value in holders if value != 0)
+    stray, top = _stray_values(holders, count)
+    kept = max((value for value in foreground if value not in stray), default=0)
+    warnings = [f"{holders[value][0].label}: label value {value} is in this label only, while the other {count - 1} "
+                f"labels together hold 0-{top}; it makes the network {max(foreground) + 1} classes wide: fix this "
+                "label, or declare the classes (labels or class_names) so that analyze refuses such values"
+                for value in stray]
+    classes = list(range(1, kept + 1))
+    absent = [value for value in classes if value not in holders]
+    if absent:
+        warnings.append(f"{source.listed_in or source.source}: label value(s) {_named(absent, {})} are in none of the "
+                        f"{count} labels, yet values go up to {kept}; the network still gets an output channel for "
+                        "each: renumber the labels 0, 1, 2, ... without gaps")
+    return classes, warnings
+
+
+def _rare_class_warnings(classes: list[int], holders: dict[int, list[CaseInfo]], names: dict[int, str],
+                         count: int) -> list[str]:
+    """A warning per class held by fewer than ``MIN_CLASS_SHARE`` of the labels (but by at least one)."""
+    warnings = []
     for value in classes:
         cases = holders.get(value, [])
         if cases and len(cases) < MIN_CLASS_SHARE * count:
             warnings.append(f"{cases[0].label}: class {_named([value], names)} is in only {len(cases)} of {count} "
                             f"labels ({len(cases) / count:.0%}, under {MIN_CLASS_SHARE:.0%}); some validation folds "
                             "may hold none of it and its Dice will be noisy: add cases that hold it or merge it")
-    return warnings + geometry_warnings(infos)
+    return warnings
 
 
 def geometry_warnings(infos: list[CaseInfo]) -> list[str]:
@@ -250,10 +207,6 @@ def _identity(path: str) -> object:
     except OSError:
         return os.path.realpath(path)
     return (stat.st_dev, stat.st_ino)
-
-
-def _declaring_file(source: DataSource) -> Path:
-    return source.source / "dataset.json" if source.source.is_dir() else source.source
 
 
 def _named(values: list[int], names: dict[int, str], limit: int = 8) -> str:

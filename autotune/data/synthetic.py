@@ -69,6 +69,13 @@ def make_demo_dataset(out: str | Path, cases: int = 8, size: int = 48, classes: 
         _save(nib, label, out / "labelsTr" / name)
         training.append({"image": f"./imagesTr/{name}", "label": f"./labelsTr/{name}"})
 
+    _write_lists(out, training, size, classes, modality)
+    return out
+
+
+def _write_lists(out: Path, training: list[dict[str, str]], size: int, classes: int, modality: str) -> None:
+    """Write the three ways of listing the cases: Decathlon dataset.json, Auto3DSeg datalist.json, input.yaml."""
+    cases = len(training)
     class_names = [f"class{value}" for value in range(1, classes + 1)]
     atomic_write_json(out / "dataset.json", {
         "name": "demo",
@@ -92,7 +99,6 @@ def make_demo_dataset(out: str | Path, cases: int = 8, size: int = 48, classes: 
         "dataroot": ".",
         "class_names": class_names,
     })
-    return out
 
 
 def _make_case(rng: np.random.Generator, size: int, classes: int, modality: str) -> tuple[np.ndarray, np.ndarray]:

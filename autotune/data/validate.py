@@ -5,20 +5,22 @@ accepted on purpose (real datasets have these): uint8 or float images, float
 labels that hold whole numbers, shapes that vary from case to case, 4D images
 whose last axis holds the channels. Each ``CaseInfo`` also records the label values
 present and the orientation, so that ``autotune.data.integrity`` can check the dataset
-as a whole without reading a file again.
+as a whole without reading a file again (and ``autotune.data.case_cache`` can keep it for
+files that have not changed).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from autotune.data.datalist import DataSource
-from autotune.data.integrity import DeclaredClasses, declared_classes, refuse_undeclared
+from autotune.data.classes import DeclaredClasses, declared_classes, refuse_undeclared
+from autotune.data.source import DataSource
 from autotune.errors import DataError
 from autotune.utils import bars_enabled
 
@@ -53,15 +55,18 @@ class CaseInfo:
     orientation: str = ""
 
 
-def check_cases(source: DataSource, progress: bool = True) -> list[CaseInfo]:
+def check_cases(source: DataSource, progress: bool = True, known: Mapping[int, CaseInfo] | None = None
+                ) -> list[CaseInfo]:
     """Check every training case of ``source`` (see ``check_case``) and that all have the same channels.
 
     Label values are checked against the classes the dataset declares (``labels``, or
-    ``class_names`` without ``sigmoid``; see ``integrity.declared_classes``).
+    ``class_names`` without ``sigmoid``; see ``classes.declared_classes``).
 
     Args:
         source: The data source to check.
         progress: Show a tqdm bar on stderr.
+        known: Cases already checked, by index in ``source.training`` (files unchanged since): their
+            files are not read again; their label values are still held against the declared classes.
 
     Returns:
         One ``CaseInfo`` per training case, in datalist order.
@@ -73,10 +78,15 @@ def check_cases(source: DataSource, progress: bool = True) -> list[CaseInfo]:
     from tqdm import tqdm
 
     declared = declared_classes(source)
+    known = known or {}
     infos: list[CaseInfo] = []
-    for entry in tqdm(source.training, desc="checking cases", unit="case", file=sys.stderr,
-                      disable=not bars_enabled(progress), leave=False):
-        info = check_case(entry, declared=declared)
+    for index, entry in enumerate(tqdm(source.training, desc="checking cases", unit="case", file=sys.stderr,
+                                       disable=not bars_enabled(progress), leave=False)):
+        info = known.get(index)
+        if info is None:
+            info = check_case(entry, declared=declared)
+        elif declared is not None:
+            refuse_undeclared(info.label, info.label_values, declared)
         if infos and info.channels != infos[0].channels:
             raise DataError(f"{info.image[0]}: image has {info.channels} channel(s) but {infos[0].image[0]} has "
                             f"{infos[0].channels}; every case needs the same channels")
@@ -103,36 +113,9 @@ def check_case(entry: dict[str, Any], known_labels: list[int] | None = None,
 
     images = entry["image"] if isinstance(entry["image"], list) else [entry["image"]]
     label_path = entry["label"]
-    first = _open(nib, images[0])
-    shape, channels = _image_shape(first, images[0])
-    affine = first.affine
-    _read(first, images[0])
-    for path in images[1:]:
-        image = _open(nib, path)
-        other_shape, other_channels = _image_shape(image, path)
-        if other_shape != shape:
-            raise DataError(f"{path}: image shape {other_shape} differs from {images[0]} {shape}; all modality "
-                            "files of a case must share one grid")
-        if not np.allclose(image.affine, affine, atol=AFFINE_ATOL):
-            raise DataError(f"{path}: image does not align with {images[0]} (affines differ); resample it onto "
-                            "one grid")
-        _read(image, path)
-        channels += other_channels
-
+    first, shape, channels = _check_images(nib, images)
     label = _open(nib, label_path)
-    label_shape = tuple(int(n) for n in label.shape)
-    if len(label_shape) == 4 and label_shape[3] == 1:
-        label_shape = label_shape[:3]
-    if len(label_shape) != 3:
-        raise DataError(f"{label_path}: label has shape {tuple(label.shape)}; a label must be a 3D volume of class "
-                        "indices")
-    if label_shape != shape:
-        raise DataError(f"{label_path}: label shape {label_shape} differs from image {images[0]} shape {shape}; "
-                        "re-export the label on the image grid")
-    if not np.allclose(label.affine, affine, atol=AFFINE_ATOL):
-        difference = float(np.max(np.abs(np.asarray(label.affine) - np.asarray(affine))))
-        raise DataError(f"{label_path}: the label does not align with image {images[0]} (affines differ by up to "
-                        f"{difference:.3g}); resample the label onto the image grid")
+    _check_label_grid(label, label_path, images[0], shape, first.affine)
     values = _check_label_values(_read(label, label_path), label_path)
     if declared is None and known_labels:
         declared = DeclaredClasses(values=tuple(sorted(known_labels)), names={},
@@ -142,9 +125,50 @@ def check_case(entry: dict[str, Any], known_labels: list[int] | None = None,
         refuse_undeclared(label_path, values, declared)
     zooms = first.header.get_zooms()
     spacing = (float(zooms[0]), float(zooms[1]), float(zooms[2]))
-    codes = nib.aff2axcodes(affine)
+    codes = nib.aff2axcodes(first.affine)
     return CaseInfo(image=list(images), label=label_path, shape=shape, spacing=spacing, channels=channels,
                     label_values=values, orientation="".join(code or "?" for code in codes))
+
+
+def _check_images(nib: Any, images: list[str]) -> tuple[Any, tuple[int, int, int], int]:
+    """Open and read a case's image files (one per modality); all must share one grid.
+
+    Returns the first image (its header and affine describe the case), the spatial shape and the
+    channels in all.
+    """
+    first = _open(nib, images[0])
+    shape, channels = _image_shape(first, images[0])
+    _read(first, images[0])
+    for path in images[1:]:
+        image = _open(nib, path)
+        other_shape, other_channels = _image_shape(image, path)
+        if other_shape != shape:
+            raise DataError(f"{path}: image shape {other_shape} differs from {images[0]} {shape}; all modality "
+                            "files of a case must share one grid")
+        if not np.allclose(image.affine, first.affine, atol=AFFINE_ATOL):
+            raise DataError(f"{path}: image does not align with {images[0]} (affines differ); resample it onto "
+                            "one grid")
+        _read(image, path)
+        channels += other_channels
+    return first, shape, channels
+
+
+def _check_label_grid(label: Any, label_path: str, image_path: str, shape: tuple[int, int, int],
+                      affine: Any) -> None:
+    """Refuse a label that is not a 3D volume on its image's grid (same shape and affine)."""
+    label_shape = tuple(int(n) for n in label.shape)
+    if len(label_shape) == 4 and label_shape[3] == 1:
+        label_shape = label_shape[:3]
+    if len(label_shape) != 3:
+        raise DataError(f"{label_path}: label has shape {tuple(label.shape)}; a label must be a 3D volume of class "
+                        "indices")
+    if label_shape != shape:
+        raise DataError(f"{label_path}: label shape {label_shape} differs from image {image_path} shape {shape}; "
+                        "re-export the label on the image grid")
+    if not np.allclose(label.affine, affine, atol=AFFINE_ATOL):
+        difference = float(np.max(np.abs(np.asarray(label.affine) - np.asarray(affine))))
+        raise DataError(f"{label_path}: the label does not align with image {image_path} (affines differ by up to "
+                        f"{difference:.3g}); resample the label onto the image grid")
 
 
 def _open(nib: Any, path: str) -> Any:

@@ -62,7 +62,6 @@ def test_analyze_writes_datastats_datalist_and_config(demo_data: Path, tmp_path:
     assert summary["label_stats"]["labels"] == [0, 1, 2]
     assert summary["image_stats"]["spacing"]["percentile_99_5"] == [1.0, 1.0, 1.0]
     assert min(summary["image_stats"]["shape"]["min"]) >= 28
-    assert stats["autotune"]["num_fold"] == 3
     assert stats["autotune"]["content_hash"] == result.content_hash
     assert result.content_hash == content_hash(load_data_source(demo_data / "input.yaml", num_fold=3))
     datalist = json.loads(result.datalist.read_text())
@@ -71,21 +70,28 @@ def test_analyze_writes_datastats_datalist_and_config(demo_data: Path, tmp_path:
     again = load_data_source(result.data_src)
     assert again.folds_given and again.class_names == ["class1", "class2"]
     assert (work / "datastats_by_case.json").is_file()
+    assert (work / "datastats_cache.json").is_file()
+    assert result.cases_read == 6
 
 
-def test_second_run_is_skipped_force_and_num_fold_redo(demo_data: Path, tmp_path: Path) -> None:
+def test_second_run_is_skipped_force_redoes_and_other_folds_keep_the_statistics(demo_data: Path,
+                                                                                 tmp_path: Path) -> None:
     work = tmp_path / "work"
     first = analyze(demo_data, work, num_fold=2, progress=False)
     created = yaml.safe_load(first.datastats.read_text())["autotune"]["created"]
     stamp = first.datastats.stat().st_mtime_ns
     second = analyze(demo_data, work, num_fold=2, progress=False)
-    assert second.skipped and second.content_hash == first.content_hash
+    assert second.skipped and second.content_hash == first.content_hash and second.cases_read == 0
     assert first.datastats.stat().st_mtime_ns == stamp
     forced = analyze(demo_data, work, num_fold=2, force=True, progress=False)
-    assert not forced.skipped and forced.content_hash == first.content_hash
-    other_folds = analyze(demo_data, work, num_fold=3, progress=False)
-    assert not other_folds.skipped and other_folds.content_hash != first.content_hash
+    assert not forced.skipped and forced.content_hash == first.content_hash and forced.cases_read == 6
     assert yaml.safe_load(first.datastats.read_text())["autotune"]["created"] >= created
+    stamp = first.datastats.stat().st_mtime_ns
+    other_folds = analyze(demo_data, work, num_fold=3, progress=False)
+    assert other_folds.skipped and other_folds.content_hash == first.content_hash
+    assert first.datastats.stat().st_mtime_ns == stamp
+    assert sorted({entry["fold"] for entry in json.loads(first.datalist.read_text())["training"]}) == [0, 1, 2]
+    assert load_data_source(first.data_src).num_fold == 3
 
 
 def test_changed_file_is_analysed_again(demo_data_copy: Path, tmp_path: Path) -> None:
@@ -123,7 +129,7 @@ def test_file_the_analyzer_cannot_load_is_named(demo_data_copy: Path, tmp_path: 
     # Skip our own checks so that DataAnalyzer meets the bad file itself.
     # (The module is fetched by name: ``autotune.data.analyze`` as an attribute is the re-exported function.)
     module = importlib.import_module("autotune.data.analyze")
-    monkeypatch.setattr(module, "check_cases", lambda source, progress=True: [])
+    monkeypatch.setattr(module, "check_cases", lambda source, progress=True, known=None: [])
     bad = demo_data_copy / "imagesTr" / "case_001.nii.gz"
     bad.write_bytes(b"not a nifti file")
     with pytest.raises(DataError, match=r"DataAnalyzer failed .*case_001\.nii\.gz"):

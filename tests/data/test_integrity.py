@@ -21,12 +21,12 @@ import yaml
 
 from autotune.cli import main
 from autotune.data.analyze import analyze
+from autotune.data.classes import declared_classes
 from autotune.data.datalist import load_data_source
 from autotune.data.integrity import (
     MIN_CLASS_SHARE,
     SPACING_FACTOR,
     check_dataset,
-    declared_classes,
     geometry_warnings,
 )
 from autotune.data.validate import CaseInfo
