@@ -278,3 +278,22 @@ def test_dashboard_story_names_the_objective_and_plots_each_phase(tmp_path) -> N
     assert names[:2] == ["estimate (no compute)", "probe: fits"] and "budget" in names
     budget_trace = next(trace for trace in train_plot["data"] if trace["name"] == "budget")
     assert budget_trace["y"][0] == pytest.approx(budget / MiB, rel=1e-4)
+
+
+def test_note_names_the_best_trial_and_the_handoff(tmp_path) -> None:
+    """Where the hand-off gives training less than the largest fit, the training study's note says that the
+    best trial is the largest fit (with its trial) and why training gets another batch (with the trial that
+    measured it)."""
+    from autotune.search.dashboard.notes import story_note
+
+    study = _study(tmp_path)
+    record = {"algo": "unet", "status": "tuned", "objective": "max-batch", "strategy": "fast",
+              "memory_limit": 64 * MiB, "budget_bytes": 57 * MiB, "margin": 0.1, "peak_bytes": 50 * MiB,
+              "num_patches_per_iter": 2, "max_num_patches_per_iter": 13, "num_sw_batch_size": 27,
+              "validation_device": "device", "train_trial": 1, "infer_trial": 0,
+              "handoff": {"rule": "goodput", "handed": 2, "largest_fit_trial": 0,
+                          "line": "samples/s at 2: 38.9, at 13: 62.8 -> hand over 2"}}
+    note = story_note(study, record)
+    assert "the best trial is the value written back** (trial #0: the largest fit, N = 13)" in note
+    assert "Training gets **N = 2**, not the largest fit 13, by the hand-off rule (goodput): samples/s at 2" in note
+    assert "(measured in trial #1)" in note

@@ -277,3 +277,23 @@ def test_best_trial_of_each_phase_study_is_the_answer(tmp_path, objective: str) 
     assert best_infer.number == outcome.infer.trial_number
     assert best_infer.params["num_sw_batch_size"] == outcome.num_sw_batch_size
     assert evaluator.infer_trial_numbers == [t.number for t in infer_trials]
+
+
+def test_tpe_joint_study_best_trial_is_the_answer(tmp_path) -> None:
+    """A tpe study's trials size both phases; its value orders them by N, then by the sw batch, so the best
+    trial the dashboard shows is the point written back (not the first trial at the largest N)."""
+    limit = 2048 * MiB
+    budget = int(limit * 0.9)
+    device = SimulatedDevice(limit)
+    spec = AlgoSpec(num_trials=30, patches_range=(1, 12), sw_range=(1, 64))
+    storage = _storage(tmp_path)
+    study = optuna.create_study(storage=storage, study_name="joint", direction="maximize",
+                                sampler=optuna.samplers.TPESampler(seed=1, n_startup_trials=10))
+    evaluator = _evaluator(tmp_path, device, budget, spec=spec, study=study)
+    outcome = run_tpe(evaluator, spec, ("device",))
+    best = storage.get_best_trial(storage.get_study_id_from_name("joint"))
+    assert (best.params["num_patches_per_iter"], best.params["num_sw_batch_size"]) == (
+        outcome.num_patches_per_iter, outcome.num_sw_batch_size)
+    at_largest_n = [t for t in study.get_trials() if t.params.get("num_patches_per_iter") == outcome.num_patches_per_iter
+                    and t.user_attrs.get("verdict") == "fits"]
+    assert best.params["num_sw_batch_size"] == max(t.params["num_sw_batch_size"] for t in at_largest_n)
