@@ -47,7 +47,7 @@ from typing import NoReturn
 import pytest
 from system_deps import unavailable
 
-__all__ = ["postgres_url", "pg_database_url", "PostgresCluster"]
+__all__ = ["postgres_url", "pg_database_url", "pg_cluster", "PostgresCluster"]
 
 _DIR_PREFIX = "autotune-pg-"
 _OWNER_FILE = "owner.pid"
@@ -71,6 +71,7 @@ class PostgresCluster:
     bindir: Path
     port: int
     run_as: str | None  # user to run the tools as (``runuser``) when we are root, else None
+    options: str = ""  # the server's options (``pg_ctl -o``), for a start after a stop
 
     @property
     def data(self) -> Path:
@@ -81,6 +82,25 @@ class PostgresCluster:
     def url(self) -> str:
         """SQLAlchemy URL of the ``postgres`` database as the trusted ``autotune`` superuser."""
         return f"postgresql+psycopg://{_USER}@127.0.0.1:{self.port}/postgres"
+
+    def pg_ctl(self, *args: str) -> None:
+        """Run ``pg_ctl -D DATA ARGS`` as the server's user; raises when it fails."""
+        done = subprocess.run(_tool_cmd(self.run_as, str(self.bindir / "pg_ctl"), "-D", str(self.data), *args),
+                              cwd=self.root, capture_output=True, text=True, timeout=_START_TIMEOUT_S + 15)
+        if done.returncode != 0:
+            raise RuntimeError(f"pg_ctl {' '.join(args)} failed: {_tail(done.stderr or done.stdout)}")
+
+    def restart(self) -> None:
+        """Restart the server as an administrator does (``-m fast``: sessions are ended, transactions rolled back)."""
+        self.pg_ctl("restart", "-m", "fast", "-w", "-o", self.options, "-l", str(self.root / "log"))
+
+    def stop_server(self) -> None:
+        """Stop the server (``-m fast``), keeping its data for ``start_server``."""
+        self.pg_ctl("stop", "-m", "fast", "-w")
+
+    def start_server(self) -> None:
+        """Start the server again after ``stop_server``."""
+        self.pg_ctl("start", "-w", "-o", self.options, "-l", str(self.root / "log"))
 
     def stop(self) -> None:
         """Stop the server (fast, then immediate, then SIGKILL) and delete its folder; never raises."""
@@ -238,6 +258,7 @@ def _start_cluster() -> PostgresCluster:
         cluster = PostgresCluster(root=root, bindir=bindir, port=_free_port(), run_as=run_as)
         options = (f"-k {root} -p {cluster.port} -c listen_addresses=127.0.0.1 -c fsync=off "
                    "-c synchronous_commit=off -c full_page_writes=off")
+        cluster.options = options
         _running[root] = cluster  # registered before start so the atexit hook covers a half-started server
         try:
             start = subprocess.run(
@@ -310,7 +331,7 @@ def pg_database_url(postgres_url: str) -> Iterator[str]:
     from sqlalchemy.engine import make_url
 
     name = f"autotune_test_{uuid.uuid4().hex[:16]}"
-    admin = sqlalchemy.create_engine(postgres_url, isolation_level="AUTOCOMMIT")
+    admin = sqlalchemy.create_engine(postgres_url, isolation_level="AUTOCOMMIT", pool_pre_ping=True)
     try:
         with admin.connect() as conn:
             conn.execute(sqlalchemy.text(f'CREATE DATABASE "{name}"'))
@@ -327,3 +348,13 @@ def pg_database_url(postgres_url: str) -> Iterator[str]:
                     conn.execute(sqlalchemy.text(f'DROP DATABASE IF EXISTS "{name}"'))
     finally:
         admin.dispose()
+
+
+@pytest.fixture()
+def pg_cluster(postgres_url: str) -> Iterator[PostgresCluster]:
+    """The session's running server, to restart or stop in a test (it is running again after the test)."""
+    [cluster] = [c for c in _running.values() if c.url == postgres_url]
+    yield cluster
+    pid = _postmaster_pid(cluster.data)
+    if pid is None or not _pid_alive(pid):
+        cluster.start_server()

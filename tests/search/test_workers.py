@@ -7,7 +7,10 @@
   worker is not live (same host: its process is gone), its RUNNING trial is failed as stale,
   nothing finished is lost, same values;
 - one worker SIGKILLed, then started again: the rerun resumes from the study;
-- four TPE workers with real probes share one study point by point: each point probed once.
+- four TPE workers with real probes share one study point by point: each point probed once;
+- the server restarted while two workers tune: nothing lost or evaluated twice, the undisturbed
+  run's answer and trial count; a server down past the retry budget: one line, exit 2, and a
+  rerun continues from the stored trials.
 
 The estimate strategy (no probe children) keeps the first ones quick; the values are checked
 against an in-process run of the same search on SQLite. ``AUTOTUNE_CLAIM_STALE_SECONDS``
@@ -29,7 +32,7 @@ from pathlib import Path
 
 import optuna
 import pytest
-from pg_fixtures import pg_database_url, postgres_url  # noqa: F401
+from pg_fixtures import PostgresCluster, pg_cluster, pg_database_url, postgres_url  # noqa: F401
 from probe_fixtures import limit_for_patches, one_window_unet, two_fold_work
 
 from autotune.bundles.config import load_bundle_config
@@ -284,4 +287,76 @@ def test_tpe_workers_share_points(work: Path, pg_database_url: str, limit: int) 
     # each worker prints the values it found: bundle, status, patches, images x crops, sw batch, validation
     tables = [[line.split()[:8] for line in out.splitlines()[-2:]] for _code, out, _err in ends]
     assert all(table == tables[0] for table in tables), tables
+    storage.engine.dispose()
+
+
+FAST = ["--strategy", "fast", "--timeout", "240", *SPACE]
+
+
+def _undisturbed_fast(tiny: Path, limit: int, root: Path) -> tuple[dict, int]:
+    """The values and the number of finished trials of one uninterrupted fast search on SQLite."""
+    shutil.copytree(tiny, root / "unet_0")
+    specs = {"universal": {"range_num_images_per_batch": [1, 8], "range_num_sw_batch_size": [1, 4]}}
+    result = tune([root / "unet_0"], specs, device="cpu", memory_limit=limit, margin=MARGIN, progress=None,
+                  storage=f"sqlite:///{root / 'undisturbed.db'}", timeout=240)[0]
+    storage = optuna.storages.RDBStorage(f"sqlite:///{root / 'undisturbed.db'}")
+    finished = [t for t in _trials(storage) if t.state == States.COMPLETE]
+    storage.engine.dispose()
+    assert result["status"] == "tuned"
+    return {key: load_bundle_config(root / "unet_0")[key] for key in TUNED_KEYS}, len(finished)
+
+
+def test_server_restart_while_two_workers_tune(work: Path, tiny: Path, pg_database_url: str,  # noqa: F811
+                                               pg_cluster: PostgresCluster, limit: int, tmp_path: Path) -> None:  # noqa: F811
+    """``pg_ctl restart -m fast`` while a probe runs and the other worker waits: both finish (exit 0), no trial is
+    lost, failed or evaluated twice, and the answer and the trial count are the undisturbed run's."""
+    _prepare(pg_database_url)
+    storage = optuna.storages.RDBStorage(pg_database_url, engine_kwargs={"pool_pre_ping": True})
+    workers = [_start(work, pg_database_url, limit, f"r{i}", *FAST) for i in range(2)]
+    _wait_for_midway(storage, workers)
+    pg_cluster.restart()
+    ends = [w.finish(timeout=480) for w in workers]
+    for code, _out, err in ends:
+        assert code == 0, err
+    trials = _trials(storage)
+    _check_study(trials)
+    assert not [t for t in trials if t.state == States.FAIL], "the restart failed no trial"
+    expected, finished = _undisturbed_fast(tiny, limit, tmp_path / "undisturbed")
+    assert len([t for t in trials if t.state == States.COMPLETE]) == finished
+    _check_bundles(work, expected)
+    storage.engine.dispose()
+
+
+def test_server_down_past_the_retry_budget_then_rerun(work: Path, pg_database_url: str,  # noqa: F811
+                                                      pg_cluster: PostgresCluster, limit: int,  # noqa: F811
+                                                      reference: dict) -> None:
+    """A server that stays down past ``AUTOTUNE_STORAGE_RETRY_SECONDS``: the worker says so in one line and exits 2;
+    with the server back, the same command continues from the stored trials."""
+    _prepare(pg_database_url)
+    storage = optuna.storages.RDBStorage(pg_database_url, engine_kwargs={"pool_pre_ping": True})
+    os.environ["AUTOTUNE_STORAGE_RETRY_SECONDS"] = "3"  # the worker's environment (read when it starts)
+    try:
+        first = _start(work, pg_database_url, limit, "down", *FAST)
+    finally:
+        os.environ.pop("AUTOTUNE_STORAGE_RETRY_SECONDS", None)
+    _, done_before, _running = _wait_for_midway(storage, [first])
+    storage.engine.dispose()
+    pg_cluster.stop_server()
+    try:
+        code, _out, err = first.finish(timeout=300)
+    finally:
+        pg_cluster.start_server()
+    lines = [line for line in err.splitlines() if "error:" in line]
+    assert code == 2 and len(lines) == 1, err[-2000:]
+    assert "database server was unreachable" in lines[0] and "run the same command to continue" in lines[0]
+    assert "Traceback" not in err
+    code, _out, err = _start(work, pg_database_url, limit, "again", *FAST).finish(timeout=480)
+    assert code == 0, err
+    storage = optuna.storages.RDBStorage(pg_database_url, engine_kwargs={"pool_pre_ping": True})
+    trials = _trials(storage)
+    _check_study(trials)
+    by_number = {t.number: t for t in trials}
+    assert all(by_number[n].state == States.COMPLETE for n in done_before), "nothing finished was lost"
+    assert err.count("from study") >= len(done_before), "the rerun answered the finished points from the study"
+    _check_bundles(work, reference)
     storage.engine.dispose()

@@ -45,10 +45,13 @@ class ClaimStore:
 
     def claim(self, study_name: str, item: str) -> bool:
         """Take ``item`` of ``study_name``; False when a live worker holds it or it is done."""
+        self.liveness.progress()
+        return self.liveness.db(lambda: self._claim(study_name, item))
+
+    def _claim(self, study_name: str, item: str) -> bool:
         import sqlalchemy as sa
         import sqlalchemy.exc
 
-        self.liveness.progress()
         t = self.table
         try:
             with self.engine.begin() as conn:
@@ -62,7 +65,7 @@ class ClaimStore:
                 sa.select(t.c.owner, t.c.done).where(t.c.study_name == study_name, t.c.item == item)
             ).first()
         if row is None:  # released meanwhile
-            return self.claim(study_name, item)
+            return self._claim(study_name, item)
         if row.done or (row.owner != self.owner and self.liveness.gone(row.owner) is None):
             return False
         with self.engine.begin() as conn:
@@ -78,10 +81,14 @@ class ClaimStore:
         import sqlalchemy as sa
 
         t = self.table
-        with self.engine.connect() as conn:
-            row = conn.execute(
-                sa.select(t.c.owner, t.c.done).where(t.c.study_name == study_name, t.c.item == item)
-            ).first()
+
+        def read() -> Any:
+            with self.engine.connect() as conn:
+                return conn.execute(
+                    sa.select(t.c.owner, t.c.done).where(t.c.study_name == study_name, t.c.item == item)
+                ).first()
+
+        row = self.liveness.db(read)
         if row is None:
             return None
         return {"owner": row.owner, "age": self.liveness.age(row.owner), "done": bool(row.done)}
@@ -89,9 +96,13 @@ class ClaimStore:
     def release(self, study_name: str, item: str, done: bool = False) -> None:
         """Give ``item`` back (``done=True`` keeps it closed for everyone)."""
         t = self.table
-        with self.engine.begin() as conn:
-            where = (t.c.study_name == study_name) & (t.c.item == item) & (t.c.owner == self.owner)
-            if done:
-                conn.execute(t.update().where(where).values(done=True, heartbeat=time.time()))
-            else:
-                conn.execute(t.delete().where(where))
+
+        def write() -> None:
+            with self.engine.begin() as conn:
+                where = (t.c.study_name == study_name) & (t.c.item == item) & (t.c.owner == self.owner)
+                if done:
+                    conn.execute(t.update().where(where).values(done=True, heartbeat=time.time()))
+                else:
+                    conn.execute(t.delete().where(where))
+
+        self.liveness.db(write)

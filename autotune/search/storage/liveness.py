@@ -29,7 +29,8 @@ import os
 import socket
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from autotune.errors import StorageError
 
@@ -39,6 +40,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["Liveness", "TakenOver", "STALE_AFTER", "STALE_ENV", "stale_after_default", "create_tables", "owner_tag"]
 
+_T = TypeVar("_T")
 STALE_AFTER = 60.0
 HEARTBEAT_EVERY = 10.0
 STALE_ENV = "AUTOTUNE_CLAIM_STALE_SECONDS"
@@ -112,7 +114,10 @@ class Liveness:
     def __init__(self, url: str, owner: str, stale_after: float | None = None, promise: float = 300.0) -> None:
         import sqlalchemy as sa
 
+        from autotune.search.storage.study import redact_url
+
         self.owner = owner
+        self.url, self.shown = url, redact_url(url)
         self.stale_after = float(stale_after) if stale_after is not None else stale_after_default()
         self.promise = float(promise)
         self.beat_every = min(HEARTBEAT_EVERY, self.stale_after / 3.0)
@@ -132,6 +137,15 @@ class Liveness:
         self._thread = threading.Thread(target=self._beat, name="autotune-liveness", daemon=True)
         self._thread.start()
 
+    def db(self, call: Callable[[], _T]) -> _T:
+        """``call()`` on this run's database: on a server, retried while the server is briefly gone
+        (``autotune.search.storage.retry``)."""
+        if self.url.startswith("sqlite"):
+            return call()
+        from autotune.search.storage.retry import retrying
+
+        return retrying(call, self.shown)
+
     def progress(self) -> None:
         """The main thread made a step: keep beating for another ``promise`` seconds."""
         self._deadline = time.monotonic() + self.promise
@@ -140,8 +154,11 @@ class Liveness:
         """Seconds since ``owner``'s last heartbeat; None when it has no row (never started, or closed)."""
         import sqlalchemy as sa
 
-        with self.engine.connect() as conn:
-            beat = conn.execute(sa.select(self.table.c.heartbeat).where(self.table.c.owner == owner)).scalar()
+        def read() -> Any:
+            with self.engine.connect() as conn:
+                return conn.execute(sa.select(self.table.c.heartbeat).where(self.table.c.owner == owner)).scalar()
+
+        beat = self.db(read)
         return None if beat is None else time.time() - float(beat)
 
     def gone(self, owner: str) -> str | None:
@@ -220,5 +237,7 @@ class Liveness:
         try:
             with self.engine.begin() as conn:
                 conn.execute(self.table.delete().where(self.table.c.owner == self.owner))
+        except Exception:  # noqa: BLE001 - the server is gone: the row ages out as a dead worker's does
+            pass
         finally:
             self.engine.dispose()

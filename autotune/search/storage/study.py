@@ -78,7 +78,6 @@ def open_storage(url: str | None = None) -> optuna.storages.BaseStorage:
         StorageError: the URL is malformed, its driver is missing, or the database is
             unreachable (the message holds the redacted URL).
     """
-    import optuna
     import sqlalchemy.exc
 
     quiet_optuna()
@@ -97,7 +96,7 @@ def open_storage(url: str | None = None) -> optuna.storages.BaseStorage:
     try:
         for attempt in range(4):
             try:
-                return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
+                return _rdb_storage(url, shown, engine_kwargs)
             except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError):
                 # workers started together on an empty database race to create the tables
                 if attempt == 3:
@@ -115,6 +114,20 @@ def open_storage(url: str | None = None) -> optuna.storages.BaseStorage:
         reason = str(getattr(exc, "orig", exc)).strip().splitlines()[0] if str(getattr(exc, "orig", exc)).strip() else ""
         reason = reason.replace(url, shown)
         raise StorageError(f"storage {shown}: cannot connect ({reason[:160]}); check the server and the URL") from exc
+
+
+def _rdb_storage(url: str, shown: str, engine_kwargs: dict[str, Any]) -> optuna.storages.RDBStorage:
+    """Optuna's RDB storage at ``url``; on a database server, one whose calls ride out a restart
+    (``autotune.search.storage.retry``)."""
+    import optuna
+
+    if url.startswith("sqlite"):
+        return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
+    from autotune.search.storage.retry import retrying_rdb_storage
+
+    storage = retrying_rdb_storage()(url, engine_kwargs=engine_kwargs)
+    storage.shown_url = shown
+    return storage
 
 
 @dataclass(frozen=True)
