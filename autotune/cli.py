@@ -74,6 +74,10 @@ def _join_negative_values(argv: list[str]) -> list[str]:
     return out
 
 
+# commands that stop on SIGTERM/SIGUSR1 with a line and 128 + the signal (autotune.stopping)
+STOPPABLE = ("tune", "run", "worker", "verify")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code (0 ok, 2 bad input, 1 failure, 130 interrupted)."""
     parser = build_parser()
@@ -90,8 +94,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         from autotune.precision import PRECISION_ENV
 
         os.environ[PRECISION_ENV] = args.precision
+    from autotune.stopping import Stopped, stop_on_signals
+
     try:
+        if args.command in STOPPABLE:
+            with stop_on_signals():
+                return int(func(args) or 0)
         return int(func(args) or 0)
+    except Stopped as exc:
+        print(f"autotune {args.command}: {exc}; finished trials are stored (a trial in flight was failed), run the "
+              "same command to continue", file=sys.stderr)
+        return exc.exit_code
     except AutotuneError as exc:
         print(f"autotune {args.command}: error: {exc}", file=sys.stderr)
         return int(getattr(exc, "exit_code", EXIT_USAGE))

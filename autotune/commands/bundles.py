@@ -13,7 +13,7 @@ __all__ = ["register", "add_generate_args", "generation_options"]
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the ``generate`` subcommand."""
-    add_command(sub, "generate", run_generate, add_generate_args, quiet="no progress output")
+    add_command(sub, "generate", generate_command, add_generate_args, quiet="no progress output")
 
 
 def add_generate_args(p: argparse.ArgumentParser) -> None:
@@ -37,7 +37,7 @@ def generation_options(args: argparse.Namespace) -> dict[str, Any]:
     return {"algos": args.algos, "num_fold": args.num_fold, "templates": args.templates, "overrides": args.overrides}
 
 
-def run_generate(args: argparse.Namespace) -> int:
+def generate_command(args: argparse.Namespace) -> int:
     """Write training bundles <algo>_<fold>/ filled from the data stats.
 
     Analyse INPUT into WORK_DIR/datastats.yaml (skipped when unchanged), then write

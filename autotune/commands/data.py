@@ -29,11 +29,11 @@ def _demo_args(p: argparse.ArgumentParser) -> None:
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the data stage's subcommands to the ``autotune`` parser."""
-    add_command(sub, "analyze", _run_analyze, _analyze_args, quiet="no progress output")
-    add_command(sub, "demo-data", _run_demo_data, _demo_args)
+    add_command(sub, "analyze", analyze_command, _analyze_args, quiet="no progress output")
+    add_command(sub, "demo-data", demo_data_command, _demo_args)
 
 
-def _run_analyze(args: argparse.Namespace) -> int:
+def analyze_command(args: argparse.Namespace) -> int:
     """Check a dataset and write datastats.yaml (MONAI Auto3DSeg statistics).
 
     Load a dataset (input.yaml, datalist .json or Decathlon task folder), check every image and label,
@@ -54,7 +54,7 @@ def _run_analyze(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_demo_data(args: argparse.Namespace) -> int:
+def demo_data_command(args: argparse.Namespace) -> int:
     """Write a small synthetic dataset (Decathlon folder, datalist.json and input.yaml).
 
     Write a synthetic 3D segmentation dataset of noisy spheres, for demos and tests.

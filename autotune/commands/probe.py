@@ -63,7 +63,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help="comma-separated phases to run: train, infer (default train,infer)")
     probe.add_argument("--warmup-steps", type=int, default=1, metavar="K", help="unmeasured steps first (default 1)")
     probe.add_argument("--measure-steps", type=int, default=2, metavar="K", help="measured steps (default 2)")
-    probe.set_defaults(func=run_probe_command)
+    probe.set_defaults(func=probe_command)
 
     est = sub.add_parser(
         "estimate",
@@ -80,7 +80,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _add_common(est)
-    est.set_defaults(func=run_estimate_command)
+    est.set_defaults(func=estimate_command)
 
 
 def _resolve_defaults(args: argparse.Namespace) -> tuple[str, str, int | None]:
@@ -139,7 +139,7 @@ def _summary(result: dict[str, Any], title: str) -> list[str]:
     return lines
 
 
-def run_probe_command(args: argparse.Namespace) -> int:
+def probe_command(args: argparse.Namespace) -> int:
     """Handler of ``autotune probe``: 0 ok, 3 oom, 1 error/killed/timeout."""
     from autotune.probe.runner import run_probe
 
@@ -156,7 +156,7 @@ def run_probe_command(args: argparse.Namespace) -> int:
     return {"ok": EXIT_OK, "oom": EXIT_OOM}.get(result["status"], EXIT_FAILED)
 
 
-def run_estimate_command(args: argparse.Namespace) -> int:
+def estimate_command(args: argparse.Namespace) -> int:
     """Handler of ``autotune estimate``: prints the estimate, both fits and what fits a limit."""
     from autotune.probe.report import estimate_report
     from autotune.utils import format_bytes

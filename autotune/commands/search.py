@@ -106,11 +106,11 @@ def _dashboard_args(p: argparse.ArgumentParser) -> None:
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``tune``, ``run``, ``worker``, ``verify`` and ``dashboard``."""
-    add_command(sub, "tune", run_tune, _tune_args, quiet="no progress lines")
-    add_command(sub, "run", run_run, add_generate_args, add_tuning_args, _training_args, quiet="no progress lines")
-    add_command(sub, "worker", run_worker, _worker_args, quiet="no progress lines")
-    add_command(sub, "verify", run_verify, _verify_args)
-    add_command(sub, "dashboard", run_dashboard, _dashboard_args)
+    add_command(sub, "tune", tune_command, _tune_args, quiet="no progress lines")
+    add_command(sub, "run", run_command, add_generate_args, add_tuning_args, _training_args, quiet="no progress lines")
+    add_command(sub, "worker", worker_command, _worker_args, quiet="no progress lines")
+    add_command(sub, "verify", verify_command, _verify_args)
+    add_command(sub, "dashboard", dashboard_command, _dashboard_args)
 
 
 def _report(results: Sequence[dict[str, Any]], summary_path: object | None = None) -> int:
@@ -123,7 +123,7 @@ def _report(results: Sequence[dict[str, Any]], summary_path: object | None = Non
     return 0 if all(r.get("status") in ("tuned", "unsupported") for r in results) else 1
 
 
-def run_tune(args: argparse.Namespace) -> int:
+def tune_command(args: argparse.Namespace) -> int:
     """Tune bundles' patches per iteration, sw batch size and validation device.
 
     Find, for each bundle, the largest patches per iteration and sliding-window batch size that fit the
@@ -135,7 +135,7 @@ def run_tune(args: argparse.Namespace) -> int:
     return _report(tune(args.bundles, summary_path=args.summary, **tuning_options(args)), args.summary)
 
 
-def run_run(args: argparse.Namespace) -> int:
+def run_command(args: argparse.Namespace) -> int:
     """Analyse, generate, tune (and with --train, train) in one go.
 
     The whole job: analyse INPUT, generate bundles for --algos, tune them, write
@@ -158,7 +158,7 @@ def run_run(args: argparse.Namespace) -> int:
     return codes[0]
 
 
-def run_worker(args: argparse.Namespace) -> int:
+def worker_command(args: argparse.Namespace) -> int:
     """Take tuning work from a shared storage (many GPUs or nodes).
 
     Tune the bundles in WORK_DIR together with other workers on the same storage (use PostgreSQL for
@@ -170,7 +170,7 @@ def run_worker(args: argparse.Namespace) -> int:
     return _report(tune_worker(args.work_dir, args.algos, **tuning_options(args)))
 
 
-def run_verify(args: argparse.Namespace) -> int:
+def verify_command(args: argparse.Namespace) -> int:
     """Check a tuned or planned bundle on the real device; retune if the plan fails.
 
     Probe at the bundle's tuned values and one patch above, compare the estimate with the measured peak,
@@ -195,7 +195,7 @@ def run_verify(args: argparse.Namespace) -> int:
     return 0 if retuned and retuned.get("status") == "tuned" else 1
 
 
-def run_dashboard(args: argparse.Namespace) -> int:
+def dashboard_command(args: argparse.Namespace) -> int:
     """Serve optuna-dashboard on the tuning storage.
 
     Start optuna-dashboard on the same storage the tuner writes (default the SQLite file under studies/);

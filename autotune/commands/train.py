@@ -12,7 +12,7 @@ import argparse
 from autotune.commands import add_command
 from autotune.train.options import add_train_arguments, train_from_args
 
-__all__ = ["register", "run_infer"]
+__all__ = ["register", "infer_command"]
 
 
 def _infer_args(p: argparse.ArgumentParser) -> None:
@@ -34,10 +34,10 @@ def register(sub: argparse._SubParsersAction) -> None:
             "BUNDLE/model_fold<k>/. Ctrl-C or a kill loses at most one epoch: add --resume to continue."
         ),
     )
-    add_command(sub, "infer", run_infer, _infer_args, quiet="no progress bar")
+    add_command(sub, "infer", infer_command, _infer_args, quiet="no progress bar")
 
 
-def run_infer(args: argparse.Namespace) -> int:
+def infer_command(args: argparse.Namespace) -> int:
     """Predict label maps with a trained bundle, written in each input's own geometry.
 
     Sliding-window prediction with the bundle's tuned settings; writes OUTPUT/<name>_seg.nii.gz and

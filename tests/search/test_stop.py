@@ -1,0 +1,85 @@
+"""``autotune tune`` sent SIGTERM (a scheduler's stop) while a probe runs: one line, exit 143, nothing left
+RUNNING, claims and the worker's row released, and the same command continues from the stored trials."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+from probe_fixtures import limit_for_patches, one_window_unet
+
+MARGIN = 0.10
+SPACE = ["--range-num-images-per-batch", "1", "8", "--range-num-sw-batch-size", "1", "4"]
+States = optuna.trial.TrialState
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return one_window_unet(tmp_path_factory, "stop_src")
+
+
+def _tune(bundle: Path, storage: str, limit: int) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "autotune", "worker", "--work-dir", str(bundle.parent), "--storage", storage,
+           "--device", "cpu", "--memory-limit", str(limit), "--margin", str(MARGIN), "--timeout", "240", *SPACE]
+    return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _running_trial(storage: str, proc: subprocess.Popen, timeout: float = 240.0) -> int:
+    """Wait until a trial of ``proc`` is RUNNING (a probe is in flight); its number."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        assert proc.poll() is None, proc.communicate()[1][-2000:]
+        try:
+            for summary in optuna.get_all_study_summaries(storage, include_best_trial=False):
+                study = optuna.load_study(study_name=summary.study_name, storage=storage)
+                running = [t.number for t in study.get_trials(deepcopy=False, states=(States.RUNNING,))
+                           if "point_id" in t.user_attrs]
+                if running:
+                    return running[0]
+        except Exception:  # noqa: BLE001 - the worker may be creating the tables
+            pass
+        time.sleep(0.2)
+    raise AssertionError("no probe ran")
+
+
+def test_sigterm_fails_the_trial_in_flight_and_exits_143(tiny: Path, tmp_path: Path) -> None:
+    import shutil
+
+    import sqlalchemy
+
+    bundle = tmp_path / "work" / "unet_0"
+    shutil.copytree(tiny, bundle)
+    limit = limit_for_patches(bundle, 3.5, MARGIN)
+    storage = f"sqlite:///{tmp_path / 'stop.db'}"
+    proc = _tune(bundle, storage, limit)
+    number = _running_trial(storage, proc)
+    proc.send_signal(signal.SIGTERM)
+    _out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err[-2000:]
+    lines = [line for line in err.splitlines() if line.startswith("autotune worker:")]
+    assert len(lines) == 1 and "stopped by SIGTERM" in lines[0] and "run the same command" in lines[0], err
+    assert "Traceback" not in err, err
+    trials = [t for s in optuna.get_all_study_summaries(storage, include_best_trial=False)
+              for t in optuna.load_study(study_name=s.study_name, storage=storage).get_trials()]
+    assert not [t.number for t in trials if t.state == States.RUNNING], "nothing left RUNNING"
+    [stopped] = [t for t in trials if t.number == number and t.state == States.FAIL]
+    assert stopped.user_attrs["fail_reason"].startswith("interrupted: Stopped"), stopped.user_attrs
+    engine = sqlalchemy.create_engine(storage)
+    with engine.connect() as conn:
+        owner = f"{os.uname().nodename}:{proc.pid}"
+        claims = conn.execute(sqlalchemy.text("SELECT item, done FROM autotune_claims WHERE owner = :o"),
+                              {"o": owner}).fetchall()
+        workers = conn.execute(sqlalchemy.text("SELECT owner FROM autotune_workers")).fetchall()
+    engine.dispose()
+    assert [c for c in claims if not c.done] == [], "no claim held by the stopped worker"
+    assert workers == [], "the stopped worker's heartbeat row is gone"
+    again = _tune(bundle, storage, limit)
+    _out, err = again.communicate(timeout=480)
+    assert again.returncode == 0, err[-2000:]
+    assert "from study" in err or "answered from storage" in err
