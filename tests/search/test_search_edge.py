@@ -15,7 +15,7 @@ from typing import Any
 import optuna
 import pytest
 
-from autotune.probe.model import MemoryModel
+from autotune.probe.memory_model import MemoryModel
 from autotune.search.edge import CorrectedCurve, EstimatedCurve, correct, largest_under
 from autotune.search.evaluate import Evaluator
 from autotune.search.objective import choose, metric_name

@@ -8,7 +8,7 @@ from typing import Any
 import optuna
 import pytest
 
-from autotune.probe.model import MemoryModel
+from autotune.probe.memory_model import MemoryModel
 from autotune.search.evaluate import Evaluator
 from autotune.search.space import AlgoSpec
 from autotune.search.strategy import distributions, find_max_feasible, run_fast, run_tpe
