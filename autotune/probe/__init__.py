@@ -2,8 +2,8 @@
 
 - Measure: ``run_probe`` runs a short real trial in an isolated child process (``runner``,
   ``isolation``, ``trial``) and returns its measured peaks, step time and status (ok, oom,
-  error, killed, timeout); ``resolve_request`` checks its arguments; ``prestart`` starts the
-  fork server the children come from.
+  error, killed, timeout); ``resolve_request`` checks its arguments (``PHASES``,
+  ``VALIDATION_DEVICES``); ``prestart`` starts the fork server the children come from.
 - Estimate: ``estimate`` computes the peaks with no compute, under ``FakeTensorMode``
   (``estimate``). ``replay_of`` turns one recorded training trace at ``marker_batch`` into the
   exact peak at every N (``TrainingReplay``, ``replay``): the fast search's curve.
@@ -42,7 +42,7 @@ from autotune.probe.memory import cuda_peaks, cuda_reset_peaks, cuda_set_memory_
 from autotune.probe.memory_model import MemoryModel
 from autotune.probe.replay import ReplayError, TrainingReplay, marker_batch, replay_of
 from autotune.probe.report import default_validation_device, estimate_report
-from autotune.probe.runner import resolve_request, run_probe
+from autotune.probe.runner import PHASES, VALIDATION_DEVICES, resolve_request, run_probe
 from autotune.probe.trial import cuda_result_keys
 
 # names whose module imports torch at its top: imported when first asked for
@@ -51,6 +51,8 @@ _LAZY = {"MemoryTracker": "autotune.probe.tracker", "tensors_of": "autotune.prob
 __all__ = [
     "DEFAULT_CUDA_ALLOWANCE",
     "NO_ALLOWANCE",
+    "PHASES",
+    "VALIDATION_DEVICES",
     "CudaAllowance",
     "MemoryModel",
     "MemoryTracker",
