@@ -275,62 +275,36 @@ def _intensity_transform(cfg: Mapping[str, Any]) -> Any:
     )
 
 
-def build_transforms(cfg: Mapping[str, Any], stage: str, device: str | torch.device | None = None) -> Compose:
-    """Transforms for ``stage`` in ``train``, ``val``, ``infer``.
-
-    The deterministic part (load, orient, resample, normalise, crop foreground, and
-    for training the foreground/background indices) comes first, so ``CacheDataset``
-    caches it. With ``device`` set for training, the cached tensors move there just
-    before the first random transform, so random crops and flips run on the device.
-    """
+def _load_transforms(cfg: Mapping[str, Any], keys: list[str], modes: list[str]) -> list[Any]:
+    """Load, channel first, float32, RAS, resample to the training spacing, normalise: every stage's start."""
     import torch
-    from monai.transforms import (
-        Compose,
-        CropForegroundd,
-        EnsureChannelFirstd,
-        EnsureTyped,
-        FgBgToIndicesd,
-        LoadImaged,
-        Orientationd,
-        RandCropByPosNegLabeld,
-        RandFlipd,
-        RandScaleIntensityd,
-        RandShiftIntensityd,
-        Spacingd,
-        SpatialPadd,
-    )
+    from monai.transforms import EnsureChannelFirstd, EnsureTyped, LoadImaged, Orientationd, Spacingd
 
-    stage = look_up_option(stage, ("train", "val", "infer"), "transform stage")
-    keys = ["image"] if stage == "infer" else ["image", "label"]
-    pixdim = [float(v) for v in cfg["resample_resolution"]]
-    roi = [int(v) for v in cfg["roi_size"]]
-    modes = ["bilinear"] if stage == "infer" else ["bilinear", "nearest"]
-    xforms: list[Any] = [
+    return [
         LoadImaged(keys=keys, image_only=True),
         EnsureChannelFirstd(keys=keys),
         EnsureTyped(keys=keys, dtype=torch.float32),
         Orientationd(keys=keys, axcodes="RAS", labels=None),
-        Spacingd(keys=keys, pixdim=pixdim, mode=modes),
+        Spacingd(keys=keys, pixdim=[float(v) for v in cfg["resample_resolution"]], mode=modes),
         _intensity_transform(cfg),
     ]
-    if stage == "infer":
-        return Compose(xforms)
-    if cfg.get("crop_foreground", True):
-        xforms.append(CropForegroundd(keys=keys, source_key="image", allow_smaller=True))
-    if stage == "val":
-        return Compose(xforms)
-    xforms += [
-        SpatialPadd(keys=keys, spatial_size=roi),
-        FgBgToIndicesd(keys="label", fg_postfix="_fg", bg_postfix="_bg", image_key="image"),
-    ]
-    if device is not None:
-        xforms.append(EnsureTyped(keys=keys, device=device, track_meta=False))
+
+
+def _random_transforms(cfg: Mapping[str, Any], keys: list[str]) -> list[Any]:
+    """Training's random part: crops by the foreground/background indices, flips, intensity jitter."""
+    from monai.transforms import (
+        RandCropByPosNegLabeld,
+        RandFlipd,
+        RandScaleIntensityd,
+        RandShiftIntensityd,
+    )
+
     pos, neg = (cfg.get("pos_neg_ratio") or [1, 1])[:2]
-    xforms += [
+    return [
         RandCropByPosNegLabeld(
             keys=keys,
             label_key="label",
-            spatial_size=roi,
+            spatial_size=[int(v) for v in cfg["roi_size"]],
             pos=float(pos),
             neg=float(neg),
             num_samples=int(cfg.get("num_crops_per_image", 1)),
@@ -343,4 +317,31 @@ def build_transforms(cfg: Mapping[str, Any], stage: str, device: str | torch.dev
         RandScaleIntensityd(keys="image", factors=0.1, prob=0.5),
         RandShiftIntensityd(keys="image", offsets=0.1, prob=0.5),
     ]
-    return Compose(xforms)
+
+
+def build_transforms(cfg: Mapping[str, Any], stage: str, device: str | torch.device | None = None) -> Compose:
+    """Transforms for ``stage`` in ``train``, ``val``, ``infer``.
+
+    The deterministic part (load, orient, resample, normalise, crop foreground, and
+    for training the foreground/background indices) comes first, so ``CacheDataset``
+    caches it. With ``device`` set for training, the cached tensors move there just
+    before the first random transform, so random crops and flips run on the device.
+    """
+    from monai.transforms import Compose, CropForegroundd, EnsureTyped, FgBgToIndicesd, SpatialPadd
+
+    stage = look_up_option(stage, ("train", "val", "infer"), "transform stage")
+    if stage == "infer":
+        return Compose(_load_transforms(cfg, ["image"], ["bilinear"]))
+    keys = ["image", "label"]
+    xforms = _load_transforms(cfg, keys, ["bilinear", "nearest"])
+    if cfg.get("crop_foreground", True):
+        xforms.append(CropForegroundd(keys=keys, source_key="image", allow_smaller=True))
+    if stage == "val":
+        return Compose(xforms)
+    xforms += [
+        SpatialPadd(keys=keys, spatial_size=[int(v) for v in cfg["roi_size"]]),
+        FgBgToIndicesd(keys="label", fg_postfix="_fg", bg_postfix="_bg", image_key="image"),
+    ]
+    if device is not None:
+        xforms.append(EnsureTyped(keys=keys, device=device, track_meta=False))
+    return Compose(xforms + _random_transforms(cfg, keys))

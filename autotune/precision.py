@@ -50,8 +50,8 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 PRECISION_ENV = "AUTOTUNE_PRECISION"
 CPU_BF16_ENV = "AUTOTUNE_CPU_BF16"
 EMULATED_RATIO = 8.0  # bf16 slower than this many times fp32 on the timing: emulated (native: 0.14-0.3x;
-# emulated: 125-130x for a Conv3d on an AVX2 CPU; a busy machine pushed a native CPU's ratio to 4x with the
-# earlier back-to-back timing, so the reps now alternate and the threshold leaves room for load)
+# emulated: 125-130x for a Conv3d on an AVX2 CPU; a busy machine can push a native CPU's ratio to 4x, so the
+# reps alternate and the threshold leaves room for load)
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-__all__ = ["train_step", "split_patches", "sliding_window_predict", "make_grad_scaler", "loader_batch_patches",
-           "make_dice_metric", "score_case"]
+__all__ = ["train_step", "split_patches", "sliding_window_predict", "num_windows", "make_grad_scaler",
+           "loader_batch_patches", "make_dice_metric", "score_case"]
 
 
 def loader_batch_patches(num_patches_per_iter: int, num_crops_per_image: int) -> int:
@@ -119,3 +119,15 @@ def sliding_window_predict(
             sw_device=torch.device(device),
             device=image.device,
         )
+
+
+def num_windows(cfg: Any) -> int:
+    """Windows ``sliding_window_predict`` runs over the bundle's validation volume, by MONAI's own scan
+    arithmetic: a sliding-window batch larger than this holds no more memory."""
+    from monai.data.utils import dense_patch_slices
+    from monai.inferers.utils import _get_scan_interval
+
+    roi = tuple(int(v) for v in cfg["roi_size"])
+    shape = tuple(max(int(s), r) for s, r in zip(cfg.get("infer_volume_shape") or roi, roi, strict=True))
+    overlap = (float(cfg.get("sw_overlap", 0.5)),) * len(roi)
+    return len(dense_patch_slices(shape, roi, _get_scan_interval(shape, roi, len(roi), overlap)))

@@ -107,6 +107,55 @@ def _config_value(key: str, value: Any, where: str) -> Any:
     return value
 
 
+def _set_run_option(run: TrainRun, key: str, value: Any, where: str) -> None:
+    """Check one of autotune's run options (``TRAIN_RUN_KEYS``) and set it on ``run``."""
+    from autotune.train.runner import parse_duration
+
+    if key == "device":
+        if not isinstance(value, str) or value.split(":")[0] not in ("cpu", "cuda"):
+            raise ConfigError(f"{where}['device'] must be cpu, cuda or cuda:N, got {value!r}")
+        run.device = value
+    elif key == "mode":
+        if value not in ("fast", "regular"):
+            raise ConfigError(f"{where}['mode'] must be 'fast' or 'regular', got {value!r}")
+        run.mode = value
+    elif key == "max_time":
+        try:
+            run.max_time = parse_duration(value)
+        except SpecError as exc:
+            raise ConfigError(f"{where}['max_time'] must be a duration such as 90s, 30m or 2h, got {value!r}") from exc
+    elif key == "memory_limit":
+        try:
+            run.memory_limit = parse_bytes(value, f"{where}['memory_limit']")
+        except SpecError as exc:
+            raise ConfigError(str(exc)) from exc
+    else:  # resume, progress
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}[{key!r}] must be true or false, got {value!r}")
+        setattr(run, key, value)
+
+
+def _apply_warmup(run: TrainRun, cfg: Mapping[str, Any], where: str) -> None:
+    """Turn ``num_warmup_epochs`` in ``run.updates`` into the warm-up share of a ``WarmupCosineSchedule``."""
+    warmup = run.updates.pop("num_warmup_epochs", None)
+    if warmup is None:
+        return
+    epochs = int(run.updates.get("num_epochs", cfg["num_epochs"]))
+    schedule = dict(cfg.get("lr_scheduler") or {})
+    if schedule.get("name") == "WarmupCosineSchedule":
+        if warmup > epochs:
+            raise ConfigError(f"{where}['num_warmup_epochs'] ({warmup}) must not exceed num_epochs ({epochs})")
+        schedule["args"] = {**dict(schedule.get("args") or {}), "warmup_fraction": warmup / epochs}
+        run.updates["lr_scheduler"] = schedule
+    elif warmup:
+        # MONAI's scripts pass warm-up to every algo; a schedule without one trains as it is, said once.
+        warnings.warn(
+            f"{where}['num_warmup_epochs']: this bundle's schedule {schedule.get('name', 'none')!r} has no "
+            "warm-up; trained without one",
+            stacklevel=4,  # the caller of AutotuneAlgo.train
+        )
+
+
 def parse_train_params(
     cfg: Mapping[str, Any], train_params: Mapping[str, Any] | None, where: str = "train_params"
 ) -> TrainRun:
@@ -123,8 +172,6 @@ def parse_train_params(
         ConfigError: an unknown key (the known ones are listed), a tuned key (say how to
             change it), or a value of the wrong type or range.
     """
-    from autotune.train.runner import parse_duration
-
     if train_params is None:
         train_params = {}
     if not isinstance(train_params, Mapping):
@@ -142,44 +189,9 @@ def parse_train_params(
             raise _unknown(key, where, known)
         if key in TRAIN_CONFIG_KEYS:
             run.updates[key] = _config_value(key, value, where)
-        elif key == "device":
-            if not isinstance(value, str) or value.split(":")[0] not in ("cpu", "cuda"):
-                raise ConfigError(f"{where}['device'] must be cpu, cuda or cuda:N, got {value!r}")
-            run.device = value
-        elif key == "mode":
-            if value not in ("fast", "regular"):
-                raise ConfigError(f"{where}['mode'] must be 'fast' or 'regular', got {value!r}")
-            run.mode = value
-        elif key == "max_time":
-            try:
-                run.max_time = parse_duration(value)
-            except SpecError as exc:
-                raise ConfigError(f"{where}['max_time'] must be a duration such as 90s, 30m or 2h, got {value!r}") from exc
-        elif key == "memory_limit":
-            try:
-                run.memory_limit = parse_bytes(value, f"{where}['memory_limit']")
-            except SpecError as exc:
-                raise ConfigError(str(exc)) from exc
-        else:  # resume, progress
-            if not isinstance(value, bool):
-                raise ConfigError(f"{where}[{key!r}] must be true or false, got {value!r}")
-            setattr(run, key, value)
-    warmup = run.updates.pop("num_warmup_epochs", None)
-    if warmup is not None:
-        epochs = int(run.updates.get("num_epochs", cfg["num_epochs"]))
-        schedule = dict(cfg.get("lr_scheduler") or {})
-        if schedule.get("name") == "WarmupCosineSchedule":
-            if warmup > epochs:
-                raise ConfigError(f"{where}['num_warmup_epochs'] ({warmup}) must not exceed num_epochs ({epochs})")
-            schedule["args"] = {**dict(schedule.get("args") or {}), "warmup_fraction": warmup / epochs}
-            run.updates["lr_scheduler"] = schedule
-        elif warmup:
-            # MONAI's scripts pass warm-up to every algo; a schedule without one trains as it is, said once.
-            warnings.warn(
-                f"{where}['num_warmup_epochs']: this bundle's schedule {schedule.get('name', 'none')!r} has no "
-                "warm-up; trained without one",
-                stacklevel=3,
-            )
+        else:
+            _set_run_option(run, key, value, where)
+    _apply_warmup(run, cfg, where)
     return run
 
 

@@ -35,7 +35,7 @@ from typing import Any
 
 from autotune import __version__
 from autotune.bundles.config import CONFIG_RELPATH, check_bundle_config
-from autotune.bundles.render import render_config
+from autotune.bundles.render import deep_merge, render_config
 from autotune.bundles.templates import list_templates, load_overrides, load_template
 from autotune.errors import ConfigError
 from autotune.utils import (
@@ -79,6 +79,22 @@ def parse_algos(algos: str | Sequence[str] | None, valid: Sequence[str]) -> list
 
 def _file_hash(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _bundle_meta(name: str, algo: str, template: Mapping[str, Any], stats_hash: str, fold: int,
+                 num_fold: int) -> dict[str, Any]:
+    """What ``bundle.json`` records: the template and its version, the statistics' hash, the fold, when and by what."""
+    return {
+        "identifier": name,
+        "template": algo,
+        "template_version": template["version"],
+        "template_path": template["path"],
+        "datastats_hash": stats_hash,
+        "fold": fold,
+        "num_fold": num_fold,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "autotune_version": __version__,
+    }
 
 
 class BundleGen:
@@ -182,44 +198,44 @@ class BundleGen:
                 "this BundleGen has no tuner for gpu_customization; use autotune.BundleGen, or pass tuner=autotune.tune"
             )
         out = expand_path(output_folder).resolve() if output_folder else self.algo_path
-        stats = read_yaml(self.data_stats_filename, ConfigError)
-        if not isinstance(stats, dict):
-            raise ConfigError(f"{self.data_stats_filename}: not a datastats file; run 'autotune analyze' first")
-        stats_hash = str((stats.get("autotune") or {}).get("content_hash") or _file_hash(self.data_stats_filename))
+        stats, stats_hash = self._read_stats()
         data_src = self._data_src(num_fold)
-        overrides = load_overrides(overrides, self.templates_path)
-        common = {k: v for k, v in overrides.items() if k not in self.algos and k not in list_templates(self.templates_path)}
+        per_algo = self._overrides_per_algo(overrides)
         self._bundles = []
         for algo in self.algos:
             template = load_template(algo, self.templates_path)
-            per_algo = dict(common)
-            if isinstance(overrides.get(algo), Mapping):
-                from autotune.bundles.render import deep_merge
-
-                per_algo = deep_merge(per_algo, overrides[algo])
             for fold in range(num_fold):
                 cfg = render_config(
-                    template, stats, data_src, fold, num_fold, per_algo, datastats_path=str(self.data_stats_filename)
+                    template, stats, data_src, fold, num_fold, per_algo[algo], datastats_path=str(self.data_stats_filename)
                 )
                 name = f"{algo}_{fold}"
                 check_bundle_config(cfg, f"{name} (generated)")
-                meta = {
-                    "identifier": name,
-                    "template": algo,
-                    "template_version": template["version"],
-                    "template_path": template["path"],
-                    "datastats_hash": stats_hash,
-                    "fold": fold,
-                    "num_fold": num_fold,
-                    "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-                    "autotune_version": __version__,
-                }
-                path = self._write_bundle(out / name, cfg, meta)
+                path = self._write_bundle(out / name, cfg, _bundle_meta(name, algo, template, stats_hash, fold, num_fold))
                 self._bundles.append({"identifier": name, "algo": algo, "fold": fold, "path": str(path)})
                 log.info("generated %s", path)
         if tuner is not None:
             tuner([b["path"] for b in self._bundles], gpu_customization_specs, **tune_kwargs)
         return self.get_bundles()
+
+    def _read_stats(self) -> tuple[dict[str, Any], str]:
+        """The datastats file and its content hash (the file's digest where it records none).
+
+        Raises:
+            ConfigError: the file is missing or not a datastats file.
+        """
+        stats = read_yaml(self.data_stats_filename, ConfigError)
+        if not isinstance(stats, dict):
+            raise ConfigError(f"{self.data_stats_filename}: not a datastats file; run 'autotune analyze' first")
+        stats_hash = str((stats.get("autotune") or {}).get("content_hash") or _file_hash(self.data_stats_filename))
+        return stats, stats_hash
+
+    def _overrides_per_algo(self, overrides: Mapping[str, Any] | str | os.PathLike[str] | None) -> dict[str, Any]:
+        """The overrides each algorithm's configs get: the common keys, merged with those under its name."""
+        overrides = load_overrides(overrides, self.templates_path)
+        templates = list_templates(self.templates_path)
+        common = {k: v for k, v in overrides.items() if k not in self.algos and k not in templates}
+        return {algo: deep_merge(common, overrides[algo]) if isinstance(overrides.get(algo), Mapping) else dict(common)
+                for algo in self.algos}
 
     @staticmethod
     def _write_bundle(target: Path, cfg: dict[str, Any], meta: dict[str, Any]) -> Path:

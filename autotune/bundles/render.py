@@ -83,6 +83,79 @@ def _follow_overrides(cfg: dict[str, Any], overrides: Mapping[str, Any]) -> None
             block[ref] = cfg[key]
 
 
+def _dataset_facts(datastats: Mapping[str, Any], src: str) -> dict[str, Any]:
+    """The statistics the rules read: median spacing and shape, 99.5th-percentile size in mm, channels, labels.
+
+    Raises:
+        ConfigError: one is missing or malformed (naming the key).
+    """
+    facts = {
+        "spacing_median": xyz_stat(stat(datastats, "image_stats.spacing.median", src), "image_stats#spacing#median", src),
+        "shape_median": xyz_stat(stat(datastats, "image_stats.shape.median", src), "image_stats#shape#median", src),
+        "sizemm_p995": xyz_stat(stat(datastats, "image_stats.sizemm.percentile_99_5", src),
+                                "image_stats#sizemm#percentile_99_5", src),
+        "channels": stat(datastats, "image_stats.channels.max", src),
+        "labels": stat(datastats, "label_stats.labels", src),
+    }
+    labels = facts["labels"]
+    if not isinstance(labels, list) or not all(isinstance(v, int) for v in labels):
+        raise ConfigError(f"{src}: key 'stats_summary#label_stats#labels' must be a list of integers")
+    return facts
+
+
+def _normalization(setting: Any, modality: str, datastats: Mapping[str, Any], src: str) -> Any:
+    """The template's intensity normalisation, or for ``auto``: CT clips to the foreground's 0.5-99.5
+    percentiles and scales to [0, 1], anything else is z-scored."""
+    if setting != "auto":
+        return setting
+    if modality == "CT":
+        lo = float(stat(datastats, "image_foreground_stats.intensity.percentile_00_5", src))
+        hi = float(stat(datastats, "image_foreground_stats.intensity.percentile_99_5", src))
+        return {"mode": "clip", "a_min": lo, "a_max": hi, "b_min": 0.0, "b_max": 1.0}
+    return {"mode": "zscore"}
+
+
+def _template_parts(template: Mapping[str, Any]) -> dict[str, Any]:
+    """What a bundle copies from its template as it is: network, loss, optimizer, schedule, tuning support."""
+    return {
+        "network": copy.deepcopy(template["network"]),
+        "loss": copy.deepcopy(template["loss"]),
+        "optimizer": copy.deepcopy(template["optimizer"]),
+        "lr_scheduler": copy.deepcopy(template.get("lr_scheduler") or {"name": "none"}),
+    }
+
+
+def _tuning_support(template: Mapping[str, Any]) -> dict[str, Any]:
+    """The template's tuning support: whether it tunes, the ranges, the validation devices tried."""
+    return {
+        "tuning_supported": bool((template.get("tuning") or {}).get("supported", False)),
+        "tuning_ranges": copy.deepcopy((template.get("tuning") or {}).get("ranges", {})),
+        "tuning_validation_devices": list((template.get("tuning") or {}).get("validation_devices", ["device", "cpu"])),
+    }
+
+
+def _set_roi(cfg: dict[str, Any], roi_rule: Mapping[str, Any], size_at_res: list[float]) -> None:
+    """Fill an ``auto`` roi from the median size at the training spacing, or check a given one
+    against the network's divisor.
+
+    Raises:
+        ConfigError: a given roi is not three positive integers, each a multiple of the divisor.
+    """
+    from autotune.build import roi_divisor
+
+    divisor = roi_divisor(cfg)
+    if cfg.get("roi_size") in (None, "auto"):
+        cfg["roi_size"] = _round_roi(size_at_res, divisor, list(roi_rule["min"]), list(roi_rule["max"]))
+        return
+    roi = cfg["roi_size"]
+    if not (isinstance(roi, list) and len(roi) == 3 and all(isinstance(v, int) and v > 0 for v in roi)):
+        raise ConfigError(f"roi_size must be three positive integers, got {roi!r}")
+    if any(v % divisor for v in roi):
+        raise ConfigError(
+            f"roi_size {roi} does not suit {cfg['network']['name']}: each size must be a multiple of {divisor}"
+        )
+
+
 def render_config(
     template: Mapping[str, Any],
     datastats: Mapping[str, Any],
@@ -100,81 +173,36 @@ def render_config(
     Raises:
         ConfigError: a statistic the rules need is missing or malformed.
     """
-    src = datastats_path
+    from autotune.bundles.scaling import batch_scaling_of
+
     training = dict(template["training"])
     modality = str(data_src.get("modality", "MRI")).upper()
-    spacing_median = xyz_stat(stat(datastats, "image_stats.spacing.median", src), "image_stats#spacing#median", src)
-    shape_median = xyz_stat(stat(datastats, "image_stats.shape.median", src), "image_stats#shape#median", src)
-    sizemm_p995 = xyz_stat(stat(datastats, "image_stats.sizemm.percentile_99_5", src), "image_stats#sizemm#percentile_99_5", src)
-    channels = stat(datastats, "image_stats.channels.max", src)
-    labels = stat(datastats, "label_stats.labels", src)
-    if not isinstance(labels, list) or not all(isinstance(v, int) for v in labels):
-        raise ConfigError(f"{src}: key 'stats_summary#label_stats#labels' must be a list of integers")
-    sigmoid = bool(data_src.get("sigmoid", False))
-
+    facts = _dataset_facts(datastats, datastats_path)
+    spacing = facts["spacing_median"]
     resolution = training.get("resample_resolution", "auto")
-    resolution = [round(v, 4) for v in spacing_median] if resolution == "auto" else [float(v) for v in resolution]
-    size_at_res = [shape_median[i] * spacing_median[i] / resolution[i] for i in range(3)]
-    infer_shape = [int(math.ceil(sizemm_p995[i] / resolution[i])) for i in range(3)]
-
-    norm = training.get("intensity_normalization", "auto")
-    if norm == "auto":
-        if modality == "CT":
-            lo = float(stat(datastats, "image_foreground_stats.intensity.percentile_00_5", src))
-            hi = float(stat(datastats, "image_foreground_stats.intensity.percentile_99_5", src))
-            norm = {"mode": "clip", "a_min": lo, "a_max": hi, "b_min": 0.0, "b_max": 1.0}
-        else:
-            norm = {"mode": "zscore"}
-
+    resolution = [round(v, 4) for v in spacing] if resolution == "auto" else [float(v) for v in resolution]
+    sigmoid = bool(data_src.get("sigmoid", False))
     cfg: dict[str, Any] = {
-        "algo": template["name"],
-        "template_version": template["version"],
-        "fold": int(fold),
-        "num_fold": int(num_fold),
-        "name": data_src.get("name", ""),
-        "modality": modality,
-        "datalist": data_src.get("datalist"),
-        "dataroot": data_src.get("dataroot"),
-        "datastats": datastats_path,
-        "class_names": data_src.get("class_names"),
-        "sigmoid": sigmoid,
-        "input_channels": int(channels),
-        "output_classes": _output_classes(labels, sigmoid),
-        "network": copy.deepcopy(template["network"]),
-        "loss": copy.deepcopy(template["loss"]),
-        "optimizer": copy.deepcopy(template["optimizer"]),
-        "lr_scheduler": copy.deepcopy(template.get("lr_scheduler") or {"name": "none"}),
+        "algo": template["name"], "template_version": template["version"], "fold": int(fold),
+        "num_fold": int(num_fold), "name": data_src.get("name", ""), "modality": modality,
+        "datalist": data_src.get("datalist"), "dataroot": data_src.get("dataroot"), "datastats": datastats_path,
+        "class_names": data_src.get("class_names"), "sigmoid": sigmoid, "input_channels": int(facts["channels"]),
+        "output_classes": _output_classes(facts["labels"], sigmoid),
+        **_template_parts(template),
         **{k: v for k, v in training.items() if k not in ("roi_size", "resample_resolution", "intensity_normalization")},
         "roi_size": training.get("roi_size"),
         "resample_resolution": resolution,
-        "intensity_normalization": norm,
-        "infer_volume_shape": infer_shape,
-        "tuning_supported": bool((template.get("tuning") or {}).get("supported", False)),
-        "tuning_ranges": copy.deepcopy((template.get("tuning") or {}).get("ranges", {})),
-        "tuning_validation_devices": list((template.get("tuning") or {}).get("validation_devices", ["device", "cpu"])),
+        "intensity_normalization": _normalization(training.get("intensity_normalization", "auto"), modality,
+                                                  datastats, datastats_path),
+        "infer_volume_shape": [int(math.ceil(facts["sizemm_p995"][i] / resolution[i])) for i in range(3)],
+        **_tuning_support(template),
     }
     if template.get("batch_scaling") is not None:
         cfg["batch_scaling"] = copy.deepcopy(template["batch_scaling"])
     if overrides:
         cfg = deep_merge(cfg, overrides)
         _follow_overrides(cfg, overrides)
-
-    from autotune.build import roi_divisor
-
-    divisor = roi_divisor(cfg)
-    roi_rule = template["roi"]
-    if cfg.get("roi_size") in (None, "auto"):
-        cfg["roi_size"] = _round_roi(size_at_res, divisor, list(roi_rule["min"]), list(roi_rule["max"]))
-    else:
-        roi = cfg["roi_size"]
-        if not (isinstance(roi, list) and len(roi) == 3 and all(isinstance(v, int) and v > 0 for v in roi)):
-            raise ConfigError(f"roi_size must be three positive integers, got {roi!r}")
-        if any(v % divisor for v in roi):
-            raise ConfigError(
-                f"roi_size {roi} does not suit {cfg['network']['name']}: each size must be a multiple of {divisor}"
-            )
-    from autotune.bundles.scaling import batch_scaling_of
-
+    _set_roi(cfg, template["roi"], [facts["shape_median"][i] * spacing[i] / resolution[i] for i in range(3)])
     batch_scaling_of(cfg)  # a malformed block fails at generation, not at tuning
     cfg["infer_volume_shape"] = [max(int(a), int(b)) for a, b in zip(cfg["infer_volume_shape"], cfg["roi_size"], strict=True)]
     return cfg

@@ -8,13 +8,19 @@ with its own stdout/stderr files and the environment the parent asked for; a cra
 out-of-memory kill or a hang ends that child only. The server never touches CUDA (importing
 torch does not initialise it), so a child may still choose and initialise its device.
 
-``AUTOTUNE_PROBE_ISOLATION=subprocess`` starts a fresh interpreter per probe instead (the
-old way; slower, for comparison and as a fallback where a fork server cannot start).
+``AUTOTUNE_PROBE_ISOLATION=subprocess`` starts a fresh interpreter per probe instead (slower;
+for comparison and where a fork server cannot start). Launching a child with the parent's
+main module left out overrides a private method of CPython's ``multiprocessing``
+(``popen_forkserver.Popen._launch``); the override is used only on the Python versions whose
+method it was compared with (``CHECKED_PYTHONS``). On any other, probes start as fresh
+interpreters, whatever the environment asks.
 """
 
 from __future__ import annotations
 
+import functools
 import io
+import logging
 import os
 import sys
 import threading
@@ -22,18 +28,42 @@ from collections.abc import Mapping
 from multiprocessing import context, forkserver, popen_forkserver, reduction, spawn, util
 from typing import Any
 
-__all__ = ["ISOLATION_ENV", "PRELOAD", "isolation_mode", "prestart", "ForkedChild", "start_forked"]
+__all__ = ["CHECKED_PYTHONS", "ISOLATION_ENV", "PRELOAD", "isolation_mode", "prestart", "ForkedChild",
+           "start_forked"]
 
 ISOLATION_ENV = "AUTOTUNE_PROBE_ISOLATION"
 PRELOAD = ["autotune.probe.preload"]
+# Python versions whose popen_forkserver.Popen._launch (and the preparation data it sends) ``_Popen._launch``
+# was compared with line by line: 3.10.13, 3.11.7, 3.12.1, 3.13.0.
+CHECKED_PYTHONS = ((3, 10), (3, 11), (3, 12), (3, 13))
 _LOCK = threading.Lock()
 _CONTEXT: Any = None
+log = logging.getLogger(__name__)
+
+
+def _forkserver_checked() -> bool:
+    """True where this interpreter's private fork-server launch is one ``_Popen`` was checked against."""
+    return tuple(sys.version_info[:2]) in CHECKED_PYTHONS
+
+
+@functools.cache
+def _say_unchecked() -> None:
+    log.info("Python %d.%d: probes start as fresh interpreters (the fork-server launch is checked on %s)",
+             *sys.version_info[:2], ", ".join(f"{major}.{minor}" for major, minor in CHECKED_PYTHONS))
 
 
 def isolation_mode() -> str:
-    """``forkserver`` (default on Linux/macOS) or ``subprocess`` (``$AUTOTUNE_PROBE_ISOLATION``)."""
+    """``forkserver`` (default where the platform has it) or ``subprocess`` (``$AUTOTUNE_PROBE_ISOLATION``).
+
+    On a Python version not in ``CHECKED_PYTHONS`` it is always ``subprocess`` (said once in the log).
+    """
     mode = os.environ.get(ISOLATION_ENV, "").strip().lower()
-    if mode in ("subprocess", "forkserver"):
+    if mode == "subprocess":
+        return mode
+    if not _forkserver_checked():
+        _say_unchecked()
+        return "subprocess"
+    if mode == "forkserver":
         return mode
     import multiprocessing
 
@@ -69,7 +99,8 @@ class _Popen(popen_forkserver.Popen):
     multiprocessing runs the parent's main script again in each child (as ``__mp_main__``);
     a script that calls the tuner without an ``if __name__ == "__main__"`` guard would then
     tune again in every probe. A probe needs nothing from ``__main__``, so its preparation
-    data leaves the main module out. (``_launch`` follows CPython 3.11's popen_forkserver.)
+    data leaves the main module out. ``_launch`` is CPython's own (identical in every version of
+    ``CHECKED_PYTHONS``) with that one change; ``isolation_mode`` uses it on those versions only.
     """
 
     def _launch(self, process_obj: Any) -> None:
@@ -142,8 +173,10 @@ def start_forked(request_path: str, stdout_path: str, stderr_path: str, env: Map
     """Fork a child that runs the trial of ``request_path`` (starts the server on first use).
 
     Raises:
-        OSError: the server or the child could not be started.
+        OSError: the server or the child could not be started, or this Python is not in ``CHECKED_PYTHONS``.
     """
+    if not _forkserver_checked():
+        raise OSError(f"the fork-server launch is not checked on Python {sys.version_info[0]}.{sys.version_info[1]}")
     process = _ProbeProcess(
         target=_child_main, args=(request_path, stdout_path, stderr_path, dict(env)), name="autotune-probe",
         daemon=False,

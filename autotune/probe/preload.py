@@ -14,5 +14,6 @@ import torch._dynamo  # noqa: F401  (building an optimizer imports it, and sympy
 
 import autotune.build  # noqa: F401
 import autotune.probe.memory  # noqa: F401
+import autotune.probe.tracker  # noqa: F401
 import autotune.probe.trial  # noqa: F401
 import autotune.step  # noqa: F401

@@ -19,12 +19,12 @@ A trace that does not replay (events out of order, a size that cannot scale) rai
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from autotune.probe.memory import GRANULARITY
+from autotune.step import loader_batch_patches
 
 __all__ = ["MARKER_PRIME", "ReplayError", "TrainingReplay", "marker_batch"]
 
@@ -107,7 +107,7 @@ class TrainingReplay:
         if n < 1:
             raise ReplayError(f"batch size must be at least 1, got {n}")
         if n not in self._cache:
-            patches = np.where(self._loader, math.lcm(n, max(1, int(self.crops))), n)
+            patches = np.where(self._loader, loader_batch_patches(n, self.crops), n)
             raw = np.where(self._grows, self._per_patch * patches, self._raw)
             size = -(-raw // GRANULARITY) * GRANULARITY
             before = np.where(self._prev >= 0, size[np.maximum(self._prev, 0)], 0)

@@ -45,6 +45,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -214,6 +215,75 @@ def _run_forked(tmpdir: Path, child_env: dict[str, str], timeout: float) -> tupl
     return proc, finished
 
 
+def _child_env(env: Mapping[str, str] | None) -> dict[str, str]:
+    """This process's environment plus ``env``, with this package on ``PYTHONPATH``.
+
+    Raises:
+        ProbeError: ``AUTOTUNE_PROBE_FAULT`` holds a bad rule.
+    """
+    from autotune.probe.faults import FAULT_ENV, parse_fault_rules
+
+    child_env = dict(os.environ)
+    child_env.update({str(k): str(v) for k, v in (env or {}).items()})
+    try:
+        parse_fault_rules(child_env.get(FAULT_ENV))
+    except ValueError as exc:
+        raise ProbeError(str(exc)) from exc
+    package_root = str(Path(__file__).resolve().parents[2])
+    child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, child_env.get("PYTHONPATH")]))
+    return child_env
+
+
+@dataclass
+class _ChildRun:
+    """How a child ended and what it left: its process, whether it finished in time, its last state,
+    its result (None if it wrote none) and the tail of its stderr."""
+
+    proc: Any
+    finished: bool
+    state: dict[str, Any]
+    result: dict[str, Any] | None
+    stderr_tail: str | None
+
+
+def _run_child(req: dict[str, Any], child_env: dict[str, str], timeout: float) -> _ChildRun:
+    """Write the request into a temporary folder, run the trial in an isolated child, read what it left."""
+    with tempfile.TemporaryDirectory(prefix="autotune-probe-") as tmp:
+        tmpdir = Path(tmp)
+        req.update(result_path=str(tmpdir / "result.json"), state_path=str(tmpdir / "state.json"),
+                   launched_at=time.time())
+        atomic_write_json(tmpdir / "request.json", req)
+        if isolation_mode() == "forkserver":
+            proc, finished = _run_forked(tmpdir, child_env, timeout)
+        else:
+            proc, finished = _run_subprocess(tmpdir, child_env, timeout)
+        return _ChildRun(proc, finished, _read_json(tmpdir / "state.json") or {}, _read_json(tmpdir / "result.json"),
+                         _tail(tmpdir / "stderr.txt"))
+
+
+def _classify(result: dict[str, Any], run: _ChildRun, first_phase: str) -> None:
+    """Set ``result``'s status (and the failure's phase, type and tail) from the exit code or signal and
+    the child's JSON, as the module docstring's table says."""
+    from autotune.probe.trial import EXIT_OK, EXIT_OOM
+
+    rc = run.proc.returncode
+    running_phase = run.state.get("phase") if run.state.get("phase") in PHASES else first_phase
+    if not run.finished:
+        result.update(status="timeout", phase_failed=running_phase, error_type="Timeout", error_tail=run.stderr_tail)
+    elif rc < 0:
+        result.update(status="killed", signal=-rc, phase_failed=running_phase, error_type=_signal_name(-rc),
+                      error_tail=run.stderr_tail)
+    elif run.result is None:
+        result.update(status="error", phase_failed=running_phase, error_type="NoResult",
+                      error_tail=run.stderr_tail or f"the probe child exited with code {rc} and wrote no result")
+    elif rc == EXIT_OOM:
+        result["status"] = "oom"
+    elif rc != EXIT_OK or run.result.get("status") != "ok":
+        result["status"] = "error"
+        result["error_type"] = result.get("error_type") or f"ExitCode{rc}"
+        result["error_tail"] = result.get("error_tail") or run.stderr_tail
+
+
 def run_probe(bundle: str | Path | dict, *, num_patches_per_iter: int | None = None, num_sw_batch_size: int | None = None,
               validation_device: str = "device", device: str = "cpu", memory_limit: int | None = None,
               timeout: float = 300.0, phases: tuple[str, ...] = PHASES, warmup_steps: int = 1, measure_steps: int = 2,
@@ -231,8 +301,7 @@ def run_probe(bundle: str | Path | dict, *, num_patches_per_iter: int | None = N
         ProbeError: bad arguments (unknown device or phase, N < 1, a bad fault rule, timeout <= 0),
             or the child process could not be started at all.
     """
-    from autotune.probe.faults import FAULT_ENV, parse_fault_rules
-    from autotune.probe.trial import EXIT_OK, EXIT_OOM, base_result
+    from autotune.probe.trial import base_result
 
     start = time.perf_counter()
     req = resolve_request(bundle, num_patches_per_iter=num_patches_per_iter, num_sw_batch_size=num_sw_batch_size,
@@ -241,51 +310,17 @@ def run_probe(bundle: str | Path | dict, *, num_patches_per_iter: int | None = N
                           precision=precision)
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
         raise ProbeError(f"timeout must be a positive number of seconds, got {timeout!r}")
-    child_env = dict(os.environ)
-    child_env.update({str(k): str(v) for k, v in (env or {}).items()})
-    try:
-        parse_fault_rules(child_env.get(FAULT_ENV))
-    except ValueError as exc:
-        raise ProbeError(str(exc)) from exc
-    package_root = str(Path(__file__).resolve().parents[2])
-    child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, child_env.get("PYTHONPATH")]))
-
+    child_env = _child_env(env)
     result = base_result(req)
-    with tempfile.TemporaryDirectory(prefix="autotune-probe-") as tmp:
-        tmpdir = Path(tmp)
-        req.update(result_path=str(tmpdir / "result.json"), state_path=str(tmpdir / "state.json"),
-                   launched_at=time.time())
-        atomic_write_json(tmpdir / "request.json", req)
-        if isolation_mode() == "forkserver":
-            proc, finished = _run_forked(tmpdir, child_env, float(timeout))
-        else:
-            proc, finished = _run_subprocess(tmpdir, child_env, float(timeout))
-        state = _read_json(tmpdir / "state.json") or {}
-        child = _read_json(tmpdir / "result.json")
-        stderr_tail = _tail(tmpdir / "stderr.txt")
+    run = _run_child(req, child_env, float(timeout))
     for key in ("device_name", "device_total_memory", "torch_version", "monai_version"):
-        result[key] = state.get(key, result.get(key))
-    if child is not None:
-        result.update(child)
-    rc = proc.returncode
-    running_phase = state.get("phase") if state.get("phase") in PHASES else req["phases"][0]
-    if not finished:
-        result.update(status="timeout", phase_failed=running_phase, error_type="Timeout", error_tail=stderr_tail)
-    elif rc < 0:
-        result.update(status="killed", signal=-rc, phase_failed=running_phase, error_type=_signal_name(-rc),
-                      error_tail=stderr_tail)
-    elif child is None:
-        result.update(status="error", phase_failed=running_phase, error_type="NoResult",
-                      error_tail=stderr_tail or f"the probe child exited with code {rc} and wrote no result")
-    elif rc == EXIT_OOM:
-        result["status"] = "oom"
-    elif rc != EXIT_OK or child.get("status") != "ok":
-        result["status"] = "error"
-        result["error_type"] = result.get("error_type") or f"ExitCode{rc}"
-        result["error_tail"] = result.get("error_tail") or stderr_tail
+        result[key] = run.state.get(key, result.get(key))
+    if run.result is not None:
+        result.update(run.result)
+    _classify(result, run, req["phases"][0])
     result.setdefault("signal", None)
-    result["exit_code"] = rc
-    result["child_pid"] = proc.pid
+    result["exit_code"] = run.proc.returncode
+    result["child_pid"] = run.proc.pid
     result["measured"] = True
     result["wall_seconds"] = time.perf_counter() - start
     return result

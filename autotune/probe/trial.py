@@ -124,9 +124,11 @@ def _measured_loop(req: Mapping[str, Any], parts: dict[str, Any], result: dict[s
         memory.cuda_reset_peaks(str(device))
         tracker = None
     else:
+        from autotune.probe.tracker import MemoryTracker, tensors_of
+
         memory.reset_peak_rss()
-        tracker = memory.make_tracker("cpu", req.get("memory_limit"))
-        tracker.track(memory.tensors_of(*existing))
+        tracker = MemoryTracker("cpu", req.get("memory_limit"))
+        tracker.track(tensors_of(*existing))
     try:
         with tracker if tracker is not None else contextlib.nullcontext():
             for index in range(warmup + measure):
@@ -166,14 +168,12 @@ def torch_cuda_reserved(device: Any) -> int:
     return int(torch.cuda.memory_reserved(device))
 
 
-def _build(req: Mapping[str, Any]) -> dict[str, Any]:
+def _prepare_device(req: Mapping[str, Any]) -> torch.device:
+    """The trial's device, set up as fast training sets it up (CUDA: cuDNN benchmark, the memory limit)."""
     import torch
 
-    from autotune.build import amp_dtype, build_loss, build_network, build_optimizer
     from autotune.probe import memory
-    from autotune.step import make_grad_scaler
 
-    cfg = req["config"]
     device = torch.device(req["device"])
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -181,17 +181,31 @@ def _build(req: Mapping[str, Any]) -> dict[str, Any]:
         torch.backends.cudnn.benchmark = True
         if req.get("memory_limit"):
             memory.cuda_set_memory_limit(str(device), int(req["memory_limit"]))
+    return device
+
+
+def _build(cfg: Mapping[str, Any], device: torch.device) -> tuple[torch.nn.Module, Any, torch.optim.Optimizer]:
+    """The bundle's network on ``device`` (seeded), its loss and its optimizer (``autotune.build``)."""
+    import torch
+
+    from autotune.build import build_loss, build_network, build_optimizer
+
     torch.manual_seed(int(cfg.get("seed", 0)))
     model = build_network(cfg).to(device)
+    return model, build_loss(cfg), build_optimizer(cfg, model.parameters())
+
+
+def _parts(req: Mapping[str, Any]) -> dict[str, Any]:
+    """What the phases run with: device, model, loss, optimizer, autocast dtype and grad scaler."""
+    from autotune.build import amp_dtype
+    from autotune.step import make_grad_scaler
+
+    cfg = req["config"]
+    device = _prepare_device(req)
+    model, loss_fn, optimizer = _build(cfg, device)
     dtype = amp_dtype(cfg, device, req.get("precision"))
-    return {
-        "device": device,
-        "model": model,
-        "loss_fn": build_loss(cfg),
-        "optimizer": build_optimizer(cfg, model.parameters()),
-        "amp_dtype": dtype,
-        "scaler": make_grad_scaler(device, dtype),
-    }
+    return {"device": device, "model": model, "loss_fn": loss_fn, "optimizer": optimizer, "amp_dtype": dtype,
+            "scaler": make_grad_scaler(device, dtype)}
 
 
 def base_result(req: Mapping[str, Any]) -> dict[str, Any]:
@@ -244,7 +258,7 @@ def run_trial(req: Mapping[str, Any]) -> dict[str, Any]:
                       device_name=device_name(req["device"]),
                       device_total_memory=device_total_memory(req["device"]))
         _write_state(state_path, {**result, "phase": phase})
-        parts = _build(req)
+        parts = _parts(req)
         lap("build")
         for phase in req["phases"]:
             _write_state(state_path, {**result, "phase": phase})

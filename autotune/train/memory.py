@@ -78,10 +78,10 @@ class PhaseMemory:
 
             cuda_reset_peaks(self.device)
         elif self.limit is not None:
-            from autotune.probe import memory
+            from autotune.probe.tracker import MemoryTracker, tensors_of
 
-            self.tracker = memory.make_tracker("cpu", int(self.limit))
-            self.tracker.track(memory.tensors_of(model, optimizer))
+            self.tracker = MemoryTracker("cpu", int(self.limit))
+            self.tracker.track(tensors_of(model, optimizer))
         return self.tracker
 
     def tracking(self) -> Any:

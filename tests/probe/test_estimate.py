@@ -87,7 +87,7 @@ def test_cuda_autocast_emulation_matches_cuda_rules(monkeypatch: pytest.MonkeyPa
     import torch.nn.functional as F
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from autotune.probe.estimate import _cuda_autocast_policy
+    from autotune.probe.fake import CudaAutocastPolicy
 
     ops = {
         "conv3d": lambda x, w: F.conv3d(x, w, padding=1),
@@ -117,7 +117,7 @@ def test_cuda_autocast_emulation_matches_cuda_rules(monkeypatch: pytest.MonkeyPa
         with torch.autocast(device, dtype=torch.float16):
             return {name: op(x, w).dtype for name, op in ops.items()}
 
-    with FakeTensorMode(), _cuda_autocast_policy():
+    with FakeTensorMode(), CudaAutocastPolicy():
         emulated = dtypes("cpu")
     if not torch.cuda.is_available():
         monkeypatch.setattr(amp_common, "amp_definitely_not_available", lambda: False)

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from probe_fixtures import shared_tiny_bundles
 
-from autotune.probe.isolation import ISOLATION_ENV, isolation_mode
+from autotune.probe import isolation, runner
+from autotune.probe.isolation import CHECKED_PYTHONS, ISOLATION_ENV, isolation_mode
 from autotune.probe.runner import run_probe
 
 REPO = Path(__file__).resolve().parents[2]
@@ -23,6 +24,11 @@ def unet(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return shared_tiny_bundles(tmp_path_factory, algos=("unet",))["unet"]
 
 
+forkserver_checked = pytest.mark.skipif(sys.version_info[:2] not in CHECKED_PYTHONS,
+                                        reason="the fork-server launch is not checked on this Python")
+
+
+@forkserver_checked
 def test_forked_child_finds_torch_and_monai_imported(unet: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(ISOLATION_ENV, raising=False)
     assert isolation_mode() == "forkserver"
@@ -57,6 +63,7 @@ def test_a_script_without_main_guard_runs_once(unet: Path, tmp_path: Path) -> No
     assert "cuda initialised in parent False" in out.stdout
 
 
+@forkserver_checked
 def test_prestart_returns_before_the_server_has_imported_torch(monkeypatch: pytest.MonkeyPatch) -> None:
     """The tuner starts the fork server before it estimates: the server's imports (seconds) overlap the
     estimator's trace instead of delaying the first probe. A fresh interpreter, so the server is new."""
@@ -79,3 +86,29 @@ def test_prestart_returns_before_the_server_has_imported_torch(monkeypatch: pyte
     from autotune.probe.isolation import prestart
 
     assert prestart() is False
+
+
+def test_an_unchecked_python_starts_fresh_interpreters(unet: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       tmp_path: Path) -> None:
+    """On a Python whose private fork-server launch was not compared with ``_Popen._launch``, probes
+    start as fresh interpreters even when the environment asks for the fork server."""
+    monkeypatch.setattr(sys, "version_info", (3, 99, 0, "final", 0))
+    monkeypatch.setenv(ISOLATION_ENV, "forkserver")
+    assert isolation_mode() == "subprocess"
+    assert isolation.prestart() is False
+    with pytest.raises(OSError, match="not checked on Python 3.99"):
+        isolation.start_forked(str(tmp_path / "request.json"), str(tmp_path / "out"), str(tmp_path / "err"), {})
+
+    def no_fork(*args: object) -> None:
+        raise AssertionError("a probe was forked from the server on an unchecked Python")
+
+    monkeypatch.setattr(runner, "_run_forked", no_fork)
+    result = run_probe(unet, env={"AUTOTUNE_PROBE_FAULT": "raise"}, **QUICK)
+    assert result["status"] == "error" and result["error_type"] == "ValueError"
+
+
+def test_the_running_python_uses_the_fork_server_where_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(ISOLATION_ENV, raising=False)
+    for version in CHECKED_PYTHONS:
+        monkeypatch.setattr(sys, "version_info", (*version, 0, "final", 0))
+        assert isolation_mode() == "forkserver"

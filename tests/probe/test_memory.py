@@ -1,12 +1,7 @@
-"""The lean memory tracker, OOM classification and the CUDA allowance helpers.
-
-The tracker leans on two PyTorch internals; the first tests pin them, so an upgrade that
-changes them fails here rather than giving wrong peaks.
-"""
+"""OOM classification, peak RSS, the CUDA allocator's peaks and limit, and the CUDA allowance helpers
+(the tensor tracker's tests are in ``test_tracker.py``)."""
 
 from __future__ import annotations
-
-import weakref
 
 import pytest
 import torch
@@ -14,110 +9,6 @@ import torch
 from autotune import device
 from autotune.probe import memory
 from autotune.probe.allowances import NO_ALLOWANCE, CudaAllowance, allowance_for, apply_allowance
-
-
-def test_storage_python_object_is_preserved_until_freed() -> None:
-    x = torch.empty(1000)
-    view = x.view(10, 100)
-    storage = x.untyped_storage()
-    assert view.untyped_storage() is storage  # views share one preserved storage object
-    fired: list[int] = []
-    ref = weakref.ref(storage, lambda _r: fired.append(1))
-    del storage, x
-    assert not fired  # the view keeps the storage alive
-    del view
-    assert fired and ref() is None
-
-
-def test_dispatch_mode_sees_backward_ops() -> None:
-    param = torch.zeros(1000, requires_grad=True)
-    tracker = memory.make_tracker()
-    tracker.track([param])
-    with tracker:
-        loss = (param * 2).sum()
-        loss.backward()
-    # param 4096 and, in backward, the gradient 4096 plus the scalar seed 512 at least
-    assert tracker.peak_bytes >= 4096 * 2 + 512
-    grad_key = id(param.grad.untyped_storage())
-    assert grad_key in tracker._live  # the gradient was allocated inside backward and counted
-    tracker.stop()
-
-
-def test_tracker_accounting_known_pattern() -> None:
-    existing = torch.empty(256)  # 1024 bytes -> 1024
-    tracker = memory.make_tracker()
-    assert tracker.track([existing, existing.view(16, 16)]) == 1024  # counted once
-    with tracker:
-        a = torch.empty(1000)  # 4000 -> 4096
-        b = torch.empty(10)  # 40 -> 512
-        a_view = a[10:20]  # a view allocates nothing
-        assert tracker.current_bytes == 1024 + 4096 + 512
-        del a  # the view keeps the storage
-        assert tracker.current_bytes == 1024 + 4096 + 512
-        del a_view
-        assert tracker.current_bytes == 1024 + 512
-        c = torch.zeros(2000, dtype=torch.float16)  # 4000 -> 4096
-        c.add_(1)  # in place: nothing new
-        empty = torch.empty(0)  # 0 bytes
-    assert tracker.current_bytes == 1024 + 512 + 4096
-    assert tracker.peak_bytes == 1024 + 4096 + 512
-    tracker.reset_peak()
-    assert tracker.peak_bytes == tracker.current_bytes
-    tracker.stop()
-    del b, c, empty
-    assert tracker.current_bytes == 1024 + 512 + 4096  # frees after stop() are not counted
-
-
-def test_tracker_counts_storage_growth() -> None:
-    tracker = memory.make_tracker()
-    with tracker:
-        out = torch.empty(0)
-        torch.add(torch.zeros(0), 1, out=out)
-        before = tracker.current_bytes
-        torch.ones(1000, out=out)  # out= resizes the storage to 4000 bytes
-    assert tracker.current_bytes - before >= 4096 - 512
-    tracker.stop()
-
-
-def test_tracker_limit_raises_at_the_crossing_op() -> None:
-    tracker = memory.make_tracker(limit_bytes=10_000)
-    kept = []
-    with pytest.raises(torch.OutOfMemoryError, match="exceeds the memory limit"):
-        with tracker:
-            for _ in range(10):
-                kept.append(torch.empty(1024))  # 4096 each: the third crosses 10 000
-    assert len(kept) == 2
-    assert tracker.peak_bytes == 3 * 4096
-    tracker.stop()
-
-
-def test_tracker_device_filter_and_fake_tensors() -> None:
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    tracker = memory.make_tracker("cpu")
-    with FakeTensorMode():
-        with tracker:
-            on_cpu = torch.empty(1000)  # fake, counted: 4096
-            on_meta = torch.empty(10_000, device="meta")  # other device: ignored
-            assert on_cpu.untyped_storage().nbytes() == 4000
-    assert tracker.peak_bytes == 4096
-    del on_cpu, on_meta
-    assert tracker.current_bytes == 0
-    tracker.stop()
-
-
-def test_round_up_and_tensors_of() -> None:
-    assert memory.round_up(0) == 0
-    assert memory.round_up(1) == 512
-    assert memory.round_up(512) == 512
-    assert memory.round_up(513) == 1024
-    model = torch.nn.Linear(4, 3)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    model(torch.ones(2, 4)).sum().backward()
-    optimizer.step()
-    found = memory.tensors_of(model, optimizer, [torch.ones(1)], {"x": torch.ones(2)})
-    # weight, bias, their grads, two momentum buffers, two inputs
-    assert len(found) == 8
 
 
 @pytest.mark.parametrize(

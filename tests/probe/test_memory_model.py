@@ -1,9 +1,10 @@
-"""The one affine memory model: predict, max_fitting at the edge, the cap, the device allowance."""
+"""The affine memory model of ``autotune estimate``'s report: predict, max_fitting at the edge, the cap;
+the number of sliding windows that caps a sliding-window batch."""
 
 from __future__ import annotations
 
-from autotune.probe.allowances import CudaAllowance, apply_allowance
-from autotune.probe.model import MAX_FITTING, MemoryModel, num_windows
+from autotune.probe.memory_model import MAX_FITTING, MemoryModel
+from autotune.step import num_windows
 
 
 def test_max_fitting_is_consistent_with_predict() -> None:
@@ -26,17 +27,6 @@ def test_cap_bounds_prediction_and_answer() -> None:
     assert capped.max_fitting(45) == 4
     flat = MemoryModel(intercept=5.0, slope=0.0, cap=3)
     assert flat.max_fitting(10) == 3 and flat.max_fitting(4) == 0
-
-
-def test_scaled_applies_an_allowance_as_apply_allowance_does() -> None:
-    allowance = CudaAllowance(context_bytes=0, cudnn_workspace_bytes=1000, allocator_slack_fraction=0.25)
-    raw = MemoryModel(intercept=4000.0, slope=800.0, cap=16, phase="infer", points=[(1, 4800), (2, 5600)])
-    device = raw.scaled(*allowance.affine())
-    for n in (1, 7, 16, 40):
-        assert device.predict(n) == apply_allowance(raw.predict(n), allowance, include_context=False)
-    assert device.cap == 16 and device.phase == "infer" and device.points == []
-    assert raw.intercept == 4000.0, "scaled returns a new model"
-    assert device.max_fitting(device.predict(5)) == 5
 
 
 def test_num_windows_counts_monai_scan() -> None:

@@ -17,7 +17,7 @@ from typing import Any
 import optuna
 import pytest
 
-from autotune.probe.model import MemoryModel
+from autotune.probe.memory_model import MemoryModel
 from autotune.search.curves.edge import CorrectedCurve, correct, largest_under
 from autotune.search.strategies.evaluate import Evaluator
 from autotune.search.strategies.fast import run_fast

@@ -8,7 +8,7 @@ from typing import Any
 import optuna
 import pytest
 
-from autotune.probe.model import MemoryModel
+from autotune.probe.memory_model import MemoryModel
 from autotune.search.strategies.edge_search import find_max_feasible
 from autotune.search.strategies.evaluate import Evaluator
 from autotune.search.strategies.fast import run_fast

@@ -71,8 +71,8 @@ def search_curves(study: Any, prober: Any, patches_range: tuple[int, int], sw_ra
     range on ``validation_device``; the exact training curve over ``patches_range`` is stored for the
     dashboard and a resumed search. Where the trace does not replay, training is estimated point by
     point (``autotune.search.curves.sparse``). Inference curves get the passes left of ``MAX_PASSES``."""
-    from autotune.probe import num_windows
     from autotune.search.curves.sparse import MAX_PASSES, passes_of
+    from autotune.step import num_windows
 
     lo, hi = (int(v) for v in patches_range)
     name = estimates_attr("train")

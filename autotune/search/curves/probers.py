@@ -97,7 +97,7 @@ class _ModelMixin:
         cfg = self.config()
         cap, step = None, None
         if phase == "infer":
-            from autotune.probe import num_windows
+            from autotune.step import num_windows
 
             cap = num_windows(cfg)
         else:

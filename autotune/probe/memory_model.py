@@ -1,20 +1,21 @@
 """The affine memory model: peak bytes as a line in the batch size, with an optional cap.
 
-``MemoryModel`` is the one model of ``peak(N) = intercept + slope * N``: the estimator
-fits it from two fake passes (``autotune.probe.estimate.fit_memory_model``), the searcher
-adds the device allowance to it (``scaled``) and asks it for the largest N under a budget
-(``max_fitting``). ``num_windows`` is the cap of a sliding-window batch: past the number
-of windows over the validation volume a larger batch holds no more memory.
+``MemoryModel`` is ``peak(N) = intercept + slope * N``, fitted from two fake passes
+(``autotune.probe.estimate.fit_memory_model``). It serves ``autotune estimate``'s report
+(``autotune.probe.report``): the predicted peak at N and the largest N under a limit
+(``max_fitting``). The search does not use it: a training peak is not affine in N (a
+loader batch holds lcm(N, crops) patches), so the fast search reads the replayed curve of one
+trace (``autotune.probe.replay``) instead. The cap of a sliding-window batch is the number of
+windows over the validation volume (``autotune.step.num_windows``): past it a larger batch
+holds no more memory.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass, field
 
-__all__ = ["MAX_FITTING", "MemoryModel", "num_windows"]
+__all__ = ["MAX_FITTING", "MemoryModel"]
 
 MAX_FITTING = 1 << 20  # max_fitting's answer when memory does not grow with N and nothing caps it
 
@@ -56,19 +57,3 @@ class MemoryModel:
         while n + 1 <= top and self.predict(n + 1) <= limit_bytes:
             n += 1
         return max(0, min(n, top))
-
-    def scaled(self, scale: float, offset: float) -> MemoryModel:
-        """This model as ``scale * peak + offset`` (e.g. a CUDA allowance, ``CudaAllowance.affine``);
-        the fitted points are the raw ones and are dropped."""
-        return replace(self, intercept=self.intercept * scale + offset, slope=self.slope * scale, points=[])
-
-
-def num_windows(cfg: Mapping[str, Any]) -> int:
-    """Number of sliding windows over the bundle's validation volume, by MONAI's own scan arithmetic."""
-    from monai.data.utils import dense_patch_slices
-    from monai.inferers.utils import _get_scan_interval
-
-    roi = tuple(int(v) for v in cfg["roi_size"])
-    shape = tuple(max(int(s), r) for s, r in zip(cfg.get("infer_volume_shape") or roi, roi, strict=True))
-    overlap = (float(cfg.get("sw_overlap", 0.5)),) * len(roi)
-    return len(dense_patch_slices(shape, roi, _get_scan_interval(shape, roi, len(roi), overlap)))
