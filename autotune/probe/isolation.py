@@ -132,7 +132,10 @@ def _child_main(request_path: str, stdout_path: str, stderr_path: str, env: Mapp
     """In the forked child: own session, own output files, the asked environment, then the trial."""
     os.setsid()  # lead a process group of its own, as a subprocess started with start_new_session
     for fd, path in ((1, stdout_path), (2, stderr_path)):
-        handle = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            handle = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        except OSError:  # the parent gave this probe up (stopped, interrupted) and removed its folder
+            os._exit(1)
         os.dup2(handle, fd)
         os.close(handle)
     os.environ.clear()

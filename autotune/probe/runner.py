@@ -135,10 +135,12 @@ def resolve_request(bundle: str | Path | Mapping[str, Any], *, num_patches_per_i
 
 
 def _kill_group(pgid: int) -> None:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+    """Kill the child's process group, and the child itself (stopped before its ``setsid`` it leads no group)."""
+    for kill in (os.killpg, os.kill):
+        try:
+            kill(pgid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def _wait_unreaped(pid: int, timeout: float) -> bool:
