@@ -118,7 +118,8 @@ class TuningPlan:
         """The block as plain data, in a fixed order (``None`` fields left out)."""
         from autotune.utils import plain_data
 
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out = {"version": self.version}
+        out.update((f.name, getattr(self, f.name)) for f in dataclasses.fields(self) if f.name != "version")
         return plain_data({k: v for k, v in out.items() if v is not None})
 
     def replace(self, **changes: Any) -> TuningPlan:
@@ -127,9 +128,12 @@ class TuningPlan:
 
     @classmethod
     def from_record(cls, record: Mapping[str, Any], recipe: Mapping[str, Any] | None = None) -> TuningPlan:
-        """The plan of a tuned key's record (``autotune.search``), with the hand-off's ``recipe``."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        block = {k: v for k, v in record.items() if k in names and v is not None}
+        """The plan of a tuned key's record (``autotune.search``), with the hand-off's ``recipe``.
+
+        Raises:
+            ConfigError: the record holds a key the plan does not (a field to add here first).
+        """
+        block = {k: v for k, v in record.items() if k != "from_storage" and v is not None}
         if recipe is not None:
             block["recipe"] = dict(recipe)
         return cls.from_dict(block, "tuning")
