@@ -167,9 +167,11 @@ def for_bundle(cfg: Mapping[str, Any], device: str) -> tuple[Precision, str | No
     """
     amp = bool(cfg.get("amp", False))
     here = resolve_precision(amp, device)
-    tuning = cfg.get("tuning") or {}
-    tuned = tuning.get("precision")
-    tuned_kind = str(tuning.get("device") or "").split(":")[0]
+    from autotune.bundles.plan import plan_of
+
+    plan = plan_of(cfg)
+    tuned = plan.precision if plan is not None else None
+    tuned_kind = plan.device.split(":")[0] if plan is not None else ""
     if here.forced or tuned not in PRECISIONS or tuned_kind != str(device).split(":")[0]:
         if here.forced and tuned in PRECISIONS and tuned != here.name:
             return here, (f"precision {here.name} is forced, but this bundle was tuned in {tuned}: "

@@ -41,6 +41,7 @@ from autotune.bundles.config import (
     check_bundle_config,
     load_bundle_config,
 )
+from autotune.bundles.plan import plan_of
 from autotune.errors import ConfigError, InputError
 from autotune.utils import atomic_write_yaml, expand_path, read_json, read_yaml
 
@@ -53,7 +54,8 @@ ID, ALGO, IS_TRAINED, SCORE = "identifier", "algo_instance", "is_trained", "best
 
 def default_device(cfg: Mapping[str, Any]) -> str:
     """The device the bundle was tuned on when it is here, else the first GPU, else the CPU."""
-    tuned = str((cfg.get("tuning") or {}).get("device") or "")
+    plan = plan_of(cfg)
+    tuned = plan.device if plan is not None else ""
     cuda = torch.cuda.is_available()
     if tuned == "cpu" or (tuned.startswith("cuda") and cuda):
         return tuned
@@ -302,8 +304,8 @@ class AutotuneAlgo(Algo):
             bundle = self.output_path
         memory_limit = run.memory_limit
         if memory_limit is None and device.startswith("cuda"):  # the limit the bundle was tuned for
-            tuned_limit = (cfg.get("tuning") or {}).get("memory_limit")
-            memory_limit = int(tuned_limit) if tuned_limit else None
+            plan = plan_of(cfg)
+            memory_limit = plan.memory_limit if plan is not None else None
         summary = run_training(bundle, device=device, max_time=run.max_time, resume=run.resume, mode=run.mode,
                                nproc=nproc, progress=run.progress, memory_limit=memory_limit)
         self._inferer = None
