@@ -11,6 +11,8 @@ from bundle_fixtures import make_bundles
 from autotune.errors import SpecError
 from autotune.precision import CPU_BF16_ENV, PRECISION_ENV, for_bundle, resolve_precision
 
+# the least a tuning block holds (autotune.bundles.plan.TuningPlan)
+PLAN = {"num_patches_per_iter": 1, "num_sw_batch_size": 1, "memory_limit": 2**30}
 MiB = 1024**2
 
 
@@ -91,20 +93,20 @@ def test_the_real_check_answers_here_and_the_timing_is_a_ratio() -> None:
 
 
 def test_training_keeps_the_tuned_precision_and_warns_when_this_machine_differs(emulated: None) -> None:
-    tuned = {"amp": True, "tuning": {"precision": "bf16", "device": "cpu"}}
+    tuned = {"amp": True, "tuning": {**PLAN, "precision": "bf16", "device": "cpu"}}
     chosen, warning = for_bundle(tuned, "cpu")
     assert chosen.name == "bf16" and "as tuned" in chosen.reason
     assert warning is not None and "tuned in bf16" in warning and "fp32" in warning
-    assert for_bundle({"amp": True, "tuning": {"precision": "fp32", "device": "cpu"}}, "cpu") == (
-        for_bundle({"amp": True, "tuning": {"precision": "fp32", "device": "cpu"}}, "cpu")[0], None)
+    assert for_bundle({"amp": True, "tuning": {**PLAN, "precision": "fp32", "device": "cpu"}}, "cpu") == (
+        for_bundle({"amp": True, "tuning": {**PLAN, "precision": "fp32", "device": "cpu"}}, "cpu")[0], None)
     # tuned on another kind of device: decided here, no tuned memory to keep
-    assert for_bundle({"amp": True, "tuning": {"precision": "fp16", "device": "cuda:0"}}, "cpu")[0].name == "fp32"
+    assert for_bundle({"amp": True, "tuning": {**PLAN, "precision": "fp16", "device": "cuda:0"}}, "cpu")[0].name == "fp32"
     assert for_bundle({"amp": True}, "cpu")[0].name == "fp32"
 
 
 def test_forcing_another_precision_than_the_tuned_one_warns(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(PRECISION_ENV, "fp32")
-    chosen, warning = for_bundle({"amp": True, "tuning": {"precision": "bf16", "device": "cpu"}}, "cpu")
+    chosen, warning = for_bundle({"amp": True, "tuning": {**PLAN, "precision": "bf16", "device": "cpu"}}, "cpu")
     assert chosen.name == "fp32" and chosen.forced
     assert warning is not None and "memory figures do not hold" in warning
 

@@ -90,7 +90,7 @@ def _check_cuda(device: str) -> None:
 
 
 def resolve_request(bundle: str | Path | Mapping[str, Any], *, num_patches_per_iter: int | None = None,
-                    num_sw_batch_size: int | None = None, validation_device: str = "device", device: str = "cpu",
+                    num_sw_batch_size: int | None = None, validation_device: str | None = None, device: str = "cpu",
                     memory_limit: int | str | None = None, phases: str | Sequence[str] = PHASES,
                     warmup_steps: int = 1, measure_steps: int = 2, check_device: bool = True,
                     precision: str | None = None) -> dict[str, Any]:
@@ -124,7 +124,8 @@ def resolve_request(bundle: str | Path | Mapping[str, Any], *, num_patches_per_i
             cfg["num_patches_per_iter"] if num_patches_per_iter is None else num_patches_per_iter, "num_patches_per_iter"),
         "num_sw_batch_size": _positive_int(
             cfg["num_sw_batch_size"] if num_sw_batch_size is None else num_sw_batch_size, "num_sw_batch_size"),
-        "validation_device": look_up_option(validation_device, VALIDATION_DEVICES, "validation_device", ProbeError),
+        "validation_device": look_up_option(validation_device or ("cpu" if cfg.get("sw_input_on_cpu") else "device"),
+                                            VALIDATION_DEVICES, "validation_device", ProbeError),
         "device": device,
         "memory_limit": limit,
         "phases": _phases(phases),
@@ -287,14 +288,16 @@ def _classify(result: dict[str, Any], run: _ChildRun, first_phase: str) -> None:
 
 
 def run_probe(bundle: str | Path | dict, *, num_patches_per_iter: int | None = None, num_sw_batch_size: int | None = None,
-              validation_device: str = "device", device: str = "cpu", memory_limit: int | None = None,
+              validation_device: str | None = None, device: str = "auto", memory_limit: int | str | None = None,
               timeout: float = 300.0, phases: tuple[str, ...] = PHASES, warmup_steps: int = 1, measure_steps: int = 2,
               env: Mapping[str, str] | None = None, precision: str | None = None) -> dict[str, Any]:
     """Run one measured trial of ``bundle`` in an isolated child; returns the result dict.
 
     A dict ``bundle`` is the config itself; a path is a bundle folder or its YAML. None for
-    N or M means the bundle's value. ``memory_limit`` is bytes (CPU: the tracked tensor
-    peak may not pass it; CUDA: the caching allocator is capped at it). ``env`` adds to
+    N or M means the bundle's value; None for ``validation_device``, where the bundle keeps the
+    volume (``cpu`` when it sets ``sw_input_on_cpu``). ``device`` ``auto`` is the first GPU, else the
+    CPU. ``memory_limit`` is bytes or a size such as ``"8GiB"`` (CPU: the tracked tensor peak may
+    not pass it; CUDA: the caching allocator is capped at it). ``env`` adds to
     the child's environment. ``precision`` as in ``resolve_request``. See the module docstring
     for the statuses.
 
@@ -303,9 +306,11 @@ def run_probe(bundle: str | Path | dict, *, num_patches_per_iter: int | None = N
         ProbeError: bad arguments (unknown device or phase, N < 1, a bad fault rule, timeout <= 0),
             or the child process could not be started at all.
     """
+    from autotune.device import resolve_device
     from autotune.probe.trial import base_result
 
     start = time.perf_counter()
+    device = resolve_device(device)
     req = resolve_request(bundle, num_patches_per_iter=num_patches_per_iter, num_sw_batch_size=num_sw_batch_size,
                           validation_device=validation_device, device=device, memory_limit=memory_limit,
                           phases=phases, warmup_steps=warmup_steps, measure_steps=measure_steps,

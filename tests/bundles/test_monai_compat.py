@@ -30,7 +30,7 @@ def _gen(analysed, algos: str):
 
 
 def test_generate_takes_overrides_as_the_cli_does(analysed, tmp_path: Path) -> None:
-    from autotune import load_bundle_config
+    from autotune.bundles.config import load_bundle_config
 
     gen = _gen(analysed, "segresnet")
     gen.generate(tmp_path / "preset", num_fold=1, overrides="tiny")
@@ -88,7 +88,8 @@ def test_train_runs_the_runner_with_the_tuned_memory_limit(analysed, tmp_path: P
 
     gen = _gen(analysed, "segresnet")
     gen.generate(tmp_path, num_fold=1, overrides="tiny")
-    update_bundle_config(tmp_path / "segresnet_0", {"tuning": {"memory_limit": 3 * 1024**3, "device": "cuda:0"}})
+    update_bundle_config(tmp_path / "segresnet_0", {"tuning": {"memory_limit": 3 * 1024**3, "device": "cuda:0",
+                                                                   "num_patches_per_iter": 1, "num_sw_batch_size": 1}})
     calls: list[dict] = []
     monkeypatch.setattr("autotune.train.runner.train", lambda bundle, **kw: calls.append({"bundle": bundle, **kw}))
     algo = gen.get_history()[0]["algo_instance"]
@@ -114,7 +115,7 @@ def test_monai_flow_trains_scores_and_ensembles(analysed, demo_data: Path, tmp_p
     from monai.auto3dseg.algo_gen import Algo
     from monai.utils.enums import AlgoKeys
 
-    from autotune import load_bundle_config
+    from autotune.bundles.config import load_bundle_config
 
     gen = _gen(analysed, "segresnet,dints")
     gen.generate(tmp_path, num_fold=1, overrides="tiny")

@@ -187,7 +187,8 @@ def test_estimate_report_is_the_library_side_of_the_cli(bundles: dict[str, Path]
                                                         capsys: pytest.CaptureFixture[str]) -> None:
     """``autotune.estimate_report`` answers what ``autotune estimate`` prints: the largest N whose
     estimated training peak fits the limit (the next one does not)."""
-    from autotune import estimate, estimate_report
+    from autotune import estimate_report
+    from autotune.probe import estimate
 
     bundle = bundles["unet"]
     limit = 64 * 2**20
