@@ -1,46 +1,294 @@
-"""The GPU check runs end to end on the CPU (``--dry-run``), so CI keeps it working for the GPU runs."""
+"""The GPU check: section statuses from exit codes, the exit code, the JSON's fields, the install.
+
+The quick tests drive the harness and the JSON assembly with canned outputs; the two slow
+ones run each call's CPU dry run end to end (minutes on a shared 2-core CPU)."""
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import gpu_check  # noqa: E402
+import gpu_memory  # noqa: E402
+import gpu_training  # noqa: E402
+from gpu_gradnorm import simple_noise_scale  # noqa: E402
+from gpu_harness import FAILED, OK, PARTIAL, SKIPPED, TIMEOUT_RC, Check, exit_code  # noqa: E402
+from gpu_install import InstallError, install  # noqa: E402
+from gpu_report import REQUIRED, missing_fields  # noqa: E402
+
+PY = sys.executable
+
+
+@pytest.fixture
+def check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Check:
+    monkeypatch.setenv("AUTOTUNE_GPU_CHECK_WORK", str(tmp_path / "work"))
+    return Check("memory", tmp_path / "out", 600.0, True, "cpu", gpu_memory.DRY)
+
+
+def test_a_failed_subprocess_fails_its_section_and_the_run(check: Check) -> None:
+    check.section("fine", lambda r: check.run([PY, "-c", "pass"], "fine"))
+    check.section("broken", lambda r: check.run([PY, "-c", "import sys; sys.exit(3)"], "broken"))
+    sections = json.loads(check.json_path.read_text())["sections"]
+    assert sections["fine"]["status"] == OK
+    assert sections["broken"]["status"] == FAILED
+    assert sections["broken"]["subprocesses"] == [{"log": "broken", "rc": 3, "seconds": pytest.approx(0, abs=30)}]
+    assert sections["broken"]["failures"] == ["broken: rc 3"]
+    assert exit_code(check.results) == 1
+    assert "rc=3" in check.log_path.read_text()
+
+
+def test_a_subprocess_killed_at_its_limit_fails_its_section(check: Check) -> None:
+    record = check.section("slow", lambda r: check.run([PY, "-c", "import time; time.sleep(60)"], "slow", timeout=1))
+    assert record["status"] == FAILED and record["subprocesses"][0]["rc"] == TIMEOUT_RC
+    assert "killed at its time limit" in record["failures"][0]
+
+
+def test_a_raising_section_fails_and_the_next_one_runs(check: Check) -> None:
+
+    def boom(record: dict[str, Any]) -> None:
+        raise RuntimeError("no probe")
+
+    assert check.section("boom", boom)["status"] == FAILED
+    assert check.section("after", lambda r: None)["status"] == OK
+    assert "RuntimeError: no probe" in check.results["sections"]["boom"]["failures"][0]
+
+
+def test_the_deadline_skips_or_cuts_and_the_exit_code_says_so(check: Check) -> None:
+    assert check.section("cut", lambda r: check.cut(r, "deadline"))["status"] == PARTIAL
+    assert check.section("late", lambda r: None, needs_s=1e6)["status"] == SKIPPED
+    assert exit_code(check.results) == 3
+
+
+def test_main_exits_1_when_a_section_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Through main: one section's subprocess fails; its status is failed and the run exits 1."""
+    def forced_failure(check: Check) -> None:
+        check.section("ct_data", lambda r: check.run([PY, "-c", "import sys; sys.exit(5)"], "forced"))
+
+    monkeypatch.setattr(gpu_memory, "run_memory", forced_failure)
+    monkeypatch.setenv("AUTOTUNE_GPU_CHECK_WORK", str(tmp_path / "work"))
+    out = tmp_path / "out"
+    assert gpu_check.main(["memory", "--dry-run", "--out", str(out)]) == 1
+    results = json.loads((out / "gpu_check_memory.json").read_text())
+    assert results["sections"]["env"]["status"] == OK
+    assert results["sections"]["ct_data"]["status"] == FAILED
+    assert results["sections"]["ct_data"]["subprocesses"][0]["rc"] == 5
+    assert "sections.points.points[].algo" in results["missing_fields"]
+
+
+def test_a_missing_dataset_is_an_error_before_anything_runs(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "out"
+    assert gpu_check.main(["training", "--out", str(out), "--hippocampus", str(tmp_path / "none")]) == 2
+    assert "no dataset.json" in capsys.readouterr().err
+    assert not out.exists()
+    broken = tmp_path / "Task04"
+    (broken / "imagesTr").mkdir(parents=True)
+    (broken / "dataset.json").write_text(json.dumps({"training": [{"image": "./imagesTr/a.nii.gz",
+                                                                    "label": "./labelsTr/a.nii.gz"}]}))
+    assert gpu_check.main(["training", "--dry-run", "--out", str(out), "--hippocampus", str(broken)]) == 2
+    assert "is listed but" in capsys.readouterr().err
+
+
+def test_point_pairs_split_the_windows() -> None:
+    assert gpu_memory.point_pairs((4, 1, 2), 16, (4, 2, 1)) == [(1, 4), (2, 8), (4, 16)]
+    assert gpu_memory.point_pairs((1,), 98, (4, 2, 1)) == [(1, 98)]
+    assert gpu_memory.point_pairs((1, 2, 3, 4), 10, (2, 1)) == [(1, 5), (2, 5), (3, 5), (4, 10)]
+
+
+def _trial(phase: str, n: int, m: int | None, verdict: str, status: str = "ok") -> dict[str, Any]:
+    return {"phase": phase, "n": n, "m": m, "kind": "probe", "status": status, "verdict": verdict}
+
+
+def test_edge_summary_names_n_and_the_one_above() -> None:
+    entry = {"max_num_patches_per_iter": 2, "num_sw_batch_size": 6}
+    trials = [_trial("train", 2, None, "fits"), _trial("train", 3, None, "does not fit", "oom"),
+              _trial("infer", 2, 6, "fits"), _trial("infer", 2, 7, "does not fit")]
+    summary = gpu_memory.edge_summary(entry, trials, (1, 64), 16)
+    assert summary["train"]["exact"] is True and summary["train"]["above"]["status"] == "oom"
+    assert summary["infer"]["exact"] is True
+    trials[1] = _trial("train", 3, None, "fits")  # the search stopped one short: the edge is wrong
+    assert gpu_memory.edge_summary(entry, trials, (1, 64), 16)["train"]["exact"] is False
+    unprobed = gpu_memory.edge_summary(entry, trials[:1], (1, 64), 16)["train"]
+    assert unprobed["exact"] is None and unprobed["why"] == "N or the one above was not probed"
+    top = gpu_memory.edge_summary(entry, trials, (1, 2), 6)
+    assert top["train"]["exact"] is None and "top of the searched range" in top["train"]["why"]
+    assert "top of the searched range" in top["infer"]["why"]
+
+
+def test_contract_verdict() -> None:
+    record = {"budget_bytes": 1000, "tuned_peak_bytes": 800, "train_peak_bytes": 900, "val_peak_bytes": 500,
+              "num_patches_per_iter": 4}
+    verdict = gpu_memory.contract_verdict(record, [{"samples": 4}])
+    assert verdict["peak_bytes"] == 900 and verdict["within_budget"] is True and verdict["full_step_seen"]
+    assert verdict["peak_over_budget"] == pytest.approx(0.9)
+    assert verdict["peak_over_tuned_peak"] == pytest.approx(900 / 800)
+    assert gpu_memory.contract_verdict(record, [{"samples": 2}])["full_step_seen"] is False
+
+
+def _point(algo: str, n: int, est: int, allocated: int | None, reserved: int | None, tracked: int | None,
+           status: str = "ok") -> dict[str, Any]:
+    phase = {"estimate_bytes": est, "max_memory_allocated": allocated, "max_memory_reserved": reserved,
+             "nvml_used_bytes": None if reserved is None else reserved + 600, "reserved_now": reserved,
+             "tracked_peak_bytes": tracked}
+    return {"algo": algo, "n": n, "m": n, "probe": {"status": status, "nvml_baseline_used_bytes": 100},
+            "train": dict(phase), "infer": dict(phase)}
+
+
+def test_calibration_rows_use_reserved_on_cuda_and_the_tracked_peak_on_the_cpu() -> None:
+    from autotune.probe.calibration import fit_allowance
+
+    cuda = [_point("unet", 1, 1000, 1010, 1200, None), _point("unet", 2, 2000, 2010, 2300, None),
+            _point("dints", 1, 5000, 0, 0, None, status="oom")]
+    rows = gpu_memory.calibration_rows(cuda)
+    assert [(r["n"], r["phase"], r["reserved_bytes"], r["context_bytes"]) for r in rows] == [
+        (1, "train", 1200, 500), (1, "infer", 1200, 500), (2, "train", 2300, 500), (2, "infer", 2300, 500)]
+    fit = fit_allowance(rows)
+    assert all(r["estimate_bytes"] * (1 + fit["allocator_slack_fraction"]) + fit["cudnn_workspace_bytes"]
+               >= r["reserved_bytes"] for r in rows)
+    cpu = gpu_memory.calibration_rows([_point("unet", 1, 1000, None, None, 1000)])
+    assert cpu[0]["reserved_bytes"] == cpu[0]["allocated_bytes"] == 1000 and cpu[0]["context_bytes"] is None
+
+
+def test_simple_noise_scale_recovers_a_known_noise_scale() -> None:
+    g_sq, trace = 2.0, 30.0  # E|g_B|^2 = |G|^2 + tr(Sigma) / B, so B_simple = 15
+    small = [g_sq + trace / 2] * 5
+    big = [g_sq + trace / 6] * 3
+    result = simple_noise_scale(small, 2, big, 6)
+    assert result["g_sq"] == pytest.approx(g_sq) and result["trace_sigma"] == pytest.approx(trace)
+    assert result["b_simple"] == pytest.approx(15.0)
+    assert simple_noise_scale(small, 2, small, 2)["b_simple"] is None
+    noisy = simple_noise_scale([1.0, 1.0], 2, [2.0], 6)  # the larger batch's norm is larger: no estimate
+    assert noisy["b_simple"] is None and "not positive" in noisy["why"]
+
+
+def test_the_gradient_hook_sees_unscaled_gradients(tmp_path: Path) -> None:
+    import torch
+    from gpu_gradnorm import install as install_hook
+
+    import autotune.step as step_module
+
+    steps: list[tuple[int, Any]] = []
+    original = step_module.train_step
+    uninstall = install_hook(steps)
+    try:
+        torch.manual_seed(0)
+        model = torch.nn.Linear(3, 2)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # lr 0: the weights stay, so both steps agree
+        images, labels = torch.randn(4, 3), torch.randn(4, 2)
+        loss_fn = torch.nn.functional.mse_loss
+        step_module.train_step(model, loss_fn, optimizer, images, labels)
+        scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+        step_module.train_step(model, loss_fn, optimizer, images, labels, None, scaler)
+        expected = sum(float(p.grad.square().sum()) for p in model.parameters())
+    finally:
+        uninstall()
+    assert step_module.train_step is original
+    assert [b for b, _ in steps] == [4, 4]
+    assert [float(sq) for _, sq in steps] == pytest.approx([expected, expected], rel=1e-5)
+    optimizer.step()  # the hook is gone: nothing more is recorded
+    assert len(steps) == 2
+
+
+def _run(epochs: list[tuple[float, float | None, float]], patches: int = 2) -> dict[str, Any]:
+    rows = [{"epoch": i + 1, "train_s": t, "samples_per_s": 10.0 * (i + 1), "mean_dice": d, "elapsed_s": e,
+             "train_peak_bytes": 100 + i, "steps": 5} for i, (t, d, e) in enumerate(epochs)]
+    return {**gpu_training.run_summary(rows, {"best_metric": 0.5}), "num_patches_per_iter": patches}
+
+
+def test_run_summary_and_dice_per_wall() -> None:
+    reference = _run([(10.0, 0.2, 12.0), (10.0, 0.4, 24.0), (10.0, 0.5, 36.0)])
+    assert reference["samples_per_s_median"] == 25.0  # epochs 2 and 3 (the first warms up)
+    assert reference["train_peak_bytes"] == 102 and reference["first_epoch_train_peak_bytes"] == 100
+    assert reference["mean_dice_last"] == 0.5
+    large = _run([(6.0, 0.3, 8.0), (6.0, 0.6, 16.0)], patches=4)
+    result = gpu_training.dice_per_wall({"reference": reference, "largest": large})
+    assert result["common_wall_s"] == 16.0
+    assert result["dice_at_common_wall"] == {"reference": 0.2, "largest": 0.6}
+    assert result["winner"] == "largest"
+    assert result["curves"]["largest"][1]["train_s_cum"] == 12.0
+
+
+def test_missing_fields_reads_lists_and_mappings() -> None:
+    results = {"a": {"b": [{"c": None}, {"c": 1}], "d": {"x": {"e": 0}, "y": {"e": 1}}}}
+    REQUIRED["_test"] = ["a.b[].c", "a.d.*.e", "a.f", "a.g[]"]
+    try:
+        assert missing_fields(results, "_test") == ["a.f", "a.g[]"]
+        results["a"]["b"] = []
+        assert "a.b[].c" in missing_fields(results, "_test")
+    finally:
+        del REQUIRED["_test"]
+
+
+def _result_folder(folder: Path, call: str, gpu: str, dry_run: bool = False) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"gpu_check_{call}.json").write_text(json.dumps({"call": call, "dry_run": dry_run, "gpu": {"name": gpu},
+                                                               "sections": {}}))
+
+
+def test_install_merges_the_calls_and_copies_the_calibration(tmp_path: Path) -> None:
+    a, b = tmp_path / "a", tmp_path / "b"
+    _result_folder(a, "memory", "NVIDIA H100 80GB HBM3")
+    _result_folder(b, "training", "NVIDIA H100 80GB HBM3")
+    (a / "calibration").mkdir()
+    (a / "calibration" / "nvidia-h100-80gb-hbm3.json").write_text('{"gpu_name": "NVIDIA H100 80GB HBM3"}')
+    written = install(a, b, tmp_path / "results", tmp_path / "calibrations", redo_estimates=False)
+    merged = json.loads(written["results"].read_text())
+    assert written["results"].name == "gpu_check_nvidia-h100-80gb-hbm3.json"
+    assert merged["memory"]["call"] == "memory" and merged["training"]["call"] == "training"
+    assert (tmp_path / "calibrations" / "nvidia-h100-80gb-hbm3.json").is_file()
+    _result_folder(b, "training", "NVIDIA H200")
+    with pytest.raises(InstallError, match="install each GPU's results on their own"):
+        install(a, b, tmp_path / "results", tmp_path / "calibrations", redo_estimates=False)
+    _result_folder(a, "memory", "cpu", dry_run=True)
+    with pytest.raises(InstallError, match="dry run"):
+        install(a, None, tmp_path / "results", tmp_path / "calibrations", redo_estimates=False)
+
+
+def _dry_run(tmp_path: Path, call: str, *extra: str) -> dict[str, Any]:
+    import subprocess
+
+    out = tmp_path / "out"
+    env = dict(os.environ, AUTOTUNE_GPU_CHECK_WORK=str(tmp_path / "work"), OMP_NUM_THREADS="1")
+    proc = subprocess.run([PY, str(ROOT / "benchmarks" / "gpu_check.py"), call, "--out", str(out), "--dry-run",
+                           "--deadline", "1500", *extra], capture_output=True, text=True, env=env, timeout=1800)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = json.loads((out / f"gpu_check_{call}.json").read_text())
+    assert results["missing_fields"] == [] and missing_fields(results, call) == []
+    assert {name: s["status"] for name, s in results["sections"].items() if s["status"] != OK} == {}
+    assert (out / f"gpu_check_{call}_logs.txt").is_file()
+    return results
 
 
 @pytest.mark.slow
-def test_gpu_check_dry_run(tmp_path: Path) -> None:
-    out = tmp_path / "out"
-    env = dict(os.environ, AUTOTUNE_GPU_CHECK_WORK=str(tmp_path / "work"))
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--out", str(out), "--dry-run",
-                           "--deadline", "1200"], capture_output=True, text=True, env=env, timeout=1500)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    results = json.loads((out / "gpu_check.json").read_text())
+def test_memory_dry_run_holds_every_field(tmp_path: Path) -> None:
+    results = _dry_run(tmp_path, "memory")
     sections = results["sections"]
-    assert [s for s in ("env", "data", "probes", "calibrate", "tune_train", "fast_regular", "precision", "ddp")
-            if not str(sections[s]["status"]).startswith("ok")] == []
-    points = sections["probes"]["points"]
-    assert {(p["dataset"], p["n"]) for p in points} == {("hippocampus", 1), ("hippocampus", 2), ("ct", 1)}
+    points = sections["points"]["points"]
+    assert {p["algo"] for p in points} == {"segresnet", "dints", "unet"}
     for p in points:  # on the CPU probe and estimate share one tracker: this checks the fake pass
-        assert p["probe"]["status"] == "ok"
-        assert p["estimate"]["train"] == p["probe"]["train_peak_bytes"]
-        assert p["estimate"]["infer"] == p["probe"]["infer_peak_bytes"]
-    calibrate = sections["calibrate"]  # on the CPU the fit runs on tracked peaks and finds no allowance
-    assert calibrate["rows_count"] == 2 * len(points) and calibrate["worst_estimate_vs_allocated"] == 0
-    assert calibrate["fit"]["cudnn_workspace_bytes"] == 0 and calibrate["fit"]["allocator_slack_fraction"] == 0
-    [tuned] = sections["tune_train"]["bundles"].values()
-    assert tuned["train_rc"] == 0 and tuned["epochs_run"] == 1
-    assert 0 < tuned["peak_bytes"] <= tuned["budget_bytes"]
-    runs = {r["mode"]: r for r in sections["fast_regular"]["runs"]}
-    assert runs["fast"]["rc"] == 0 and runs["regular"]["rc"] == 0
-    assert runs["fast"]["epoch_s_median_after_first"] > 0 and runs["regular"]["epoch_s_median_after_first"] > 0
-    [fp32] = sections["precision"]["runs"]  # a dry run trains once, in fp32 (the GPU run: fp16 and bf16)
-    assert fp32["rc"] == 0 and fp32["precision"] == "fp32" and fp32["epoch_s_median_after_first"] > 0
-    assert sections["ddp"]["rc"] == 0 and sections["ddp"]["world_size"] == 1
-    assert "fast vs regular per epoch" in proc.stdout
-    assert (out / "gpu_check_logs.txt").is_file()
+        assert p["train"]["estimate_bytes"] == p["train"]["tracked_peak_bytes"]
+        assert p["infer"]["estimate_bytes"] == p["infer"]["tracked_peak_bytes"]
+        assert p["train"]["max_memory_allocated"] is None  # a GPU's figure: null on the CPU
+    assert Path(sections["calibrate"]["file"]).is_file()
+    edge = sections["edge"]["summary"]
+    assert edge["train"]["exact"] is True and edge["train"]["above"]["verdict"] == "does not fit"
+    contract = sections["contract"]
+    assert contract["within_budget"] is True and contract["full_step_seen"] is True
+
+
+@pytest.mark.slow
+def test_training_dry_run_holds_every_field(tmp_path: Path) -> None:
+    results = _dry_run(tmp_path, "training")
+    sections = results["sections"]
+    assert sections["fast_regular"]["runs"]["unet_fast"]["rc"] == 0
+    handoff = sections["handoff"]
+    assert handoff["largest_fit"] == 3 and handoff["runs"]["largest"]["num_patches_per_iter"] == 3
+    assert {b for b, _ in handoff["grad_sq_norms"]["largest"]["steps"]} >= {3}
+    assert sections["ddp"]["world_size"] == 1

@@ -1,0 +1,137 @@
+"""What each call's JSON must hold (``REQUIRED``, ``missing_fields``) and the short table it prints.
+
+A field is a dotted path; ``[]`` stands for every element of a list (which must not be empty)
+and ``*`` for every value of a mapping. A field must be present; its value may be null or zero
+where a GPU is needed (a CPU dry run has no ``max_memory_allocated``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from autotune.utils import format_bytes
+
+__all__ = ["REQUIRED", "missing_fields", "table"]
+
+_GPU = ["gpu.name", "gpu.torch_total_memory", "gpu.driver", "gpu.torch", "gpu.cuda", "gpu.cudnn"]
+_PHASES = [f"{phase}.{field}" for phase in ("train", "infer")
+           for field in ("estimate_bytes", "max_memory_allocated", "max_memory_reserved")]
+_RUN = ["samples_per_s_median", "epochs[].samples_per_s", "train_peak_bytes", "rc"]
+
+REQUIRED: dict[str, list[str]] = {
+    "memory": [
+        *_GPU,
+        "sections.ct_data.shape", "sections.ct_data.bundles.*.roi_size", "sections.ct_data.bundles.*.num_windows",
+        *(f"sections.points.points[].{f}" for f in ("algo", "n", "m", "probe.status", *_PHASES, "estimate_emulated")),
+        *(f"sections.calibrate.{f}" for f in ("fit.context_bytes", "fit.cudnn_workspace_bytes",
+                                              "fit.allocator_slack_fraction", "fit.max_over_prediction",
+                                              "by_template", "file")),
+        *(f"sections.edge.{f}" for f in ("limit", "limit_rule", "budget_bytes", "max_num_patches_per_iter",
+                                         "num_sw_batch_size", "summary.train.n", "summary.train.at",
+                                         "summary.train.above", "summary.train.exact", "summary.infer.m",
+                                         "summary.infer.above", "summary.infer.exact")),
+        *(f"sections.contract.{f}" for f in ("num_patches_per_iter", "train_peak_bytes", "val_peak_bytes",
+                                             "budget_bytes", "tuned_peak_bytes", "peak_over_budget",
+                                             "within_budget", "full_step_seen")),
+    ],
+    "training": [
+        *_GPU,
+        *(f"sections.fast_regular.runs.{run}.{f}" for run in ("unet_fast", "unet_regular", "segresnet_fast",
+                                                             "segresnet_regular") for f in _RUN),
+        "sections.fast_regular.speedup.unet", "sections.fast_regular.speedup.segresnet",
+        *(f"sections.handoff.{f}" for f in ("verdict.reference_samples_per_s", "verdict.samples_per_s",
+                                            "verdict.handed", "largest_fit", "runs.largest.samples_per_s_median",
+                                            "dice_per_wall.winner", "dice_per_wall.dice_at_common_wall",
+                                            "grad_sq_norms.reference.steps[]", "grad_sq_norms.largest.steps[]",
+                                            "noise_scale.all_steps.b_simple")),
+        *(f"sections.precision.{f}" for f in ("runs.bf16.samples_per_s_median", "bf16_over_fp16_samples_per_s",
+                                              "bf16_over_fp16_train_peak", "mean_dice_last.fp16",
+                                              "mean_dice_last.bf16", "dice_per_wall.winner")),
+        *(f"sections.ddp.{f}" for f in ("ddp_first_epoch_train_peak_bytes", "single_first_epoch_train_peak_bytes",
+                                        "ddp_over_single_peak", "world_size")),
+    ],
+}
+
+
+def missing_fields(results: Mapping[str, Any], call: str) -> list[str]:
+    """The fields of ``REQUIRED[call]`` that ``results`` lacks (an empty list when it holds them all)."""
+    return [path for path in REQUIRED[call] if not _present(results, path.split("."))]
+
+
+def _present(value: Any, parts: list[str]) -> bool:
+    if not parts:
+        return True
+    head, rest = parts[0], parts[1:]
+    if head == "*":
+        return isinstance(value, Mapping) and bool(value) and all(_present(v, rest) for v in value.values())
+    each = head.endswith("[]")
+    key = head[:-2] if each else head
+    if not isinstance(value, Mapping) or key not in value:
+        return False
+    if not each:
+        return _present(value[key], rest)
+    items = value[key]
+    return isinstance(items, list) and bool(items) and all(_present(v, rest) for v in items)
+
+
+def table(results: Mapping[str, Any]) -> str:
+    """The call's short table: what the reply of the device tool shows last."""
+    gpu = results.get("gpu") or {}
+    lines = [f"GPU: {gpu.get('name')} | driver {gpu.get('driver')} | torch {gpu.get('torch')} | CUDA {gpu.get('cuda')} "
+             f"| cuDNN {gpu.get('cudnn')} | total {format_bytes(gpu.get('torch_total_memory'))}"]
+    sections = results.get("sections") or {}
+    lines += _memory_lines(sections) if results.get("call") == "memory" else _training_lines(sections)
+    for name, sec in sections.items():
+        lines.append(f"section {name}: {sec.get('status')} ({sec.get('seconds')} s)"
+                     + (f" {'; '.join(sec['failures'])[:200]}" if sec.get("failures") else ""))
+    missing = results.get("missing_fields") or []
+    lines.append(f"fields missing from the JSON: {len(missing)}" + (f" (first: {missing[0]})" if missing else ""))
+    return "\n".join(lines)
+
+
+def _memory_lines(sections: Mapping[str, Any]) -> list[str]:
+    lines = []
+    for r in (sections.get("calibrate") or {}).get("rows") or []:
+        lines.append(f"{r['algo']:<9} N={r['n']:<3} M={r['m']:<3} {r['phase']:<5} est {format_bytes(r['estimate_bytes']):>10} "
+                     f"alloc {format_bytes(r['allocated_bytes']):>10} reserved {format_bytes(r['reserved_bytes']):>10} "
+                     f"pred/res {100 * r.get('predicted_vs_reserved', 0):+6.1f}%")
+    fit = (sections.get("calibrate") or {}).get("fit")
+    if fit:
+        lines.append(f"fit: workspace {format_bytes(fit['cudnn_workspace_bytes'])}, slack {fit['allocator_slack_fraction']}, "
+                     f"context {format_bytes(fit['context_bytes'])}, worst over-prediction {fit['max_over_prediction']:.2%}")
+    edge = sections.get("edge") or {}
+    if edge.get("summary"):
+        lines.append(f"edge ({edge.get('algo')}, limit {edge.get('limit')}, budget {format_bytes(edge.get('budget_bytes'))}): "
+                     f"{edge['summary']['line']}")
+    contract = sections.get("contract") or {}
+    if contract:
+        lines.append(f"contract: N={contract.get('num_patches_per_iter')} peak {format_bytes(contract.get('peak_bytes'))} / "
+                     f"budget {format_bytes(contract.get('budget_bytes'))} -> within {contract.get('within_budget')}")
+    return lines
+
+
+def _training_lines(sections: Mapping[str, Any]) -> list[str]:
+    lines = []
+    fr = sections.get("fast_regular") or {}
+    for label, run in (fr.get("runs") or {}).items():
+        lines.append(f"{label:<18} rc={run.get('rc')} samples/s {run.get('samples_per_s_median')} "
+                     f"peak {format_bytes(run.get('train_peak_bytes'))} Dice {run.get('mean_dice_last')}")
+    for algo, ratio in (fr.get("speedup") or {}).items():
+        lines.append(f"fast vs regular, {algo}: {ratio:.2f}x samples/s")
+    handoff = sections.get("handoff") or {}
+    if handoff.get("verdict"):
+        lines.append(f"hand-off: {handoff['verdict'].get('line')}")
+    if handoff.get("dice_per_wall"):
+        dpw = handoff["dice_per_wall"]
+        lines.append(f"Dice at {dpw.get('common_wall_s')} s: {dpw.get('dice_at_common_wall')} -> {dpw.get('winner')}")
+        lines.append(f"B_simple: {(handoff.get('noise_scale') or {}).get('all_steps', {}).get('b_simple')}")
+    precision = sections.get("precision") or {}
+    if precision.get("runs"):
+        lines.append(f"bf16/fp16: samples/s {precision.get('bf16_over_fp16_samples_per_s')}, peak "
+                     f"{precision.get('bf16_over_fp16_train_peak')}, Dice {precision.get('mean_dice_last')}")
+    ddp = sections.get("ddp") or {}
+    if ddp.get("run"):
+        lines.append(f"ddp (world {ddp.get('world_size')}): peak {format_bytes(ddp.get('ddp_first_epoch_train_peak_bytes'))} "
+                     f"vs single {format_bytes(ddp.get('single_first_epoch_train_peak_bytes'))}")
+    return lines
