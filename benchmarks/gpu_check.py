@@ -56,7 +56,8 @@ sys.path.insert(0, str(ROOT))
 
 from common import LoadSampler  # noqa: E402  (benchmarks/ is the script's folder)
 
-from autotune.utils import atomic_write_json, format_bytes  # noqa: E402
+from autotune.files import atomic_write_json  # noqa: E402
+from autotune.utils import format_bytes  # noqa: E402
 
 SECTIONS = ("env", "probes", "calibrate", "tune_train", "fast_regular", "precision", "ddp")
 ALGOS = ("segresnet", "dints", "unet")

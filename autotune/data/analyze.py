@@ -36,14 +36,8 @@ from autotune.data.datalist import (
 from autotune.data.integrity import check_dataset, check_duplicates, log_warnings
 from autotune.data.validate import check_cases
 from autotune.errors import AutotuneError, DataError, InputError
-from autotune.utils import (
-    atomic_write_json,
-    atomic_write_yaml,
-    bars_enabled,
-    expand_path,
-    plain_data,
-    read_yaml,
-)
+from autotune.files import atomic_write_json, atomic_write_yaml
+from autotune.utils import bars_enabled, expand_path, plain_data, read_yaml
 
 __all__ = ["AnalysisResult", "analyze", "content_hash", "DATASTATS", "DATALIST", "DATA_SRC"]
 

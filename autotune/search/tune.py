@@ -18,12 +18,13 @@ from typing import Any
 
 from autotune.bundles.config import bundle_config_path, load_bundle_config
 from autotune.errors import SpecError
+from autotune.files import atomic_write_json
 from autotune.search.keysearch import tune_key
 from autotune.search.liveness import TakenOver
 from autotune.search.session import Budget, Session, Store
 from autotune.search.space import parse_specs
 from autotune.search.writeback import check_writable, loader_settings, write_bundle
-from autotune.utils import atomic_write_json, format_bytes, look_up_option, parse_bytes
+from autotune.utils import format_bytes, look_up_option, parse_bytes
 
 __all__ = ["STRATEGIES", "tune_bundles", "loader_settings", "DEFAULT_MARGIN"]
 

@@ -91,6 +91,44 @@ class TrainOptions:
     cache_note: str = ""
 
 
+def _fast_switches(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """``cfg['fast_training']`` over the defaults.
+
+    Raises:
+        ConfigError: not a mapping, an unknown key, or a switch that is not true/false.
+    """
+    fast = dict(_FAST_DEFAULTS)
+    section = cfg.get("fast_training") or {}
+    if not isinstance(section, Mapping):
+        raise ConfigError("bundle config key 'fast_training' must be a mapping of switches, e.g. {cache: true}")
+    unknown = set(section) - set(_FAST_DEFAULTS)
+    if unknown:
+        look_up_option(sorted(unknown)[0], list(_FAST_DEFAULTS), "fast_training key")
+    fast.update(section)
+    for key in ("cache", "thread_loader", "nvtx", "gpu_monitor"):
+        if not isinstance(fast[key], bool):
+            raise ConfigError(f"bundle config key 'fast_training.{key}' must be true or false, got {fast[key]!r}")
+    return fast
+
+
+def _cache_place(cfg: Mapping[str, Any], fast: Mapping[str, Any], on_cuda: bool, cache_bytes: int | None,
+                 device_free_bytes: int | None) -> tuple[bool, bool, str]:
+    """Where the fast-mode cache goes: (on disk, on the device, why not where the config asked)."""
+    persistent = bool(cfg.get("persistent_cache", False)) and fast["cache"]
+    why = "persistent_cache: true" if persistent else ""
+    if fast["cache"] and not persistent and cache_bytes is not None:
+        limit = float(fast["ram_fraction"]) * available_ram_bytes()
+        if cache_bytes * float(cfg.get("cache_rate", 1.0)) > limit:
+            persistent, why = True, f"cache of about {cache_bytes / 2**30:.1f} GiB would not fit in RAM"
+    # Disk-cached items are re-read each epoch; they move to the device per batch instead.
+    on_device = on_cuda and fast["cache"] and not persistent and bool(cfg.get("cache_on_device", True))
+    if on_device and cache_bytes is not None and device_free_bytes is not None:
+        share = cache_bytes * float(cfg.get("cache_rate", 1.0)) / max(device_free_bytes, 1)
+        if share > float(fast["device_fraction"]):
+            on_device, why = False, f"cache would take {100 * share:.0f}% of the free GPU memory; held in RAM"
+    return persistent, on_device, why
+
+
 def resolve_options(
     cfg: Mapping[str, Any], mode: str, device: str, cache_bytes: int | None = None,
     device_free_bytes: int | None = None,
@@ -108,54 +146,22 @@ def resolve_options(
         ConfigError: an unknown mode or a ``fast_training`` value of the wrong type.
     """
     mode = look_up_option(mode, MODES, "training mode")
-    fast = dict(_FAST_DEFAULTS)
-    section = cfg.get("fast_training") or {}
-    if not isinstance(section, Mapping):
-        raise ConfigError("bundle config key 'fast_training' must be a mapping of switches, e.g. {cache: true}")
-    unknown = set(section) - set(_FAST_DEFAULTS)
-    if unknown:
-        look_up_option(sorted(unknown)[0], list(_FAST_DEFAULTS), "fast_training key")
-    fast.update(section)
-    for key in ("cache", "thread_loader", "nvtx", "gpu_monitor"):
-        if not isinstance(fast[key], bool):
-            raise ConfigError(f"bundle config key 'fast_training.{key}' must be true or false, got {fast[key]!r}")
+    fast = _fast_switches(cfg)
     num_workers = int(cfg.get("num_workers", 2) or 0)
     cache_dir = Path(fast["cache_dir"] or Path(cfg["bundle_root"]) / "cache")
     on_cuda = str(device).startswith("cuda")
+    monitor = {"nvtx": on_cuda and fast["nvtx"], "gpu_monitor": fast["gpu_monitor"],
+               "gpu_monitor_interval_s": float(fast["gpu_monitor_interval_s"])}
     if mode == "regular":
-        return TrainOptions(
-            mode=mode, cache=False, persistent=False, cache_on_device=False, thread_loader=False,
-            num_workers=num_workers, amp=False, template_recipe=False, cache_rate=0.0, cache_dir=cache_dir,
-            nvtx=on_cuda and fast["nvtx"], gpu_monitor=fast["gpu_monitor"],
-            gpu_monitor_interval_s=float(fast["gpu_monitor_interval_s"]),
-        )
-    persistent = bool(cfg.get("persistent_cache", False)) and fast["cache"]
-    why = "persistent_cache: true" if persistent else ""
-    if fast["cache"] and not persistent and cache_bytes is not None:
-        limit = float(fast["ram_fraction"]) * available_ram_bytes()
-        if cache_bytes * float(cfg.get("cache_rate", 1.0)) > limit:
-            persistent, why = True, f"cache of about {cache_bytes / 2**30:.1f} GiB would not fit in RAM"
-    # Disk-cached items are re-read each epoch; they move to the device per batch instead.
-    on_device = on_cuda and fast["cache"] and not persistent and bool(cfg.get("cache_on_device", True))
-    if on_device and cache_bytes is not None and device_free_bytes is not None:
-        share = cache_bytes * float(cfg.get("cache_rate", 1.0)) / max(device_free_bytes, 1)
-        if share > float(fast["device_fraction"]):
-            on_device, why = False, f"cache would take {100 * share:.0f}% of the free GPU memory; held in RAM"
+        return TrainOptions(mode=mode, cache=False, persistent=False, cache_on_device=False, thread_loader=False,
+                            num_workers=num_workers, amp=False, template_recipe=False, cache_rate=0.0,
+                            cache_dir=cache_dir, **monitor)
+    persistent, on_device, why = _cache_place(cfg, fast, on_cuda, cache_bytes, device_free_bytes)
     return TrainOptions(
-        mode=mode,
-        cache=fast["cache"],
-        persistent=persistent,
-        cache_on_device=on_device,
-        thread_loader=fast["thread_loader"] and fast["cache"],
-        num_workers=num_workers,
-        amp=bool(cfg.get("amp", True)),
-        template_recipe=True,
-        cache_rate=float(cfg.get("cache_rate", 1.0)),
-        cache_dir=cache_dir,
-        nvtx=on_cuda and fast["nvtx"],
-        gpu_monitor=fast["gpu_monitor"],
-        gpu_monitor_interval_s=float(fast["gpu_monitor_interval_s"]),
-        cache_note=why,
+        mode=mode, cache=fast["cache"], persistent=persistent, cache_on_device=on_device,
+        thread_loader=fast["thread_loader"] and fast["cache"], num_workers=num_workers,
+        amp=bool(cfg.get("amp", True)), template_recipe=True, cache_rate=float(cfg.get("cache_rate", 1.0)),
+        cache_dir=cache_dir, cache_note=why, **monitor,
     )
 
 
