@@ -14,17 +14,17 @@ from __future__ import annotations
 
 import os
 import re
-import shlex
-import tempfile
+import sys
 import time
 from dataclasses import asdict
 from typing import Any
 
 from autotune.errors import ConfigError, HostWriteError, SpecError, TrainingStopped
-from autotune.files import atomic_write_json, host_refusal, refused
+from autotune.files import atomic_write_json
 from autotune.train.checkpoint import RunState, checkpoint_state, resume, save_checkpoint
 from autotune.train.ddp import broadcast_flag
 from autotune.train.epoch import EpochParts, EpochProgress, epoch_row, train_epoch, validate
+from autotune.train.faults import continue_command, holds, stop_error, with_kept, write_refusal
 from autotune.train.memory import PhaseMemory, out_of_memory_error, training_limit
 from autotune.train.room import check_cache_room, check_checkpoint_room, checkpoint_bytes
 from autotune.train.setup import setup_data, setup_model
@@ -194,12 +194,12 @@ class TrainingRun:
     def _setup(self) -> None:
         """Data, model and recipe, joined into the ``EpochParts`` every epoch works with."""
         self.data = setup_data(self.cfg, self.ctx, self.mode, self.total_epochs, self._device_room(), self.progress)
-        self.model = setup_model(self.cfg, self.ctx, self.mode, self.data.opts, self.data.plan)
+        self.model_setup = built = setup_model(self.cfg, self.ctx, self.mode, self.data.opts, self.data.plan)
         self.steps_per_epoch = self.data.plan.steps_per_epoch
         self.parts = EpochParts(
-            ctx=self.ctx, cfg=self.cfg, model=self.model.model, net=self.model.net, loss_fn=self.model.loss_fn,
-            optimizer=self.model.optimizer, scheduler=self.model.scheduler, scaler=self.model.scaler,
-            amp_dtype=self.model.amp_dtype, nvtx=self.model.nvtx, memory=self.memory,
+            ctx=self.ctx, cfg=self.cfg, model=built.model, net=built.net, loss_fn=built.loss_fn,
+            optimizer=built.optimizer, scheduler=built.scheduler, scaler=built.scaler,
+            amp_dtype=built.amp_dtype, nvtx=built.nvtx, memory=self.memory,
             train_loader=self.data.train_loader, val_loader=self.data.val_loader,
             train_transforms=self.data.train_transforms, seed=int(self.cfg.get("seed", 0)),
             total_epochs=self.total_epochs, progress=self.progress)
@@ -216,10 +216,7 @@ class TrainingRun:
 
     def continue_command(self, resume: bool = True) -> str:
         """The command that continues this run."""
-        words = ["autotune", "train", str(self.cfg["bundle_root"]), *(["--resume"] if resume else []),
-                 "--epochs", str(self.total_epochs), *(["--mode", self.mode] if self.mode != "fast" else []),
-                 *(["--nproc", str(self.ctx.world_size)] if self.ctx.world_size > 1 else [])]
-        return shlex.join(words)
+        return continue_command(self.cfg["bundle_root"], self.total_epochs, self.mode, self.ctx.world_size, resume)
 
     def elapsed(self) -> float:
         return self.state.elapsed_before + time.monotonic() - self.t_start
@@ -227,16 +224,6 @@ class TrainingRun:
     def memory_report(self) -> dict[str, Any]:
         """The run's peaks so far next to the tuned prediction and the limit."""
         return self.memory.report((self.cfg.get("tuning") or {}).get("peak_bytes"))
-
-    def _start_line(self) -> str:
-        opts, plan, group = self.data.opts, self.data.plan, self.parts.optimizer.param_groups[0]
-        cache = "off" if not opts.cache else ("disk" if opts.persistent else ("device" if opts.cache_on_device else "RAM"))
-        return (f"{self.mode} mode on {self.ctx.device} x{self.ctx.world_size}: {self.data.split_note}; cache {cache}"
-                f"{' (' + opts.cache_note + ')' if opts.cache_note else ''}, "
-                f"{'ThreadDataLoader' if opts.thread_loader else f'DataLoader({opts.num_workers} workers)'}, "
-                f"{self.model.precision.line()}, {self.steps_per_epoch} steps/epoch of "
-                f"{plan.batch} patches, lr {float(group.get('initial_lr', group['lr'])):.3g}"
-                f"{f' (ramp over {plan.warmup_steps} steps)' if plan.warmup_steps else ''}")
 
     def _check_room(self) -> None:
         """Refuse, on every rank, a run whose model folder or disk cache lacks room (rank 0 decides)."""
@@ -253,7 +240,7 @@ class TrainingRun:
             raise refusal or HostWriteError("rank 0 found too little free space for this run (see its line)")
 
     def run(self) -> dict[str, Any]:
-        from autotune.train.monitor import GpuMonitor
+        from autotune.train.monitor import GpuMonitor, start_line
 
         self.memory.apply_limit()
         self._setup()
@@ -261,9 +248,11 @@ class TrainingRun:
                              self.total_epochs * self.steps_per_epoch, self.say) if self.resume else RunState())
         if self.state.epoch or self.state.partial:
             self.metrics.load(self.state.epoch)
-            self.kept = self._holds(self.state.epoch, self.state.partial)
+            self.kept = holds(self.state.epoch, self.state.partial, len(self.parts.train_loader))
             self.say(f"resuming after {self.kept} (best mean Dice {self.state.best})")
-        self.say(self._start_line())
+        group = self.parts.optimizer.param_groups[0]
+        self.say(start_line(self.mode, self.ctx, self.data, self.model_setup.precision.line(),
+                            float(group.get("initial_lr", group["lr"]))))
         self._check_room()
         opts = self.data.opts
         monitor = GpuMonitor(self.out / "gpu_monitor.csv", self.ctx.device, opts.gpu_monitor_interval_s)
@@ -308,24 +297,22 @@ class TrainingRun:
     def _train(self, epoch: int) -> dict[str, Any]:
         """Train ``epoch`` (from where a stopped run left it) and return its row; a stop signal inside
         it writes the checkpoint of how far it got and raises ``TrainingStopped``."""
-        partial = self.state.partial
+        partial, self.state.partial = self.state.partial, None
+        if partial and len(partial.get("rank_batches") or [0]) != self.ctx.world_size:
+            if self.ctx.is_main:
+                print(f"warning: the stopped run had {len(partial['rank_batches'])} processes, this one "
+                      f"{self.ctx.world_size}: epoch {epoch} starts again from its first batch", file=sys.stderr)
+            partial = None
         progress = (EpochProgress.from_dict(partial) if partial and int(partial["epoch"]) == epoch
                     else EpochProgress(epoch))
-        self.state.partial = None
         progress = train_epoch(self.parts, progress, self.stop.requested_everywhere)
         if not progress.complete:
             raise self._stopped_inside(progress)
         return epoch_row(self.parts, progress)
 
-    def _holds(self, epoch: int, partial: dict[str, Any] | None) -> str:
-        """What a checkpoint after ``epoch`` with ``partial`` holds, in words."""
-        if partial and int(partial.get("batches", 0)):
-            return f"epoch {epoch + 1} up to batch {partial['batches']} of {len(self.parts.train_loader)}"
-        return f"epoch {epoch}"
-
     def _save_last(self, epoch: int, partial: dict[str, Any] | None = None) -> None:
         save_checkpoint(self.out / "last.pt", self.checkpoint(epoch, partial))
-        self.kept = self._holds(epoch, partial)
+        self.kept = holds(epoch, partial, len(self.parts.train_loader))
 
     def _stopped_inside(self, progress: EpochProgress) -> TrainingStopped:
         """Write the checkpoint of a stopped epoch (rank 0); the ``TrainingStopped`` to raise."""
@@ -341,10 +328,7 @@ class TrainingRun:
                              f"{len(self.parts.train_loader)}" if progress.batches else f"before epoch {progress.epoch}")
 
     def _stopped(self, where: str) -> TrainingStopped:
-        signum = self.stop.agreed
-        return TrainingStopped(
-            f"{StopSignals.name(signum)} received: stopped {where}; {self.out / 'last.pt'} holds {self.kept}; "
-            f"continue with '{self.continue_command()}'", exit_code=StopSignals.exit_code(signum))
+        return stop_error(self.stop.agreed, where, self.out / "last.pt", self.kept, self.continue_command())
 
     def _end_epoch(self, row: dict[str, Any], new_best: bool) -> None:
         """Rank 0 writes the epoch's checkpoints and records; then every rank learns whether that failed
@@ -358,7 +342,7 @@ class TrainingRun:
                 if new_best:
                     save_checkpoint(self.out / "best.pt", self.checkpoint(row["epoch"]))
                 self._save_last(row["epoch"])
-                self.metrics.add(row, {"mode": self.mode, "precision": self.model.precision.name,
+                self.metrics.add(row, {"mode": self.mode, "precision": self.model_setup.precision.name,
                                        "world_size": self.ctx.world_size, "split": self.data.split_note,
                                        "options": asdict(self.data.opts), "memory": self.memory_report()})
                 if row["mean_dice"] is not None or row["epoch"] == self.total_epochs:
@@ -369,7 +353,7 @@ class TrainingRun:
         if failed:
             raise failure or HostWriteError("rank 0 could not write the epoch's outputs (see its line)")
         self.say(epoch_line(row, self.total_epochs, self.state.best, self.state.best_epoch))
-        if signum:
+        if signum and row["epoch"] < self.total_epochs:  # after the last epoch the run just finishes
             self.stop.agreed = signum
             raise self._stopped(f"after epoch {row['epoch']}")
 
@@ -379,19 +363,10 @@ class TrainingRun:
         if isinstance(exc, TrainingStopped):
             return None
         oom = out_of_memory_error(exc, self.cfg, self.memory_limit, self.memory.phase, self.epoch, self.out / "last.pt")
-        if oom is not None:
-            return oom
-        refusal = exc if isinstance(exc, HostWriteError) else None
-        cause = host_refusal(exc, (self.data.opts.cache_dir, tempfile.gettempdir())) if refusal is None else None
-        if cause is not None:  # the disk cache's own writes (MONAI's PersistentDataset)
-            refusal = refused(cause, "the disk cache (PersistentDataset) in", self.data.opts.cache_dir)
+        refusal = write_refusal(exc, self.data.opts.cache_dir) if oom is None else None
         if refusal is None:
-            return None
-        kept = f"{self.out / 'last.pt'} ({self.kept})" if self.kept else ""
-        best = self.out / "best.pt"
-        if self.state.best_epoch and best.is_file():
-            kept += f"{', ' if kept else ''}{best} (epoch {self.state.best_epoch})"
-        return refusal.with_outcome(kept=kept, then=f"free space, then run '{self.continue_command(bool(self.kept))}'")
+            return oom
+        return with_kept(refusal, self.out, self.kept, self.state.best_epoch, self.continue_command(bool(self.kept)))
 
     def _finish(self, stopped: str, epoch: int, seconds: float, monitor: Any) -> dict[str, Any]:
         """The run's summary, written (rank 0) as ``train_summary.json`` and said in one line."""
@@ -403,8 +378,8 @@ class TrainingRun:
             "bundle": self.cfg["bundle_root"], "mode": self.mode, "device": self.ctx.device,
             "world_size": self.ctx.world_size, "first_epoch": first, "last_epoch": epoch,
             "epochs_run": epoch - self.state.epoch, "stopped": stopped, "best_metric": self.state.best,
-            "best_epoch": self.state.best_epoch, "precision": self.model.precision.name,
-            "precision_reason": self.model.precision.reason, "seconds": seconds, "split": self.data.split_note,
+            "best_epoch": self.state.best_epoch, "precision": self.model_setup.precision.name,
+            "precision_reason": self.model_setup.precision.reason, "seconds": seconds, "split": self.data.split_note,
             "train_cases_per_rank": self.data.num_train_cases, "model_dir": str(out),
             **{k: str(out / f) for k, f in (("best_checkpoint", "best.pt"), ("last_checkpoint", "last.pt"),
                                              ("metrics_csv", "metrics.csv"), ("metrics_json", "metrics.json"),

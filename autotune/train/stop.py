@@ -64,13 +64,3 @@ class StopSignals:
 
         self.agreed = all_ranks_max(self.ctx, [self.signum or 0])[0]
         return self.agreed
-
-    @staticmethod
-    def name(signum: int) -> str:
-        """``SIGTERM`` for 15."""
-        return signal.Signals(signum).name
-
-    @staticmethod
-    def exit_code(signum: int) -> int:
-        """The shell's code for a process ended by ``signum``: 128 + its number."""
-        return 128 + int(signum)
