@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +34,7 @@ __all__ = [
     "estimate_cache_bytes",
     "make_dataset",
     "make_loader",
+    "RaisingThreadLoader",
 ]
 
 log = logging.getLogger(__name__)
@@ -274,7 +275,39 @@ def make_loader(dataset: Any, batch_size: int, opts: TrainOptions, shuffle: bool
     from monai.data import DataLoader, ThreadDataLoader
 
     if opts.thread_loader:
-        return ThreadDataLoader(dataset, batch_size=batch_size, shuffle=shuffle, num_workers=0)
+        return RaisingThreadLoader(ThreadDataLoader(dataset, batch_size=batch_size, shuffle=shuffle, num_workers=0))
     workers = 0 if opts.cache_on_device else opts.num_workers
     # Workers restart every epoch, as in the seed's baseline.
     return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, num_workers=workers)
+
+
+class RaisingThreadLoader:
+    """A ``ThreadDataLoader`` whose loading thread's error is raised where the batches are read.
+
+    MONAI's ``ThreadBuffer`` lets an error in its thread (a transform failing, the disk cache
+    refused a write) end the iteration early without a word: an epoch would train on part of
+    its batches and validation on none. Here the error reaches the training loop.
+    """
+
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self) -> Iterator[Any]:
+        from monai.data import ThreadDataLoader
+        from monai.data.thread_buffer import buffer_iterator
+
+        failures: list[Exception] = []
+
+        def batches() -> Iterator[Any]:
+            try:
+                yield from super(ThreadDataLoader, self.loader).__iter__()  # the plain loader under the buffer
+            except Exception as exc:  # noqa: BLE001 - handed to the reading thread below
+                failures.append(exc)
+
+        yield from buffer_iterator(batches(), self.loader.buffer_size, self.loader.buffer_timeout,
+                                   self.loader.repeats)
+        if failures:
+            raise failures[0]

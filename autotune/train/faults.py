@@ -7,6 +7,7 @@ refused (``HostWriteError``, exit 4) both name ``last.pt`` and what it holds, an
 
 from __future__ import annotations
 
+import os
 import shlex
 import signal
 import tempfile
@@ -21,10 +22,13 @@ __all__ = ["continue_command", "holds", "stop_error", "write_refusal", "with_kep
 
 
 def continue_command(bundle_root: str, total_epochs: int, mode: str, world_size: int, resume: bool = True) -> str:
-    """The ``autotune train`` command that continues (``resume``) or restarts a run."""
-    words = ["autotune", "train", str(bundle_root), *(["--resume"] if resume else []), "--epochs", str(total_epochs),
-             *(["--mode", mode] if mode != "fast" else []), *(["--nproc", str(world_size)] if world_size > 1 else [])]
-    return shlex.join(words)
+    """The ``autotune train`` command that continues (``resume``) or restarts a run (under torchrun, the
+    torchrun command with its own options left as ``...``)."""
+    options = [*(["--resume"] if resume else []), "--epochs", str(total_epochs), *(["--mode", mode] if mode != "fast" else [])]
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        return f"torchrun ... -m autotune.train {shlex.join([str(bundle_root), *options])}"
+    return shlex.join(["autotune", "train", str(bundle_root), *options,
+                       *(["--nproc", str(world_size)] if world_size > 1 else [])])
 
 
 def holds(epoch: int, partial: Mapping[str, Any] | None, batches_per_epoch: int) -> str:

@@ -205,3 +205,28 @@ def test_a_real_tmpfs_too_small_for_a_run_is_refused(small_tmpfs: Path, bundle: 
     assert _train(bundle) == 4
     [line] = _error_lines(capsys)
     assert "not enough free space for a run" in line and not list(small_tmpfs.glob("*.pt"))
+
+
+def test_a_full_disk_while_the_disk_cache_fills_is_one_line(
+        bundle: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import errno
+
+    import monai.data.dataset
+
+    from autotune.bundles.config import update_bundle_config
+
+    update_bundle_config(bundle, {"persistent_cache": True})
+    move = monai.data.dataset.shutil.move
+
+    def move_then_fill(source: str, dest: str) -> object:  # MONAI moves each cached item into the cache folder
+        if len(list((bundle / "cache").rglob("*.pt"))) >= 2:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), dest)
+        return move(source, dest)
+
+    monkeypatch.setattr(monai.data.dataset.shutil, "move", move_then_fill)
+    assert _train(bundle) == 4  # raised in the loader's thread, reported by the training loop
+    [line] = _error_lines(capsys)
+    assert f"cannot write the disk cache (PersistentDataset) in {bundle / 'cache'}: no space left" in line
+    assert "kept: nothing" in line
+    monkeypatch.undo()
+    assert _train(bundle) == 0 and _epochs(bundle) == [1, 2, 3]
