@@ -66,36 +66,26 @@ class HostWriteError(AutotuneError):
     """The host refused a write (no space, quota exceeded, read-only or no permission), or would:
     not enough free space for what a run is about to write (CLI exit code 4).
 
-    Built from the details (see ``autotune.files``), the one line says what was being written,
-    where, about how many bytes it needed and how many are free, what was kept, and what to run
-    next. ``with_outcome`` adds the last two where the caller knows them (the last good checkpoint,
-    the predictions already written). Built from a message alone, it is that message.
+    Built from the details (see ``autotune.files.refused``), the one line says what was being
+    written, where, why, about how many bytes it needed and how many are free (``sizes``, already
+    in words), what was kept, and what to run next. ``with_outcome`` adds the last two where the
+    caller knows them (the last good checkpoint, the predictions already written). Built from a
+    message alone, it is that message.
     """
 
     exit_code = 4
 
-    def __init__(self, message: str = "", *, what: str = "", path: str = "", reason: str = "",
-                 needed_bytes: int | None = None, free_bytes: int | None = None, kept: str = "",
-                 then: str = "") -> None:
-        self.what, self.path, self.reason = what, path, reason
-        self.needed_bytes, self.free_bytes, self.kept, self.then = needed_bytes, free_bytes, kept, then
-        super().__init__(message or self._line())
-
-    def _line(self) -> str:
-        from autotune.utils import format_bytes
-
-        sizes = [f"needs about {format_bytes(self.needed_bytes)}" if self.needed_bytes else "",
-                 f"{format_bytes(self.free_bytes)} free there" if self.free_bytes is not None else ""]
-        size_note = ", ".join(s for s in sizes if s)
-        return (f"cannot write {self.what} {self.path}: {self.reason}"
-                f"{f' ({size_note})' if size_note else ''}; kept: {self.kept or 'nothing'}; "
-                f"{self.then or 'free space (or choose another folder) and run the same command again'}")
+    def __init__(self, message: str = "", *, what: str = "", path: str = "", reason: str = "", sizes: str = "",
+                 kept: str = "", then: str = "") -> None:
+        self.what, self.path, self.reason, self.sizes, self.kept, self.then = what, path, reason, sizes, kept, then
+        super().__init__(message or (
+            f"cannot write {what} {path}: {reason}{f' ({sizes})' if sizes else ''}; kept: {kept or 'nothing'}; "
+            f"{then or 'free space (or choose another folder) and run the same command again'}"))
 
     def with_outcome(self, *, kept: str | None = None, then: str | None = None) -> HostWriteError:
         """The same refusal with what was kept and what to run next (unchanged where None)."""
-        return HostWriteError(what=self.what, path=self.path, reason=self.reason, needed_bytes=self.needed_bytes,
-                              free_bytes=self.free_bytes, kept=self.kept if kept is None else kept,
-                              then=self.then if then is None else then)
+        return HostWriteError(what=self.what, path=self.path, reason=self.reason, sizes=self.sizes,
+                              kept=self.kept if kept is None else kept, then=self.then if then is None else then)
 
 
 class TrainingStopped(AutotuneError):

@@ -26,7 +26,7 @@ from typing import Any, BinaryIO
 import yaml
 
 from autotune.errors import HostWriteError
-from autotune.utils import plain_data
+from autotune.utils import format_bytes, plain_data
 
 __all__ = [
     "HOST_REFUSALS",
@@ -38,6 +38,7 @@ __all__ = [
     "atomic_save_torch",
     "host_refusal",
     "refused",
+    "sizes_note",
     "free_bytes",
     "tensor_bytes",
     "fsync_folder",
@@ -119,10 +120,17 @@ def host_refusal(exc: BaseException, folders: tuple[str | os.PathLike[str], ...]
     return None
 
 
+def sizes_note(needed_bytes: int | None, free: int | None) -> str:
+    """``needs about 4.70 MiB, 1.21 MiB free there`` (either part left out when unknown)."""
+    parts = [f"needs about {format_bytes(needed_bytes)}" if needed_bytes else "",
+             f"{format_bytes(free)} free there" if free is not None else ""]
+    return ", ".join(p for p in parts if p)
+
+
 def refused(error: OSError, what: str, path: str | os.PathLike[str], needed_bytes: int | None = None) -> HostWriteError:
     """The one-line ``HostWriteError`` for ``error`` refusing ``what`` at ``path``."""
     return HostWriteError(what=what, path=str(path), reason=HOST_REFUSALS.get(error.errno or 0, str(error)),
-                          needed_bytes=needed_bytes, free_bytes=free_bytes(Path(path).parent))
+                          sizes=sizes_note(needed_bytes, free_bytes(Path(path).parent)))
 
 
 def _temp_beside(path: Path) -> Path:

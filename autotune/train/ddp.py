@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autotune import errors
+import autotune.errors as errors
 from autotune.device import check_device
 from autotune.errors import AutotuneError, SpecError, TrainingStopped
 

@@ -23,7 +23,7 @@ from autotune.utils import bars_enabled
 if TYPE_CHECKING:  # pragma: no cover
     from autotune.train.ddp import DistContext
     from autotune.train.memory import PhaseMemory
-    from autotune.train.monitor import NvtxRanges
+    from autotune.train.setup import ModelSetup
 
 __all__ = ["EpochParts", "EpochProgress", "train_epoch", "epoch_row", "validate"]
 
@@ -35,23 +35,16 @@ class EpochParts:
     Attributes:
         ctx: this process's rank, world size and device.
         cfg: the bundle config (``num_patches_per_iter``, sliding-window settings, classes).
-        model: the network; ``net`` is what trains (DDP-wrapped with several processes).
-        loss_fn, optimizer, scheduler, scaler, amp_dtype: the recipe (scheduler, scaler may be None).
-        nvtx: the NVTX ranges; ``memory``: the limit and peaks per phase.
+        recipe: the network (``model``; ``net`` is what trains, DDP-wrapped with several processes),
+            loss, optimizer, schedule, scaler, autocast dtype and NVTX ranges.
+        memory: the limit and peaks per phase.
         train_loader, val_loader: the loaders; ``train_transforms``: reseeded every epoch.
         seed: the run's seed; ``total_epochs``: for the progress bar; ``progress``: show bars.
     """
 
     ctx: DistContext
     cfg: Mapping[str, Any]
-    model: Any
-    net: Any
-    loss_fn: Callable[..., Any]
-    optimizer: Any
-    scheduler: Any
-    scaler: Any
-    amp_dtype: Any
-    nvtx: NvtxRanges
+    recipe: ModelSetup
     memory: PhaseMemory
     train_loader: Any
     val_loader: Any
@@ -111,9 +104,9 @@ def _train_batch(parts: EpochParts, batch: Mapping[str, Any], tracker: Any, loss
     passes, samples = 0, 0
     with parts.memory.tracking():
         for image, label in split_patches(images, labels, int(parts.cfg["num_patches_per_iter"])):
-            loss = train_step(parts.net, parts.loss_fn, parts.optimizer, image, label, parts.amp_dtype, parts.scaler)
-            if parts.scheduler is not None:
-                parts.scheduler.step()
+            loss = train_step(parts.recipe.net, parts.recipe.loss_fn, parts.recipe.optimizer, image, label, parts.recipe.amp_dtype, parts.recipe.scaler)
+            if parts.recipe.scheduler is not None:
+                parts.recipe.scheduler.step()
             loss_sum += loss.float()
             passes, samples = passes + 1, samples + int(image.shape[0])
     return passes, samples
@@ -131,8 +124,8 @@ def train_epoch(parts: EpochParts, progress: EpochProgress, should_stop: Callabl
     # Seeded per epoch: a resumed run draws the same shuffles and crops as an unbroken one.
     torch.manual_seed(parts.seed + 1000 * epoch + ctx.rank)
     parts.train_transforms.set_random_state(seed=parts.seed + 1000 * epoch + ctx.rank)
-    parts.net.train()
-    tracker = parts.memory.start(parts.model, parts.optimizer, "training")
+    parts.recipe.net.train()
+    tracker = parts.memory.start(parts.recipe.model, parts.recipe.optimizer, "training")
     batches = _skip_done(parts.train_loader, progress.batches)
     if progress.rng is not None:
         set_rng_state(progress.rng)  # where the stopped run stood after those batches
@@ -142,7 +135,7 @@ def train_epoch(parts: EpochParts, progress: EpochProgress, should_stop: Callabl
     t0, wait = time.perf_counter(), 0.0
     while not should_stop():
         t_wait = time.perf_counter()
-        with parts.nvtx.range("data"):
+        with parts.recipe.nvtx.range("data"):
             batch = next(batches, None)
         wait += time.perf_counter() - t_wait
         if batch is None:
@@ -179,7 +172,7 @@ def epoch_row(parts: EpochParts, progress: EpochProgress) -> dict[str, Any]:
         "data_wait_share": wait / train_s if train_s > 0 else 0.0, "samples": sum(rank_samples),
         "steps": int(total_passes) // ctx.world_size,
         "samples_per_s": sum(rank_samples) / train_s if train_s > 0 else 0.0,
-        "lr": float(parts.optimizer.param_groups[0]["lr"]), "world_size": ctx.world_size,
+        "lr": float(parts.recipe.optimizer.param_groups[0]["lr"]), "world_size": ctx.world_size,
         "rank_samples": rank_samples,
     }
 
@@ -190,9 +183,9 @@ def validate(parts: EpochParts, row: dict[str, Any], dice_columns: list[str]) ->
     from autotune.train.infer import evaluate
 
     t0 = time.perf_counter()
-    parts.memory.start(parts.model, parts.optimizer, "validation")
+    parts.memory.start(parts.recipe.model, parts.recipe.optimizer, "validation")
     with parts.memory.tracking():
-        per_class, mean = evaluate(parts.model, parts.val_loader, parts.cfg, parts.ctx.device, parts.amp_dtype,
+        per_class, mean = evaluate(parts.recipe.model, parts.val_loader, parts.cfg, parts.ctx.device, parts.recipe.amp_dtype,
                                    parts.ctx)
     row["val_s"] = time.perf_counter() - t0
     parts.memory.read(row, "val")

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import HostWriteError
-from autotune.files import free_bytes, tensor_bytes
+from autotune.files import free_bytes, sizes_note, tensor_bytes
 
 __all__ = ["checkpoint_bytes", "optimizer_state_bytes", "check_checkpoint_room", "check_cache_room",
            "CHECKPOINTS_AT_PEAK"]
@@ -71,8 +71,8 @@ def check_checkpoint_room(folder: Path, size: int, then: str) -> None:
     free = free_bytes(folder)
     if free is not None and free < needed:
         raise HostWriteError(what="the checkpoints (best.pt, last.pt and the next last.pt while it is written) in",
-                             path=str(folder), reason="not enough free space for a run", needed_bytes=needed,
-                             free_bytes=free, kept="the folder as it is, nothing trained",
+                             path=str(folder), reason="not enough free space for a run",
+                             sizes=sizes_note(needed, free), kept="the folder as it is, nothing trained",
                              then=f"free space or train elsewhere, then run '{then}'")
 
 
@@ -87,7 +87,7 @@ def check_cache_room(cache_dir: Path, cache_bytes: int, bundle: str) -> None:
     free = free_bytes(cache_dir)
     if free is not None and free < needed:
         raise HostWriteError(what="the disk cache (PersistentDataset) in", path=str(cache_dir),
-                             reason="not enough free space for the cached cases", needed_bytes=needed,
-                             free_bytes=free, kept="the folder as it is, nothing trained",
+                             reason="not enough free space for the cached cases", sizes=sizes_note(needed, free),
+                             kept="the folder as it is, nothing trained",
                              then=(f"free space, or set fast_training.cache_dir in {bundle}'s config to a larger "
                                    "disk, or persistent_cache: false, then train again"))

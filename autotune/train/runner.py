@@ -22,7 +22,7 @@ from typing import Any
 from autotune.errors import ConfigError, HostWriteError, SpecError, TrainingStopped
 from autotune.files import atomic_write_json
 from autotune.train.checkpoint import RunState, checkpoint_state, resume, save_checkpoint
-from autotune.train.ddp import broadcast_flag
+from autotune.train.ddp import all_ranks_max, broadcast_flag
 from autotune.train.epoch import EpochParts, EpochProgress, epoch_row, train_epoch, validate
 from autotune.train.faults import continue_command, holds, stop_error, with_kept, write_refusal
 from autotune.train.memory import PhaseMemory, out_of_memory_error, training_limit
@@ -170,7 +170,7 @@ class TrainingRun:
         self.memory_limit = memory_limit
         self.memory = PhaseMemory(ctx.device, memory_limit)
         self.state = RunState()
-        self.stop = StopSignals(ctx)
+        self.stop = StopSignals(lambda signum: all_ranks_max(ctx, [signum])[0])
         self.epoch = 0  # the epoch in progress
         self.kept = ""  # what last.pt holds, for a fault's line ("" before the first checkpoint)
 
@@ -194,20 +194,18 @@ class TrainingRun:
     def _setup(self) -> None:
         """Data, model and recipe, joined into the ``EpochParts`` every epoch works with."""
         self.data = setup_data(self.cfg, self.ctx, self.mode, self.total_epochs, self._device_room(), self.progress)
-        self.model_setup = built = setup_model(self.cfg, self.ctx, self.mode, self.data.opts, self.data.plan)
+        self.recipe = setup_model(self.cfg, self.ctx, self.mode, self.data.opts, self.data.plan)
         self.steps_per_epoch = self.data.plan.steps_per_epoch
         self.parts = EpochParts(
-            ctx=self.ctx, cfg=self.cfg, model=built.model, net=built.net, loss_fn=built.loss_fn,
-            optimizer=built.optimizer, scheduler=built.scheduler, scaler=built.scaler,
-            amp_dtype=built.amp_dtype, nvtx=built.nvtx, memory=self.memory,
-            train_loader=self.data.train_loader, val_loader=self.data.val_loader,
-            train_transforms=self.data.train_transforms, seed=int(self.cfg.get("seed", 0)),
-            total_epochs=self.total_epochs, progress=self.progress)
+            ctx=self.ctx, cfg=self.cfg, recipe=self.recipe, memory=self.memory, train_loader=self.data.train_loader,
+            val_loader=self.data.val_loader, train_transforms=self.data.train_transforms,
+            seed=int(self.cfg.get("seed", 0)), total_epochs=self.total_epochs, progress=self.progress)
 
     def state_parts(self) -> dict[str, Any]:
         """What a checkpoint holds state dicts of (scaler and scheduler may be None)."""
-        return {"model": self.parts.model, "optimizer": self.parts.optimizer, "scaler": self.parts.scaler,
-                "scheduler": self.parts.scheduler}
+        recipe = self.recipe
+        return {"model": recipe.model, "optimizer": recipe.optimizer, "scaler": recipe.scaler,
+                "scheduler": recipe.scheduler}
 
     def checkpoint(self, epoch: int, partial: dict[str, Any] | None = None) -> dict[str, Any]:
         """The checkpoint after ``epoch`` (and ``partial``: how far the next epoch got)."""
@@ -230,7 +228,7 @@ class TrainingRun:
         refusal = None
         if self.ctx.is_main:
             try:
-                size = checkpoint_bytes(self.parts.model, self.parts.optimizer, self.parts.scaler)
+                size = checkpoint_bytes(self.recipe.model, self.recipe.optimizer, self.recipe.scaler)
                 check_checkpoint_room(self.out, size, self.continue_command(resume=self.resume))
                 if self.data.opts.persistent:
                     check_cache_room(self.data.opts.cache_dir, self.data.cache_disk_bytes, self.cfg["bundle_root"])
@@ -250,8 +248,8 @@ class TrainingRun:
             self.metrics.load(self.state.epoch)
             self.kept = holds(self.state.epoch, self.state.partial, len(self.parts.train_loader))
             self.say(f"resuming after {self.kept} (best mean Dice {self.state.best})")
-        group = self.parts.optimizer.param_groups[0]
-        self.say(start_line(self.mode, self.ctx, self.data, self.model_setup.precision.line(),
+        group = self.recipe.optimizer.param_groups[0]
+        self.say(start_line(self.mode, self.ctx, self.data, self.recipe.precision.line(),
                             float(group.get("initial_lr", group["lr"]))))
         self._check_room()
         opts = self.data.opts
@@ -269,7 +267,7 @@ class TrainingRun:
             raise fault from exc
         finally:
             monitor.stop()
-            self.parts.nvtx.detach()
+            self.recipe.nvtx.detach()
         return self._finish(stopped, epoch, time.monotonic() - t_loop, monitor)
 
     def _epochs(self) -> tuple[str, int]:
@@ -333,7 +331,6 @@ class TrainingRun:
     def _end_epoch(self, row: dict[str, Any], new_best: bool) -> None:
         """Rank 0 writes the epoch's checkpoints and records; then every rank learns whether that failed
         and whether a stop signal came (one collective), and stops together."""
-        from autotune.train.ddp import all_ranks_max
         from autotune.train.monitor import epoch_line, plot_curves
 
         failure: HostWriteError | None = None
@@ -342,7 +339,7 @@ class TrainingRun:
                 if new_best:
                     save_checkpoint(self.out / "best.pt", self.checkpoint(row["epoch"]))
                 self._save_last(row["epoch"])
-                self.metrics.add(row, {"mode": self.mode, "precision": self.model_setup.precision.name,
+                self.metrics.add(row, {"mode": self.mode, "precision": self.recipe.precision.name,
                                        "world_size": self.ctx.world_size, "split": self.data.split_note,
                                        "options": asdict(self.data.opts), "memory": self.memory_report()})
                 if row["mean_dice"] is not None or row["epoch"] == self.total_epochs:
@@ -378,8 +375,8 @@ class TrainingRun:
             "bundle": self.cfg["bundle_root"], "mode": self.mode, "device": self.ctx.device,
             "world_size": self.ctx.world_size, "first_epoch": first, "last_epoch": epoch,
             "epochs_run": epoch - self.state.epoch, "stopped": stopped, "best_metric": self.state.best,
-            "best_epoch": self.state.best_epoch, "precision": self.model_setup.precision.name,
-            "precision_reason": self.model_setup.precision.reason, "seconds": seconds, "split": self.data.split_note,
+            "best_epoch": self.state.best_epoch, "precision": self.recipe.precision.name,
+            "precision_reason": self.recipe.precision.reason, "seconds": seconds, "split": self.data.split_note,
             "train_cases_per_rank": self.data.num_train_cases, "model_dir": str(out),
             **{k: str(out / f) for k, f in (("best_checkpoint", "best.pt"), ("last_checkpoint", "last.pt"),
                                              ("metrics_csv", "metrics.csv"), ("metrics_json", "metrics.json"),

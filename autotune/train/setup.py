@@ -42,7 +42,8 @@ class DataSetup:
 
 @dataclass
 class ModelSetup:
-    """The run's model and recipe; ``net`` is what trains (DDP-wrapped with several processes)."""
+    """The run's network and its recipe: ``model`` the network, ``net`` what trains (DDP-wrapped with
+    several processes), the loss, optimizer, schedule, scaler, autocast dtype, precision and NVTX ranges."""
 
     model: Any
     net: Any
@@ -59,8 +60,8 @@ def setup_data(cfg: Mapping[str, Any], ctx: DistContext, mode: str, total_epochs
                device_free_bytes: int | None, progress: bool) -> DataSetup:
     """Split the fold, take this rank's shard, decide the cache (``device_free_bytes``: the GPU memory
     it may take, None on the CPU) and build datasets and loaders."""
+    import autotune.train.data as data
     from autotune.build import build_transforms
-    from autotune.train import data
 
     seed = int(cfg.get("seed", 0))
     train_cases, val_cases, split_note = data.split_datalist(cfg)
@@ -87,7 +88,7 @@ def _recipe(cfg: Mapping[str, Any], model: Any, opts: TrainOptions, plan: Any) -
     """(loss, optimizer, scheduler): the template's, or the seed baseline's in regular mode."""
     import torch
 
-    from autotune import build
+    import autotune.build as build
 
     if opts.template_recipe:
         loss_fn = build.build_loss(cfg)
@@ -118,7 +119,7 @@ def setup_model(cfg: Mapping[str, Any], ctx: DistContext, mode: str, opts: Train
     """Build the network (seeded: the same initial weights in every mode and on every rank) and its recipe."""
     import torch
 
-    from autotune import build
+    import autotune.build as build
     from autotune.step import make_grad_scaler
     from autotune.train.monitor import NvtxRanges
 

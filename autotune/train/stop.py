@@ -16,6 +16,7 @@ from __future__ import annotations
 import signal
 import threading
 import time
+from collections.abc import Callable
 from types import FrameType, TracebackType
 from typing import Any
 
@@ -26,14 +27,15 @@ _REPEAT_GRACE_S = 1.0  # a second signal within this many seconds is the first o
 
 
 class StopSignals:
-    """``with StopSignals(ctx) as stop:`` catch the stop signals; ``stop.signum`` is the first one seen here.
+    """``with StopSignals(agree) as stop:`` catch the stop signals; ``stop.signum`` is the first one seen here.
 
     Args:
-        ctx: the run's ``DistContext`` (``requested_everywhere`` agrees over its ranks).
+        agree: the largest of a number over all ranks (``autotune.train.ddp.all_ranks_max`` for one
+            value; the number itself when alone), so ``requested_everywhere`` agrees over the ranks.
     """
 
-    def __init__(self, ctx: Any) -> None:
-        self.ctx = ctx
+    def __init__(self, agree: Callable[[int], int]) -> None:
+        self.agree = agree
         self.signum: int | None = None
         self.agreed = 0  # the signal all ranks agreed on at the last boundary (0: none)
         self._first_at = 0.0
@@ -60,7 +62,5 @@ class StopSignals:
     def requested_everywhere(self) -> int:
         """The signal number any rank has seen (the highest), 0 for none, also kept as ``agreed``;
         a collective with several ranks, so every rank must ask at the same boundaries."""
-        from autotune.train.ddp import all_ranks_max
-
-        self.agreed = all_ranks_max(self.ctx, [self.signum or 0])[0]
+        self.agreed = int(self.agree(self.signum or 0))
         return self.agreed
