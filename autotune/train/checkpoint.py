@@ -64,18 +64,22 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: unreadable checkpoint ({type(exc).__name__}); delete it or train without --resume") from exc
 
 
-def rng_state() -> dict[str, Any]:
-    """torch, NumPy and Python RNG states as plain data (loadable with ``weights_only=True``)."""
+def rng_state(device: str | None = None) -> dict[str, Any]:
+    """torch, NumPy and Python RNG states as plain data (loadable with ``weights_only=True``), and the
+    CUDA generator's of ``device`` when it is a GPU."""
     import numpy as np
     import torch
 
     name, keys, pos, has_gauss, cached = np.random.get_state()
-    return {"torch": torch.get_rng_state(), "numpy": [name, keys.tolist(), pos, has_gauss, cached],
-            "python": random.getstate()}
+    state = {"torch": torch.get_rng_state(), "numpy": [name, keys.tolist(), pos, has_gauss, cached],
+             "python": random.getstate()}
+    if device is not None and str(device).startswith("cuda"):
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
 
 
-def set_rng_state(state: dict[str, Any]) -> None:
-    """Put back what ``rng_state`` saved."""
+def set_rng_state(state: dict[str, Any], device: str | None = None) -> None:
+    """Put back what ``rng_state`` saved (the CUDA generator's on ``device`` when saved and a GPU)."""
     import numpy as np
     import torch
 
@@ -84,6 +88,8 @@ def set_rng_state(state: dict[str, Any]) -> None:
     np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
+    if state.get("cuda") is not None and device is not None and str(device).startswith("cuda"):
+        torch.cuda.set_rng_state(state["cuda"], device)
 
 
 def fit_schedule(scheduler: Any, total_steps: int) -> None:

@@ -128,7 +128,7 @@ def train_epoch(parts: EpochParts, progress: EpochProgress, should_stop: Callabl
     tracker = parts.memory.start(parts.recipe.model, parts.recipe.optimizer, "training")
     batches = _skip_done(parts.train_loader, progress.batches)
     if progress.rng is not None:
-        set_rng_state(progress.rng)  # where the stopped run stood after those batches
+        set_rng_state(progress.rng, ctx.device)  # where the stopped run stood after those batches
     loss_sum = torch.tensor(progress.loss_sum, dtype=torch.float32, device=ctx.device)
     bar = tqdm(total=len(parts.train_loader), initial=progress.batches, desc=f"epoch {epoch}/{parts.total_epochs}",
                unit="batch", leave=False, disable=not bars_enabled(parts.progress), file=sys.stderr)
@@ -147,7 +147,7 @@ def train_epoch(parts: EpochParts, progress: EpochProgress, should_stop: Callabl
         bar.update(1)
         if bar.n % 10 == 0 and parts.progress:
             bar.set_postfix(loss=f"{loss_sum.item() / max(progress.passes, 1):.4f}")
-    progress.rng = None if progress.complete else rng_state()
+    progress.rng = None if progress.complete else rng_state(ctx.device)
     if ctx.device.startswith("cuda"):
         torch.cuda.synchronize(ctx.device)
     progress.train_s += time.perf_counter() - t0

@@ -53,10 +53,10 @@ def write_refusal(exc: BaseException, cache_dir: Path) -> HostWriteError | None:
     return refused(cause, "the disk cache (PersistentDataset) in", cache_dir) if cause is not None else None
 
 
-def with_kept(refusal: HostWriteError, out: Path, kept: str, best_epoch: int, command: str) -> HostWriteError:
+def with_kept(refusal: HostWriteError, out: Path, kept: str, best_saved: int, command: str) -> HostWriteError:
     """``refusal`` naming the checkpoints kept in ``out`` (``last.pt`` holding ``kept``, ``best.pt`` of
-    ``best_epoch``) and ``command``, to run once space is freed."""
+    epoch ``best_saved``, 0 for none) and ``command``, to run once space is freed."""
     names = [f"{out / 'last.pt'} ({kept})"] if kept else []
-    if best_epoch and (out / "best.pt").is_file():
-        names.append(f"{out / 'best.pt'} (epoch {best_epoch})")
+    if best_saved and (out / "best.pt").is_file():
+        names.append(f"{out / 'best.pt'} (epoch {best_saved})")
     return refusal.with_outcome(kept=", ".join(names), then=f"free space, then run '{command}'")

@@ -173,6 +173,7 @@ class TrainingRun:
         self.stop = StopSignals(lambda signum: all_ranks_max(ctx, [signum])[0])
         self.epoch = 0  # the epoch in progress
         self.kept = ""  # what last.pt holds, for a fault's line ("" before the first checkpoint)
+        self.best_saved = 0  # the epoch best.pt holds (0: none written)
 
     def say(self, message: str) -> None:
         if self.progress:
@@ -247,6 +248,7 @@ class TrainingRun:
         if self.state.epoch or self.state.partial:
             self.metrics.load(self.state.epoch)
             self.kept = holds(self.state.epoch, self.state.partial, len(self.parts.train_loader))
+            self.best_saved = self.state.best_epoch if (self.out / "best.pt").is_file() else 0
             self.say(f"resuming after {self.kept} (best mean Dice {self.state.best})")
         group = self.recipe.optimizer.param_groups[0]
         self.say(start_line(self.mode, self.ctx, self.data, self.recipe.precision.line(),
@@ -338,6 +340,7 @@ class TrainingRun:
             try:
                 if new_best:
                     save_checkpoint(self.out / "best.pt", self.checkpoint(row["epoch"]))
+                    self.best_saved = row["epoch"]
                 self._save_last(row["epoch"])
                 self.metrics.add(row, {"mode": self.mode, "precision": self.recipe.precision.name,
                                        "world_size": self.ctx.world_size, "split": self.data.split_note,
@@ -363,7 +366,7 @@ class TrainingRun:
         refusal = write_refusal(exc, self.data.opts.cache_dir) if oom is None else None
         if refusal is None:
             return oom
-        return with_kept(refusal, self.out, self.kept, self.state.best_epoch, self.continue_command(bool(self.kept)))
+        return with_kept(refusal, self.out, self.kept, self.best_saved, self.continue_command(bool(self.kept)))
 
     def _finish(self, stopped: str, epoch: int, seconds: float, monitor: Any) -> dict[str, Any]:
         """The run's summary, written (rank 0) as ``train_summary.json`` and said in one line."""

@@ -44,6 +44,14 @@ def _no_temps(folder: Path) -> bool:
     return not [p for p in folder.iterdir() if p.name.endswith(".tmp")]
 
 
+def _names_what_is_on_disk(line: str, out: Path) -> bool:
+    """The line's ``kept:`` part gives each checkpoint's epoch as the file on disk holds it."""
+    import torch
+
+    return all(f"{out / name} (epoch {torch.load(out / name, weights_only=True)['epoch']})" in line
+               for name in ("last.pt", "best.pt") if (out / name).is_file())
+
+
 def _train(bundle: Path, *extra: str) -> int:
     from autotune.cli import main
 
@@ -60,7 +68,7 @@ def test_a_full_disk_at_epoch_2_keeps_epoch_1_and_resume_finishes(
     [line] = _error_lines(capsys)
     assert line.startswith(f"autotune train: error: cannot write the checkpoint {out / 'last.pt'}: no space left")
     assert "needs about 5." in line and "MiB" in line and "free there" in line
-    assert f"kept: {out / 'last.pt'} (epoch 1)" in line
+    assert f"kept: {out / 'last.pt'} (epoch 1)" in line and _names_what_is_on_disk(line, out)
     assert line.endswith(f"free space, then run 'autotune train {bundle} --resume --epochs 3'")
     assert torch.load(out / "last.pt", weights_only=True)["epoch"] == 1 and _no_temps(out)
     monkeypatch.undo()  # space is freed
@@ -192,6 +200,7 @@ def test_a_real_tmpfs_that_fills_after_epoch_1(small_tmpfs: Path, bundle: Path, 
     assert _train(bundle) == 4
     [line] = _error_lines(capsys)
     assert "no space left on the device" in line and f"kept: {small_tmpfs / 'last.pt'} (epoch 1)" in line
+    assert _names_what_is_on_disk(line, small_tmpfs)  # a best.pt whose write failed is not claimed
     assert torch.load(small_tmpfs / "last.pt", weights_only=True)["epoch"] == 1 and _no_temps(small_tmpfs)
     monkeypatch.undo()
     os.unlink(filler)  # space is freed
