@@ -3,7 +3,7 @@
 Each stage's subcommands live in ``autotune/commands/<stage>.py`` and register
 themselves here. Nothing heavy (torch, monai, optuna) is imported until a
 subcommand runs, so ``autotune --help`` answers at once. An ``AutotuneError``
-becomes one line on stderr and exit code 2.
+becomes one line on stderr and its exit code (``EXIT_CODES``); never a traceback.
 """
 
 from __future__ import annotations
@@ -28,6 +28,17 @@ _COMMAND_MODULES = (
 )
 
 EXIT_USAGE = 2
+# What each exit code means; docs/cli.md lists the same.
+EXIT_CODES = {
+    0: "success",
+    1: "failure (a trial crashed, some bundle could not be tuned, a plan does not hold)",
+    2: "bad input: a file, key, value or option to fix",
+    3: "out of memory under the tuned limit",
+    4: "the host refused a write: disk full, quota, read-only or permission (HostWriteError)",
+    130: "stopped by SIGINT (Ctrl-C)",
+    138: "training stopped by SIGUSR1 after writing a checkpoint",
+    143: "training stopped by SIGTERM after writing a checkpoint",
+}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -79,7 +90,7 @@ STOPPABLE = ("tune", "run", "worker", "verify")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the CLI; returns the exit code (0 ok, 2 bad input, 1 failure, 130 interrupted)."""
+    """Run the CLI; returns the exit code (see ``EXIT_CODES``)."""
     parser = build_parser()
     args = parser.parse_args(_join_negative_values(list(sys.argv[1:] if argv is None else argv)))
     logging.basicConfig(
@@ -106,8 +117,8 @@ def main(argv: Sequence[str] | None = None) -> int:
               "same command to continue", file=sys.stderr)
         return exc.exit_code
     except AutotuneError as exc:
-        print(f"autotune {args.command}: error: {exc}", file=sys.stderr)
-        return int(getattr(exc, "exit_code", EXIT_USAGE))
+        print(f"autotune {args.command}: {exc.label}: {exc}", file=sys.stderr)
+        return int(exc.exit_code)
     except KeyboardInterrupt:
         print(f"autotune {args.command}: interrupted; finished work is saved, run the same command to resume",
               file=sys.stderr)

@@ -1,4 +1,7 @@
-"""Small shared helpers: atomic writes, YAML/JSON I/O, sizes, lookup with suggestions."""
+"""Small shared helpers: YAML/JSON reading, plain data, sizes, lookup with suggestions.
+
+Files are written through ``autotune.files`` (the one atomic write path).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +9,6 @@ import difflib
 import json
 import os
 import re
-import tempfile
 from collections.abc import Callable, Iterable, Mapping
 from enum import Enum
 from pathlib import Path
@@ -19,17 +21,12 @@ from autotune.errors import AutotuneError, ConfigError
 __all__ = [
     "plain_data",
     "expand_path",
-    "atomic_write_text",
-    "atomic_write_yaml",
-    "atomic_write_json",
     "read_yaml",
     "read_json",
     "parse_bytes",
     "format_bytes",
     "look_up_option",
     "bars_enabled",
-    "unique_tmp_name",
-    "fsync_path",
 ]
 
 
@@ -39,40 +36,6 @@ def bars_enabled(progress: bool) -> bool:
     import sys
 
     return bool(progress) and hasattr(sys.stderr, "isatty") and sys.stderr.isatty()
-
-
-def unique_tmp_name(path: str | os.PathLike[str], suffix: str = ".tmp") -> Path:
-    """A temp name beside ``path`` that two processes writing the same file never share."""
-    import uuid
-
-    path = Path(path)
-    return path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}{suffix}")
-
-
-def fsync_path(path: str | os.PathLike[str]) -> None:
-    """Flush a file (or a folder's entries, after a rename into it) to the disk."""
-    fd = os.open(str(path), os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
-    """Write ``text`` to ``path`` atomically (temp file in the same folder, fsync, rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
 
 
 def plain_data(data: Any, *, str_keys: bool = False, str_other: bool = False) -> Any:
@@ -102,16 +65,6 @@ def plain_data(data: Any, *, str_keys: bool = False, str_other: bool = False) ->
     if hasattr(data, "item") and callable(data.item):
         return plain_data(data.item(), str_keys=str_keys, str_other=str_other)
     return str(data) if str_other else data
-
-
-def atomic_write_yaml(path: str | os.PathLike[str], data: Any) -> Path:
-    """Dump ``data`` as plain YAML (block style, key order kept) and write it atomically."""
-    return atomic_write_text(path, yaml.safe_dump(plain_data(data), sort_keys=False, default_flow_style=None))
-
-
-def atomic_write_json(path: str | os.PathLike[str], data: Any) -> Path:
-    """Dump ``data`` as indented JSON and write it atomically."""
-    return atomic_write_text(path, json.dumps(plain_data(data), indent=2, sort_keys=False) + "\n")
 
 
 def expand_path(path: str | os.PathLike[str], error: type[AutotuneError] = ConfigError, what: str = "path",

@@ -87,11 +87,11 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from autotune.bundles.config import load_bundle_config
+    from autotune.files import atomic_write_json
     from autotune.precision import resolve_precision
     from autotune.probe.calibration import CALIBRATION_VERSION
     from autotune.probe.estimate import estimate
     from autotune.probe.runner import run_probe
-    from autotune.utils import atomic_write_json
 
     args = _args(argv)
     algos = [a for a in args.algos.split(",") if a]

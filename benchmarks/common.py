@@ -108,7 +108,7 @@ def cpu_name() -> str:
 
 def write_json(path: Path, data: Any) -> None:
     """Write ``data`` as indented JSON, atomically."""
-    from autotune.utils import atomic_write_text
+    from autotune.files import atomic_write_text
 
     atomic_write_text(path, json.dumps(data, indent=2, default=str) + "\n")
 

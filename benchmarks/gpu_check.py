@@ -129,7 +129,7 @@ def _reestimate(args: argparse.Namespace) -> int:
     os.environ["CUDA_VISIBLE_DEVICES"] = ""  # before torch is imported: plan as a machine without a GPU
     from gpu_install import reestimate
 
-    from autotune.utils import atomic_write_json
+    from autotune.files import atomic_write_json
 
     path = Path(args.json)
     if not path.is_file():

@@ -97,7 +97,7 @@ def steps_of(path: Path, patches: int) -> list[float]:
 def _write(path: Path, steps: list[tuple[int, Any]]) -> None:
     import torch
 
-    from autotune.utils import atomic_write_json
+    from autotune.files import atomic_write_json
 
     values = torch.stack([sq for _, sq in steps]).cpu().tolist() if steps else []
     atomic_write_json(path, {"steps": [[b, v] for (b, _), v in zip(steps, values, strict=True)]})

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from autotune.utils import atomic_write_json  # noqa: E402
+from autotune.files import atomic_write_json  # noqa: E402
 
 __all__ = ["Check", "exit_code", "OK", "FAILED", "PARTIAL", "SKIPPED", "TIMEOUT_RC"]
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from gpu_data import generate, make_ct_dataset
 
-from autotune.utils import atomic_write_json
+from autotune.files import atomic_write_json
 
 __all__ = ["reestimate", "install", "InstallError"]
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from common import block_names, read_block, read_json, replace_block
 
-from autotune.utils import atomic_write_text
+from autotune.files import atomic_write_text
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"

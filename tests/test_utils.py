@@ -12,7 +12,8 @@ import torch
 import yaml
 
 from autotune.errors import ConfigError, InputError
-from autotune.utils import atomic_write_json, atomic_write_yaml, expand_path, plain_data, read_json, read_yaml
+from autotune.files import atomic_write_json, atomic_write_yaml
+from autotune.utils import expand_path, plain_data, read_json, read_yaml
 
 
 class Colour(str, Enum):

@@ -43,7 +43,8 @@ from autotune.bundles.config import (
 )
 from autotune.bundles.plan import plan_of
 from autotune.errors import ConfigError, InputError
-from autotune.utils import atomic_write_yaml, expand_path, read_json, read_yaml
+from autotune.files import atomic_write_yaml
+from autotune.utils import expand_path, read_json, read_yaml
 
 __all__ = ["AutotuneAlgo", "InferClass", "TRAIN_CONFIG_RELPATH", "default_device", "ensemble_passed_keys"]
 

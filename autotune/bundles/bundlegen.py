@@ -38,14 +38,8 @@ from autotune.bundles.config import CONFIG_RELPATH, check_bundle_config
 from autotune.bundles.render import deep_merge, render_config
 from autotune.bundles.templates import list_templates, load_overrides, load_template
 from autotune.errors import ConfigError
-from autotune.utils import (
-    atomic_write_json,
-    atomic_write_text,
-    atomic_write_yaml,
-    expand_path,
-    look_up_option,
-    read_yaml,
-)
+from autotune.files import atomic_write_json, atomic_write_text, atomic_write_yaml
+from autotune.utils import expand_path, look_up_option, read_yaml
 
 __all__ = ["BundleGen", "BUNDLE_META", "Tuner", "parse_algos"]
 

@@ -17,7 +17,8 @@ from typing import Any
 from autotune.bundles.plan import TuningPlan, plan_of
 from autotune.bundles.templates import reject_expressions
 from autotune.errors import ConfigError
-from autotune.utils import atomic_write_yaml, expand_path, read_yaml
+from autotune.files import atomic_write_yaml
+from autotune.utils import expand_path, read_yaml
 
 __all__ = [
     "CONFIG_RELPATH",

@@ -38,7 +38,8 @@ from autotune.data.integrity import check_dataset, check_duplicates, log_warning
 from autotune.data.monai_stats import ANALYZER, ANALYZER_SETTINGS, case_stats, monai_version, summarize
 from autotune.data.validate import CaseInfo, check_cases
 from autotune.errors import AutotuneError, DataError, InputError
-from autotune.utils import atomic_write_json, atomic_write_yaml, expand_path, read_json, read_yaml
+from autotune.files import atomic_write_json, atomic_write_yaml
+from autotune.utils import expand_path, read_json, read_yaml
 
 __all__ = ["AnalysisResult", "analyze", "content_hash", "DATASTATS", "DATALIST", "DATA_SRC"]
 

@@ -25,7 +25,8 @@ from typing import Any
 
 from autotune.data.validate import CaseInfo
 from autotune.errors import AutotuneError, DataError
-from autotune.utils import atomic_write_json, read_json
+from autotune.files import atomic_write_json
+from autotune.utils import read_json
 
 __all__ = ["CASE_CACHE", "CaseCache"]
 

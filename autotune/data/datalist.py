@@ -28,7 +28,8 @@ from autotune.data.values import (
     text_value,
 )
 from autotune.errors import InputError
-from autotune.utils import atomic_write_json, atomic_write_yaml, expand_path, read_json, read_yaml
+from autotune.files import atomic_write_json, atomic_write_yaml
+from autotune.utils import expand_path, read_json, read_yaml
 
 __all__ = ["MODALITIES", "DataSource", "load_data_source", "assign_folds", "normalise_modality", "write_datalist",
            "write_data_src_config"]

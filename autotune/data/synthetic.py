@@ -14,7 +14,8 @@ import numpy as np
 
 from autotune.data.datalist import normalise_modality
 from autotune.errors import InputError
-from autotune.utils import atomic_write_json, atomic_write_yaml, expand_path
+from autotune.files import atomic_write_json, atomic_write_yaml
+from autotune.utils import expand_path
 
 __all__ = ["make_demo_dataset"]
 

@@ -30,7 +30,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from autotune.utils import atomic_write_json
+from autotune.files import atomic_write_json
 
 __all__ = [
     "CALIBRATION_VERSION",

@@ -50,8 +50,9 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import ProbeError
+from autotune.files import atomic_write_json
 from autotune.probe.isolation import isolation_mode
-from autotune.utils import atomic_write_json, look_up_option, parse_bytes
+from autotune.utils import look_up_option, parse_bytes
 
 __all__ = ["PHASES", "VALIDATION_DEVICES", "resolve_request", "run_probe"]
 

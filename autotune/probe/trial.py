@@ -284,7 +284,7 @@ def run_trial(req: Mapping[str, Any]) -> dict[str, Any]:
 
 def _write_state(path: str | None, state: Mapping[str, Any]) -> None:
     if path:
-        from autotune.utils import atomic_write_json
+        from autotune.files import atomic_write_json
 
         atomic_write_json(path, dict(state))
 
@@ -293,7 +293,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Child entry point: read the request, run the trial, write the result; returns the exit code."""
     import faulthandler
 
-    from autotune.utils import atomic_write_json
+    from autotune.files import atomic_write_json
 
     faulthandler.enable()  # a crash leaves a Python stack on stderr for the parent's error_tail
     args = list(sys.argv[1:] if argv is None else argv)

@@ -1,16 +1,18 @@
 """``python -m autotune.train BUNDLE ...`` and ``torchrun --nproc-per-node N -m autotune.train BUNDLE ...``.
 
 The same options as ``autotune train``. Under torchrun every process is one rank
-(``--nproc`` is ignored); errors print one line and exit with code 2.
+(``--nproc`` is ignored); errors print one line and exit with their code (as ``autotune train``:
+2 bad input, 3 out of memory, 4 the host refused a write, 143/130/138 stopped by a signal).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
-from autotune.errors import AutotuneError
+from autotune.errors import AutotuneError, TrainingStopped
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -23,7 +25,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return train_from_args(args)
     except AutotuneError as exc:
-        print(f"autotune train: error: {exc}", file=sys.stderr)
+        if int(os.environ.get("RANK", "0")) == 0 or not isinstance(exc, TrainingStopped):
+            print(f"autotune train: {exc.label}: {exc}", file=sys.stderr)  # one stop line, not one per rank
         return int(exc.exit_code)
     except KeyboardInterrupt:
         print("autotune train: interrupted; run again with --resume to continue", file=sys.stderr)

@@ -1,23 +1,23 @@
 """Checkpoints: atomic writes, safe loads, and putting a run back where it stopped.
 
 A checkpoint is a dict of plain data and tensors (model, optimizer, GradScaler and
-schedule state, epoch, best metric, RNG states; ``checkpoint_state``), written with
-``torch.save`` to a temp file and renamed over the old one, and read back with
-``weights_only=True`` (``resume``). ``RunState`` is where a run stands between epochs.
+schedule state, epoch, best metric, RNG states; ``checkpoint_state``), written through
+``autotune.files.atomic_save_torch`` (temp file, fsync, rename; a full disk is one line)
+and read back with ``weights_only=True`` (``resume``). ``RunState`` is where a run stands
+between epochs; a run stopped by a signal inside an epoch also saves how far that epoch got
+(``partial``: an ``EpochProgress`` as plain data), and ``--resume`` continues from there.
 """
 
 from __future__ import annotations
 
-import os
 import random
-import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from autotune.errors import ConfigError
-from autotune.utils import fsync_path
+from autotune.files import atomic_save_torch
 
 __all__ = ["RunState", "save_checkpoint", "load_checkpoint", "rng_state", "set_rng_state", "fit_schedule", "restore",
            "checkpoint_state", "resume"]
@@ -26,13 +26,15 @@ __all__ = ["RunState", "save_checkpoint", "load_checkpoint", "rng_state", "set_r
 @dataclass
 class RunState:
     """Where a training run stands: the last finished epoch, the best validation Dice so far and
-    its epoch, validations since it last improved, and seconds trained before this process."""
+    its epoch, validations since it last improved, seconds trained before this process, and how
+    far the next epoch got when a signal stopped it (``EpochProgress.as_dict``; None otherwise)."""
 
     epoch: int = 0
     best: float | None = None
     best_epoch: int = 0
     stale: int = 0
     elapsed_before: float = 0.0
+    partial: dict[str, Any] | None = None
 
     def validated(self, mean: float | None, epoch: int) -> bool:
         """Count one validation; True when ``mean`` is a new best (then ``best.pt`` is due)."""
@@ -44,19 +46,12 @@ class RunState:
 
 
 def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
-    """``torch.save`` to a temp file in the same folder, then ``os.replace``: never a half-written file."""
-    import torch
+    """Write ``state`` to ``path`` atomically: never a half-written file, the old one kept on failure.
 
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        torch.save(state, tmp)
-        fsync_path(tmp)  # the bytes are on disk before the rename makes them the checkpoint
-        os.replace(tmp, path)
-        fsync_path(path.parent)  # and the rename itself survives a power loss
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    Raises:
+        HostWriteError: the host refused the write (no space, quota, read-only, permission).
+    """
+    atomic_save_torch(path, state, what="the checkpoint")
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:
@@ -69,18 +64,22 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: unreadable checkpoint ({type(exc).__name__}); delete it or train without --resume") from exc
 
 
-def rng_state() -> dict[str, Any]:
-    """torch, NumPy and Python RNG states as plain data (loadable with ``weights_only=True``)."""
+def rng_state(device: str | None = None) -> dict[str, Any]:
+    """torch, NumPy and Python RNG states as plain data (loadable with ``weights_only=True``), and the
+    CUDA generator's of ``device`` when it is a GPU."""
     import numpy as np
     import torch
 
     name, keys, pos, has_gauss, cached = np.random.get_state()
-    return {"torch": torch.get_rng_state(), "numpy": [name, keys.tolist(), pos, has_gauss, cached],
-            "python": random.getstate()}
+    state = {"torch": torch.get_rng_state(), "numpy": [name, keys.tolist(), pos, has_gauss, cached],
+             "python": random.getstate()}
+    if device is not None and str(device).startswith("cuda"):
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
 
 
-def set_rng_state(state: dict[str, Any]) -> None:
-    """Put back what ``rng_state`` saved."""
+def set_rng_state(state: dict[str, Any], device: str | None = None) -> None:
+    """Put back what ``rng_state`` saved (the CUDA generator's on ``device`` when saved and a GPU)."""
     import numpy as np
     import torch
 
@@ -89,6 +88,8 @@ def set_rng_state(state: dict[str, Any]) -> None:
     np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
+    if state.get("cuda") is not None and device is not None and str(device).startswith("cuda"):
+        torch.cuda.set_rng_state(state["cuda"], device)
 
 
 def fit_schedule(scheduler: Any, total_steps: int) -> None:
@@ -126,10 +127,12 @@ def restore(path: Path, mode: str, model: Any, optimizer: Any, scaler: Any, sche
 
 
 def checkpoint_state(parts: Mapping[str, Any], state: RunState, epoch: int, *, mode: str, elapsed_s: float,
-                     total_steps: int, cfg: Mapping[str, Any]) -> dict[str, Any]:
+                     total_steps: int, cfg: Mapping[str, Any], partial: dict[str, Any] | None = None) -> dict[str, Any]:
     """What ``save_checkpoint`` writes after ``epoch``: ``parts`` (``model``, ``optimizer``, ``scaler``,
-    ``scheduler``; the last two may be None) as state dicts, ``state``, and the RNG states."""
+    ``scheduler``; the last two may be None) as state dicts, ``state``, the RNG states, and ``partial``:
+    how far epoch ``epoch + 1`` got when a signal stopped it."""
     return {
+        "partial": partial,
         **{name: (parts[name].state_dict() if parts[name] is not None else None)
            for name in ("model", "optimizer", "scaler", "scheduler")},
         "epoch": epoch, "best_metric": state.best, "best_epoch": state.best_epoch,
@@ -151,4 +154,5 @@ def resume(path: Path, mode: str, parts: Mapping[str, Any], total_steps: int,
         return RunState()
     saved = restore(path, mode, parts["model"], parts["optimizer"], parts["scaler"], parts["scheduler"], total_steps)
     return RunState(epoch=int(saved["epoch"]), best=saved.get("best_metric"), best_epoch=int(saved.get("best_epoch", 0)),
-                    stale=int(saved.get("stale_validations", 0)), elapsed_before=float(saved.get("elapsed_s", 0.0)))
+                    stale=int(saved.get("stale_validations", 0)), elapsed_before=float(saved.get("elapsed_s", 0.0)),
+                    partial=saved.get("partial"))

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +34,7 @@ __all__ = [
     "estimate_cache_bytes",
     "make_dataset",
     "make_loader",
+    "RaisingThreadLoader",
 ]
 
 log = logging.getLogger(__name__)
@@ -91,6 +92,44 @@ class TrainOptions:
     cache_note: str = ""
 
 
+def _fast_switches(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """``cfg['fast_training']`` over the defaults.
+
+    Raises:
+        ConfigError: not a mapping, an unknown key, or a switch that is not true/false.
+    """
+    fast = dict(_FAST_DEFAULTS)
+    section = cfg.get("fast_training") or {}
+    if not isinstance(section, Mapping):
+        raise ConfigError("bundle config key 'fast_training' must be a mapping of switches, e.g. {cache: true}")
+    unknown = set(section) - set(_FAST_DEFAULTS)
+    if unknown:
+        look_up_option(sorted(unknown)[0], list(_FAST_DEFAULTS), "fast_training key")
+    fast.update(section)
+    for key in ("cache", "thread_loader", "nvtx", "gpu_monitor"):
+        if not isinstance(fast[key], bool):
+            raise ConfigError(f"bundle config key 'fast_training.{key}' must be true or false, got {fast[key]!r}")
+    return fast
+
+
+def _cache_place(cfg: Mapping[str, Any], fast: Mapping[str, Any], on_cuda: bool, cache_bytes: int | None,
+                 device_free_bytes: int | None) -> tuple[bool, bool, str]:
+    """Where the fast-mode cache goes: (on disk, on the device, why not where the config asked)."""
+    persistent = bool(cfg.get("persistent_cache", False)) and fast["cache"]
+    why = "persistent_cache: true" if persistent else ""
+    if fast["cache"] and not persistent and cache_bytes is not None:
+        limit = float(fast["ram_fraction"]) * available_ram_bytes()
+        if cache_bytes * float(cfg.get("cache_rate", 1.0)) > limit:
+            persistent, why = True, f"cache of about {cache_bytes / 2**30:.1f} GiB would not fit in RAM"
+    # Disk-cached items are re-read each epoch; they move to the device per batch instead.
+    on_device = on_cuda and fast["cache"] and not persistent and bool(cfg.get("cache_on_device", True))
+    if on_device and cache_bytes is not None and device_free_bytes is not None:
+        share = cache_bytes * float(cfg.get("cache_rate", 1.0)) / max(device_free_bytes, 1)
+        if share > float(fast["device_fraction"]):
+            on_device, why = False, f"cache would take {100 * share:.0f}% of the free GPU memory; held in RAM"
+    return persistent, on_device, why
+
+
 def resolve_options(
     cfg: Mapping[str, Any], mode: str, device: str, cache_bytes: int | None = None,
     device_free_bytes: int | None = None,
@@ -108,54 +147,22 @@ def resolve_options(
         ConfigError: an unknown mode or a ``fast_training`` value of the wrong type.
     """
     mode = look_up_option(mode, MODES, "training mode")
-    fast = dict(_FAST_DEFAULTS)
-    section = cfg.get("fast_training") or {}
-    if not isinstance(section, Mapping):
-        raise ConfigError("bundle config key 'fast_training' must be a mapping of switches, e.g. {cache: true}")
-    unknown = set(section) - set(_FAST_DEFAULTS)
-    if unknown:
-        look_up_option(sorted(unknown)[0], list(_FAST_DEFAULTS), "fast_training key")
-    fast.update(section)
-    for key in ("cache", "thread_loader", "nvtx", "gpu_monitor"):
-        if not isinstance(fast[key], bool):
-            raise ConfigError(f"bundle config key 'fast_training.{key}' must be true or false, got {fast[key]!r}")
+    fast = _fast_switches(cfg)
     num_workers = int(cfg.get("num_workers", 2) or 0)
     cache_dir = Path(fast["cache_dir"] or Path(cfg["bundle_root"]) / "cache")
     on_cuda = str(device).startswith("cuda")
+    monitor = {"nvtx": on_cuda and fast["nvtx"], "gpu_monitor": fast["gpu_monitor"],
+               "gpu_monitor_interval_s": float(fast["gpu_monitor_interval_s"])}
     if mode == "regular":
-        return TrainOptions(
-            mode=mode, cache=False, persistent=False, cache_on_device=False, thread_loader=False,
-            num_workers=num_workers, amp=False, template_recipe=False, cache_rate=0.0, cache_dir=cache_dir,
-            nvtx=on_cuda and fast["nvtx"], gpu_monitor=fast["gpu_monitor"],
-            gpu_monitor_interval_s=float(fast["gpu_monitor_interval_s"]),
-        )
-    persistent = bool(cfg.get("persistent_cache", False)) and fast["cache"]
-    why = "persistent_cache: true" if persistent else ""
-    if fast["cache"] and not persistent and cache_bytes is not None:
-        limit = float(fast["ram_fraction"]) * available_ram_bytes()
-        if cache_bytes * float(cfg.get("cache_rate", 1.0)) > limit:
-            persistent, why = True, f"cache of about {cache_bytes / 2**30:.1f} GiB would not fit in RAM"
-    # Disk-cached items are re-read each epoch; they move to the device per batch instead.
-    on_device = on_cuda and fast["cache"] and not persistent and bool(cfg.get("cache_on_device", True))
-    if on_device and cache_bytes is not None and device_free_bytes is not None:
-        share = cache_bytes * float(cfg.get("cache_rate", 1.0)) / max(device_free_bytes, 1)
-        if share > float(fast["device_fraction"]):
-            on_device, why = False, f"cache would take {100 * share:.0f}% of the free GPU memory; held in RAM"
+        return TrainOptions(mode=mode, cache=False, persistent=False, cache_on_device=False, thread_loader=False,
+                            num_workers=num_workers, amp=False, template_recipe=False, cache_rate=0.0,
+                            cache_dir=cache_dir, **monitor)
+    persistent, on_device, why = _cache_place(cfg, fast, on_cuda, cache_bytes, device_free_bytes)
     return TrainOptions(
-        mode=mode,
-        cache=fast["cache"],
-        persistent=persistent,
-        cache_on_device=on_device,
-        thread_loader=fast["thread_loader"] and fast["cache"],
-        num_workers=num_workers,
-        amp=bool(cfg.get("amp", True)),
-        template_recipe=True,
-        cache_rate=float(cfg.get("cache_rate", 1.0)),
-        cache_dir=cache_dir,
-        nvtx=on_cuda and fast["nvtx"],
-        gpu_monitor=fast["gpu_monitor"],
-        gpu_monitor_interval_s=float(fast["gpu_monitor_interval_s"]),
-        cache_note=why,
+        mode=mode, cache=fast["cache"], persistent=persistent, cache_on_device=on_device,
+        thread_loader=fast["thread_loader"] and fast["cache"], num_workers=num_workers,
+        amp=bool(cfg.get("amp", True)), template_recipe=True, cache_rate=float(cfg.get("cache_rate", 1.0)),
+        cache_dir=cache_dir, cache_note=why, **monitor,
     )
 
 
@@ -268,7 +275,39 @@ def make_loader(dataset: Any, batch_size: int, opts: TrainOptions, shuffle: bool
     from monai.data import DataLoader, ThreadDataLoader
 
     if opts.thread_loader:
-        return ThreadDataLoader(dataset, batch_size=batch_size, shuffle=shuffle, num_workers=0)
+        return RaisingThreadLoader(ThreadDataLoader(dataset, batch_size=batch_size, shuffle=shuffle, num_workers=0))
     workers = 0 if opts.cache_on_device else opts.num_workers
     # Workers restart every epoch, as in the seed's baseline.
     return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, num_workers=workers)
+
+
+class RaisingThreadLoader:
+    """A ``ThreadDataLoader`` whose loading thread's error is raised where the batches are read.
+
+    MONAI's ``ThreadBuffer`` lets an error in its thread (a transform failing, the disk cache
+    refused a write) end the iteration early without a word: an epoch would train on part of
+    its batches and validation on none. Here the error reaches the training loop.
+    """
+
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self) -> Iterator[Any]:
+        from monai.data import ThreadDataLoader
+        from monai.data.thread_buffer import buffer_iterator
+
+        failures: list[Exception] = []
+
+        def batches() -> Iterator[Any]:
+            try:
+                yield from super(ThreadDataLoader, self.loader).__iter__()  # the plain loader under the buffer
+            except Exception as exc:  # noqa: BLE001 - handed to the reading thread below
+                failures.append(exc)
+
+        yield from buffer_iterator(batches(), self.loader.buffer_size, self.loader.buffer_timeout,
+                                   self.loader.repeats)
+        if failures:
+            raise failures[0]

@@ -8,7 +8,8 @@ Two ways in, one code path:
 - ``torchrun --nproc-per-node N -m autotune.train BUNDLE`` starts them itself.
 
 Either way each process calls ``init_from_env``: gloo on CPU, NCCL on CUDA, one GPU per
-local rank. Only rank 0 writes files.
+local rank. Only rank 0 writes files. Decisions all ranks must share each step (a stop
+signal) go through a gloo group on the CPU, so they never wait for the GPU.
 """
 
 from __future__ import annotations
@@ -17,14 +18,15 @@ import json
 import os
 import socket
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autotune import errors
+import autotune.errors as errors
 from autotune.device import check_device
-from autotune.errors import AutotuneError, SpecError
+from autotune.errors import AutotuneError, SpecError, TrainingStopped
 
 __all__ = [
     "DistContext",
@@ -33,6 +35,7 @@ __all__ = [
     "all_reduce_sum",
     "all_gather_int",
     "broadcast_flag",
+    "all_ranks_max",
     "barrier",
     "spawn",
 ]
@@ -47,6 +50,7 @@ class DistContext:
     local_rank: int = 0
     device: str = "cpu"
     distributed: bool = False
+    cpu_group: Any = None  # a gloo group for CPU collectives beside NCCL (None: the default group is gloo)
 
     @property
     def enabled(self) -> bool:
@@ -76,10 +80,13 @@ def init_from_env(device: str) -> DistContext:
     resolved = check_device(device, local_rank, distributed)
     if resolved.startswith("cuda"):
         torch.cuda.set_device(torch.device(resolved))
+    cpu_group = None
     if distributed and not dist.is_initialized():
         dist.init_process_group(backend="nccl" if resolved.startswith("cuda") else "gloo", init_method="env://")
+    if distributed and dist.get_backend() != "gloo":
+        cpu_group = dist.new_group(backend="gloo")
     return DistContext(rank=rank, world_size=world_size, local_rank=local_rank, device=resolved,
-                       distributed=distributed)
+                       distributed=distributed, cpu_group=cpu_group)
 
 
 def cleanup(ctx: DistContext) -> None:
@@ -127,6 +134,18 @@ def broadcast_flag(ctx: DistContext, flag: bool) -> bool:
     return bool(tensor.item())
 
 
+def all_ranks_max(ctx: DistContext, values: list[int]) -> list[int]:
+    """The largest of each of ``values`` over all ranks, reduced on the CPU (no GPU synchronisation)."""
+    if not ctx.enabled:
+        return [int(v) for v in values]
+    import torch
+    import torch.distributed as dist
+
+    tensor = torch.tensor([int(v) for v in values], dtype=torch.int64)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=ctx.cpu_group)
+    return [int(v) for v in tensor.tolist()]
+
+
 def barrier(ctx: DistContext) -> None:
     """Wait for every rank."""
     if ctx.enabled:
@@ -154,9 +173,12 @@ def _spawn_entry(rank: int, nproc: int, port: int, target: Callable[..., Any], k
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // nproc))
     try:
         target(**kwargs)
-    except AutotuneError as exc:
+    except AutotuneError as exc:  # a temp file the parent reads once: not a product file
         Path(error_dir, f"rank{rank}.json").write_text(
-            json.dumps({"type": type(exc).__name__, "message": str(exc)}), encoding="utf-8")
+            json.dumps({"type": type(exc).__name__, "message": str(exc), "exit_code": exc.exit_code}),
+            encoding="utf-8")
+        if isinstance(exc, TrainingStopped):
+            return  # every rank stops at the same step: a clean exit, no rank terminated by the spawner
         raise
 
 
@@ -164,7 +186,8 @@ def spawn(target: Callable[..., Any], nproc: int, kwargs: dict) -> None:
     """Run ``target(**kwargs)`` in ``nproc`` new processes that form one process group.
 
     ``target`` must be importable (a module-level function). An ``AutotuneError`` in a
-    child is raised again here with its type and message.
+    child is raised again here with its type, message and exit code. SIGTERM, SIGINT and
+    SIGUSR1 sent to this process are passed on to the children (which stop together).
 
     Raises:
         SpecError: ``nproc`` below 2.
@@ -177,10 +200,43 @@ def spawn(target: Callable[..., Any], nproc: int, kwargs: dict) -> None:
         raise SpecError(f"--nproc must be at least 2 to spawn processes, got {nproc}")
     with tempfile.TemporaryDirectory(prefix="autotune-ddp-") as error_dir:
         try:
-            mp.spawn(_spawn_entry, args=(nproc, _free_port(), target, kwargs, error_dir), nprocs=nproc, join=True)
+            context = mp.start_processes(_spawn_entry, args=(nproc, _free_port(), target, kwargs, error_dir),
+                                         nprocs=nproc, join=False, start_method="spawn")
+            with _forward_signals(context.processes):
+                while not context.join():
+                    pass
         except Exception as exc:
-            for report in sorted(Path(error_dir).glob("rank*.json")):
-                info = json.loads(report.read_text(encoding="utf-8"))
-                cls = getattr(errors, info["type"], AutotuneError)
-                raise cls(info["message"]) from exc
+            _raise_reported(Path(error_dir), exc)
             raise RuntimeError(f"a training process failed: {str(exc).strip().splitlines()[-1]}") from exc
+        _raise_reported(Path(error_dir), None)
+
+
+def _raise_reported(error_dir: Path, cause: BaseException | None) -> None:
+    """Raise the ``AutotuneError`` the lowest rank reported (type, message, exit code), if any."""
+    for report in sorted(error_dir.glob("rank*.json")):
+        info = json.loads(report.read_text(encoding="utf-8"))
+        error = getattr(errors, info["type"], AutotuneError)(info["message"])
+        error.exit_code = int(info.get("exit_code", error.exit_code))
+        raise error from cause
+
+
+@contextmanager
+def _forward_signals(processes: list[Any]) -> Iterator[None]:
+    """Pass the stop signals this process receives on to ``processes`` while inside."""
+    import signal
+    import threading
+
+    from autotune.train.stop import STOP_SIGNALS
+
+    def forward(signum: int, frame: Any) -> None:
+        for process in processes:
+            if process.is_alive():
+                os.kill(process.pid, signum)
+
+    previous = ({s: signal.signal(s, forward) for s in STOP_SIGNALS}
+                if threading.current_thread() is threading.main_thread() else {})
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)

@@ -1,102 +1,194 @@
-"""One epoch of a training run: the training passes over the loader, and validation.
+"""One epoch of a training run: the training passes over the loader, its metrics row, validation.
 
-``train_epoch`` runs every loader batch through ``autotune.step.train_step`` in passes of
-``num_patches_per_iter`` patches (as the probe does), counting memory phase by phase,
-and returns the epoch's metrics row; ``validate`` adds the validation Dice and peaks to
-it and writes ``best.pt`` on a new best. Both act on a ``TrainingRun`` that is set up.
+``train_epoch`` runs loader batches through ``autotune.step.train_step`` in passes of
+``num_patches_per_iter`` patches (as the probe does), counting memory phase by phase, until
+the loader is done or a stop is agreed at a batch boundary. ``EpochProgress`` records how far
+it got and the RNG states there, so a stopped epoch continues where it stopped: the loader is
+seeded as at the epoch's start, the batches already trained are drawn again and skipped (the
+same shuffle and crops), and the RNG states are put back. ``epoch_row`` turns a finished epoch
+into its metrics row; ``validate`` adds the validation Dice and peaks to it. All act on
+``EpochParts``, which the runner builds once.
 """
 
 from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING, Any
 
-from autotune.train.checkpoint import save_checkpoint
 from autotune.utils import bars_enabled
 
 if TYPE_CHECKING:  # pragma: no cover
-    from autotune.train.runner import TrainingRun
+    from autotune.train.ddp import DistContext
+    from autotune.train.memory import PhaseMemory
+    from autotune.train.setup import ModelSetup
 
-__all__ = ["train_epoch", "validate"]
+__all__ = ["EpochParts", "EpochProgress", "train_epoch", "epoch_row", "validate"]
 
 
-def train_epoch(run: TrainingRun, epoch: int) -> dict[str, Any]:
-    """Train ``run`` for ``epoch``; returns the metrics row (loss, timings, samples, peaks, lr)."""
+@dataclass
+class EpochParts:
+    """What an epoch trains and validates with: built once per run by the runner.
+
+    Attributes:
+        ctx: this process's rank, world size and device.
+        cfg: the bundle config (``num_patches_per_iter``, sliding-window settings, classes).
+        recipe: the network (``model``; ``net`` is what trains, DDP-wrapped with several processes),
+            loss, optimizer, schedule, scaler, autocast dtype and NVTX ranges.
+        memory: the limit and peaks per phase.
+        train_loader, val_loader: the loaders; ``train_transforms``: reseeded every epoch.
+        seed: the run's seed; ``total_epochs``: for the progress bar; ``progress``: show bars.
+    """
+
+    ctx: DistContext
+    cfg: Mapping[str, Any]
+    recipe: ModelSetup
+    memory: PhaseMemory
+    train_loader: Any
+    val_loader: Any
+    train_transforms: Any
+    seed: int
+    total_epochs: int
+    progress: bool
+
+
+@dataclass
+class EpochProgress:
+    """How far the training part of ``epoch`` got on this rank: loader batches done, the sums of
+    its metrics row, and (when stopped inside it) the RNG states at the stop."""
+
+    epoch: int
+    batches: int = 0
+    loss_sum: float = 0.0
+    passes: int = 0
+    samples: int = 0
+    data_wait_s: float = 0.0
+    train_s: float = 0.0
+    rng: dict[str, Any] | None = None
+    complete: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain data for a checkpoint (``weights_only`` loads it)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> EpochProgress:
+        """Back from ``as_dict`` (unknown keys ignored)."""
+        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
+
+
+def _skip_done(loader: Any, done: int) -> Iterator[Any]:
+    """An iterator over ``loader`` past its first ``done`` batches (drawn, so the random crops match)."""
+    if done >= len(loader):
+        return iter(())
+    batches = iter(loader)
+    for _ in range(done):
+        next(batches)
+    return batches
+
+
+def _train_batch(parts: EpochParts, batch: Mapping[str, Any], tracker: Any, loss_sum: Any) -> tuple[int, int]:
+    """One loader batch in passes of ``num_patches_per_iter``, each pass's loss added to ``loss_sum``
+    (a tensor, in place); returns (passes, samples)."""
+    from autotune.step import split_patches, train_step
+    from autotune.train.infer import plain_tensor
+
+    device = parts.ctx.device
+    images = plain_tensor(batch["image"]).to(device, non_blocking=True)
+    labels = plain_tensor(batch["label"]).to(device, non_blocking=True)
+    if tracker is not None:  # this batch, and the next one the thread loader holds (as the probe counts)
+        tracker.track([images, labels])
+        tracker.set_reserved(images.untyped_storage().nbytes() + labels.untyped_storage().nbytes())
+    passes, samples = 0, 0
+    with parts.memory.tracking():
+        for image, label in split_patches(images, labels, int(parts.cfg["num_patches_per_iter"])):
+            loss = train_step(parts.recipe.net, parts.recipe.loss_fn, parts.recipe.optimizer, image, label, parts.recipe.amp_dtype, parts.recipe.scaler)
+            if parts.recipe.scheduler is not None:
+                parts.recipe.scheduler.step()
+            loss_sum += loss.float()
+            passes, samples = passes + 1, samples + int(image.shape[0])
+    return passes, samples
+
+
+def train_epoch(parts: EpochParts, progress: EpochProgress, should_stop: Callable[[], int]) -> EpochProgress:
+    """Train from where ``progress`` stands to the end of its epoch, or to the first batch boundary
+    where ``should_stop()`` (asked on every rank at every boundary) is non-zero; returns the progress."""
     import torch
     from tqdm import tqdm
 
-    from autotune.step import split_patches, train_step
-    from autotune.train.ddp import all_gather_int, all_reduce_sum
-    from autotune.train.infer import plain_tensor
+    from autotune.train.checkpoint import rng_state, set_rng_state
 
-    ctx = run.ctx
-    device, per_pass = ctx.device, int(run.cfg["num_patches_per_iter"])
+    ctx, epoch = parts.ctx, progress.epoch
     # Seeded per epoch: a resumed run draws the same shuffles and crops as an unbroken one.
-    torch.manual_seed(run.seed + 1000 * epoch + ctx.rank)
-    run.train_transforms.set_random_state(seed=run.seed + 1000 * epoch + ctx.rank)
-    run.net.train()
-    run.phase = "training"
-    tracker = run.memory.start(run.model, run.optimizer)
-    loss_sum, passes, samples, wait = torch.zeros((), device=device), 0, 0, 0.0
-    bar = tqdm(total=len(run.train_loader), desc=f"epoch {epoch}/{run.total_epochs}", unit="batch",
-               leave=False, disable=not bars_enabled(run.progress), file=sys.stderr)
-    t0 = time.perf_counter()
-    batches = iter(run.train_loader)
-    while True:
+    torch.manual_seed(parts.seed + 1000 * epoch + ctx.rank)
+    parts.train_transforms.set_random_state(seed=parts.seed + 1000 * epoch + ctx.rank)
+    parts.recipe.net.train()
+    tracker = parts.memory.start(parts.recipe.model, parts.recipe.optimizer, "training")
+    batches = _skip_done(parts.train_loader, progress.batches)
+    if progress.rng is not None:
+        set_rng_state(progress.rng, ctx.device)  # where the stopped run stood after those batches
+    loss_sum = torch.tensor(progress.loss_sum, dtype=torch.float32, device=ctx.device)
+    bar = tqdm(total=len(parts.train_loader), initial=progress.batches, desc=f"epoch {epoch}/{parts.total_epochs}",
+               unit="batch", leave=False, disable=not bars_enabled(parts.progress), file=sys.stderr)
+    t0, wait = time.perf_counter(), 0.0
+    while not should_stop():
         t_wait = time.perf_counter()
-        with run.nvtx.range("data"):
+        with parts.recipe.nvtx.range("data"):
             batch = next(batches, None)
         wait += time.perf_counter() - t_wait
         if batch is None:
+            progress.complete = True
             break
-        images = plain_tensor(batch["image"]).to(device, non_blocking=True)
-        labels = plain_tensor(batch["label"]).to(device, non_blocking=True)
-        if tracker is not None:  # this batch, and the next one the thread loader holds (as the probe counts)
-            tracker.track([images, labels])
-            tracker.set_reserved(images.untyped_storage().nbytes() + labels.untyped_storage().nbytes())
-        with run.memory.tracking():
-            for image, label in split_patches(images, labels, per_pass):
-                loss = train_step(run.net, run.loss_fn, run.optimizer, image, label, run.amp_dtype, run.scaler)
-                if run.scheduler is not None:
-                    run.scheduler.step()
-                loss_sum += loss.float()
-                passes, samples = passes + 1, samples + int(image.shape[0])
+        passes, samples = _train_batch(parts, batch, tracker, loss_sum)
+        progress.batches, progress.passes, progress.samples = (progress.batches + 1, progress.passes + passes,
+                                                               progress.samples + samples)
         bar.update(1)
-        if bar.n % 10 == 0 and run.progress:
-            bar.set_postfix(loss=f"{loss_sum.item() / max(passes, 1):.4f}")
-    if device.startswith("cuda"):
-        torch.cuda.synchronize(device)
-    train_s = time.perf_counter() - t0
+        if bar.n % 10 == 0 and parts.progress:
+            bar.set_postfix(loss=f"{loss_sum.item() / max(progress.passes, 1):.4f}")
+    progress.rng = None if progress.complete else rng_state(ctx.device)
+    if ctx.device.startswith("cuda"):
+        torch.cuda.synchronize(ctx.device)
+    progress.train_s += time.perf_counter() - t0
+    progress.data_wait_s += wait
+    progress.loss_sum = float(loss_sum.item())
     bar.close()
-    total_loss, total_passes = all_reduce_sum(ctx, [float(loss_sum.item()), float(passes)])
-    rank_samples = all_gather_int(ctx, samples)
+    return progress
+
+
+def epoch_row(parts: EpochParts, progress: EpochProgress) -> dict[str, Any]:
+    """The metrics row of a finished epoch (loss, timings, samples, peaks, lr), summed over the ranks."""
+    from autotune.train.ddp import all_gather_int, all_reduce_sum
+
+    ctx, train_s, wait = parts.ctx, progress.train_s, progress.data_wait_s
+    total_loss, total_passes = all_reduce_sum(ctx, [progress.loss_sum, float(progress.passes)])
+    rank_samples = all_gather_int(ctx, progress.samples)
     peak_row: dict[str, Any] = {}
-    run.memory.read(peak_row, "train")
+    parts.memory.read(peak_row, "train")
     return {
         **peak_row,
-        "epoch": epoch, "loss": total_loss / max(total_passes, 1), "train_s": train_s, "data_wait_s": wait,
+        "epoch": progress.epoch, "loss": total_loss / max(total_passes, 1), "train_s": train_s, "data_wait_s": wait,
         "data_wait_share": wait / train_s if train_s > 0 else 0.0, "samples": sum(rank_samples),
         "steps": int(total_passes) // ctx.world_size,
         "samples_per_s": sum(rank_samples) / train_s if train_s > 0 else 0.0,
-        "lr": float(run.optimizer.param_groups[0]["lr"]), "world_size": ctx.world_size,
+        "lr": float(parts.recipe.optimizer.param_groups[0]["lr"]), "world_size": ctx.world_size,
         "rank_samples": rank_samples,
     }
 
 
-def validate(run: TrainingRun, row: dict[str, Any]) -> None:
-    """Validate ``run`` after ``row["epoch"]``: per-class and mean Dice, time and peaks into ``row``;
-    a new best is saved as ``best.pt`` (by the main rank)."""
+def validate(parts: EpochParts, row: dict[str, Any], dice_columns: list[str]) -> float | None:
+    """Validate after ``row["epoch"]``: per-class Dice (``dice_columns``), mean, time and peaks into
+    ``row``; returns the mean Dice."""
     from autotune.train.infer import evaluate
 
     t0 = time.perf_counter()
-    run.phase = "validation"
-    run.memory.start(run.model, run.optimizer)
-    with run.memory.tracking():
-        per_class, mean = evaluate(run.model, run.val_loader, run.cfg, run.ctx.device, run.amp_dtype, run.ctx)
+    parts.memory.start(parts.recipe.model, parts.recipe.optimizer, "validation")
+    with parts.memory.tracking():
+        per_class, mean = evaluate(parts.recipe.model, parts.val_loader, parts.cfg, parts.ctx.device, parts.recipe.amp_dtype,
+                                   parts.ctx)
     row["val_s"] = time.perf_counter() - t0
-    run.memory.read(row, "val")
-    row.update({c: v for c, v in zip(run.metrics.dice_columns, per_class, strict=True)})
+    parts.memory.read(row, "val")
+    row.update(dict(zip(dice_columns, per_class, strict=True)))
     row["mean_dice"] = mean
-    if run.state.validated(mean, row["epoch"]) and run.ctx.is_main:
-        save_checkpoint(run.out / "best.pt", run.checkpoint(row["epoch"]))
+    return mean

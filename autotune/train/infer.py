@@ -14,8 +14,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from autotune.errors import ConfigError, InputError
-from autotune.utils import bars_enabled, read_json, unique_tmp_name
+from autotune.errors import ConfigError, HostWriteError, InputError
+from autotune.utils import bars_enabled, read_json
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -194,47 +194,97 @@ def infer(
         ConfigError: bad bundle or checkpoint.
         InputError: missing images.
         SpecError: an unavailable device.
+        HostWriteError: the output folder refused a write; says which predictions were written.
     """
-    import nibabel as nib
-    import numpy as np
-    from monai.data import MetaTensor
-    from monai.transforms import Invertd
     from tqdm import tqdm
 
-    from autotune.build import amp_dtype, build_transforms
     from autotune.bundles.config import load_bundle_config
     from autotune.device import check_device, resolve_device
-    from autotune.step import sliding_window_predict
 
     cfg = load_bundle_config(bundle)
     device = check_device(resolve_device(device))
     files = _input_files(images)
-    model = load_model(cfg, resolve_checkpoint(cfg, checkpoint), device)
-    transforms = build_transforms(cfg, "infer")
-    invert = Invertd(keys="pred", transform=transforms, orig_keys="image", nearest_interp=True)
-    out = Path(output_dir).expanduser()
-    out.mkdir(parents=True, exist_ok=True)
-    image_device = "cpu" if cfg.get("sw_input_on_cpu") else device
-    dtype = amp_dtype(cfg, device)
-    written, used = [], set()
+    predict = _Predictor(cfg, load_model(cfg, resolve_checkpoint(cfg, checkpoint), device), device)
+    out = _output_folder(output_dir)
+    written: list[Path] = []
+    used: set[str] = set()
     for item in tqdm(files, desc="infer", unit="image", disable=not bars_enabled(progress)):
-        data = transforms({"image": item})
+        labels, affine = predict(item)
+        try:
+            written.append(_write_prediction(out / _output_name(item, used), labels, affine))
+        except HostWriteError as exc:
+            raise _with_predictions_kept(exc, written, len(files), out) from exc
+    return written
+
+
+class _Predictor:
+    """``predictor(image)`` -> (label map as uint8 in the image's own geometry, its affine)."""
+
+    def __init__(self, cfg: Mapping[str, Any], model: torch.nn.Module, device: str) -> None:
+        from monai.transforms import Invertd
+
+        from autotune.build import amp_dtype, build_transforms
+
+        self.cfg, self.model, self.device = cfg, model, device
+        self.transforms = build_transforms(cfg, "infer")
+        self.invert = Invertd(keys="pred", transform=self.transforms, orig_keys="image", nearest_interp=True)
+        self.image_device = "cpu" if cfg.get("sw_input_on_cpu") else device
+        self.amp_dtype = amp_dtype(cfg, device)
+
+    def __call__(self, item: Any) -> tuple[Any, Any]:
+        import numpy as np
+        from monai.data import MetaTensor
+
+        from autotune.step import sliding_window_predict
+
+        data = self.transforms({"image": item})
         logits = sliding_window_predict(
-            model, plain_tensor(data["image"]).unsqueeze(0).to(image_device), device=device, amp_dtype=dtype,
-            **predict_args(cfg),
+            self.model, plain_tensor(data["image"]).unsqueeze(0).to(self.image_device), device=self.device,
+            amp_dtype=self.amp_dtype, **predict_args(self.cfg),
         )[0].float()
-        if cfg.get("sigmoid"):
+        if self.cfg.get("sigmoid"):
             pred = (logits.sigmoid() > 0.5).float()
         else:
             pred = logits.argmax(dim=0, keepdim=True).float()
         # Invertd takes the transform record from "image" and needs "pred" to be a MetaTensor too.
-        restored = invert({"image": data["image"], "pred": MetaTensor(pred.cpu())})["pred"]
+        restored = self.invert({"image": data["image"], "pred": MetaTensor(pred.cpu())})["pred"]
         array = plain_tensor(restored).numpy()
         array = array[0] if array.shape[0] == 1 else np.moveaxis(array, 0, -1)
         affine = np.asarray(plain_tensor(restored.affine).numpy(), dtype=np.float64)
-        path = out / _output_name(item, used)
-        tmp = unique_tmp_name(path, ".tmp.nii.gz")  # two runs writing the same output never share it
-        nib.save(nib.Nifti1Image(np.rint(array).astype(np.uint8), affine), tmp)
-        tmp.replace(path)
-        written.append(path)
-    return written
+        return np.rint(array).astype(np.uint8), affine
+
+
+def _output_folder(output_dir: str | os.PathLike[str]) -> Path:
+    """``output_dir``, created if needed (a refusal by the host is one ``HostWriteError`` line)."""
+    from autotune.files import HOST_REFUSALS, refused
+
+    out = Path(output_dir).expanduser()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        if exc.errno in HOST_REFUSALS:
+            raise refused(exc, "the predictions folder", out) from exc
+        raise
+    return out
+
+
+def _write_prediction(path: Path, labels: Any, affine: Any) -> Path:
+    """``labels`` as a gzipped NIfTI at ``path``, through the one atomic write path."""
+    import gzip
+
+    import nibabel as nib
+
+    from autotune.files import atomic_write_bytes
+
+    # Compressed in memory: the write path then knows the exact bytes a full disk refused.
+    data = gzip.compress(nib.Nifti1Image(labels, affine).to_bytes(), compresslevel=1)
+    return atomic_write_bytes(path, data, what="the prediction")
+
+
+def _with_predictions_kept(exc: HostWriteError, written: list[Path], total: int, out: Path) -> HostWriteError:
+    """``exc`` saying which predictions were written before it, and how to go on."""
+    last = f" (the last: {written[-1].name})" if written else ""
+    return exc.with_outcome(
+        kept=f"{len(written)} of {total} predictions in {out}{last}",
+        then=(f"free space, then run the same command again (it predicts all {total} images), "
+              f"or give --images only the {total - len(written)} not written"))

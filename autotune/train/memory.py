@@ -54,10 +54,12 @@ def out_of_memory_error(exc: BaseException, cfg: dict[str, Any], limit: int | No
 
 
 class PhaseMemory:
-    """The limit and the peaks of one training run, phase by phase (``train``, ``val``)."""
+    """The limit and the peaks of one training run, phase by phase (``train``, ``val``); ``phase`` names
+    the phase in progress (``setup``, ``training``, ``validation``) for an out-of-memory line."""
 
     def __init__(self, device: str, limit: int | None) -> None:
         self.device, self.limit = device, limit
+        self.phase = "setup"
         self.cuda = device.startswith("cuda")
         self.peaks: dict[str, int] = {}
         self.tracker: Any = None
@@ -69,10 +71,10 @@ class PhaseMemory:
 
             cuda_set_memory_limit(self.device, int(self.limit))
 
-    def start(self, model: Any, optimizer: Any) -> Any:
-        """Reset the peaks for a phase; on the CPU under a limit, returns the tracker (counting from the
+    def start(self, model: Any, optimizer: Any, phase: str) -> Any:
+        """Reset the peaks for ``phase``; on the CPU under a limit, returns the tracker (counting from the
         model's and optimizer's tensors) to enter around the phase's compute, else None."""
-        self.tracker = None
+        self.tracker, self.phase = None, phase
         if self.cuda:
             from autotune.probe.memory import cuda_reset_peaks
 

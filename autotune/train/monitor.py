@@ -17,9 +17,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from autotune.utils import atomic_write_json, atomic_write_text, unique_tmp_name
+from autotune.files import atomic_write_bytes, atomic_write_json, atomic_write_text
 
-__all__ = ["NvtxRanges", "GpuMonitor", "MetricsLog", "plot_curves", "epoch_line", "fmt", "BASE_COLUMNS"]
+__all__ = ["NvtxRanges", "GpuMonitor", "MetricsLog", "plot_curves", "start_line", "epoch_line", "fmt", "BASE_COLUMNS"]
 
 log = logging.getLogger(__name__)
 
@@ -147,6 +147,12 @@ class GpuMonitor:
         return self
 
     def _run(self, pynvml: Any, handle: Any) -> None:
+        try:
+            self._sample(pynvml, handle)
+        except OSError as exc:  # a full disk ends the samples, not the training (the CSV is a running log)
+            log.warning("GPU monitor stopped: cannot write %s (%s)", self.path, exc)
+
+    def _sample(self, pynvml: Any, handle: Any) -> None:
         t0 = time.monotonic()
         with open(self.path, "w", newline="", encoding="utf-8") as handle_csv:
             writer = csv.writer(handle_csv)
@@ -203,8 +209,9 @@ class MetricsLog:
         writer.writeheader()
         for row in self.rows:
             writer.writerow({k: _csv_value(row.get(k)) for k in self.columns})
-        atomic_write_text(self.folder / "metrics.csv", buffer.getvalue())
-        atomic_write_json(self.folder / "metrics.json", {"columns": self.columns, **extra, "rows": self.rows})
+        atomic_write_text(self.folder / "metrics.csv", buffer.getvalue(), what="the metrics")
+        atomic_write_json(self.folder / "metrics.json", {"columns": self.columns, **extra, "rows": self.rows},
+                          what="the metrics")
 
 
 def _csv_value(value: Any) -> Any:
@@ -244,17 +251,27 @@ def plot_curves(rows: Sequence[Mapping[str, Any]], path: Path, title: str = "") 
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    path = Path(path)
-    tmp = unique_tmp_name(path, ".tmp.png")
-    fig.savefig(tmp, dpi=90)
+    image = io.BytesIO()
+    fig.savefig(image, format="png", dpi=90)
     plt.close(fig)
-    tmp.replace(path)
-    return path
+    return atomic_write_bytes(path, image.getvalue(), what="the training curves")
 
 
 def fmt(value: float | None, digits: int = 4) -> str:
     """``value`` with ``digits`` decimals, ``-`` for None."""
     return "-" if value is None else f"{value:.{digits}f}"
+
+
+def start_line(mode: str, ctx: Any, data: Any, precision_line: str, lr: float) -> str:
+    """The line printed before the first epoch: mode, device, split, cache, loader, precision, steps, rate
+    (``ctx``: the run's ``DistContext``; ``data``: its ``autotune.train.setup.DataSetup``)."""
+    opts, plan = data.opts, data.plan
+    cache = "off" if not opts.cache else ("disk" if opts.persistent else ("device" if opts.cache_on_device else "RAM"))
+    return (f"{mode} mode on {ctx.device} x{ctx.world_size}: {data.split_note}; cache {cache}"
+            f"{' (' + opts.cache_note + ')' if opts.cache_note else ''}, "
+            f"{'ThreadDataLoader' if opts.thread_loader else f'DataLoader({opts.num_workers} workers)'}, "
+            f"{precision_line}, {plan.steps_per_epoch} steps/epoch of {plan.batch} patches, lr {lr:.3g}"
+            f"{f' (ramp over {plan.warmup_steps} steps)' if plan.warmup_steps else ''}")
 
 
 def epoch_line(row: Mapping[str, Any], total: int, best: float | None, best_epoch: int) -> str:

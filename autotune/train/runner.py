@@ -1,10 +1,12 @@
-"""The training runner: arguments, setup, and the run from the first epoch to the summary.
+"""The training runner: arguments, and the run from the first epoch to the summary.
 
-``TrainingRun`` builds the data and the model, resumes (``autotune.train.checkpoint``),
-runs epochs (``autotune.train.epoch``) until done, out of time or stalled, and writes the
-checkpoints, metrics and summary. ``train`` is the entry point for the CLI and for Python. With ``nproc > 1`` it spawns
-that many processes (see ``autotune.train.ddp``); each runs ``run_worker``. Outputs go
-to ``BUNDLE/model_fold<k>/``: ``best.pt``, ``last.pt``, ``metrics.csv``, ``metrics.json``,
+``TrainingRun`` builds the data and the model (``autotune.train.setup``), checks the disk
+has room (``autotune.train.room``), resumes (``autotune.train.checkpoint``), runs epochs
+(``autotune.train.epoch``) until done, out of time, stalled or stopped by a signal
+(``autotune.train.stop``), and writes the checkpoints, metrics and summary. ``train`` is the
+entry point for the CLI and for Python. With ``nproc > 1`` it spawns that many processes
+(see ``autotune.train.ddp``); each runs ``run_worker``. Outputs go to
+``BUNDLE/model_fold<k>/``: ``best.pt``, ``last.pt``, ``metrics.csv``, ``metrics.json``,
 ``curves.png``, ``train_summary.json`` and, on a GPU, ``gpu_monitor.csv``.
 """
 
@@ -17,17 +19,21 @@ import time
 from dataclasses import asdict
 from typing import Any
 
-from autotune.bundles.scaling import plan_schedule
-from autotune.errors import ConfigError, SpecError
+from autotune.errors import ConfigError, HostWriteError, SpecError, TrainingStopped
+from autotune.files import atomic_write_json
 from autotune.train.checkpoint import RunState, checkpoint_state, resume, save_checkpoint
-from autotune.train.epoch import train_epoch, validate
+from autotune.train.ddp import all_ranks_max, broadcast_flag
+from autotune.train.epoch import EpochParts, EpochProgress, epoch_row, train_epoch, validate
+from autotune.train.faults import continue_command, holds, stop_error, with_kept, write_refusal
 from autotune.train.memory import PhaseMemory, out_of_memory_error, training_limit
-from autotune.utils import atomic_write_json, read_json
+from autotune.train.room import check_cache_room, check_checkpoint_room, checkpoint_bytes
+from autotune.train.setup import setup_data, setup_model
+from autotune.train.stop import StopSignals
+from autotune.utils import read_json
 
 __all__ = ["train", "run_worker", "parse_duration", "TrainingRun"]
 
 _DURATION_UNITS = {"": 1, "s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
-REGULAR_LR = 1e-4  # the seed baseline's Adam learning rate
 
 
 def parse_duration(text: str | float | int) -> float:
@@ -134,7 +140,12 @@ def run_worker(**kwargs: Any) -> dict[str, Any]:
 
 
 class TrainingRun:
-    """One rank's training run: build everything, then epochs until done, out of time or stalled."""
+    """One rank's training run: build everything, then epochs until done, out of time, stalled or stopped.
+
+    Faults end the run with one line: out of memory (``TrainingOutOfMemory``), a write the host
+    refused (``HostWriteError``, with what was kept), a stop signal (``TrainingStopped``, after a
+    checkpoint that ``--resume`` continues from exactly; see ``autotune.train.stop``).
+    """
 
     def __init__(self, *, ctx: Any, bundle: str, epochs: int | None, max_time: float | None,
                  val_every: int | None, resume: bool, mode: str, progress: bool,
@@ -150,7 +161,6 @@ class TrainingRun:
         self.total_epochs = int(epochs or self.cfg["num_epochs"])
         self.val_every = int(val_every or self.cfg.get("num_epochs_per_validation", 1) or 1)
         self.patience = int(self.cfg.get("early_stop_patience") or 0)
-        self.seed = int(self.cfg.get("seed", 0))
         self.out = model_dir(self.cfg)
         if ctx.is_main:
             self.out.mkdir(parents=True, exist_ok=True)
@@ -159,103 +169,53 @@ class TrainingRun:
         self.metrics = MetricsLog(self.out, class_labels(self.cfg), enabled=ctx.is_main)
         self.memory_limit = memory_limit
         self.memory = PhaseMemory(ctx.device, memory_limit)
-        self.phase = "setup"
         self.state = RunState()
+        self.stop = StopSignals(lambda signum: all_ranks_max(ctx, [signum])[0])
+        self.epoch = 0  # the epoch in progress
+        self.kept = ""  # what last.pt holds, for a fault's line ("" before the first checkpoint)
+        self.best_saved = 0  # the epoch best.pt holds (0: none written)
 
     def say(self, message: str) -> None:
         if self.progress:
             print(message, flush=True)
 
-    def _setup_data(self) -> None:
-        from autotune.build import build_transforms
-        from autotune.train import data
-
-        train_cases, val_cases, self.split_note = data.split_datalist(self.cfg)
-        train_cases = data.shard(train_cases, self.ctx.rank, self.ctx.world_size, self.seed, even=True)
-        val_cases = data.shard(val_cases, self.ctx.rank, self.ctx.world_size, self.seed, even=False)
-        fast_cache = self.mode == "fast" and (self.cfg.get("fast_training") or {}).get("cache", True)
-        cache_bytes = data.estimate_cache_bytes(train_cases, self.cfg) if fast_cache else None
-        free = None
-        if self.ctx.device.startswith("cuda"):
-            import torch
-
-            free = int(torch.cuda.mem_get_info(self.ctx.device)[0])
-            if self.memory_limit is not None:
-                # Under a limit the cache may only take what the tuned peak leaves (the probe never held it).
-                tuned_peak = int((self.cfg.get("tuning") or {}).get("peak_bytes") or 0)
-                free = max(0, min(free, int(self.memory_limit) - tuned_peak))
-        self.opts = opts = data.resolve_options(self.cfg, self.mode, self.ctx.device, cache_bytes, free)
-        self.train_transforms = build_transforms(self.cfg, "train",
-                                                 device=self.ctx.device if opts.cache_on_device else None)
-        train_ds = data.make_dataset(train_cases, self.train_transforms, opts, "train", self.progress)
-        val_ds = data.make_dataset(val_cases, build_transforms(self.cfg, "val"), opts, "val", self.progress)
-        self.batch_images = int(self.cfg["num_images_per_batch"])
-        self.train_loader = data.make_loader(train_ds, self.batch_images, opts, shuffle=True)
-        self.val_loader = data.make_loader(val_ds, 1, opts, shuffle=False)
-        # the schedule counts samples: epochs x cases x crops, in ceil(samples / N) optimizer steps
-        self.plan = plan_schedule(self.cfg, len(train_ds), self.total_epochs)
-        self.steps_per_epoch = self.plan.steps_per_epoch
-        self.num_train_cases = len(train_ds)
-
-    def _setup_model(self) -> None:
+    def _device_room(self) -> int | None:
+        """Free GPU memory the data cache may take (None on the CPU)."""
+        if not self.ctx.device.startswith("cuda"):
+            return None
         import torch
 
-        from autotune import build
-        from autotune.step import make_grad_scaler
-        from autotune.train.monitor import NvtxRanges
+        free = int(torch.cuda.mem_get_info(self.ctx.device)[0])
+        if self.memory_limit is not None:
+            # Under a limit the cache may only take what the tuned peak leaves (the probe never held it).
+            tuned_peak = int((self.cfg.get("tuning") or {}).get("peak_bytes") or 0)
+            free = max(0, min(free, int(self.memory_limit) - tuned_peak))
+        return free
 
-        device, cfg = self.ctx.device, self.cfg
-        _seed_everything(self.seed)  # the same initial weights in every mode and on every rank
-        self.model = build.build_network(cfg).to(device)
-        if self.opts.template_recipe:
-            self.loss_fn = build.build_loss(cfg)
-            self.optimizer = build.build_optimizer(cfg, self.model.parameters())
-            self.scheduler = build.build_lr_scheduler(cfg, self.optimizer, self.plan.total_steps,
-                                                      self.plan.warmup_steps, self.plan.warmup_start_factor)
-        else:  # the seed's baseline recipe
-            from monai.losses import DiceLoss
+    def _setup(self) -> None:
+        """Data, model and recipe, joined into the ``EpochParts`` every epoch works with."""
+        self.data = setup_data(self.cfg, self.ctx, self.mode, self.total_epochs, self._device_room(), self.progress)
+        self.recipe = setup_model(self.cfg, self.ctx, self.mode, self.data.opts, self.data.plan)
+        self.steps_per_epoch = self.data.plan.steps_per_epoch
+        self.parts = EpochParts(
+            ctx=self.ctx, cfg=self.cfg, recipe=self.recipe, memory=self.memory, train_loader=self.data.train_loader,
+            val_loader=self.data.val_loader, train_transforms=self.data.train_transforms,
+            seed=int(self.cfg.get("seed", 0)), total_epochs=self.total_epochs, progress=self.progress)
 
-            sigmoid = bool(cfg.get("sigmoid"))
-            self.loss_fn = DiceLoss(to_onehot_y=not sigmoid, softmax=not sigmoid, sigmoid=sigmoid)
-            self.optimizer = torch.optim.Adam(self.model.parameters(), lr=REGULAR_LR)
-            self.scheduler = None
-        if self.opts.template_recipe:  # fast mode: the precision the bundle was tuned in
-            from autotune.precision import for_bundle
-
-            self.precision, warning = for_bundle(cfg, device)
-            if warning and self.ctx.is_main:
-                print(f"warning: {warning}", file=sys.stderr, flush=True)
-        else:
-            from autotune.precision import Precision
-
-            self.precision = Precision("fp32", "regular mode: the seed's baseline runs in fp32")
-        self.amp_dtype = build.amp_dtype(cfg, device, self.precision.name)
-        self.scaler = make_grad_scaler(device, self.amp_dtype)
-        self.nvtx = NvtxRanges(self.opts.nvtx)
-        self.nvtx.attach(self.model, self.optimizer)
-        self.loss_fn = self.nvtx.wrap_loss(self.loss_fn)
-        self.net = self.model
-        if self.ctx.enabled:
-            from torch.nn.parallel import DistributedDataParallel
-
-            index = [torch.device(device).index] if device.startswith("cuda") else None
-            self.net = DistributedDataParallel(self.model, device_ids=index,
-                                               find_unused_parameters=cfg["network"]["name"] == "DiNTS")
-        if device.startswith("cuda") and self.mode == "fast":
-            torch.backends.cudnn.benchmark = True  # the roi is fixed, so the fastest kernels are found once
-
-    def parts(self) -> dict[str, Any]:
+    def state_parts(self) -> dict[str, Any]:
         """What a checkpoint holds state dicts of (scaler and scheduler may be None)."""
-        return {"model": self.model, "optimizer": self.optimizer, "scaler": self.scaler, "scheduler": self.scheduler}
+        recipe = self.recipe
+        return {"model": recipe.model, "optimizer": recipe.optimizer, "scaler": recipe.scaler,
+                "scheduler": recipe.scheduler}
 
-    def checkpoint(self, epoch: int) -> dict[str, Any]:
-        """The checkpoint after ``epoch``."""
-        return checkpoint_state(self.parts(), self.state, epoch, mode=self.mode, elapsed_s=self.elapsed(),
-                                total_steps=self.total_epochs * self.steps_per_epoch, cfg=self.cfg)
+    def checkpoint(self, epoch: int, partial: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The checkpoint after ``epoch`` (and ``partial``: how far the next epoch got)."""
+        return checkpoint_state(self.state_parts(), self.state, epoch, mode=self.mode, elapsed_s=self.elapsed(),
+                                total_steps=self.total_epochs * self.steps_per_epoch, cfg=self.cfg, partial=partial)
 
-    def _base_lr(self) -> float:
-        group = self.optimizer.param_groups[0]
-        return float(group.get("initial_lr", group["lr"]))
+    def continue_command(self, resume: bool = True) -> str:
+        """The command that continues this run."""
+        return continue_command(self.cfg["bundle_root"], self.total_epochs, self.mode, self.ctx.world_size, resume)
 
     def elapsed(self) -> float:
         return self.state.elapsed_before + time.monotonic() - self.t_start
@@ -264,93 +224,177 @@ class TrainingRun:
         """The run's peaks so far next to the tuned prediction and the limit."""
         return self.memory.report((self.cfg.get("tuning") or {}).get("peak_bytes"))
 
+    def _check_room(self) -> None:
+        """Refuse, on every rank, a run whose model folder or disk cache lacks room (rank 0 decides)."""
+        refusal = None
+        if self.ctx.is_main:
+            try:
+                size = checkpoint_bytes(self.recipe.model, self.recipe.optimizer, self.recipe.scaler)
+                check_checkpoint_room(self.out, size, self.continue_command(resume=self.resume))
+                if self.data.opts.persistent:
+                    check_cache_room(self.data.opts.cache_dir, self.data.cache_disk_bytes, self.cfg["bundle_root"])
+            except HostWriteError as exc:
+                refusal = exc
+        if broadcast_flag(self.ctx, refusal is not None):
+            raise refusal or HostWriteError("rank 0 found too little free space for this run (see its line)")
+
     def run(self) -> dict[str, Any]:
-        from autotune.train.ddp import barrier, broadcast_flag
-        from autotune.train.monitor import GpuMonitor, epoch_line, fmt, plot_curves
+        from autotune.train.monitor import GpuMonitor, start_line
 
         self.memory.apply_limit()
-        self._setup_data()
-        self._setup_model()
-        self.state = (resume(self.out / "last.pt", self.mode, self.parts(), self.total_epochs * self.steps_per_epoch,
-                             self.say) if self.resume else RunState())
-        if self.state.epoch:
+        self._setup()
+        self.state = (resume(self.out / "last.pt", self.mode, self.state_parts(),
+                             self.total_epochs * self.steps_per_epoch, self.say) if self.resume else RunState())
+        if self.state.epoch or self.state.partial:
             self.metrics.load(self.state.epoch)
-            self.say(f"resuming after epoch {self.state.epoch} (best mean Dice {self.state.best})")
-        opts = self.opts
-        cache = "off" if not opts.cache else ("disk" if opts.persistent else ("device" if opts.cache_on_device else "RAM"))
-        self.say(f"{self.mode} mode on {self.ctx.device} x{self.ctx.world_size}: {self.split_note}; cache {cache}"
-                 f"{' (' + opts.cache_note + ')' if opts.cache_note else ''}, "
-                 f"{'ThreadDataLoader' if opts.thread_loader else f'DataLoader({opts.num_workers} workers)'}, "
-                 f"{self.precision.line()}, {self.steps_per_epoch} steps/epoch of "
-                 f"{self.plan.batch} patches, lr {self._base_lr():.3g}"
-                 f"{f' (ramp over {self.plan.warmup_steps} steps)' if self.plan.warmup_steps else ''}")
+            self.kept = holds(self.state.epoch, self.state.partial, len(self.parts.train_loader))
+            self.best_saved = self.state.best_epoch if (self.out / "best.pt").is_file() else 0
+            self.say(f"resuming after {self.kept} (best mean Dice {self.state.best})")
+        group = self.recipe.optimizer.param_groups[0]
+        self.say(start_line(self.mode, self.ctx, self.data, self.recipe.precision.line(),
+                            float(group.get("initial_lr", group["lr"]))))
+        self._check_room()
+        opts = self.data.opts
         monitor = GpuMonitor(self.out / "gpu_monitor.csv", self.ctx.device, opts.gpu_monitor_interval_s)
         if self.ctx.is_main and opts.gpu_monitor:
             monitor.start()
-        stopped, epoch, t_loop = "epochs", self.state.epoch, time.monotonic()
+        t_loop = time.monotonic()
         try:
-            for epoch in range(self.state.epoch + 1, self.total_epochs + 1):
-                row = train_epoch(self, epoch)
-                over = self.max_time is not None and time.monotonic() - self.t_start >= self.max_time
-                time_up = broadcast_flag(self.ctx, over)
-                row.update(val_s=0.0, mean_dice=None, val_peak_bytes=None, val_peak_allocated_bytes=None)
-                if epoch % self.val_every == 0 or epoch == self.total_epochs or time_up:
-                    validate(self, row)
-                row["epoch_s"] = row["train_s"] + row["val_s"]
-                row["elapsed_s"] = self.elapsed()
-                if self.ctx.is_main:
-                    save_checkpoint(self.out / "last.pt", self.checkpoint(epoch))
-                    self.metrics.add(row, {"mode": self.mode, "precision": self.precision.name, "world_size": self.ctx.world_size,
-                                           "split": self.split_note, "options": asdict(opts),
-                                           "memory": self.memory_report()})
-                    if row["mean_dice"] is not None or epoch == self.total_epochs:
-                        plot_curves(self.metrics.rows, self.out / "curves.png", f"{self.cfg['algo']} {self.mode}")
-                self.say(epoch_line(row, self.total_epochs, self.state.best, self.state.best_epoch))
-                if time_up:
-                    stopped = "max_time"
-                    break
-                if self.patience and self.state.stale >= self.patience:
-                    stopped = "early_stop"
-                    self.say(f"early stop: no better validation Dice in {self.state.stale} validations")
-                    break
-            if self.ctx.is_main and self.metrics.rows:
-                plot_curves(self.metrics.rows, self.out / "curves.png", f"{self.cfg['algo']} {self.mode}")
+            with self.stop:
+                stopped, epoch = self._epochs()
         except Exception as exc:
-            oom = out_of_memory_error(exc, self.cfg, self.memory_limit, self.phase, epoch, self.out / "last.pt")
-            if oom is None:
+            fault = self._fault(exc)
+            if fault is None:
                 raise
-            raise oom from exc
+            raise fault from exc
         finally:
             monitor.stop()
-            self.nvtx.detach()
+            self.recipe.nvtx.detach()
+        return self._finish(stopped, epoch, time.monotonic() - t_loop, monitor)
+
+    def _epochs(self) -> tuple[str, int]:
+        """Train epochs until the last, the time limit or an early stop: (why it stopped, last epoch)."""
+        epoch = self.state.epoch
+        for epoch in range(self.state.epoch + 1, self.total_epochs + 1):
+            self.epoch = epoch
+            row = self._train(epoch)
+            over = self.max_time is not None and time.monotonic() - self.t_start >= self.max_time
+            time_up = broadcast_flag(self.ctx, over)
+            row.update(val_s=0.0, mean_dice=None, val_peak_bytes=None, val_peak_allocated_bytes=None)
+            new_best = False
+            if epoch % self.val_every == 0 or epoch == self.total_epochs or time_up:
+                new_best = self.state.validated(validate(self.parts, row, self.metrics.dice_columns), epoch)
+            row["epoch_s"] = row["train_s"] + row["val_s"]
+            row["elapsed_s"] = self.elapsed()
+            self._end_epoch(row, new_best)
+            if time_up:
+                return "max_time", epoch
+            if self.patience and self.state.stale >= self.patience:
+                self.say(f"early stop: no better validation Dice in {self.state.stale} validations")
+                return "early_stop", epoch
+        return "epochs", epoch
+
+    def _train(self, epoch: int) -> dict[str, Any]:
+        """Train ``epoch`` (from where a stopped run left it) and return its row; a stop signal inside
+        it writes the checkpoint of how far it got and raises ``TrainingStopped``."""
+        partial, self.state.partial = self.state.partial, None
+        if partial and len(partial.get("rank_batches") or [0]) != self.ctx.world_size:
+            if self.ctx.is_main:
+                print(f"warning: the stopped run had {len(partial['rank_batches'])} processes, this one "
+                      f"{self.ctx.world_size}: epoch {epoch} starts again from its first batch", file=sys.stderr)
+            partial = None
+        progress = (EpochProgress.from_dict(partial) if partial and int(partial["epoch"]) == epoch
+                    else EpochProgress(epoch))
+        progress = train_epoch(self.parts, progress, self.stop.requested_everywhere)
+        if not progress.complete:
+            raise self._stopped_inside(progress)
+        return epoch_row(self.parts, progress)
+
+    def _save_last(self, epoch: int, partial: dict[str, Any] | None = None) -> None:
+        save_checkpoint(self.out / "last.pt", self.checkpoint(epoch, partial))
+        self.kept = holds(epoch, partial, len(self.parts.train_loader))
+
+    def _stopped_inside(self, progress: EpochProgress) -> TrainingStopped:
+        """Write the checkpoint of a stopped epoch (rank 0); the ``TrainingStopped`` to raise."""
+        from autotune.train.ddp import all_gather_int, barrier
+
+        rank_batches = all_gather_int(self.ctx, progress.batches)  # the same on every rank: one agreed boundary
+        self.memory.read({}, "train")
+        partial = {**progress.as_dict(), "rank_batches": rank_batches} if progress.batches else None
+        if self.ctx.is_main:
+            self._save_last(progress.epoch - 1, partial)
+        barrier(self.ctx)
+        return self._stopped(f"in epoch {progress.epoch} after batch {progress.batches} of "
+                             f"{len(self.parts.train_loader)}" if progress.batches else f"before epoch {progress.epoch}")
+
+    def _stopped(self, where: str) -> TrainingStopped:
+        return stop_error(self.stop.agreed, where, self.out / "last.pt", self.kept, self.continue_command())
+
+    def _end_epoch(self, row: dict[str, Any], new_best: bool) -> None:
+        """Rank 0 writes the epoch's checkpoints and records; then every rank learns whether that failed
+        and whether a stop signal came (one collective), and stops together."""
+        from autotune.train.monitor import epoch_line, plot_curves
+
+        failure: HostWriteError | None = None
+        if self.ctx.is_main:
+            try:
+                if new_best:
+                    save_checkpoint(self.out / "best.pt", self.checkpoint(row["epoch"]))
+                    self.best_saved = row["epoch"]
+                self._save_last(row["epoch"])
+                self.metrics.add(row, {"mode": self.mode, "precision": self.recipe.precision.name,
+                                       "world_size": self.ctx.world_size, "split": self.data.split_note,
+                                       "options": asdict(self.data.opts), "memory": self.memory_report()})
+                if row["mean_dice"] is not None or row["epoch"] == self.total_epochs:
+                    plot_curves(self.metrics.rows, self.out / "curves.png", f"{self.cfg['algo']} {self.mode}")
+            except HostWriteError as exc:
+                failure = exc
+        failed, signum = all_ranks_max(self.ctx, [int(failure is not None), self.stop.signum or 0])
+        if failed:
+            raise failure or HostWriteError("rank 0 could not write the epoch's outputs (see its line)")
+        self.say(epoch_line(row, self.total_epochs, self.state.best, self.state.best_epoch))
+        if signum and row["epoch"] < self.total_epochs:  # after the last epoch the run just finishes
+            self.stop.agreed = signum
+            raise self._stopped(f"after epoch {row['epoch']}")
+
+    def _fault(self, exc: Exception) -> Exception | None:
+        """The one-line error for ``exc`` (out of memory; a write the host refused, with what was kept),
+        or None to let it through."""
+        if isinstance(exc, TrainingStopped):
+            return None
+        oom = out_of_memory_error(exc, self.cfg, self.memory_limit, self.memory.phase, self.epoch, self.out / "last.pt")
+        refusal = write_refusal(exc, self.data.opts.cache_dir) if oom is None else None
+        if refusal is None:
+            return oom
+        return with_kept(refusal, self.out, self.kept, self.best_saved, self.continue_command(bool(self.kept)))
+
+    def _finish(self, stopped: str, epoch: int, seconds: float, monitor: Any) -> dict[str, Any]:
+        """The run's summary, written (rank 0) as ``train_summary.json`` and said in one line."""
+        from autotune.train.ddp import barrier
+        from autotune.train.monitor import fmt, plot_curves
+
+        out, first = self.out, self.state.epoch + 1
         summary = {
             "bundle": self.cfg["bundle_root"], "mode": self.mode, "device": self.ctx.device,
-            "world_size": self.ctx.world_size, "first_epoch": self.state.epoch + 1, "last_epoch": epoch,
+            "world_size": self.ctx.world_size, "first_epoch": first, "last_epoch": epoch,
             "epochs_run": epoch - self.state.epoch, "stopped": stopped, "best_metric": self.state.best,
-            "best_epoch": self.state.best_epoch, "precision": self.precision.name,
-            "precision_reason": self.precision.reason, "seconds": time.monotonic() - t_loop, "split": self.split_note,
-            "train_cases_per_rank": self.num_train_cases, "model_dir": str(self.out),
-            **{k: str(self.out / f) for k, f in (("best_checkpoint", "best.pt"), ("last_checkpoint", "last.pt"),
-                                                  ("metrics_csv", "metrics.csv"), ("metrics_json", "metrics.json"),
-                                                  ("curves", "curves.png"))},
+            "best_epoch": self.state.best_epoch, "precision": self.recipe.precision.name,
+            "precision_reason": self.recipe.precision.reason, "seconds": seconds, "split": self.data.split_note,
+            "train_cases_per_rank": self.data.num_train_cases, "model_dir": str(out),
+            **{k: str(out / f) for k, f in (("best_checkpoint", "best.pt"), ("last_checkpoint", "last.pt"),
+                                             ("metrics_csv", "metrics.csv"), ("metrics_json", "metrics.json"),
+                                             ("curves", "curves.png"))},
             "gpu_monitor": str(monitor.path) if monitor.samples else None,
             **self.memory_report(),
         }
         if self.ctx.is_main:
-            atomic_write_json(self.out / "train_summary.json", summary)
+            try:
+                if self.metrics.rows:
+                    plot_curves(self.metrics.rows, out / "curves.png", f"{self.cfg['algo']} {self.mode}")
+                atomic_write_json(out / "train_summary.json", summary, what="the training summary")
+            except HostWriteError as exc:
+                raise self._fault(exc) or exc from exc
             self.say(f"done: {summary['epochs_run']} epochs ({stopped}), best mean Dice "
-                     f"{fmt(self.state.best)} at epoch {self.state.best_epoch}; outputs in {self.out}")
+                     f"{fmt(self.state.best)} at epoch {self.state.best_epoch}; outputs in {out}")
         barrier(self.ctx)
         return summary
-
-
-def _seed_everything(seed: int) -> None:
-    import random
-
-    import numpy as np
-    import torch
-
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-

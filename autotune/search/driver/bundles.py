@@ -116,7 +116,7 @@ def search_bundles(bundles: Sequence[str | Path], specs: Mapping[str, Any] | Non
         ConfigError: a bundle is missing or malformed, or a folder cannot be written.
         StorageError: the storage cannot be opened.
     """
-    from autotune.utils import atomic_write_json
+    from autotune.files import atomic_write_json
 
     strategy, estimate_only, objective, handoff = _checked_method(settings)
     if not bundles:

@@ -1,0 +1,62 @@
+"""How a training run ends on a host fault, in one line that says what was kept and what to run.
+
+A stop signal (``TrainingStopped``, exit 128 + the signal's number) and a write the host
+refused (``HostWriteError``, exit 4) both name ``last.pt`` and what it holds, and the
+``autotune train ... --resume`` command that continues the run.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from autotune.errors import HostWriteError, TrainingStopped
+from autotune.files import host_refusal, refused
+
+__all__ = ["continue_command", "holds", "stop_error", "write_refusal", "with_kept"]
+
+
+def continue_command(bundle_root: str, total_epochs: int, mode: str, world_size: int, resume: bool = True) -> str:
+    """The ``autotune train`` command that continues (``resume``) or restarts a run (under torchrun, the
+    torchrun command with its own options left as ``...``)."""
+    options = [*(["--resume"] if resume else []), "--epochs", str(total_epochs), *(["--mode", mode] if mode != "fast" else [])]
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        return f"torchrun ... -m autotune.train {shlex.join([str(bundle_root), *options])}"
+    return shlex.join(["autotune", "train", str(bundle_root), *options,
+                       *(["--nproc", str(world_size)] if world_size > 1 else [])])
+
+
+def holds(epoch: int, partial: Mapping[str, Any] | None, batches_per_epoch: int) -> str:
+    """What a checkpoint after ``epoch`` (with ``partial``: how far the next epoch got) holds, in words."""
+    if partial and int(partial.get("batches", 0)):
+        return f"epoch {epoch + 1} up to batch {partial['batches']} of {batches_per_epoch}"
+    return f"epoch {epoch}"
+
+
+def stop_error(signum: int, where: str, last: Path, kept: str, command: str) -> TrainingStopped:
+    """The line a run stopped by ``signum`` ends with; its exit code is the shell's, 128 + ``signum``."""
+    return TrainingStopped(f"{signal.Signals(signum).name} received: stopped {where}; {last} holds {kept}; "
+                           f"continue with '{command}'", exit_code=128 + int(signum))
+
+
+def write_refusal(exc: BaseException, cache_dir: Path) -> HostWriteError | None:
+    """``exc`` as a refused write: itself when a ``HostWriteError``, or the disk cache's own write
+    (MONAI's ``PersistentDataset``, through the system temp folder) that the host refused; else None."""
+    if isinstance(exc, HostWriteError):
+        return exc
+    cause = host_refusal(exc, (cache_dir, tempfile.gettempdir()))
+    return refused(cause, "the disk cache (PersistentDataset) in", cache_dir) if cause is not None else None
+
+
+def with_kept(refusal: HostWriteError, out: Path, kept: str, best_saved: int, command: str) -> HostWriteError:
+    """``refusal`` naming the checkpoints kept in ``out`` (``last.pt`` holding ``kept``, ``best.pt`` of
+    epoch ``best_saved``, 0 for none) and ``command``, to run once space is freed."""
+    names = [f"{out / 'last.pt'} ({kept})"] if kept else []
+    if best_saved and (out / "best.pt").is_file():
+        names.append(f"{out / 'best.pt'} (epoch {best_saved})")
+    return refusal.with_outcome(kept=", ".join(names), then=f"free space, then run '{command}'")
