@@ -28,6 +28,8 @@ _EXPORTS: dict[str, str] = {
     "SpecError": "autotune.errors",
     "ProbeError": "autotune.errors",
     "StorageError": "autotune.errors",
+    "HostWriteError": "autotune.errors",
+    "TrainingStopped": "autotune.errors",
     # the stages, in the order a job runs them
     "make_demo_dataset": "autotune.data.synthetic",
     "analyze": "autotune.data",

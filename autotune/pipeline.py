@@ -165,7 +165,7 @@ def run(
     """
     from autotune.device import resolve_device
     from autotune.precision import precision_scope
-    from autotune.train.runner import parse_duration
+    from autotune.trainer.runner import parse_duration
 
     unknown = sorted(set(options) - RunOptions.__optional_keys__)
     if unknown:  # before the analysis, not after it when tune() would refuse them
@@ -193,7 +193,7 @@ def run(
 def _train_all(result: RunResult, folds: Collection[int] | None, device: str, epochs: int | None,
                seconds: float | None, bars: bool, say: Progress) -> None:
     """Train ``result``'s bundles (those of ``folds``) one after another; their summaries go to ``result.trained``."""
-    from autotune.train.runner import train as train_bundle
+    from autotune.trainer.runner import train as train_bundle
 
     for bundle in result.bundles:
         if folds is not None and bundle["fold"] not in folds:

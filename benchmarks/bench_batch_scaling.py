@@ -146,7 +146,7 @@ def train_run(args: argparse.Namespace, bundle: Path, label: str, work: Path) ->
     copy = work / "runs" / label
     shutil.rmtree(copy, ignore_errors=True)
     shutil.copytree(bundle, copy, ignore=shutil.ignore_patterns("model_fold*"))
-    command = [sys.executable, "-m", "autotune.train", str(copy), "--mode", "fast", "--device", args.device,
+    command = [sys.executable, "-m", "autotune.trainer", str(copy), "--mode", "fast", "--device", args.device,
                "--epochs", str(args.epochs), "--max-time", f"{args.budget:g}", "--val-every", "1"]
     load_before = os.getloadavg()
     t0 = time.monotonic()

@@ -71,7 +71,7 @@ def main() -> int:
     from autotune.bundles.bundlegen import BundleGen
     from autotune.data.analyze import analyze
     from autotune.stages import tune
-    from autotune.train.runner import train
+    from autotune.trainer.runner import train
     from autotune.utils import parse_bytes
 
     data = Path(args.data)

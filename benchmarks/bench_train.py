@@ -1,7 +1,7 @@
 """Fast vs regular training, side by side, on a real dataset (CPU by default).
 
 Both modes train the same bundle (same network, same seed, same fold, same validation)
-for the same wall-clock budget, each in its own process (``python -m autotune.train``).
+for the same wall-clock budget, each in its own process (``python -m autotune.trainer``).
 Reported per mode: seconds per epoch, the share of step time spent waiting for data,
 wall time (from process start, caching included) to a validation mean Dice target, and
 the best mean Dice reached within the budget. Prints a table and writes JSON.
@@ -100,7 +100,7 @@ def subset_datalist(bundle: Path, train_cases: int, val_cases: int) -> None:
 def run_mode(bundle: Path, mode: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     """Train a private copy of ``bundle`` in ``mode`` in a fresh process; return its measurements."""
     copy = work / f"{mode}_{bundle.name}"
-    command = [sys.executable, "-m", "autotune.train", str(copy), "--mode", mode, "--device", args.device,
+    command = [sys.executable, "-m", "autotune.trainer", str(copy), "--mode", mode, "--device", args.device,
                "--epochs", str(args.epochs), "--max-time", f"{args.budget:g}", "--val-every", str(args.val_every)]
     log = work / f"{mode}.log"
     # With --report-only nothing runs, so no load is recorded (the load now says nothing about that run).
@@ -158,7 +158,7 @@ def epoch_rounds(bundle: Path, args: argparse.Namespace, work: Path, modes: list
             shutil.rmtree(copy, ignore_errors=True)
             shutil.copytree(bundle, copy)
             with LoadSampler() as load:
-                subprocess.check_call([sys.executable, "-m", "autotune.train", str(copy), "--mode", mode, "--device",
+                subprocess.check_call([sys.executable, "-m", "autotune.trainer", str(copy), "--mode", mode, "--device",
                                        args.device, "--epochs", "2", "--val-every", "2", "-q"],
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                       env={**os.environ, "PYTHONPATH": str(REPO)})

@@ -2,7 +2,7 @@
 
     python benchmarks/gpu_gradnorm.py --out grads.json -- BUNDLE --device cuda:0 --epochs 5 ...
 
-runs ``python -m autotune.train`` with the same arguments in this process, with a global
+runs ``python -m autotune.trainer`` with the same arguments in this process, with a global
 optimizer step pre-hook that adds up the squared norms of the gradients the step is about to
 apply (after a GradScaler has unscaled them; a step the scaler skips for an inf is not
 recorded) and the patches of the forward pass behind them. It writes ``{"steps": [[patches,
@@ -112,7 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     root = Path(__file__).resolve().parents[1]
     if str(root) not in sys.path:
         sys.path.insert(0, str(root))
-    from autotune.train.__main__ import main as train_main
+    from autotune.trainer.__main__ import main as train_main
 
     steps: list[tuple[int, Any]] = []
     install(steps)

@@ -13,7 +13,7 @@ set with the full-size UNet and SegResNet:
   study (no new probe) and as many epochs at the largest fit as the reference run: Dice per
   wall second of each, the squared gradient norms per step at both batches and B_simple.
 - ``precision``: the reference run again in bf16 (no scaler): epoch time, peak, Dice.
-- ``ddp``: ``torchrun --nproc-per-node 1 -m autotune.train`` (NCCL, world size 1), one epoch:
+- ``ddp``: ``torchrun --nproc-per-node 1 -m autotune.trainer`` (NCCL, world size 1), one epoch:
   its training peak against the reference run's first epoch.
 """
 
@@ -131,12 +131,12 @@ def train_run(check: Check, bundle: Path, label: str, *, mode: str, epochs: int,
     args += ["--memory-limit", check.cfg["train_limit"]] if check.cfg["train_limit"] else []
     if ddp:
         env = dict(check.env, NCCL_DEBUG="INFO")
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1", "-m", "autotune.train", *args]
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1", "-m", "autotune.trainer", *args]
     elif record_grads:
         env, cmd = check.env, [sys.executable, str(Path(__file__).parent / "gpu_gradnorm.py"), "--out", str(grads),
                                "--", *args]
     else:
-        env, cmd = check.env, [sys.executable, "-m", "autotune.train", *args]
+        env, cmd = check.env, [sys.executable, "-m", "autotune.trainer", *args]
     t0 = time.monotonic()
     with _UtilSampler(check.cuda) as util, LoadSampler() as load:
         proc = check.run(cmd, f"train_{label}", timeout=check.left() - 3, env=env)
@@ -329,7 +329,7 @@ def section_ddp(check: Check, record: dict[str, Any], state: dict[str, Any]) -> 
     run = train_run(check, state["bundles"]["unet"], "unet_ddp", mode="fast", epochs=check.cfg["ddp_epochs"],
                     val_every=1000, precision=check.cfg["precisions"]["fp16"], ddp=True)
     single, ddp = reference.get("first_epoch_train_peak_bytes"), run.get("first_epoch_train_peak_bytes")
-    record.update(run=run, launcher="torchrun --nproc-per-node 1 -m autotune.train", world_size=run.get("world_size"),
+    record.update(run=run, launcher="torchrun --nproc-per-node 1 -m autotune.trainer", world_size=run.get("world_size"),
                   nccl_seen=run.get("nccl_seen"), ddp_first_epoch_train_peak_bytes=ddp,
                   single_first_epoch_train_peak_bytes=single,
                   ddp_over_single_peak=ddp / single if ddp and single else None)

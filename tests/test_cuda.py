@@ -95,8 +95,8 @@ def test_train_and_infer_on_cuda_under_a_limit(bundles: dict[str, Path], tmp_pat
 
     import nibabel as nib
 
-    from autotune.train.infer import infer
-    from autotune.train.runner import train
+    from autotune.trainer.infer import infer
+    from autotune.trainer.runner import train
 
     bundle = tmp_path / "segresnet_0"
     shutil.copytree(bundles["segresnet"], bundle)

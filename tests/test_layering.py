@@ -79,12 +79,12 @@ def test_only_the_command_line_imports_the_commands() -> None:
 
 
 def test_torchrun_entry_loads_no_cli_module() -> None:
-    """``python -m autotune.train`` (what torchrun starts on every rank) parses and runs without the CLI."""
-    code = ("import sys\nfrom autotune.train.__main__ import main\ntry:\n    main(['--help'])\n"
+    """``python -m autotune.trainer`` (what torchrun starts on every rank) parses and runs without the CLI."""
+    code = ("import sys\nfrom autotune.trainer.__main__ import main\ntry:\n    main(['--help'])\n"
             "except SystemExit:\n    pass\n"
             "print(sorted(m for m in sys.modules if m.startswith(('autotune.commands', 'autotune.cli'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert "usage: python -m autotune.train" in out and "--nproc" in out
+    assert "usage: python -m autotune.trainer" in out and "--nproc" in out
     assert out.strip().splitlines()[-1] == "[]"
 
 

@@ -133,7 +133,7 @@ def test_no_native_bf16_means_fp32_from_estimate_and_probe_to_tuning_and_trainin
     from autotune.probe.estimate import estimate
     from autotune.probe.runner import run_probe
     from autotune.stages import tune
-    from autotune.train.runner import train
+    from autotune.trainer.runner import train
 
     bundle = make_bundles(demo_data, tmp_path / "work", algos="unet", num_fold=1)["unet_0"]
     assert load_bundle_config(bundle)["amp"] is True  # the template asks for mixed precision

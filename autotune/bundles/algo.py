@@ -119,7 +119,7 @@ class InferClass:
 
         from autotune.build import amp_dtype, build_transforms
         from autotune.device import check_device
-        from autotune.train.infer import load_model, resolve_checkpoint
+        from autotune.trainer.infer import load_model, resolve_checkpoint
 
         self.options: PredictOptions = _predict_options(override, "predict_params")
         self.cfg = load_bundle_config(_bundle_from(config_file))
@@ -145,7 +145,7 @@ class InferClass:
         from monai.data import MetaTensor
 
         from autotune.step import sliding_window_predict
-        from autotune.train.infer import plain_tensor, predict_args
+        from autotune.trainer.infer import plain_tensor, predict_args
 
         data = self.transforms({"image": _image_of(image_file)})
         image_device = "cpu" if self.cfg.get("sw_input_on_cpu") else self.device
@@ -216,7 +216,7 @@ class AutotuneAlgo(Algo):
                 setattr(self, key, state[key])
 
     def _read_score(self) -> float | None:
-        from autotune.train.infer import model_dir
+        from autotune.trainer.infer import model_dir
 
         summary = model_dir(self._config()) / "train_summary.json"
         if not summary.is_file():
@@ -286,14 +286,14 @@ class AutotuneAlgo(Algo):
             ConfigError: an unknown or tuned key in ``train_params`` (the known keys are
                 listed), a bad value, or a bad bundle. SpecError: an unavailable device.
         """
-        from autotune.train.runner import train as run_training
+        from autotune.trainer.runner import train as run_training
 
         cfg = self._config()
         run = parse_train_params(cfg, train_params, where=f"{self.name} train_params")
         device = run.device or default_device(cfg)
         setting = dict(device_setting or {})
         if int(setting.get("NUM_NODES", 1) or 1) > 1:
-            raise ConfigError("device_setting NUM_NODES > 1: run 'torchrun -m autotune.train' on each node instead")
+            raise ConfigError("device_setting NUM_NODES > 1: run 'torchrun -m autotune.trainer' on each node instead")
         nproc = max(1, int(setting.get("n_devices", 1) or 1)) if device.startswith("cuda") else 1
         target = Path(self.output_path) / TRAIN_CONFIG_RELPATH
         if run.updates:

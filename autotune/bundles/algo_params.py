@@ -109,7 +109,7 @@ def _config_value(key: str, value: Any, where: str) -> Any:
 
 def _set_run_option(run: TrainRun, key: str, value: Any, where: str) -> None:
     """Check one of autotune's run options (``TRAIN_RUN_KEYS``) and set it on ``run``."""
-    from autotune.train.runner import parse_duration
+    from autotune.trainer.runner import parse_duration
 
     if key == "device":
         if not isinstance(value, str) or value.split(":")[0] not in ("cpu", "cuda"):

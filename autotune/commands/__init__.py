@@ -1,7 +1,7 @@
 """CLI subcommands, one module per stage; each exposes ``register(subparsers)``.
 
 Handlers take the parsed ``argparse.Namespace``, call the library (``autotune.pipeline``,
-``autotune.data``, ``autotune.train``, ``autotune.probe``), print, and return an exit code.
+``autotune.data``, ``autotune.trainer``, ``autotune.probe``), print, and return an exit code.
 They import the library (and so torch) only when they run. Nothing outside the CLI
 imports this package.
 """

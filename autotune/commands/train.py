@@ -1,7 +1,7 @@
-"""``autotune train`` and ``autotune infer``: shims over ``autotune.train``.
+"""``autotune train`` and ``autotune infer``: shims over ``autotune.trainer``.
 
-``train``'s options and handler live in ``autotune.train.options``, shared with
-``python -m autotune.train`` (the entry torchrun starts on every rank). Nothing heavy is
+``train``'s options and handler live in ``autotune.trainer.options``, shared with
+``python -m autotune.trainer`` (the entry torchrun starts on every rank). Nothing heavy is
 imported here; the handlers import torch and MONAI when they run.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 
 from autotune.commands import add_command
-from autotune.train.options import add_train_arguments, train_from_args
+from autotune.trainer.options import add_train_arguments, train_from_args
 
 __all__ = ["register", "infer_command"]
 
@@ -44,7 +44,7 @@ def infer_command(args: argparse.Namespace) -> int:
     prints the path of each prediction.
     """
     from autotune.device import resolve_device
-    from autotune.train.infer import infer
+    from autotune.trainer.infer import infer
 
     paths = infer(args.bundle, args.images, args.output, device=resolve_device(args.device),
                   checkpoint=args.checkpoint, progress=not args.quiet)

@@ -177,7 +177,7 @@ def training_set(cfg: Mapping[str, Any]) -> tuple[int, list[float]]:
     """
     from autotune.bundles.render import stat, xyz_stat
     from autotune.errors import ConfigError
-    from autotune.train.data import split_datalist
+    from autotune.trainer.data import split_datalist
     from autotune.utils import read_yaml
 
     train, _val, _note = split_datalist(cfg)

@@ -91,7 +91,7 @@ def test_closed_form_schedule_equals_the_builtin(name: str, args: dict) -> None:
 def test_doubling_the_batch_scales_lr_and_halves_steps(bundles: dict[str, Path], tmp_path: Path) -> None:
     """The README's rule: batch x2 -> lr x2 (linear, UNet) or x sqrt(2) (sqrt, SegResNet), and half the
     optimizer steps per epoch over the same samples; training runs exactly that many steps at that rate."""
-    from autotune.train.runner import train
+    from autotune.trainer.runner import train
 
     storage = f"sqlite:///{tmp_path / 's.db'}"
     for algo, factor in (("unet", 2.0), ("segresnet", math.sqrt(2.0))):

@@ -83,7 +83,7 @@ def test_train_and_predict_params_are_checked(analysed, tmp_path: Path) -> None:
 
 
 def test_train_runs_the_runner_with_the_tuned_memory_limit(analysed, tmp_path: Path, monkeypatch) -> None:
-    """What reaches ``autotune.train.runner.train`` (replaced here: the CUDA path runs without a GPU)."""
+    """What reaches ``autotune.trainer.runner.train`` (replaced here: the CUDA path runs without a GPU)."""
     from autotune.bundles.config import update_bundle_config
 
     gen = _gen(analysed, "segresnet")
@@ -91,7 +91,7 @@ def test_train_runs_the_runner_with_the_tuned_memory_limit(analysed, tmp_path: P
     update_bundle_config(tmp_path / "segresnet_0", {"tuning": {"memory_limit": 3 * 1024**3, "device": "cuda:0",
                                                                    "num_patches_per_iter": 1, "num_sw_batch_size": 1}})
     calls: list[dict] = []
-    monkeypatch.setattr("autotune.train.runner.train", lambda bundle, **kw: calls.append({"bundle": bundle, **kw}))
+    monkeypatch.setattr("autotune.trainer.runner.train", lambda bundle, **kw: calls.append({"bundle": bundle, **kw}))
     algo = gen.get_history()[0]["algo_instance"]
     algo.train({"device": "cuda:0", "learning_rate": 0.01}, device_setting={"n_devices": 2})
     algo.train({"device": "cpu"})

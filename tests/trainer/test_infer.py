@@ -11,7 +11,7 @@ from bundle_fixtures import copy_bundle, make_bundles, oblique_copy
 
 @pytest.fixture(scope="module")
 def trained_bundle(demo_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from autotune.train.runner import train
+    from autotune.trainer.runner import train
 
     bundles = make_bundles(demo_data, tmp_path_factory.mktemp("infer_work"))
     bundle = copy_bundle(bundles["segresnet_0"], tmp_path_factory.mktemp("infer") / "segresnet_0")
@@ -22,7 +22,7 @@ def trained_bundle(demo_data: Path, tmp_path_factory: pytest.TempPathFactory) ->
 def test_predictions_match_input_geometry(trained_bundle: Path, demo_data: Path, tmp_path: Path) -> None:
     import nibabel as nib
 
-    from autotune.train.infer import infer
+    from autotune.trainer.infer import infer
 
     inputs = [demo_data / "imagesTr" / "case_000.nii.gz",
               oblique_copy(demo_data / "imagesTr" / "case_001.nii.gz", tmp_path / "oblique.nii.gz")]
@@ -50,7 +50,7 @@ def test_infer_reads_a_datalist_and_the_cli(trained_bundle: Path, tmp_path: Path
 
 def test_missing_checkpoint_says_what_to_run(trained_bundle: Path, demo_data: Path, tmp_path: Path) -> None:
     from autotune.errors import ConfigError
-    from autotune.train.infer import infer
+    from autotune.trainer.infer import infer
 
     image = demo_data / "imagesTr" / "case_000.nii.gz"
     with pytest.raises(ConfigError, match="autotune train"):

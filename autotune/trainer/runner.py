@@ -1,11 +1,11 @@
 """The training runner: arguments, and the run from the first epoch to the summary.
 
-``TrainingRun`` builds the data and the model (``autotune.train.setup``), checks the disk
-has room (``autotune.train.room``), resumes (``autotune.train.checkpoint``), runs epochs
-(``autotune.train.epoch``) until done, out of time, stalled or stopped by a signal
-(``autotune.train.stop``), and writes the checkpoints, metrics and summary. ``train`` is the
+``TrainingRun`` builds the data and the model (``autotune.trainer.setup``), checks the disk
+has room (``autotune.trainer.room``), resumes (``autotune.trainer.checkpoint``), runs epochs
+(``autotune.trainer.epoch``) until done, out of time, stalled or stopped by a signal
+(``autotune.trainer.stop``), and writes the checkpoints, metrics and summary. ``train`` is the
 entry point for the CLI and for Python. With ``nproc > 1`` it spawns that many processes
-(see ``autotune.train.ddp``); each runs ``run_worker``. Outputs go to
+(see ``autotune.trainer.ddp``); each runs ``run_worker``. Outputs go to
 ``BUNDLE/model_fold<k>/``: ``best.pt``, ``last.pt``, ``metrics.csv``, ``metrics.json``,
 ``curves.png``, ``train_summary.json`` and, on a GPU, ``gpu_monitor.csv``.
 """
@@ -19,16 +19,17 @@ import time
 from dataclasses import asdict
 from typing import Any
 
+from autotune.bundles.plan import plan_of
 from autotune.errors import ConfigError, HostWriteError, SpecError, TrainingStopped
 from autotune.files import atomic_write_json
-from autotune.train.checkpoint import RunState, checkpoint_state, resume, save_checkpoint
-from autotune.train.ddp import all_ranks_max, broadcast_flag
-from autotune.train.epoch import EpochParts, EpochProgress, epoch_row, train_epoch, validate
-from autotune.train.faults import continue_command, holds, stop_error, with_kept, write_refusal
-from autotune.train.memory import PhaseMemory, out_of_memory_error, training_limit
-from autotune.train.room import check_cache_room, check_checkpoint_room, checkpoint_bytes
-from autotune.train.setup import setup_data, setup_model
-from autotune.train.stop import StopSignals
+from autotune.trainer.checkpoint import RunState, checkpoint_state, resume, save_checkpoint
+from autotune.trainer.ddp import all_ranks_max, broadcast_flag
+from autotune.trainer.epoch import EpochParts, EpochProgress, epoch_row, train_epoch, validate
+from autotune.trainer.faults import continue_command, holds, stop_error, with_kept, write_refusal
+from autotune.trainer.memory import PhaseMemory, out_of_memory_error, training_limit
+from autotune.trainer.room import check_cache_room, check_checkpoint_room, checkpoint_bytes
+from autotune.trainer.setup import setup_data, setup_model
+from autotune.trainer.stop import StopSignals
 from autotune.utils import read_json
 
 __all__ = ["train", "run_worker", "parse_duration", "TrainingRun"]
@@ -107,7 +108,7 @@ def train(
     """
     from autotune.bundles.config import load_bundle_config
     from autotune.device import resolve_device
-    from autotune.train.data import resolve_options
+    from autotune.trainer.data import resolve_options
 
     device = resolve_device(device)
     _check_args(epochs, max_time, val_every, nproc)
@@ -118,8 +119,8 @@ def train(
     kwargs = dict(bundle=str(bundle), device=device, epochs=epochs, max_time=max_time, val_every=val_every,
                   resume=resume, mode=mode, progress=progress, memory_limit=limit)
     if nproc > 1 and int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-        from autotune.train.ddp import spawn
-        from autotune.train.infer import model_dir
+        from autotune.trainer.ddp import spawn
+        from autotune.trainer.infer import model_dir
 
         summary = model_dir(cfg) / "train_summary.json"
         summary.unlink(missing_ok=True)
@@ -130,7 +131,7 @@ def train(
 
 def run_worker(**kwargs: Any) -> dict[str, Any]:
     """Train as this process's rank (alone, spawned, or under torchrun)."""
-    from autotune.train.ddp import cleanup, init_from_env
+    from autotune.trainer.ddp import cleanup, init_from_env
 
     ctx = init_from_env(kwargs.pop("device"))
     try:
@@ -144,15 +145,15 @@ class TrainingRun:
 
     Faults end the run with one line: out of memory (``TrainingOutOfMemory``), a write the host
     refused (``HostWriteError``, with what was kept), a stop signal (``TrainingStopped``, after a
-    checkpoint that ``--resume`` continues from exactly; see ``autotune.train.stop``).
+    checkpoint that ``--resume`` continues from exactly; see ``autotune.trainer.stop``).
     """
 
     def __init__(self, *, ctx: Any, bundle: str, epochs: int | None, max_time: float | None,
                  val_every: int | None, resume: bool, mode: str, progress: bool,
                  memory_limit: int | None = None) -> None:
         from autotune.bundles.config import load_bundle_config
-        from autotune.train.infer import class_labels, model_dir
-        from autotune.train.monitor import MetricsLog
+        from autotune.trainer.infer import class_labels, model_dir
+        from autotune.trainer.monitor import MetricsLog
 
         self.t_start = time.monotonic()
         self.ctx, self.mode, self.resume, self.max_time = ctx, mode, resume, max_time
@@ -188,7 +189,7 @@ class TrainingRun:
         free = int(torch.cuda.mem_get_info(self.ctx.device)[0])
         if self.memory_limit is not None:
             # Under a limit the cache may only take what the tuned peak leaves (the probe never held it).
-            tuned_peak = int((self.cfg.get("tuning") or {}).get("peak_bytes") or 0)
+            tuned_peak = int(getattr(plan_of(self.cfg), "peak_bytes", None) or 0)
             free = max(0, min(free, int(self.memory_limit) - tuned_peak))
         return free
 
@@ -222,7 +223,7 @@ class TrainingRun:
 
     def memory_report(self) -> dict[str, Any]:
         """The run's peaks so far next to the tuned prediction and the limit."""
-        return self.memory.report((self.cfg.get("tuning") or {}).get("peak_bytes"))
+        return self.memory.report(getattr(plan_of(self.cfg), "peak_bytes", None))
 
     def _check_room(self) -> None:
         """Refuse, on every rank, a run whose model folder or disk cache lacks room (rank 0 decides)."""
@@ -239,7 +240,7 @@ class TrainingRun:
             raise refusal or HostWriteError("rank 0 found too little free space for this run (see its line)")
 
     def run(self) -> dict[str, Any]:
-        from autotune.train.monitor import GpuMonitor, start_line
+        from autotune.trainer.monitor import GpuMonitor, start_line
 
         self.memory.apply_limit()
         self._setup()
@@ -316,7 +317,7 @@ class TrainingRun:
 
     def _stopped_inside(self, progress: EpochProgress) -> TrainingStopped:
         """Write the checkpoint of a stopped epoch (rank 0); the ``TrainingStopped`` to raise."""
-        from autotune.train.ddp import all_gather_int, barrier
+        from autotune.trainer.ddp import all_gather_int, barrier
 
         rank_batches = all_gather_int(self.ctx, progress.batches)  # the same on every rank: one agreed boundary
         self.memory.read({}, "train")
@@ -333,7 +334,7 @@ class TrainingRun:
     def _end_epoch(self, row: dict[str, Any], new_best: bool) -> None:
         """Rank 0 writes the epoch's checkpoints and records; then every rank learns whether that failed
         and whether a stop signal came (one collective), and stops together."""
-        from autotune.train.monitor import epoch_line, plot_curves
+        from autotune.trainer.monitor import epoch_line, plot_curves
 
         failure: HostWriteError | None = None
         if self.ctx.is_main:
@@ -370,8 +371,8 @@ class TrainingRun:
 
     def _finish(self, stopped: str, epoch: int, seconds: float, monitor: Any) -> dict[str, Any]:
         """The run's summary, written (rank 0) as ``train_summary.json`` and said in one line."""
-        from autotune.train.ddp import barrier
-        from autotune.train.monitor import fmt, plot_curves
+        from autotune.trainer.ddp import barrier
+        from autotune.trainer.monitor import fmt, plot_curves
 
         out, first = self.out, self.state.epoch + 1
         summary = {

@@ -12,17 +12,17 @@ from typing import Any
 __all__ = ["train", "infer", "evaluate", "parse_duration"]
 
 _EXPORTS = {
-    "train": "autotune.train.runner",
-    "parse_duration": "autotune.train.runner",
-    "infer": "autotune.train.infer",
-    "evaluate": "autotune.train.infer",
+    "train": "autotune.trainer.runner",
+    "parse_duration": "autotune.trainer.runner",
+    "infer": "autotune.trainer.infer",
+    "evaluate": "autotune.trainer.infer",
 }
 
 
 def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
-        raise AttributeError(f"module 'autotune.train' has no attribute {name!r}")
+        raise AttributeError(f"module 'autotune.trainer' has no attribute {name!r}")
     return getattr(importlib.import_module(module), name)
 
 

@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING, Any
 from autotune.utils import bars_enabled
 
 if TYPE_CHECKING:  # pragma: no cover
-    from autotune.train.ddp import DistContext
-    from autotune.train.memory import PhaseMemory
-    from autotune.train.setup import ModelSetup
+    from autotune.trainer.ddp import DistContext
+    from autotune.trainer.memory import PhaseMemory
+    from autotune.trainer.setup import ModelSetup
 
 __all__ = ["EpochParts", "EpochProgress", "train_epoch", "epoch_row", "validate"]
 
@@ -93,7 +93,7 @@ def _train_batch(parts: EpochParts, batch: Mapping[str, Any], tracker: Any, loss
     """One loader batch in passes of ``num_patches_per_iter``, each pass's loss added to ``loss_sum``
     (a tensor, in place); returns (passes, samples)."""
     from autotune.step import split_patches, train_step
-    from autotune.train.infer import plain_tensor
+    from autotune.trainer.infer import plain_tensor
 
     device = parts.ctx.device
     images = plain_tensor(batch["image"]).to(device, non_blocking=True)
@@ -118,7 +118,7 @@ def train_epoch(parts: EpochParts, progress: EpochProgress, should_stop: Callabl
     import torch
     from tqdm import tqdm
 
-    from autotune.train.checkpoint import rng_state, set_rng_state
+    from autotune.trainer.checkpoint import rng_state, set_rng_state
 
     ctx, epoch = parts.ctx, progress.epoch
     # Seeded per epoch: a resumed run draws the same shuffles and crops as an unbroken one.
@@ -159,7 +159,7 @@ def train_epoch(parts: EpochParts, progress: EpochProgress, should_stop: Callabl
 
 def epoch_row(parts: EpochParts, progress: EpochProgress) -> dict[str, Any]:
     """The metrics row of a finished epoch (loss, timings, samples, peaks, lr), summed over the ranks."""
-    from autotune.train.ddp import all_gather_int, all_reduce_sum
+    from autotune.trainer.ddp import all_gather_int, all_reduce_sum
 
     ctx, train_s, wait = parts.ctx, progress.train_s, progress.data_wait_s
     total_loss, total_passes = all_reduce_sum(ctx, [progress.loss_sum, float(progress.passes)])
@@ -180,7 +180,7 @@ def epoch_row(parts: EpochParts, progress: EpochProgress) -> dict[str, Any]:
 def validate(parts: EpochParts, row: dict[str, Any], dice_columns: list[str]) -> float | None:
     """Validate after ``row["epoch"]``: per-class Dice (``dice_columns``), mean, time and peaks into
     ``row``; returns the mean Dice."""
-    from autotune.train.infer import evaluate
+    from autotune.trainer.infer import evaluate
 
     t0 = time.perf_counter()
     parts.memory.start(parts.recipe.model, parts.recipe.optimizer, "validation")

@@ -1,4 +1,4 @@
-"""The training package imports in one direction: no module of ``autotune.train`` is part of an
+"""The training package imports in one direction: no module of ``autotune.trainer`` is part of an
 import circle (the scan counts imports inside functions too; see tests/test_layering.py)."""
 
 from __future__ import annotations
@@ -42,5 +42,5 @@ def test_the_scan_finds_a_circle() -> None:
 
 
 def test_no_training_module_is_in_an_import_circle() -> None:
-    inside = {m for group in _circles(import_graph()) for m in group if m.startswith("autotune.train.")}
+    inside = {m for group in _circles(import_graph()) for m in group if m.startswith("autotune.trainer.")}
     assert inside == set()

@@ -5,7 +5,7 @@ Two ways in, one code path:
 - ``autotune train BUNDLE --nproc N`` spawns N processes with ``torch.multiprocessing``
   and sets the same environment ``torchrun`` sets (``RANK``, ``LOCAL_RANK``,
   ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``);
-- ``torchrun --nproc-per-node N -m autotune.train BUNDLE`` starts them itself.
+- ``torchrun --nproc-per-node N -m autotune.trainer BUNDLE`` starts them itself.
 
 Either way each process calls ``init_from_env``: gloo on CPU, NCCL on CUDA, one GPU per
 local rank. Only rank 0 writes files. Decisions all ranks must share each step (a stop
@@ -226,7 +226,7 @@ def _forward_signals(processes: list[Any]) -> Iterator[None]:
     import signal
     import threading
 
-    from autotune.train.stop import STOP_SIGNALS
+    from autotune.trainer.stop import STOP_SIGNALS
 
     def forward(signum: int, frame: Any) -> None:
         for process in processes:

@@ -20,8 +20,8 @@ def test_two_cpu_processes_share_one_epoch(unet_bundle: Path) -> None:
 
     from autotune.build import build_network
     from autotune.bundles.config import load_bundle_config
-    from autotune.train.data import split_datalist
-    from autotune.train.runner import train
+    from autotune.trainer.data import split_datalist
+    from autotune.trainer.runner import train
 
     summary = train(unet_bundle, epochs=1, nproc=2, progress=False)
     assert summary["world_size"] == 2 and summary["epochs_run"] == 1
@@ -41,7 +41,7 @@ def test_two_cpu_processes_share_one_epoch(unet_bundle: Path) -> None:
 
 def test_a_child_error_comes_back_as_the_same_error(unet_bundle: Path, tmp_path: Path) -> None:
     from autotune.errors import DataError
-    from autotune.train.runner import train
+    from autotune.trainer.runner import train
 
     # The datalist is first read inside the spawned processes.
     bundle = copy_bundle(unet_bundle, tmp_path / "broken", datalist=str(tmp_path / "gone.json"))
@@ -53,7 +53,7 @@ def test_cuda_without_a_gpu_is_refused_before_spawning(unet_bundle: Path) -> Non
     import torch
 
     from autotune.errors import SpecError
-    from autotune.train.runner import train
+    from autotune.trainer.runner import train
 
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")

@@ -1,4 +1,4 @@
-"""The options of ``autotune train``, shared with ``python -m autotune.train`` (torchrun's entry).
+"""The options of ``autotune train``, shared with ``python -m autotune.trainer`` (torchrun's entry).
 
 They live in the training package, not in ``autotune.commands``, so that each DDP rank
 started by torchrun imports the trainer and nothing of the CLI.
@@ -44,7 +44,7 @@ def train_from_args(args: argparse.Namespace) -> int:
         What ``autotune.train`` raises (``AutotuneError`` subclasses for bad input).
     """
     from autotune.device import resolve_device
-    from autotune.train.runner import parse_duration, train
+    from autotune.trainer.runner import parse_duration, train
 
     if getattr(args, "precision", None):  # torchrun's ranks inherit it
         from autotune.precision import PRECISION_ENV

@@ -20,7 +20,7 @@ from autotune.utils import bars_enabled, read_json
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-    from autotune.train.ddp import DistContext
+    from autotune.trainer.ddp import DistContext
 
 __all__ = ["infer", "evaluate", "model_dir", "resolve_checkpoint", "load_model", "plain_tensor", "predict_args", "class_labels"]
 
@@ -105,7 +105,7 @@ def evaluate(
         (Dice per class, None where no case has the class; mean over the classes with a value).
     """
     from autotune.step import make_dice_metric, score_case, sliding_window_predict
-    from autotune.train.ddp import all_reduce_sum
+    from autotune.trainer.ddp import all_reduce_sum
 
     sigmoid = bool(cfg.get("sigmoid"))
     num_classes = int(cfg["output_classes"])

@@ -264,7 +264,7 @@ def fmt(value: float | None, digits: int = 4) -> str:
 
 def start_line(mode: str, ctx: Any, data: Any, precision_line: str, lr: float) -> str:
     """The line printed before the first epoch: mode, device, split, cache, loader, precision, steps, rate
-    (``ctx``: the run's ``DistContext``; ``data``: its ``autotune.train.setup.DataSetup``)."""
+    (``ctx``: the run's ``DistContext``; ``data``: its ``autotune.trainer.setup.DataSetup``)."""
     opts, plan = data.opts, data.plan
     cache = "off" if not opts.cache else ("disk" if opts.persistent else ("device" if opts.cache_on_device else "RAM"))
     return (f"{mode} mode on {ctx.device} x{ctx.world_size}: {data.split_note}; cache {cache}"

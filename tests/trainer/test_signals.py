@@ -109,7 +109,7 @@ def test_sigint_and_sigusr1_exit_with_their_codes(bundles: dict[str, Path], tmp_
 
 
 def test_the_handlers_before_training_are_restored(bundles: dict[str, Path], tmp_path: Path) -> None:
-    from autotune.train.runner import train
+    from autotune.trainer.runner import train
 
     def mine(signum: int, frame: object) -> None:
         pass

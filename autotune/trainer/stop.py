@@ -30,7 +30,7 @@ class StopSignals:
     """``with StopSignals(agree) as stop:`` catch the stop signals; ``stop.signum`` is the first one seen here.
 
     Args:
-        agree: the largest of a number over all ranks (``autotune.train.ddp.all_ranks_max`` for one
+        agree: the largest of a number over all ranks (``autotune.trainer.ddp.all_ranks_max`` for one
             value; the number itself when alone), so ``requested_everywhere`` agrees over the ranks.
     """
 

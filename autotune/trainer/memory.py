@@ -21,18 +21,21 @@ __all__ = ["PhaseMemory", "training_limit", "out_of_memory_error"]
 def training_limit(cfg: dict[str, Any], device: str, memory_limit: int | str | None) -> int | None:
     """The limit training keeps: the one given, else the tuning block's when training on the tuned
     device. A limit or device other than the tuned ones gets one warning line naming both."""
-    tuning = cfg.get("tuning") or {}
-    tuned_limit, tuned_device = tuning.get("memory_limit"), tuning.get("device")
+    from autotune.bundles.plan import plan_of
+
+    plan = plan_of(cfg)
     limit = None if memory_limit is None else parse_bytes(memory_limit, "--memory-limit")
-    if tuned_device and tuning.get("method") == "measured" and str(tuned_device) != str(device):
-        print(f"warning: {cfg.get('bundle_root')} was tuned on {tuned_device} ({tuning.get('device_name')}) "
+    if plan is None:
+        return limit
+    if plan.method == "measured" and plan.device != str(device):
+        print(f"warning: {cfg.get('bundle_root')} was tuned on {plan.device} ({plan.device_name}) "
               f"but trains on {device}: the tuned values may not fit; run 'autotune tune' on {device}",
               file=sys.stderr)
-    elif limit is None and tuned_limit and str(tuned_device) == str(device):
-        limit = int(tuned_limit)
-    elif limit is not None and tuned_limit and int(tuned_limit) != limit:
+    elif limit is None and plan.device == str(device):
+        limit = plan.memory_limit
+    elif limit is not None and plan.memory_limit != limit:
         print(f"warning: training under --memory-limit {format_bytes(limit)}, but the bundle was tuned for "
-              f"{format_bytes(int(tuned_limit))}", file=sys.stderr)
+              f"{format_bytes(plan.memory_limit)}", file=sys.stderr)
     return limit
 
 

@@ -95,7 +95,7 @@ def test_a_full_disk_during_inference_says_which_predictions_were_written(
     import nibabel as nib
 
     from autotune.cli import main
-    from autotune.train.runner import train
+    from autotune.trainer.runner import train
 
     train(bundle, device="cpu", epochs=1, progress=False)
     images = [str(demo_data / "imagesTr" / f"case_00{i}.nii.gz") for i in range(3)]
@@ -147,8 +147,8 @@ def test_the_checkpoint_size_is_known_before_the_first_step(bundle: Path, tmp_pa
 
     from autotune import build
     from autotune.bundles.config import load_bundle_config
-    from autotune.train.checkpoint import RunState, checkpoint_state, save_checkpoint
-    from autotune.train.room import checkpoint_bytes
+    from autotune.trainer.checkpoint import RunState, checkpoint_state, save_checkpoint
+    from autotune.trainer.room import checkpoint_bytes
 
     cfg = load_bundle_config(bundle)
     model = build.build_network(cfg)
@@ -184,7 +184,7 @@ def test_a_real_tmpfs_that_fills_after_epoch_1(small_tmpfs: Path, bundle: Path, 
                                                capsys: pytest.CaptureFixture[str]) -> None:
     import torch
 
-    from autotune.train.monitor import MetricsLog
+    from autotune.trainer.monitor import MetricsLog
 
     filler = small_tmpfs / "filler.bin"
     add = MetricsLog.add

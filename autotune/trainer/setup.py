@@ -16,9 +16,9 @@ from autotune.bundles.scaling import plan_schedule
 
 if TYPE_CHECKING:  # pragma: no cover
     from autotune.precision import Precision
-    from autotune.train.data import TrainOptions
-    from autotune.train.ddp import DistContext
-    from autotune.train.monitor import NvtxRanges
+    from autotune.trainer.data import TrainOptions
+    from autotune.trainer.ddp import DistContext
+    from autotune.trainer.monitor import NvtxRanges
 
 __all__ = ["DataSetup", "ModelSetup", "setup_data", "setup_model", "REGULAR_LR"]
 
@@ -60,7 +60,7 @@ def setup_data(cfg: Mapping[str, Any], ctx: DistContext, mode: str, total_epochs
                device_free_bytes: int | None, progress: bool) -> DataSetup:
     """Split the fold, take this rank's shard, decide the cache (``device_free_bytes``: the GPU memory
     it may take, None on the CPU) and build datasets and loaders."""
-    import autotune.train.data as data
+    import autotune.trainer.data as data
     from autotune.build import build_transforms
 
     seed = int(cfg.get("seed", 0))
@@ -121,7 +121,7 @@ def setup_model(cfg: Mapping[str, Any], ctx: DistContext, mode: str, opts: Train
 
     import autotune.build as build
     from autotune.step import make_grad_scaler
-    from autotune.train.monitor import NvtxRanges
+    from autotune.trainer.monitor import NvtxRanges
 
     device = ctx.device
     seed_everything(int(cfg.get("seed", 0)))

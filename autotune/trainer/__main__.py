@@ -1,4 +1,4 @@
-"""``python -m autotune.train BUNDLE ...`` and ``torchrun --nproc-per-node N -m autotune.train BUNDLE ...``.
+"""``python -m autotune.trainer BUNDLE ...`` and ``torchrun --nproc-per-node N -m autotune.trainer BUNDLE ...``.
 
 The same options as ``autotune train``. Under torchrun every process is one rank
 (``--nproc`` is ignored); errors print one line and exit with their code (as ``autotune train``:
@@ -17,9 +17,9 @@ from autotune.errors import AutotuneError, TrainingStopped
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse the arguments and train; returns the exit code."""
-    from autotune.train.options import add_train_arguments, train_from_args
+    from autotune.trainer.options import add_train_arguments, train_from_args
 
-    parser = argparse.ArgumentParser(prog="python -m autotune.train", description="Train an autotune bundle.")
+    parser = argparse.ArgumentParser(prog="python -m autotune.trainer", description="Train an autotune bundle.")
     add_train_arguments(parser)
     args = parser.parse_args(argv)
     try:

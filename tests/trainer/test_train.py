@@ -43,7 +43,7 @@ def _adam_steps(path: Path) -> int:
 def test_fast_training_writes_every_output(bundle: Path) -> None:
     import torch
 
-    from autotune.train.runner import train
+    from autotune.trainer.runner import train
 
     summary = train(bundle, epochs=2, progress=False)
     out = bundle / "model_fold0"
@@ -71,7 +71,7 @@ def test_regular_mode_is_the_seed_baseline(bundle: Path) -> None:
     import torch
 
     from autotune.bundles.config import update_bundle_config
-    from autotune.train.runner import train
+    from autotune.trainer.runner import train
 
     update_bundle_config(bundle, {"num_workers": 2})
     summary = train(bundle, mode="regular", epochs=1, progress=False)
@@ -85,7 +85,7 @@ def test_regular_mode_is_the_seed_baseline(bundle: Path) -> None:
 
 
 def test_resume_continues_epochs_and_optimizer_state(bundle: Path) -> None:
-    from autotune.train.runner import train
+    from autotune.trainer.runner import train
 
     train(bundle, epochs=1, progress=False)
     last = bundle / "model_fold0" / "last.pt"
@@ -102,11 +102,11 @@ def test_resume_continues_epochs_and_optimizer_state(bundle: Path) -> None:
 def test_resume_after_a_real_kill(bundle: Path) -> None:
     import torch
 
-    from autotune.train.runner import train
+    from autotune.trainer.runner import train
 
     last = bundle / "model_fold0" / "last.pt"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    child = subprocess.Popen([sys.executable, "-m", "autotune.train", str(bundle), "--epochs", "200",
+    child = subprocess.Popen([sys.executable, "-m", "autotune.trainer", str(bundle), "--epochs", "200",
                               "--device", "cpu", "-q"], env=env, stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL)
     try:
@@ -125,7 +125,7 @@ def test_resume_after_a_real_kill(bundle: Path) -> None:
 
 def test_early_stop_when_the_metric_stalls(bundle: Path) -> None:
     from autotune.bundles.config import update_bundle_config
-    from autotune.train.runner import train
+    from autotune.trainer.runner import train
 
     # A learning rate too small to change any weight: the Dice cannot improve.
     update_bundle_config(bundle, {"learning_rate": 1e-30, "early_stop_patience": 1, "lr_scheduler": {"name": "none"}})
@@ -134,7 +134,7 @@ def test_early_stop_when_the_metric_stalls(bundle: Path) -> None:
 
 
 def test_max_time_stops_after_the_first_epoch(bundle: Path) -> None:
-    from autotune.train.runner import train
+    from autotune.trainer.runner import train
 
     summary = train(bundle, epochs=50, max_time=0.01, val_every=10, progress=False)
     assert summary["stopped"] == "max_time" and summary["last_epoch"] == 1
@@ -143,7 +143,7 @@ def test_max_time_stops_after_the_first_epoch(bundle: Path) -> None:
 
 def test_persistent_cache_on_disk(bundle: Path) -> None:
     from autotune.bundles.config import update_bundle_config
-    from autotune.train.runner import train
+    from autotune.trainer.runner import train
 
     update_bundle_config(bundle, {"persistent_cache": True})
     train(bundle, epochs=1, progress=False)
@@ -174,7 +174,7 @@ def test_bad_inputs_exit_2_with_one_line(bundle: Path, tmp_path: Path, capsys: p
 
 
 def test_parse_duration() -> None:
-    from autotune.train.runner import parse_duration
+    from autotune.trainer.runner import parse_duration
 
     assert parse_duration("90s") == 90 and parse_duration("30m") == 1800 and parse_duration("2h") == 7200
     assert parse_duration("45") == 45 and parse_duration(1.5) == 1.5 and parse_duration("1.5h") == 5400
@@ -184,7 +184,7 @@ def test_parse_duration() -> None:
 
 
 def test_single_fold_holds_out_a_seeded_fifth(tmp_path: Path) -> None:
-    from autotune.train.data import split_datalist
+    from autotune.trainer.data import split_datalist
 
     datalist = tmp_path / "datalist.json"
     datalist.write_text(json.dumps({"training": [{"image": f"{i}.nii.gz", "label": f"{i}l.nii.gz", "fold": 0}
@@ -197,7 +197,7 @@ def test_single_fold_holds_out_a_seeded_fifth(tmp_path: Path) -> None:
 
 
 def test_fast_options_resolve_from_the_config(tmp_path: Path) -> None:
-    from autotune.train.data import resolve_options
+    from autotune.trainer.data import resolve_options
 
     cfg = {"bundle_root": str(tmp_path), "amp": True, "cache_rate": 1.0, "num_workers": 2, "cache_on_device": True}
     cpu = resolve_options(cfg, "fast", "cpu")
@@ -220,7 +220,7 @@ def test_nvtx_ranges_wrap_forward_loss_backward_and_step() -> None:
     import torch
 
     from autotune.step import train_step
-    from autotune.train.monitor import NvtxRanges
+    from autotune.trainer.monitor import NvtxRanges
 
     model = torch.nn.Conv3d(1, 2, 3, padding=1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -238,7 +238,7 @@ def test_nvtx_ranges_wrap_forward_loss_backward_and_step() -> None:
 def test_run_state_counts_validations_and_survives_a_checkpoint(tmp_path: Path) -> None:
     import torch
 
-    from autotune.train.checkpoint import RunState, checkpoint_state, resume, save_checkpoint
+    from autotune.trainer.checkpoint import RunState, checkpoint_state, resume, save_checkpoint
 
     state = RunState()
     assert state.validated(None, 1) is False and state.stale == 1 and state.best is None

@@ -31,7 +31,7 @@ def tuned(tmp_path_factory: pytest.TempPathFactory) -> dict:
 
 
 def test_tuned_bundle_trains_under_its_limit_near_the_budget(tuned: dict, tmp_path: Path) -> None:
-    from autotune.train.runner import train
+    from autotune.trainer.runner import train
 
     result = tuned["result"]
     assert 1 < result["num_patches_per_iter"] < 8  # the limit binds inside the range
@@ -69,7 +69,7 @@ def test_training_below_the_tuned_peak_stops_with_exit_3_and_keeps_last_pt(
 
 def test_another_limit_than_the_tuned_one_warns(tuned: dict, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from autotune.bundles.config import load_bundle_config
-    from autotune.train.memory import training_limit
+    from autotune.trainer.memory import training_limit
 
     cfg = load_bundle_config(tuned["bundle"])
     assert training_limit(cfg, "cpu", None) == LIMIT
