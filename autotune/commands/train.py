@@ -31,7 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="train a bundle fast (cache, thread loader, AMP) or as the regular baseline; DDP with --nproc",
         description=(
             "Train BUNDLE on its fold: checkpoints (best.pt, last.pt), metrics.csv/json and curves.png go to "
-            "BUNDLE/model_fold<k>/. Ctrl-C or a kill loses at most one epoch: add --resume to continue."
+            "BUNDLE/model_fold<k>/. SIGTERM, SIGINT and SIGUSR1 write a checkpoint first; a kill loses at most one epoch: add --resume to continue."
         ),
     )
     add_command(sub, "infer", infer_command, _infer_args, quiet="no progress bar")
