@@ -68,7 +68,7 @@ def run_memory(check: Check) -> None:
 
 
 def section_ct_data(check: Check, record: dict[str, Any], state: dict[str, Any]) -> None:
-    from autotune.probe.model import num_windows
+    from autotune.step import num_windows
 
     from autotune.probe.runner import resolve_request
 

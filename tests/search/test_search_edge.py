@@ -243,7 +243,8 @@ def test_objective_is_in_the_key_and_named_on_the_study(tmp_path) -> None:
     keys = {obj: make_key(cfg, info, 1024**3, "fast", obj) for obj in ("max-batch", "throughput")}
     assert keys["max-batch"].study_name != keys["throughput"].study_name
     assert keys["throughput"].as_dict()["objective"] == "throughput"
-    study = open_study(open_storage(f"sqlite:///{tmp_path / 'k.db'}"), keys["throughput"])
+    study = open_study(open_storage(f"sqlite:///{tmp_path / 'k.db'}"), keys["throughput"],
+                       metric=metric_name("throughput"))
     assert study.metric_names == [metric_name("throughput")]
 
 
