@@ -68,9 +68,8 @@ def run_memory(check: Check) -> None:
 
 
 def section_ct_data(check: Check, record: dict[str, Any], state: dict[str, Any]) -> None:
-    from autotune.step import num_windows
-
     from autotune.probe.runner import resolve_request
+    from autotune.step import num_windows
 
     ct = check.cfg["ct"]
     t0 = time.monotonic()
