@@ -254,9 +254,14 @@ def estimate(bundle: str | Path | Mapping[str, Any], *, num_patches_per_iter: in
         dtype = amp_dtype(cfg, device, req["precision"])
         guesses: list[str] = []
         with _fake_session(emulate_cuda=emulate, guesses=guesses):
-            model = _fake_model(cfg, compute)
-            loss_fn = build_loss(cfg)
-            optimizer = build_optimizer(cfg, model.parameters())
+            if cfg.get("format") == "monai":  # MONAI's own network, loss, optimizer and loop (autotune.auto3dseg)
+                from autotune import auto3dseg
+
+                model, loss_fn, optimizer, workload = auto3dseg.fake_parts(cfg, compute, emulate)
+            else:
+                model = _fake_model(cfg, compute)
+                loss_fn = build_loss(cfg)
+                optimizer = build_optimizer(cfg, model.parameters())
             for phase in req["phases"]:
                 tracker = memory.make_tracker(compute.split(":")[0])
                 if phase == "train":
