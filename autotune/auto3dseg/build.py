@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import io
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -62,7 +63,9 @@ def _segresnet(parser: Any, cfg: Mapping[str, Any]) -> tuple[Any, Any, Any, Any]
     loss = DeepSupervisionLoss(ConfigParser(parser.get_parsed_content("loss", instantiate=False).get_config())
                                .get_parsed_content(instantiate=True))
     ignore_empty = bool(parser.get_parsed_content("dice_ignore_empty")) if "dice_ignore_empty" in parser else True
-    accuracy = DiceHelper(sigmoid=bool(cfg.get("sigmoid")), ignore_empty=ignore_empty)
+    with warnings.catch_warnings():  # the template's own call; MONAI 1.5+ warns that 'sigmoid' is deprecated
+        warnings.simplefilter("ignore", FutureWarning)
+        accuracy = DiceHelper(sigmoid=bool(cfg.get("sigmoid")), ignore_empty=ignore_empty)
     optimizer = ConfigParser(parser.get_parsed_content("optimizer", instantiate=False).get_config())
     return model, loss, optimizer, accuracy
 

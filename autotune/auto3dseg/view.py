@@ -230,8 +230,6 @@ def load_view(bundle: str | os.PathLike[str]) -> dict[str, Any]:
     Raises:
         ConfigError: not a known template version, a missing config file, or a key MONAI cannot resolve.
     """
-    import torch
-
     root = monai_bundle_root(bundle)
     version = identify(bundle)
     assert root is not None  # identify refused anything else
@@ -247,8 +245,9 @@ def load_view(bundle: str | os.PathLike[str]) -> dict[str, Any]:
     cfg: dict[str, Any] = {
         "format": FORMAT, "monai_template": version.name, "monai_template_version": version.version,
         "algo": version.name, "bundle_root": str(root), **values,
-        # MONAI's scripts autocast with autocast("cuda"): nothing is autocast without CUDA (SegResNet says so)
-        "amp": bool(values["amp"]) and torch.cuda.is_available(),
+        # the template's: fp16 autocast on CUDA; MONAI's scripts autocast with autocast("cuda"), so the loop
+        # autotune runs computes fp32 on any CPU (autotune.auto3dseg.workload)
+        "amp": bool(values["amp"]),
         # checked again before the child loads the pickle: the request carries the known version's hash
         "arch_code_sha256": version.files.get("scripts/arch_code.pth"),
         "datastats": datastats, "tuning_supported": supported, "tuning_ranges": dict(DEFAULT_RANGES),

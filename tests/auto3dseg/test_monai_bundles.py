@@ -48,7 +48,7 @@ def test_a_monai_bundle_is_read_through_its_own_expressions(bundles: dict[str, P
     dints = load_bundle_config(bundles["dints"])
     assert dints["num_images_per_batch"] == 2 and dints["num_sw_batch_size"] == 1  # null: train.py's 1 on the device
     assert dints["loss"]["args"]["sigmoid"] is False and dints["sw_overlap"] == 0.125
-    assert dints["amp"] is False  # MONAI's scripts autocast with autocast("cuda"): not on this CPU
+    assert dints["amp"] is True  # the template's; its loop autocasts on CUDA only
 
 
 def test_a_changed_script_or_unknown_version_is_refused_in_one_line(bundles: dict[str, Path]) -> None:
