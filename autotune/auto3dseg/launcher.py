@@ -10,23 +10,27 @@ The script runs in this process (``runpy``, as ``python SCRIPT ARGS`` would run 
   script runs; the peak is the allocator's ``max_memory_reserved`` (and ``max_memory_allocated``).
 - CPU: the probe's tensor tracker (``autotune.probe.memory``) counts every tensor storage the script's main
   thread creates or uses (a batch made by a data-loader worker counts from its first use); crossing the limit
-  raises ``torch.OutOfMemoryError`` there, as a CUDA allocator would. Peaks are kept apart for steps with
-  gradients (training) and without (validation), with the process's peak RSS beside them. Worker processes
+  raises ``torch.OutOfMemoryError`` there, as a CUDA allocator would. The peaks of training and validation
+  are kept apart (the phase is the mode of the last ``Module.train()``/``eval()``), with the process's
+  peak RSS beside them. Worker processes
   forked by the script are not tracked (their memory is host memory on a GPU, too).
 
 The JSON record (``--peak-json``, default ``<bundle>/autotune/launch.json``) holds the limit, the peaks and the
-exit status; the exit code is the script's (3 when it ran out of memory under the limit). As AutoRunner's
+exit status; the exit code is the script's (3 when it ran out of memory under the limit). The templates log to
+an mlflow file store (``<ckpt_path>/mlruns``), which mlflow 3 refuses unless ``MLFLOW_ALLOW_FILE_STORE`` is
+set: the launcher sets it to ``true`` unless it is set already. As AutoRunner's
 command prefix: ``AutoRunner.set_device_info(cmd_prefix="python -m autotune.launch --memory-limit 8GiB --")``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import runpy
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -59,19 +63,38 @@ def _cpu_tracker(limit: int) -> Any:
             super().__init__()
             self.counter = make_tracker("cpu", limit)
             self.active = True
-            self.peaks = {"train": 0, "no_grad": 0}
+            self.phase = "setup"  # then the mode of the last Module.train()/eval(): training or validation
+            self.peaks = {"setup": 0, "train": 0, "validation": 0}
 
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             if not self.active:  # a forked worker: not the training process
                 return func(*args, **(kwargs or {}))
-            mode = "train" if torch.is_grad_enabled() else "no_grad"
             self.counter.track([t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)], "input")
             out = func(*args, **(kwargs or {}))
             self.counter.track([t for t in tree_leaves(out) if isinstance(t, torch.Tensor)], func.__name__)
-            self.peaks[mode] = max(self.peaks[mode], self.counter.current_bytes)  # frees come between ops
+            self.peaks[self.phase] = max(self.peaks[self.phase], self.counter.current_bytes)  # frees come between ops
             return out
 
     return LaunchTracker()
+
+
+@contextlib.contextmanager
+def _phases(tracker: Any) -> Iterator[None]:
+    """Name the tracker's phase after the last ``Module.train(mode)`` (``eval()`` calls it): the script's
+    training loop and its validation set their model's mode, so their peaks are kept apart."""
+    import torch
+
+    original = torch.nn.Module.train
+
+    def train(module: Any, mode: bool = True) -> Any:
+        tracker.phase = "train" if mode else "validation"
+        return original(module, mode)
+
+    torch.nn.Module.train = train  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        torch.nn.Module.train = original  # type: ignore[method-assign]
 
 
 def _run_script(script: Path, args: Sequence[str]) -> int:
@@ -107,6 +130,8 @@ def launch(script: str | os.PathLike[str], args: Sequence[str], memory_limit: in
 
     device = resolve_device(device)
     path = Path(script).resolve()
+    # MONAI's templates log to an mlflow file store (<ckpt_path>/mlruns), which mlflow 3 refuses unless allowed
+    os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
     record: dict[str, Any] = {"script": str(path), "args": list(args), "device": device, "memory_limit": memory_limit}
     start = time.perf_counter()
     tracker = None
@@ -122,7 +147,7 @@ def launch(script: str | os.PathLike[str], args: Sequence[str], memory_limit: in
     status = "ok"
     try:
         if tracker is not None:
-            with tracker:
+            with tracker, _phases(tracker):
                 code = _run_script(path, args)
         else:
             code = _run_script(path, args)
@@ -138,7 +163,8 @@ def launch(script: str | os.PathLike[str], args: Sequence[str], memory_limit: in
     if tracker is not None:
         tracker.active = False
         record.update(peak_bytes=tracker.counter.peak_bytes, train_peak_bytes=tracker.peaks["train"],
-                      no_grad_peak_bytes=tracker.peaks["no_grad"], peak_rss_bytes=memory.peak_rss_bytes())
+                      validation_peak_bytes=tracker.peaks["validation"], setup_peak_bytes=tracker.peaks["setup"],
+                      peak_rss_bytes=memory.peak_rss_bytes())
     else:
         peaks = memory.cuda_peaks(device)
         record.update(peak_bytes=peaks["cuda_max_memory_reserved"], **peaks)

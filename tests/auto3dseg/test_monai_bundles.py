@@ -111,7 +111,7 @@ def test_tune_writes_into_the_templates_own_keys_and_monai_reads_them_back(bundl
                                                                            tmp_path: Path) -> None:
     from monai.bundle import ConfigParser
 
-    from autotune import load_bundle_config, tune
+    from autotune import load_bundle_config, tune, verify
 
     results = tune(list(bundles.values()), {"universal": {"range_num_images_per_batch": [1, 3],
                                                           "range_num_sw_batch_size": [1, 2]}},
@@ -136,3 +136,22 @@ def test_tune_writes_into_the_templates_own_keys_and_monai_reads_them_back(bundl
         "training"]["num_patches_per_iter"] == dints_result["num_patches_per_iter"]
     again = load_bundle_config(bundles["segresnet"])
     assert again["num_patches_per_iter"] == n and again["tuning"]["num_patches_per_iter"] == n
+    report = verify(bundles["segresnet"], device="cpu", storage=f"sqlite:///{tmp_path}/s.db", retune=False,
+                    progress=None)
+    assert report["holds"] and report["measured_peak_bytes"] == report["estimated_peak_bytes"]
+    assert yaml.safe_load((bundles["segresnet"] / "autotune" / "tuning.yaml").read_text())["method"] == "measured"
+
+
+def test_bundlegen_takes_monais_argument_name_and_tells_monais_templates_apart(tmp_path: Path, work: Path) -> None:
+    from autotune import BundleGen
+    from autotune.auto3dseg import is_monai_templates
+    from autotune.bundles.bundlegen import BundleGen as OwnBundleGen
+    from autotune.bundles.templates import default_templates_path
+
+    (tmp_path / "segresnet" / "scripts").mkdir(parents=True)
+    (tmp_path / "segresnet" / "scripts" / "algo.py").write_text("")
+    assert is_monai_templates(tmp_path) and is_monai_templates("https://example.org/templates.tar.gz")
+    assert not is_monai_templates(default_templates_path()) and not is_monai_templates(None)
+    own = BundleGen(work, algos="unet", templates_path_or_url=default_templates_path(),
+                    data_stats_filename=work / "datastats.yaml", data_src_cfg_name=work / "data_src.yaml")
+    assert type(own) is BundleGen and isinstance(own, OwnBundleGen) and own.algos == ["unet"]

@@ -104,7 +104,7 @@ def test_tuned_monai_bundles_train_through_the_launcher_and_load_in_monai(bundle
     """Tune both (estimates), check MONAI reads the bundles back (ConfigParser, algo_from_pickle), train one
     short epoch of SegResNet with MONAI's train.py through the launcher under the limit, its peak against the
     probe's at the handed batch."""
-    from monai.apps.auto3dseg.utils import algo_from_pickle
+    from monai.apps.auto3dseg.utils import import_bundle_algo_history
     from monai.bundle import ConfigParser
 
     from autotune import tune
@@ -118,8 +118,8 @@ def test_tuned_monai_bundles_train_through_the_launcher_and_load_in_monai(bundle
         parser = ConfigParser()
         parser.read_config(sorted(str(p) for p in (bundle / "configs").iterdir()))
         assert parser.get_parsed_content("bundle_root")
-        algo = algo_from_pickle(str(bundle / "algo_object.json"), template_path=str(bundle.parent / "algorithm_templates"))
-        assert Path(algo.get_output_path()).name == bundle.name
+    history = import_bundle_algo_history(str(tmp_path), only_trained=False)  # MONAI's algo loader (AutoRunner's)
+    assert sorted(h["identifier"] for h in history) == ["dints_0", "segresnet_0"]
     seg = bundles["segresnet_0"]
     n = next(r["num_patches_per_iter"] for r in results if r["bundle"] == str(seg))
     config = str(seg / "configs" / "hyper_parameters.yaml")
@@ -135,3 +135,42 @@ def test_tuned_monai_bundles_train_through_the_launcher_and_load_in_monai(bundle
     assert record["status"] == "ok" and record["within_limit"]
     probe = run_probe(seg, num_patches_per_iter=n, phases=("train",), device="cpu", timeout=600)
     assert abs(record["train_peak_bytes"] - probe["train_peak_bytes"]) / probe["train_peak_bytes"] < 0.02
+
+
+@pytest.mark.slow
+def test_the_autorunner_recipe_generates_tunes_trains_under_the_launcher_and_ensembles(
+        demo_data: Path, tmp_path: Path) -> None:
+    """AutoRunner generates; autotune tunes; AutoRunner trains through the launcher prefix and ensembles."""
+    import json
+
+    from monai.apps.auto3dseg import AutoRunner
+
+    import autotune
+
+    work = tmp_path / "work"
+    analysed = autotune.analyze(demo_data, work, num_fold=2, progress=False)
+    datalist = json.loads((work / "datalist.json").read_text())
+    datalist["testing"] = [{"image": datalist["training"][0]["image"]}]  # one case for the ensemble to predict
+    (work / "datalist.json").write_text(json.dumps(datalist))
+    kw = {"work_dir": str(work), "input": str(analysed.data_src), "algos": ["segresnet"],
+          "templates_path_or_url": str(shared_templates())}
+    generate = AutoRunner(analyze=False, algo_gen=True, train=False, ensemble=False, **kw)
+    generate.set_num_fold(1)
+    generate.run()
+    hyper = work / "segresnet_0" / "configs" / "hyper_parameters.yaml"
+    data = yaml.safe_load(hyper.read_text())
+    data["network"].update(SMALL_SEGRESNET)
+    hyper.write_text(yaml.safe_dump(data, sort_keys=False))
+    [result] = autotune.tune(autotune.find_bundles(work), device="cpu", memory_limit="2GiB", strategy="estimate",
+                             storage=f"sqlite:///{tmp_path}/s.db", progress=None)
+    assert result["status"] == "tuned"
+    train = AutoRunner(analyze=False, algo_gen=False, train=True, ensemble=True, **kw)
+    train.set_num_fold(1)
+    train.set_device_info(cmd_prefix=f"{sys.executable} -m autotune.launch --memory-limit 2GiB --device cpu --")
+    train.set_training_params({"num_epochs": 1, "num_epochs_per_validation": 1, "quick": True, "num_workers": 0,
+                               "cache_rate": 0})
+    train.run()
+    record = json.loads((work / "segresnet_0" / "autotune" / "launch.json").read_text())
+    assert record["status"] == "ok" and record["within_limit"] and record["memory_limit"] == 2 * 1024**3
+    assert yaml.safe_load(hyper.read_text())["num_crops_per_image"] == result["num_patches_per_iter"]
+    assert list((work / "ensemble_output").rglob("*.nii.gz")), "MONAI's ensemble wrote no prediction"
