@@ -107,6 +107,7 @@ def test_the_estimate_equals_the_cpu_probe_of_the_template_step(bundles: dict[st
     assert probed["loader_batch_patches"] == 3
 
 
+@pytest.mark.slow
 def test_tune_writes_into_the_templates_own_keys_and_monai_reads_them_back(bundles: dict[str, Path],
                                                                            tmp_path: Path) -> None:
     from monai.bundle import ConfigParser

@@ -52,7 +52,9 @@ def generated(demo_data: Path, tmp_path_factory: pytest.TempPathFactory) -> dict
     gen = autotune.BundleGen(algo_path=str(work), algos="segresnet,dints", data_stats_filename=analysed.datastats,
                              data_src_cfg_name=analysed.data_src, templates_path_or_url=str(shared_templates()))
     assert isinstance(gen, MonaiBundleGen)
-    bundles = {Path(p).name: Path(p) for p in gen.generate(work, num_fold=1)}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(work)  # SegResNet's algo writes runner.log into the working folder
+        bundles = {Path(p).name: Path(p) for p in gen.generate(work, num_fold=1)}
     _shrink(bundles)
     return bundles
 
@@ -110,7 +112,8 @@ def test_tuned_monai_bundles_train_through_the_launcher_and_load_in_monai(bundle
     from autotune import tune
     from autotune.probe.runner import run_probe
 
-    results = tune([str(p) for p in bundles.values()], {"universal": {"range_num_images_per_batch": [1, 4]}},
+    # at most 2 patches: the fold has 3 training cases, and a SegResNet step here is batch_size images of one crop
+    results = tune([str(p) for p in bundles.values()], {"universal": {"range_num_images_per_batch": [1, 2]}},
                    device="cpu", memory_limit="2GiB", strategy="estimate", storage=f"sqlite:///{tmp_path}/s.db",
                    progress=None)
     assert {r["status"] for r in results} == {"tuned"}
@@ -127,7 +130,7 @@ def test_tuned_monai_bundles_train_through_the_launcher_and_load_in_monai(bundle
         [sys.executable, "-m", "autotune.launch", "--memory-limit", "2GiB", "--device", "cpu", "--peak-json",
          str(tmp_path / "peak.json"), "--", str(seg / "scripts" / "train.py"), "run", f"--config_file={config}",
          "--num_epochs=1", "--num_epochs_per_validation=1", "--quick=true", "--num_workers=0", "--cache_rate=0"],
-        capture_output=True, text=True, timeout=1500)
+        capture_output=True, text=True, timeout=1500, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     import json
 
@@ -139,7 +142,7 @@ def test_tuned_monai_bundles_train_through_the_launcher_and_load_in_monai(bundle
 
 @pytest.mark.slow
 def test_the_autorunner_recipe_generates_tunes_trains_under_the_launcher_and_ensembles(
-        demo_data: Path, tmp_path: Path) -> None:
+        demo_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """AutoRunner generates; autotune tunes; AutoRunner trains through the launcher prefix and ensembles."""
     import json
 
@@ -147,6 +150,7 @@ def test_the_autorunner_recipe_generates_tunes_trains_under_the_launcher_and_ens
 
     import autotune
 
+    monkeypatch.chdir(tmp_path)  # MONAI's scripts write runner.log into the working folder
     work = tmp_path / "work"
     analysed = autotune.analyze(demo_data, work, num_fold=2, progress=False)
     datalist = json.loads((work / "datalist.json").read_text())
@@ -172,5 +176,6 @@ def test_the_autorunner_recipe_generates_tunes_trains_under_the_launcher_and_ens
     train.run()
     record = json.loads((work / "segresnet_0" / "autotune" / "launch.json").read_text())
     assert record["status"] == "ok" and record["within_limit"] and record["memory_limit"] == 2 * 1024**3
-    assert yaml.safe_load(hyper.read_text())["num_crops_per_image"] == result["num_patches_per_iter"]
+    trained = yaml.safe_load(hyper.read_text())  # crop mode "rand" on 32^3 images: batch_size images of one crop
+    assert trained["batch_size"] * trained["num_crops_per_image"] == result["num_patches_per_iter"]
     assert list((work / "ensemble_output").rglob("*.nii.gz")), "MONAI's ensemble wrote no prediction"
