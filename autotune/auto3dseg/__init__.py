@@ -11,8 +11,8 @@ What it offers (names load lazily, so importing this package does not import tor
 - ``update_bundle``: tuned values into the template's own keys, provenance in ``autotune/tuning.yaml``.
 - ``MonaiBundleGen``: MONAI's ``BundleGen`` on MONAI's templates, tuned by autotune (``autotune.BundleGen``
   with ``templates_path_or_url`` pointing at them).
-- ``monai_rules``: what MONAI's own rules pick for a memory size (SegResNet GiB/16, DiNTS ``auto_scale``).
-- ``python -m autotune.launch``: runs a template's ``scripts/train.py`` under a memory limit, recording the peak.
+- ``launch`` (``python -m autotune.launch``): runs a template's ``scripts/train.py`` under a memory limit,
+  recording the peak.
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ _EXPORTS: dict[str, str] = {
     "update_bundle": "autotune.auto3dseg.writeback",
     "MonaiBundleGen": "autotune.auto3dseg.bundlegen",
     "is_monai_templates": "autotune.auto3dseg.bundlegen",
-    "monai_rules": "autotune.auto3dseg.rules",
     "launch": "autotune.auto3dseg.launcher",
 }
 
