@@ -48,6 +48,14 @@ class BundleGen(_BundleGen):
 
     tuner = staticmethod(tune)
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        from autotune import auto3dseg
+
+        templates = kwargs.get("templates_path_or_url") or kwargs.get("templates_path") or (args[2:3] or [None])[0]
+        if auto3dseg.is_monai_templates(templates):  # MONAI's templates: MONAI's BundleGen, tuned by autotune
+            return auto3dseg.MonaiBundleGen(*args, tuner=tune, **kwargs)
+        return super().__new__(cls)
+
 
 def generate(
     input: PathLike,

@@ -98,6 +98,8 @@ class BundleGen:
         algo_path: the work folder (where ``datastats.yaml`` and ``data_src.yaml`` live by default).
         algos: ``None`` for every template, a name, a comma-separated string or a list.
         templates_path: folder of ``<algo>/template.yaml``; default the shipped ``algorithm_templates/``.
+            ``templates_path_or_url`` (MONAI's name) is taken too; ``autotune.BundleGen`` pointed at MONAI's own
+            templates is ``autotune.auto3dseg.MonaiBundleGen``.
         data_stats_filename: the ``datastats.yaml`` written by ``autotune analyze``.
         data_src_cfg_name: the data source config (``data_src.yaml`` from ``analyze``, or an
             Auto3DSeg ``input.yaml``).
@@ -119,9 +121,11 @@ class BundleGen:
         data_stats_filename: str | os.PathLike[str] | None = None,
         data_src_cfg_name: str | os.PathLike[str] | None = None,
         tuner: Tuner | None = None,
+        templates_path_or_url: str | os.PathLike[str] | None = None,
     ) -> None:
         if tuner is not None:
             self.tuner = tuner
+        templates_path = templates_path or templates_path_or_url  # MONAI's name for it
         self.algo_path = expand_path(algo_path).resolve()
         self.templates_path = templates_path
         self.algos = parse_algos(algos, list_templates(templates_path))

@@ -84,13 +84,19 @@ def _fake_model(cfg: Mapping[str, Any], device: str) -> torch.nn.Module:
     return model._apply(lambda t: torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device))
 
 
-def _build(cfg: Mapping[str, Any], device: str) -> tuple[torch.nn.Module, Any, torch.optim.Optimizer]:
-    """The bundle's network with fake parameters on ``device``, its loss and its optimizer
-    (``autotune.build``, as the probe builds them). Must be called inside ``fake_session``."""
+def _build(cfg: Mapping[str, Any], target: _Target) -> tuple[torch.nn.Module, Any, torch.optim.Optimizer, Any]:
+    """The bundle's network with fake parameters on the target's compute device, its loss, its optimizer
+    and the workload they run (``autotune.probe.workload``; for a bundle MONAI's BundleGen wrote, the
+    template's own, ``autotune.auto3dseg``), as the probe builds them. Must be called inside ``fake_session``."""
     from autotune.build import build_loss, build_optimizer
+    from autotune.probe import workload
 
-    model = _fake_model(cfg, device)
-    return model, build_loss(cfg), build_optimizer(cfg, model.parameters())
+    if cfg.get("format") == "monai":
+        from autotune import auto3dseg
+
+        return auto3dseg.fake_parts(cfg, target.compute, target.emulate)
+    model = _fake_model(cfg, target.compute)
+    return model, build_loss(cfg), build_optimizer(cfg, model.parameters()), workload
 
 
 @dataclass(frozen=True)
@@ -117,15 +123,14 @@ class _Target:
         return cls(emulate, compute, volume_device, "cpu-emulating-cuda" if emulate else device.split(":")[0])
 
 
-def _trace_training(req: Mapping[str, Any], parts: tuple[Any, Any, Any], compute: str, dtype: Any,
+def _trace_training(req: Mapping[str, Any], parts: tuple[Any, Any, Any, Any], compute: str, dtype: Any,
                     record: bool) -> dict[str, Any]:
     """``train_peak_bytes`` of one loader batch stepped through after the state a first step leaves
     (gradients, optimizer state): the peak of the probe's later steps, at half the cost of tracing two.
     With ``record`` also ``train_events``, the tracker's events (``autotune.probe.replay``)."""
-    from autotune.probe import workload
     from autotune.probe.tracker import MemoryTracker, tensors_of
 
-    model, loss_fn, optimizer = parts
+    model, loss_fn, optimizer, workload = parts
     n = req["num_patches_per_iter"]
     tracker = MemoryTracker(compute.split(":")[0])
     model.train()
@@ -144,13 +149,13 @@ def _trace_training(req: Mapping[str, Any], parts: tuple[Any, Any, Any], compute
     return traced
 
 
-def _trace_validation(req: Mapping[str, Any], model: Any, optimizer: Any, target: _Target, dtype: Any) -> int:
+def _trace_validation(req: Mapping[str, Any], parts: tuple[Any, Any, Any, Any], target: _Target, dtype: Any) -> int:
     """The tracked peak of validating one volume with the training state alive, as training validates."""
-    from autotune.probe import workload
     from autotune.probe.tracker import MemoryTracker, tensors_of
     from autotune.step import make_dice_metric
 
     cfg = req["config"]
+    model, _loss_fn, optimizer, workload = parts
     tracker = MemoryTracker(target.compute.split(":")[0])
     workload.ensure_training_state(model, optimizer)
     model.eval()
@@ -205,12 +210,14 @@ def estimate(bundle: str | Path | Mapping[str, Any], *, num_patches_per_iter: in
         result["semantics"] = target.semantics
         dtype = amp_dtype(cfg, req["device"], req["precision"])
         with fake_session(emulate_cuda=target.emulate, guesses=guesses):
-            model, loss_fn, optimizer = _build(cfg, target.compute)
+            model, loss_fn, optimizer, steps = _build(cfg, target)
             for phase in req["phases"]:
                 if phase == "train":
-                    result.update(_trace_training(req, (model, loss_fn, optimizer), target.compute, dtype, record))
+                    result.update(_trace_training(req, (model, loss_fn, optimizer, steps), target.compute, dtype,
+                                                  record))
                 else:
-                    result["infer_peak_bytes"] = _trace_validation(req, model, optimizer, target, dtype)
+                    result["infer_peak_bytes"] = _trace_validation(req, (model, loss_fn, optimizer, steps), target,
+                                                                   dtype)
     except Exception as exc:  # the fake pass is ours: any failure is reported as a ProbeError
         raise ProbeError(f"estimate of {cfg.get('algo')} failed in phase {phase!r}: {type(exc).__name__}: {exc}") from exc
     peaks = [result[f"{p}_peak_bytes"] for p in ("train", "infer") if result.get(f"{p}_peak_bytes") is not None]

@@ -25,15 +25,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune.device import device_name, device_total_memory, nvml_used_bytes
+from autotune.probe import workload
 from autotune.probe.faults import FAULT_ENV, inject_fault, parse_fault_rules
-from autotune.probe.workload import (
-    ensure_training_state,
-    make_loader_batches,
-    make_volume,
-    make_volume_label,
-    train_loader_batch,
-    validate_volume,
-)
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -78,11 +71,12 @@ def _sync(device: torch.device) -> None:
 
 def _train_phase(req: Mapping[str, Any], parts: dict[str, Any], result: dict[str, Any]) -> None:
     cfg, device, n = req["config"], parts["device"], int(req["num_patches_per_iter"])
-    batch, prefetched = make_loader_batches(cfg, n, device)
+    steps = parts.get("workload", workload)  # a MONAI bundle's own loop (autotune.auto3dseg), else autotune's
+    batch, prefetched = steps.make_loader_batches(cfg, n, device)
     parts["model"].train()
     times = _measured_loop(
         req, parts, result, "train", (parts["model"], parts["optimizer"], batch, prefetched),
-        lambda: train_loader_batch(parts["model"], parts["loss_fn"], parts["optimizer"], batch, n,
+        lambda: steps.train_loader_batch(parts["model"], parts["loss_fn"], parts["optimizer"], batch, n,
                                    parts["amp_dtype"], parts["scaler"]),
     )
     result["step_seconds_median"] = statistics.median(times)  # one loader batch
@@ -97,14 +91,15 @@ def _infer_phase(req: Mapping[str, Any], parts: dict[str, Any], result: dict[str
 
     cfg, device = req["config"], parts["device"]
     model, optimizer = parts["model"], parts["optimizer"]
-    ensure_training_state(model, optimizer)
+    steps = parts.get("workload", workload)  # a MONAI bundle's own validation (autotune.auto3dseg), else autotune's
+    steps.ensure_training_state(model, optimizer)
     model.eval()
     volume_device = "cpu" if req["validation_device"] == "cpu" else device
-    volume, label = make_volume(cfg, volume_device), make_volume_label(cfg, volume_device)
+    volume, label = steps.make_volume(cfg, volume_device), steps.make_volume_label(cfg, volume_device)
     metric = make_dice_metric(cfg)
     times = _measured_loop(
         req, parts, result, "infer", (model, optimizer, volume, label),
-        lambda: validate_volume(model, volume, label, cfg, int(req["num_sw_batch_size"]), device,
+        lambda: steps.validate_volume(model, volume, label, cfg, int(req["num_sw_batch_size"]), device,
                                 parts["amp_dtype"], metric),
     )
     result["sw_seconds_per_volume"] = statistics.median(times)
@@ -196,14 +191,22 @@ def _build(cfg: Mapping[str, Any], device: torch.device) -> tuple[torch.nn.Modul
 
 
 def _parts(req: Mapping[str, Any]) -> dict[str, Any]:
-    """What the phases run with: device, model, loss, optimizer, autocast dtype and grad scaler."""
+    """What the phases run with: device, model, loss, optimizer, autocast dtype and grad scaler (and, for a
+    bundle MONAI's BundleGen wrote, the template's own loop: ``autotune.auto3dseg``)."""
     from autotune.build import amp_dtype
     from autotune.step import make_grad_scaler
 
     cfg = req["config"]
     device = _prepare_device(req)
-    model, loss_fn, optimizer = _build(cfg, device)
     dtype = amp_dtype(cfg, device, req.get("precision"))
+    if cfg.get("format") == "monai":  # MONAI's own network, loss, optimizer and loop
+        import torch
+
+        from autotune import auto3dseg
+
+        torch.manual_seed(int(cfg.get("seed", 0)))
+        return auto3dseg.probe_parts(cfg, device, dtype)
+    model, loss_fn, optimizer = _build(cfg, device)
     return {"device": device, "model": model, "loss_fn": loss_fn, "optimizer": optimizer, "amp_dtype": dtype,
             "scaler": make_grad_scaler(device, dtype)}
 

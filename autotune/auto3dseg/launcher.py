@@ -1,0 +1,203 @@
+"""Run a MONAI template's ``scripts/train.py`` under a memory limit and record its peak.
+
+    python -m autotune.launch --memory-limit 8GiB [--peak-json FILE] -- work/segresnet_0/scripts/train.py \\
+        run --config_file=work/segresnet_0/configs/hyper_parameters.yaml
+
+The script runs in this process (``runpy``, as ``python SCRIPT ARGS`` would run it: its folder first on
+``sys.path``), so the limit applies to it:
+
+- CUDA: ``torch.cuda.set_per_process_memory_fraction`` caps the caching allocator at the limit before the
+  script runs; the peak is the allocator's ``max_memory_reserved`` (and ``max_memory_allocated``).
+- CPU: the probe's tensor tracker (``autotune.probe.memory``) counts every tensor storage the script's main
+  thread creates or uses (a batch made by a data-loader worker counts from its first use); crossing the limit
+  raises ``torch.OutOfMemoryError`` there, as a CUDA allocator would. The peaks of training and validation
+  are kept apart (the phase is the mode of the last ``Module.train()``/``eval()``), with the process's
+  peak RSS beside them. Worker processes
+  forked by the script are not tracked (their memory is host memory on a GPU, too).
+
+The JSON record (``--peak-json``, default ``<bundle>/autotune/launch.json``) holds the limit, the peaks and the
+exit status; the exit code is the script's (3 when it ran out of memory under the limit). The templates log to
+an mlflow file store (``<ckpt_path>/mlruns``), which mlflow 3 refuses unless ``MLFLOW_ALLOW_FILE_STORE`` is
+set: the launcher sets it to ``true`` unless it is set already. As AutoRunner's
+command prefix: ``AutoRunner.set_device_info(cmd_prefix="python -m autotune.launch --memory-limit 8GiB --")``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import runpy
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["main", "launch", "EXIT_OOM"]
+
+EXIT_OOM = 3  # as 'autotune train' exits when training runs out of memory under its limit
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m autotune.launch",
+        description="Run a MONAI bundle's scripts/train.py under a memory limit and record its peak memory.")
+    parser.add_argument("--memory-limit", required=True, help="e.g. 8GiB: the device memory the script may use")
+    parser.add_argument("--device", default="auto", help="auto (the first GPU, else the CPU), cpu or cuda:N")
+    parser.add_argument("--peak-json", default=None, help="where to write the record (default <bundle>/autotune/launch.json)")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- SCRIPT [ARGS...]")
+    return parser
+
+
+def _cpu_tracker(limit: int) -> Any:
+    """A dispatch mode counting the storages of every op's inputs and outputs with the probe's tracker."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    from autotune.probe.tracker import MemoryTracker
+
+    class LaunchTracker(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.counter = MemoryTracker("cpu", limit)
+            self.active = True
+            self.phase = "setup"  # then the mode of the last Module.train()/eval(): training or validation
+            self.peaks = {"setup": 0, "train": 0, "validation": 0}
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            if not self.active:  # a forked worker: not the training process
+                return func(*args, **(kwargs or {}))
+            self.counter.track([t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)], "input")
+            out = func(*args, **(kwargs or {}))
+            self.counter.track([t for t in tree_leaves(out) if isinstance(t, torch.Tensor)], func.__name__)
+            self.peaks[self.phase] = max(self.peaks[self.phase], self.counter.current_bytes)  # frees come between ops
+            return out
+
+    return LaunchTracker()
+
+
+@contextlib.contextmanager
+def _phases(tracker: Any) -> Iterator[None]:
+    """Name the tracker's phase after the last ``Module.train(mode)`` (``eval()`` calls it): the script's
+    training loop and its validation set their model's mode, so their peaks are kept apart."""
+    import torch
+
+    original = torch.nn.Module.train
+
+    def train(module: Any, mode: bool = True) -> Any:
+        tracker.phase = "train" if mode else "validation"
+        return original(module, mode)
+
+    torch.nn.Module.train = train  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        torch.nn.Module.train = original  # type: ignore[method-assign]
+
+
+def _run_script(script: Path, args: Sequence[str]) -> int:
+    """``python SCRIPT ARGS`` in this process; returns its exit code."""
+    saved_argv, saved_path = list(sys.argv), list(sys.path)
+    sys.argv = [str(script), *args]
+    sys.path.insert(0, str(script.parent))  # as the interpreter does for a script
+    try:
+        runpy.run_path(str(script), run_name="__main__")
+        return 0
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    finally:
+        sys.argv, sys.path[:] = saved_argv, saved_path
+
+
+def _record_path(script: Path, peak_json: str | None) -> Path | None:
+    if peak_json:
+        return Path(peak_json)
+    if script.parent.name == "scripts":
+        return script.parent.parent / "autotune" / "launch.json"
+    return None
+
+
+def launch(script: str | os.PathLike[str], args: Sequence[str], memory_limit: int, device: str = "auto",
+           peak_json: str | None = None) -> dict[str, Any]:
+    """Run ``script`` with ``args`` under ``memory_limit`` bytes on ``device``; returns (and writes) the record."""
+    import torch
+
+    from autotune.device import resolve_device
+    from autotune.files import atomic_write_json
+    from autotune.probe import memory
+
+    device = resolve_device(device)
+    path = Path(script).resolve()
+    # MONAI's templates log to an mlflow file store (<ckpt_path>/mlruns), which mlflow 3 refuses unless allowed
+    os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+    record: dict[str, Any] = {"script": str(path), "args": list(args), "device": device, "memory_limit": memory_limit}
+    start = time.perf_counter()
+    tracker = None
+    if device.startswith("cuda"):
+        record["memory_fraction"] = memory.cuda_set_memory_limit(device, memory_limit)
+        torch.cuda.reset_peak_memory_stats(device)
+        record["measure"] = "CUDA caching allocator: max_memory_reserved"
+    else:
+        tracker = _cpu_tracker(memory_limit)
+        os.register_at_fork(after_in_child=lambda: setattr(tracker, "active", False))
+        memory.reset_peak_rss()
+        record["measure"] = "tracked tensor storage bytes of the main thread (autotune.probe.memory)"
+    status = "ok"
+    try:
+        if tracker is not None:
+            with tracker, _phases(tracker):
+                code = _run_script(path, args)
+        else:
+            code = _run_script(path, args)
+    except Exception as exc:  # the script's own failure: recorded, then its traceback as Python shows it
+        status, code = ("oom", EXIT_OOM) if memory.is_oom_error(exc) else ("error", 1)
+        record["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        if status == "error":
+            import traceback
+
+            traceback.print_exc()
+    record.update(status=status if code == 0 or status != "ok" else "error", exit_code=code,
+                  seconds=round(time.perf_counter() - start, 3))
+    if tracker is not None:
+        tracker.active = False
+        record.update(peak_bytes=tracker.counter.peak_bytes, train_peak_bytes=tracker.peaks["train"],
+                      validation_peak_bytes=tracker.peaks["validation"], setup_peak_bytes=tracker.peaks["setup"],
+                      peak_rss_bytes=memory.peak_rss_bytes())
+    else:
+        peaks = memory.cuda_peaks(device)
+        record.update(peak_bytes=peaks["cuda_max_memory_reserved"], **peaks)
+    record["within_limit"] = record["status"] != "oom" and int(record["peak_bytes"] or 0) <= memory_limit
+    target = _record_path(path, peak_json)
+    if target is not None:
+        atomic_write_json(target, record)
+        record["record_path"] = str(target)
+    return record
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse ``--memory-limit``, ``--device``, ``--peak-json`` and ``-- SCRIPT ARGS``; run; return the script's code."""
+    from autotune.errors import AutotuneError
+    from autotune.utils import format_bytes, parse_bytes
+
+    options = _parser().parse_args(sys.argv[1:] if argv is None else list(argv))
+    command = list(options.command)
+    if command[:1] == ["--"]:
+        command = command[1:]
+    if not command:
+        print("python -m autotune.launch: give the script after --, e.g. -- scripts/train.py run --config_file=...",
+              file=sys.stderr)
+        return 2
+    try:
+        limit = parse_bytes(options.memory_limit, "--memory-limit")
+        if not Path(command[0]).is_file():
+            raise AutotuneError(f"{command[0]}: no such script")
+        record = launch(command[0], command[1:], limit, options.device, options.peak_json)
+    except AutotuneError as exc:
+        print(f"python -m autotune.launch: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"autotune.launch: {record['status']}, peak {format_bytes(record['peak_bytes'])} of "
+          f"{format_bytes(limit)} on {record['device']}"
+          + (f" (record: {record['record_path']})" if record.get("record_path") else ""), file=sys.stderr)
+    return int(record["exit_code"])
