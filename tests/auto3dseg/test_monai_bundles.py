@@ -38,7 +38,7 @@ def bundles(work: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict
 
 
 def test_a_monai_bundle_is_read_through_its_own_expressions(bundles: dict[str, Path]) -> None:
-    from autotune import load_bundle_config
+    from autotune.bundles.config import load_bundle_config
 
     seg = load_bundle_config(bundles["segresnet"])
     assert seg["format"] == "monai" and seg["monai_template"] == "segresnet" and seg["monai_template_version"] == TEST_VERSION
@@ -52,7 +52,7 @@ def test_a_monai_bundle_is_read_through_its_own_expressions(bundles: dict[str, P
 
 
 def test_a_changed_script_or_unknown_version_is_refused_in_one_line(bundles: dict[str, Path]) -> None:
-    from autotune import load_bundle_config
+    from autotune.bundles.config import load_bundle_config
 
     seg = bundles["segresnet"]
     (seg / "scripts" / "train.py").write_text("print('changed')\n")
@@ -68,7 +68,7 @@ def test_a_changed_script_or_unknown_version_is_refused_in_one_line(bundles: dic
 
 
 def test_a_missing_config_file_is_named(bundles: dict[str, Path]) -> None:
-    from autotune import load_bundle_config
+    from autotune.bundles.config import load_bundle_config
 
     (bundles["dints"] / "configs" / "network.yaml").unlink()
     with pytest.raises(ConfigError, match=r"configs/network\.yaml: missing; MONAI's dints test-0 bundle has it"):
@@ -112,7 +112,8 @@ def test_tune_writes_into_the_templates_own_keys_and_monai_reads_them_back(bundl
                                                                            tmp_path: Path) -> None:
     from monai.bundle import ConfigParser
 
-    from autotune import load_bundle_config, tune, verify
+    from autotune import tune, verify
+    from autotune.bundles.config import load_bundle_config
 
     results = tune(list(bundles.values()), {"universal": {"range_num_images_per_batch": [1, 3],
                                                           "range_num_sw_batch_size": [1, 2]}},

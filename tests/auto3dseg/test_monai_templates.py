@@ -66,8 +66,8 @@ def bundles(generated: dict[str, Path], tmp_path: Path) -> dict[str, Path]:
 
 
 def test_monai_bundles_are_recognised_as_the_shared_version(generated: dict[str, Path]) -> None:
-    from autotune import load_bundle_config
     from autotune.auto3dseg import identify
+    from autotune.bundles.config import load_bundle_config
 
     assert {identify(p).label for p in generated.values()} == {"segresnet 21ed8e5", "dints 21ed8e5"}
     seg = load_bundle_config(generated["segresnet_0"])
@@ -84,7 +84,7 @@ def test_a_changed_template_script_is_refused_by_the_cli_in_one_line(bundles: di
     assert "scripts/segmenter.py differs" in proc.stderr and "segresnet 21ed8e5" in proc.stderr
     (bundles["dints_0"] / "configs" / "transforms_train.yaml").unlink()
     with pytest.raises(ConfigError, match="transforms_train.yaml: missing"):
-        from autotune import load_bundle_config
+        from autotune.bundles.config import load_bundle_config
 
         load_bundle_config(bundles["dints_0"])
 
@@ -165,7 +165,9 @@ def test_the_autorunner_recipe_generates_tunes_trains_under_the_launcher_and_ens
     data = yaml.safe_load(hyper.read_text())
     data["network"].update(SMALL_SEGRESNET)
     hyper.write_text(yaml.safe_dump(data, sort_keys=False))
-    [result] = autotune.tune(autotune.find_bundles(work), device="cpu", memory_limit="2GiB", strategy="estimate",
+    from autotune.stages import find_bundles
+
+    [result] = autotune.tune(find_bundles(work), device="cpu", memory_limit="2GiB", strategy="estimate",
                              storage=f"sqlite:///{tmp_path}/s.db", progress=None)
     assert result["status"] == "tuned"
     train = AutoRunner(analyze=False, algo_gen=False, train=True, ensemble=True, **kw)
