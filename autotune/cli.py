@@ -15,8 +15,8 @@ import os
 import sys
 from collections.abc import Sequence
 
-from autotune import __version__
 from autotune.errors import AutotuneError
+from autotune.version import __version__
 
 # Stage modules, in the order their subcommands are listed in --help.
 _COMMAND_MODULES = (

@@ -128,21 +128,38 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def _module_graph() -> dict[str, set[str]]:
-    """Module -> the autotune modules it imports (a package's ``__init__`` counts as the package; an import
-    of ``pkg.name`` where ``name`` is not a module counts as ``pkg``)."""
-    graph = import_graph()
-    modules = set(graph)
-    out: dict[str, set[str]] = {}
-    for name, targets in graph.items():
-        edges = set()
-        for target in targets:
-            while target and target not in modules and "." in target:
-                target = target.rpartition(".")[0]
-            if target in modules and target != name and not name.startswith(target + "."):
-                edges.add(target)
-        out[name] = edges
+def _module_edges(path: Path, name: str, modules: set[str]) -> set[str]:
+    """The autotune modules ``name`` loads when it runs (lazy imports and lazily named modules included):
+    ``from pkg import sub`` where ``sub`` is a module loads ``sub`` (and ``pkg``'s ``__init__``, which a
+    package's own modules do not count as an edge back into themselves); ``from pkg import name`` of
+    anything else loads ``pkg``."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out.update(alias.name for alias in node.names if alias.name in modules)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join([*anchor, base] if base else anchor)
+            subs = [f"{base}.{alias.name}" for alias in node.names]
+            found = [sub for sub in subs if sub in modules]
+            out.update(found)
+            if len(found) < len(subs) and base in modules:
+                out.add(base)
+        elif (isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("autotune.")
+              and node.value.split(" ")[0] in modules):  # a module named for importlib
+            out.add(node.value.split(" ")[0])
+    out.discard(name)
     return out
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """Module -> the autotune modules it loads (``_module_edges``)."""
+    paths = {module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
+    return {name: _module_edges(path, name, set(paths)) for name, path in paths.items()}
 
 
 def test_the_cycle_finder_finds_a_cycle() -> None:
@@ -150,12 +167,19 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
 
 
 def test_no_import_cycle_among_modules() -> None:
-    """No module reaches itself through the imports of others, lazy imports included (a package's own
-    ``__init__`` re-exporting its modules is not a cycle)."""
-    graph = _module_graph()
-    for name in graph:  # a package's __init__ may import its own modules
-        graph[name] = {t for t in graph[name] if not t.startswith(name + ".")}
-    assert _cycles(graph) == []
+    """No module reaches itself through the modules it loads, lazy imports and lazily named modules
+    included, package ``__init__`` files included."""
+    assert _cycles(_module_graph()) == []
+
+
+def test_the_module_graph_follows_a_package_init_and_its_lazy_names(tmp_path: Path) -> None:
+    modules = {"autotune", "autotune.a", "autotune.b", "autotune.pkg", "autotune.pkg.sub"}
+    init = tmp_path / "__init__.py"
+    init.write_text('EXPORTS = {"thing": "autotune.a"}\n')
+    module = tmp_path / "b.py"
+    module.write_text("from autotune.pkg import sub\nfrom autotune import thing\n")
+    assert _module_edges(init, "autotune", modules) == {"autotune.a"}
+    assert _module_edges(module, "autotune.b", modules) == {"autotune.pkg.sub", "autotune"}
 
 
 # the search's families, lowest first: a family may import only those before it

@@ -33,13 +33,13 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from autotune import __version__
 from autotune.bundles.config import CONFIG_RELPATH, check_bundle_config
 from autotune.bundles.render import deep_merge, render_config
 from autotune.bundles.templates import list_templates, load_overrides, load_template
 from autotune.errors import ConfigError
 from autotune.files import atomic_write_json, atomic_write_text, atomic_write_yaml
 from autotune.utils import expand_path, look_up_option, read_yaml
+from autotune.version import __version__
 
 __all__ = ["BundleGen", "BUNDLE_META", "Tuner", "parse_algos"]
 
