@@ -189,6 +189,14 @@ def training_set(cfg: Mapping[str, Any]) -> tuple[int, list[float]]:
     return len(train), [shape[i] * spacing[i] / resolution[i] for i in range(3)]
 
 
+def _no_block(cfg: Mapping[str, Any]) -> str:
+    """Why a bundle has no ``batch_scaling`` block, and what follows."""
+    if cfg.get("format") == "monai":
+        return ("MONAI's template states no reference batch or learning-rate rule: the largest fit is handed over "
+                "and the learning rate stays the template's")
+    return "bundle has no batch_scaling block (no reference batch); regenerate it"
+
+
 def _reference_batch(cfg: Mapping[str, Any]) -> int:
     block = batch_scaling_of(cfg)
     return int(block["reference_batch"]) if block else 1
@@ -285,7 +293,7 @@ def apply_handoff(
     block = batch_scaling_of(cfg)
     if block is None:
         record["handoff"] = {"rule": "goodput", "handed": n, "line": (
-            f"bundle has no batch_scaling block (no reference batch); regenerate it -> hand over {n}")}
+            f"{_no_block(cfg)} -> hand over {n}")}
         say(f"[{algo}] hand-off: {record['handoff']['line']}")
         return
     ref = int(block["reference_batch"])
@@ -330,7 +338,7 @@ def handoff_updates(cfg: Mapping[str, Any], batch: int) -> dict[str, Any]:
     if block is None:
         lr = float(cfg.get("learning_rate", 1e-3))
         return {"learning_rate": lr, "lr_warmup_samples": 0, "lr_warmup_start_factor": 1.0,
-                "record": {"lr_scaling": "none", "reason": "bundle has no batch_scaling block; regenerate it",
+                "record": {"lr_scaling": "none", "reason": _no_block(cfg),
                            "learning_rate": {"before": lr, "after": lr}}}
     ref_batch, ref_lr = int(block["reference_batch"]), float(block["reference_learning_rate"])
     lr = scaled_learning_rate(ref_lr, ref_batch, batch, block["lr_scaling"])
