@@ -41,7 +41,6 @@ def test_the_block_reader_skips_marked_blocks(tmp_path: Path) -> None:
     assert python_blocks(page) == [(3, "x = 1\n")]
 
 
-@pytest.mark.slow
 def test_python_examples_run_in_one_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("AUTOTUNE_STORAGE", f"sqlite:///{tmp_path / 'studies.db'}")

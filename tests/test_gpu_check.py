@@ -1,7 +1,7 @@
 """The GPU check: section statuses from exit codes, the exit code, the JSON's fields, the install.
 
-The quick tests drive the harness and the JSON assembly with canned outputs; the two slow
-ones run each call's CPU dry run end to end (minutes on a shared 2-core CPU)."""
+The quick tests drive the harness and the JSON assembly with canned outputs; the slow one
+runs both calls' CPU dry runs end to end, side by side (minutes on a 2-core CPU)."""
 
 from __future__ import annotations
 
@@ -251,25 +251,43 @@ def test_install_merges_the_calls_and_copies_the_calibration(tmp_path: Path) -> 
         install(a, None, tmp_path / "results", tmp_path / "calibrations", redo_estimates=False)
 
 
-def _dry_run(tmp_path: Path, call: str, *extra: str) -> dict[str, Any]:
+def _dry_runs(tmp_path: Path, calls: tuple[str, ...]) -> dict[str, dict[str, Any]]:
+    """Each call's CPU dry run as its own process, all at once (each runs one torch thread, so two calls
+    use both cores of a 2-core machine); each call's JSON, once all have finished and passed."""
     import subprocess
 
-    out = tmp_path / "out"
-    env = dict(os.environ, AUTOTUNE_GPU_CHECK_WORK=str(tmp_path / "work"), OMP_NUM_THREADS="1")
-    proc = subprocess.run([PY, str(ROOT / "benchmarks" / "gpu_check.py"), call, "--out", str(out), "--dry-run",
-                           "--deadline", "1500", *extra], capture_output=True, text=True, env=env, timeout=1800)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    results = json.loads((out / f"gpu_check_{call}.json").read_text())
-    assert results["missing_fields"] == [] and missing_fields(results, call) == []
-    assert {name: s["status"] for name, s in results["sections"].items() if s["status"] != OK} == {}
-    assert (out / f"gpu_check_{call}_logs.txt").is_file()
+    procs = {}
+    for call in calls:
+        env = dict(os.environ, AUTOTUNE_GPU_CHECK_WORK=str(tmp_path / call / "work"), OMP_NUM_THREADS="1")
+        procs[call] = subprocess.Popen([PY, str(ROOT / "benchmarks" / "gpu_check.py"), call, "--out",
+                                        str(tmp_path / call / "out"), "--dry-run", "--deadline", "1500"],
+                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    outputs = {}
+    try:
+        for call, proc in procs.items():
+            outputs[call] = proc.communicate(timeout=1800)
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    results = {}
+    for call, proc in procs.items():
+        out = tmp_path / call / "out"
+        stdout, stderr = outputs[call]
+        assert proc.returncode == 0, f"{call}: " + stdout[-3000:] + stderr[-3000:]
+        results[call] = json.loads((out / f"gpu_check_{call}.json").read_text())
+        assert results[call]["missing_fields"] == [] and missing_fields(results[call], call) == []
+        assert {name: s["status"] for name, s in results[call]["sections"].items() if s["status"] != OK} == {}
+        assert (out / f"gpu_check_{call}_logs.txt").is_file()
     return results
 
 
 @pytest.mark.slow
-def test_memory_dry_run_holds_every_field(tmp_path: Path) -> None:
-    results = _dry_run(tmp_path, "memory")
-    sections = results["sections"]
+def test_both_dry_runs_hold_every_field(tmp_path: Path) -> None:
+    results = _dry_runs(tmp_path, ("memory", "training"))
+
+    sections = results["memory"]["sections"]
     points = sections["points"]["points"]
     assert {p["algo"] for p in points} == {"segresnet", "dints", "unet"}
     for p in points:  # on the CPU probe and estimate share one tracker: this checks the fake pass
@@ -282,11 +300,7 @@ def test_memory_dry_run_holds_every_field(tmp_path: Path) -> None:
     contract = sections["contract"]
     assert contract["within_budget"] is True and contract["full_step_seen"] is True
 
-
-@pytest.mark.slow
-def test_training_dry_run_holds_every_field(tmp_path: Path) -> None:
-    results = _dry_run(tmp_path, "training")
-    sections = results["sections"]
+    sections = results["training"]["sections"]
     assert sections["fast_regular"]["runs"]["unet_fast"]["rc"] == 0
     handoff = sections["handoff"]
     assert handoff["largest_fit"] == 3 and handoff["runs"]["largest"]["num_patches_per_iter"] == 3

@@ -26,7 +26,6 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return built
 
 
-@pytest.mark.slow
 def test_wheel_ships_templates_and_finds_them_in_the_package(wheel: Path, tmp_path: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     for algo in ALGOS:
@@ -67,7 +66,6 @@ def test_site_dirs_hold_the_stack() -> None:
         assert any(Path(d, module).is_dir() for d in dirs), (module, dirs)
 
 
-@pytest.mark.slow
 def test_wheel_generates_bundles_in_a_fresh_venv(wheel: Path, tmp_path: Path) -> None:
     """A venv that sees torch and MONAI from the environment running the tests (a venv made as the README
     says, or the system's) but neither the checkout nor its editable install: the wheel's ``autotune``

@@ -5,7 +5,8 @@ the list with ``SegSummarizer.summarize`` (adding ``n_cases``). ``case_stats`` r
 cases given (only the new or changed ones, when the others are cached); ``summarize`` takes
 the same step over the per-case dicts of all cases, in datalist order. The per-case values
 are plain lists and numbers already, so per-case dicts kept as JSON summarise to the same
-``stats_summary`` that ``DataAnalyzer`` gives for the whole list (``tests/data`` checks this).
+``stats_summary`` that ``DataAnalyzer`` gives for the whole list with the same torch thread count
+(a float32 mean over a case's voxels rounds differently with another; ``tests/data`` checks this).
 MONAI and torch are imported inside the functions.
 """
 

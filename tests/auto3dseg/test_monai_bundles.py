@@ -144,6 +144,34 @@ def test_tune_writes_into_the_templates_own_keys_and_monai_reads_them_back(bundl
     assert yaml.safe_load((bundles["segresnet"] / "autotune" / "tuning.yaml").read_text())["method"] == "measured"
 
 
+def test_tuned_values_land_in_the_templates_own_keys(bundles: dict[str, Path]) -> None:
+    """The write-back alone (the slow tier runs it after a real tune): the templates' own keys, the
+    expressions around them untouched, and MONAI's ConfigParser reads the values back."""
+    from monai.bundle import ConfigParser
+
+    from autotune.auto3dseg.writeback import update_bundle
+
+    tuning = {"num_patches_per_iter": 3, "method": "measured"}
+    update_bundle(bundles["segresnet"], {"num_patches_per_iter": 3, "num_images_per_batch": 3,
+                                         "num_sw_batch_size": 2, "tuning": tuning})
+    seg = yaml.safe_load((bundles["segresnet"] / "configs" / "hyper_parameters.yaml").read_text())
+    assert (seg["num_crops_per_image"], seg["batch_size"], seg["auto_scale_allowed"]) == (3, 1, False)
+    assert seg["sliding_inferrer"]["_target_"] == "SlidingWindowInfererAdapt"
+    assert seg["sliding_inferrer"]["sw_batch_size"] == 2
+    assert seg["ckpt_path"] == "$@bundle_root + '/model'" and "tuning" not in seg
+    assert yaml.safe_load((bundles["segresnet"] / "autotune" / "tuning.yaml").read_text()) == tuning
+    update_bundle(bundles["dints"], {"num_patches_per_iter": 2, "num_images_per_batch": 2, "num_sw_batch_size": 3})
+    dints = yaml.safe_load((bundles["dints"] / "configs" / "hyper_parameters.yaml").read_text())["training"]
+    assert (dints["num_patches_per_iter"], dints["num_images_per_batch"], dints["num_sw_batch_size"]) == (2, 2, 3)
+    assert dints["auto_scale_allowed"] is False
+    for root in bundles.values():
+        parser = ConfigParser()
+        parser.read_config(sorted(str(p) for p in (root / "configs").iterdir()))
+        assert parser.get_parsed_content("bundle_root")
+    assert ConfigParser.load_config_file(str(bundles["dints"] / "configs" / "hyper_parameters.yaml"))[
+        "training"]["num_patches_per_iter"] == 2
+
+
 def test_bundlegen_takes_monais_argument_name_and_tells_monais_templates_apart(tmp_path: Path, work: Path) -> None:
     from autotune import BundleGen
     from autotune.auto3dseg import is_monai_templates

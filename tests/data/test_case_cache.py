@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import yaml
 
-from autotune.data import validate
+from autotune.data import monai_stats, validate
 from autotune.data.analyze import analyze
 from autotune.data.case_cache import CASE_CACHE
 from autotune.data.datalist import load_data_source
@@ -61,7 +61,9 @@ def _monai_summary(dataset: Path) -> dict[str, Any]:
     from monai.apps.auto3dseg import DataAnalyzer
 
     datalist = load_data_source(dataset / "input.yaml", num_fold=1).as_datalist()
-    with warnings.catch_warnings():
+    # One torch thread, as autotune's analysis runs it: a float32 mean over a case's voxels rounds
+    # differently with another thread count (about 1e-8 relative), whoever computes it.
+    with warnings.catch_warnings(), monai_stats._torch_threads(1):
         warnings.simplefilter("ignore")
         raw = DataAnalyzer(datalist, "", output_path="", device="cpu", worker=0).get_all_case_stats()
     return plain_data(raw["stats_summary"], str_keys=True, str_other=True)

@@ -48,8 +48,9 @@ def _env(tmp_path: Path, mark_at: int | None = None) -> dict[str, str]:
     return env
 
 
-def _train_cmd(bundle: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "autotune", "train", str(bundle), "--device", "cpu", "--epochs", "3", "-q", *extra]
+def _train_cmd(bundle: Path, *extra: str, epochs: int = 3) -> list[str]:
+    return [sys.executable, "-m", "autotune", "train", str(bundle), "--device", "cpu", "--epochs", str(epochs), "-q",
+            *extra]
 
 
 def _signal_at_mark(cmd: list[str], env: dict[str, str], mark: Path, signum: int) -> subprocess.CompletedProcess:
@@ -79,10 +80,19 @@ def test_sigterm_inside_an_epoch_resumes_to_the_same_weights(bundles: dict[str, 
     import torch
 
     reference = copy_bundle(bundles["segresnet_0"], tmp_path / "reference")
-    subprocess.run(_train_cmd(reference), env=_env(tmp_path), check=True, capture_output=True)
+    # the run never stopped goes on beside the stopped one (one torch thread each: both cores of a 2-core machine)
+    never_stopped = subprocess.Popen(_train_cmd(reference), env=_env(tmp_path), stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.PIPE, text=True)
     bundle = copy_bundle(bundles["segresnet_0"], tmp_path / "stopped")
-    # 3 batches of one pass per epoch: the 5th pass is batch 2 of epoch 2
-    done = _signal_at_mark(_train_cmd(bundle), _env(tmp_path, mark_at=5), tmp_path / "mark", signal.SIGTERM)
+    try:
+        # 3 batches of one pass per epoch: the 5th pass is batch 2 of epoch 2
+        done = _signal_at_mark(_train_cmd(bundle), _env(tmp_path, mark_at=5), tmp_path / "mark", signal.SIGTERM)
+        _, reference_err = never_stopped.communicate(timeout=600)
+    finally:
+        if never_stopped.poll() is None:
+            never_stopped.kill()
+            never_stopped.wait()
+    assert never_stopped.returncode == 0, reference_err[-2000:]
     lines = [line for line in done.stderr.splitlines() if line.startswith("autotune ")]
     assert done.returncode == 143, done.stderr[-2000:]
     assert lines == [f"autotune train: stopped: SIGTERM received: stopped in epoch 2 after batch 2 of 3; "
@@ -98,14 +108,24 @@ def test_sigterm_inside_an_epoch_resumes_to_the_same_weights(bundles: dict[str, 
     assert final["best_metric"] == expected["best_metric"]
 
 
-@pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGUSR1, 138)])
-def test_sigint_and_sigusr1_exit_with_their_codes(bundles: dict[str, Path], tmp_path: Path, signum: int,
-                                                  code: int) -> None:
-    bundle = copy_bundle(bundles["segresnet_0"], tmp_path / "b")
-    done = _signal_at_mark(_train_cmd(bundle), _env(tmp_path, mark_at=2), tmp_path / "mark", signum)
-    assert done.returncode == code, done.stderr[-2000:]
-    assert f"{signal.Signals(signum).name} received: stopped in epoch 1 after batch 2 of 3" in done.stderr
-    assert _weights(bundle)["partial"]["batches"] == 2
+def test_sigint_and_sigusr1_exit_with_their_codes(bundles: dict[str, Path], tmp_path: Path) -> None:
+    """One process per signal, side by side: each exits 128 + its number after the batch it was in."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def stop(signum: int) -> subprocess.CompletedProcess:
+        folder = tmp_path / signal.Signals(signum).name
+        folder.mkdir()
+        bundle = copy_bundle(bundles["segresnet_0"], folder / "b")
+        return _signal_at_mark(_train_cmd(bundle), _env(folder, mark_at=2), folder / "mark", signum)
+
+    cases = {signal.SIGINT: 130, signal.SIGUSR1: 138}
+    with ThreadPoolExecutor(len(cases)) as pool:
+        done = dict(zip(cases, pool.map(stop, cases), strict=True))
+    for signum, code in cases.items():
+        name = signal.Signals(signum).name
+        assert done[signum].returncode == code, done[signum].stderr[-2000:]
+        assert f"{name} received: stopped in epoch 1 after batch 2 of 3" in done[signum].stderr
+        assert _weights(tmp_path / name / "b")["partial"]["batches"] == 2
 
 
 def test_the_handlers_before_training_are_restored(bundles: dict[str, Path], tmp_path: Path) -> None:
@@ -129,20 +149,20 @@ def test_sigterm_stops_every_ddp_rank_at_the_same_batch(bundles: dict[str, Path]
     import torch
 
     reference = copy_bundle(bundles["segresnet_0"], tmp_path / "reference")
-    subprocess.run(_train_cmd(reference, "--nproc", "2"), env=_env(tmp_path), check=True, capture_output=True)
+    subprocess.run(_train_cmd(reference, "--nproc", "2", epochs=2), env=_env(tmp_path), check=True, capture_output=True)
     bundle = copy_bundle(bundles["segresnet_0"], tmp_path / "stopped")
     # 3 training cases over 2 ranks: 2 batches per rank and epoch; rank 0's 3rd pass is batch 1 of epoch 2.
     # The signal goes to the spawning process only: it passes it on to both ranks.
-    done = _signal_at_mark(_train_cmd(bundle, "--nproc", "2"), _env(tmp_path, mark_at=3), tmp_path / "mark",
+    done = _signal_at_mark(_train_cmd(bundle, "--nproc", "2", epochs=2), _env(tmp_path, mark_at=3), tmp_path / "mark",
                            signal.SIGTERM)
     assert done.returncode == 143, done.stderr[-2000:]
     [line] = [line for line in done.stderr.splitlines() if line.startswith("autotune ")]  # one line, not one per rank
-    assert "SIGTERM received: stopped in epoch 2 after batch 1 of 2" in line and "--resume --epochs 3 --nproc 2" in line
+    assert "SIGTERM received: stopped in epoch 2 after batch 1 of 2" in line and "--resume --epochs 2 --nproc 2" in line
     assert "Terminating process" not in done.stderr  # the ranks stopped together: none was killed
     assert _weights(bundle)["partial"]["rank_batches"] == [1, 1]  # both ranks stopped at the same batch
-    resumed = subprocess.run(_train_cmd(bundle, "--resume", "--nproc", "2"), env=_env(tmp_path), capture_output=True,
+    resumed = subprocess.run(_train_cmd(bundle, "--resume", "--nproc", "2", epochs=2), env=_env(tmp_path), capture_output=True,
                              text=True)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     final, expected = _weights(bundle), _weights(reference)
-    assert final["epoch"] == 3
+    assert final["epoch"] == 2
     assert all(torch.equal(final["model"][k], expected["model"][k]) for k in expected["model"])  # bitwise
