@@ -202,21 +202,8 @@ def _ratio(slow: float | None, fast: float | None) -> float | None:
     return slow / fast if slow and fast else None
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the benchmark (or, with --report-only, re-read the last run's metrics); print and write JSON."""
-    args = _args(argv)
-    import monai
-    import torch
-
-    work = Path(args.work)
-    if args.report_only:
-        bundle = work / f"{args.algo}_0"
-    else:
-        shutil.rmtree(work, ignore_errors=True)
-        work.mkdir(parents=True)
-        bundle = make_bundle(args, work)
-    results = {mode: run_mode(bundle, mode, args, work) for mode in args.modes.split(",")}
-    rounds = epoch_rounds(bundle, args, work, list(results)) if args.epoch_rounds else {}
+def _summary(results: dict[str, Any], rounds: dict[str, Any]) -> dict[str, Any]:
+    """Fast against regular: the speed-up ratios (empty unless both modes ran)."""
     fast, regular = results.get("fast"), results.get("regular")
     summary: dict[str, Any] = {}
     if fast and regular:
@@ -236,6 +223,43 @@ def main(argv: list[str] | None = None) -> int:
         if rounds:
             summary["epoch_speedup_rounds_min"] = _ratio(rounds["regular"]["min_s"], rounds["fast"]["min_s"])
             summary["epoch_speedup_rounds_median"] = _ratio(rounds["regular"]["median_s"], rounds["fast"]["median_s"])
+    return summary
+
+
+def _print_table(args: Any, results: dict[str, Any], summary: dict[str, Any]) -> None:
+    """One row per mode, then the summary ratios."""
+    def fmt(value: Any, spec: str = ".2f") -> str:
+        return "-" if value is None else format(value, spec)
+
+    roi = f"{args.roi}^3" if args.roi else "of the template"
+    print(f"{args.algo} roi {roi} on {args.device}, budget {args.budget:g} s per mode, target Dice {args.target}")
+    print(f"{'mode':<8} {'epochs':>6} {'train s/ep':>10} {'min s/ep':>8} {'ep+val s':>9} {'data wait':>9} "
+          f"{'samples/s':>9} {'t->target s':>11} {'ep->target':>10} {'best Dice':>9}")
+    for r in results.values():
+        print(f"{r['mode']:<8} {r['epochs']:>6} {fmt(r['train_s_per_epoch']):>10} {fmt(r['train_s_per_epoch_min']):>8} "
+              f"{fmt(r['epoch_s_with_val']):>9} {fmt(100 * r['data_wait_share'], '.1f') + '%':>9} "
+              f"{fmt(r['samples_per_s'], '.1f'):>9} {fmt(r['time_to_target_s'], '.0f'):>11} "
+              f"{fmt(r['epoch_at_target'], 'd'):>10} {fmt(r['best_dice_in_budget'], '.4f'):>9}")
+    for key, value in summary.items():
+        print(f"{key}: {fmt(value)}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark (or, with --report-only, re-read the last run's metrics); print and write JSON."""
+    args = _args(argv)
+    import monai
+    import torch
+
+    work = Path(args.work)
+    if args.report_only:
+        bundle = work / f"{args.algo}_0"
+    else:
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(parents=True)
+        bundle = make_bundle(args, work)
+    results = {mode: run_mode(bundle, mode, args, work) for mode in args.modes.split(",")}
+    rounds = epoch_rounds(bundle, args, work, list(results)) if args.epoch_rounds else {}
+    summary = _summary(results, rounds)
     report = {
         "benchmark": "train fast vs regular",
         "data": args.data,
@@ -252,20 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     write_json(out, report)
 
-    def fmt(value: Any, spec: str = ".2f") -> str:
-        return "-" if value is None else format(value, spec)
-
-    roi = f"{args.roi}^3" if args.roi else "of the template"
-    print(f"{args.algo} roi {roi} on {args.device}, budget {args.budget:g} s per mode, target Dice {args.target}")
-    print(f"{'mode':<8} {'epochs':>6} {'train s/ep':>10} {'min s/ep':>8} {'ep+val s':>9} {'data wait':>9} "
-          f"{'samples/s':>9} {'t->target s':>11} {'ep->target':>10} {'best Dice':>9}")
-    for r in results.values():
-        print(f"{r['mode']:<8} {r['epochs']:>6} {fmt(r['train_s_per_epoch']):>10} {fmt(r['train_s_per_epoch_min']):>8} "
-              f"{fmt(r['epoch_s_with_val']):>9} {fmt(100 * r['data_wait_share'], '.1f') + '%':>9} "
-              f"{fmt(r['samples_per_s'], '.1f'):>9} {fmt(r['time_to_target_s'], '.0f'):>11} "
-              f"{fmt(r['epoch_at_target'], 'd'):>10} {fmt(r['best_dice_in_budget'], '.4f'):>9}")
-    for key, value in summary.items():
-        print(f"{key}: {fmt(value)}")
+    _print_table(args, results, summary)
     print(markdown_table(report))
     print(f"wrote {out}")
     return 0

@@ -83,20 +83,13 @@ def markdown_table(record: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    import torch
-
+def _measure(args: Any, algos: list[str], sizes: list[int], amps: list[bool]) -> list[dict[str, Any]]:
+    """Probe and estimate every preset, template, precision and N; one point per phase."""
     from autotune.bundles.config import load_bundle_config
-    from autotune.files import atomic_write_json
     from autotune.precision import resolve_precision
-    from autotune.probe.calibration import CALIBRATION_VERSION
     from autotune.probe.estimate import estimate
     from autotune.probe.runner import run_probe
 
-    args = _args(argv)
-    algos = [a for a in args.algos.split(",") if a]
-    sizes = [int(v) for v in args.sizes.split(",")]
-    amps = [v == "on" for v in args.amp.split(",")]
     points: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="calibrate_cpu_") as tmp:
         sets: dict[str, dict[str, Path]] = {}
@@ -126,6 +119,20 @@ def main(argv: list[str] | None = None) -> int:
                                            "measured_bytes": int(measured[f"{phase}_peak_bytes"]),
                                            "estimate_bytes": int(est[f"{phase}_peak_bytes"])})
                         print(f"  {preset} {algo} {precision} N={n}: {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    return points
+
+
+def main(argv: list[str] | None = None) -> int:
+    import torch
+
+    from autotune.files import atomic_write_json
+    from autotune.probe.calibration import CALIBRATION_VERSION
+
+    args = _args(argv)
+    algos = [a for a in args.algos.split(",") if a]
+    sizes = [int(v) for v in args.sizes.split(",")]
+    amps = [v == "on" for v in args.amp.split(",")]
+    points = _measure(args, algos, sizes, amps)
     fit = bound_of(points)
     record = {
         "calibration_version": CALIBRATION_VERSION,

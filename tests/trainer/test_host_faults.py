@@ -12,22 +12,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from bundle_fixtures import copy_bundle, make_bundles
 from host_faults import FullDisk
 
 from autotune import files
 
 Usage = namedtuple("Usage", "total used free")
-
-
-@pytest.fixture(scope="module")
-def bundles(demo_data: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    return make_bundles(demo_data, tmp_path_factory.mktemp("faults_work"))
-
-
-@pytest.fixture()
-def bundle(bundles: dict[str, Path], tmp_path: Path) -> Path:
-    return copy_bundle(bundles["segresnet_0"], tmp_path / "segresnet_0")
 
 
 def _error_lines(capsys: pytest.CaptureFixture[str]) -> list[str]:

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from bundle_fixtures import copy_bundle, make_bundles
+from bundle_fixtures import copy_bundle
 
 REPO = Path(__file__).resolve().parents[2]
 # Loaded at interpreter start (sitecustomize): marks the moment the Nth training pass of rank 0 is done,
@@ -30,11 +30,6 @@ def train_step(*args, **kwargs):
     return result
 _step.train_step = train_step
 '''
-
-
-@pytest.fixture(scope="module")
-def bundles(demo_data: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    return make_bundles(demo_data, tmp_path_factory.mktemp("signals_work"))
 
 
 def _env(tmp_path: Path, mark_at: int | None = None) -> dict[str, str]:

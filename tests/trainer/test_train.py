@@ -12,21 +12,10 @@ import time
 from pathlib import Path
 
 import pytest
-from bundle_fixtures import copy_bundle, make_bundles
 
 from autotune.errors import ConfigError, SpecError
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def bundles(demo_data: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    return make_bundles(demo_data, tmp_path_factory.mktemp("train_work"))
-
-
-@pytest.fixture()
-def bundle(bundles: dict[str, Path], tmp_path: Path) -> Path:
-    return copy_bundle(bundles["segresnet_0"], tmp_path / "segresnet_0")
 
 
 def _rows(bundle: Path) -> list[dict]:
