@@ -29,7 +29,7 @@ from multiprocessing import context, forkserver, popen_forkserver, reduction, sp
 from typing import Any
 
 __all__ = ["CHECKED_PYTHONS", "ISOLATION_ENV", "PRELOAD", "isolation_mode", "prestart", "ForkedChild",
-           "start_forked"]
+           "start_forked", "start_forked_call"]
 
 ISOLATION_ENV = "AUTOTUNE_PROBE_ISOLATION"
 PRELOAD = ["autotune.probe.preload"]
@@ -128,27 +128,31 @@ class _ProbeProcess(context.ForkServerProcess):
         return _Popen(process_obj)
 
 
-def _child_main(request_path: str, stdout_path: str, stderr_path: str, env: Mapping[str, str]) -> None:
-    """In the forked child: own session, own output files, the asked environment, then the trial."""
+def _child_main(target: str, argv: list[str], stdout_path: str, stderr_path: str, env: Mapping[str, str]) -> None:
+    """In the forked child: own session, own output files, the asked environment, then ``target(argv)``
+    (``module:function``); its return value (or a ``SystemExit``'s code) is the exit code."""
     os.setsid()  # lead a process group of its own, as a subprocess started with start_new_session
     for fd, path in ((1, stdout_path), (2, stderr_path)):
         try:
             handle = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        except OSError:  # the parent gave this probe up (stopped, interrupted) and removed its folder
+        except OSError:  # the parent gave this child up (stopped, interrupted) and removed its folder
             os._exit(1)
         os.dup2(handle, fd)
         os.close(handle)
     os.environ.clear()
     os.environ.update(env)
-    code = 1
+    code: Any = 1
     try:
-        from autotune.probe.trial import main
+        import importlib
 
-        code = main([request_path])
+        module, _, function = target.partition(":")
+        code = getattr(importlib.import_module(module), function)(argv)
+    except SystemExit as exc:
+        code = exc.code
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(code)  # the result is on disk; skip the teardown of torch
+        os._exit(code if isinstance(code, int) else (0 if code is None else 1))  # skip the teardown of torch
 
 
 class ForkedChild:
@@ -178,11 +182,22 @@ def start_forked(request_path: str, stdout_path: str, stderr_path: str, env: Map
     Raises:
         OSError: the server or the child could not be started, or this Python is not in ``CHECKED_PYTHONS``.
     """
+    return start_forked_call("autotune.probe.trial:main", [request_path], stdout_path, stderr_path, env,
+                             name="autotune-probe")
+
+
+def start_forked_call(target: str, argv: list[str], stdout_path: str, stderr_path: str, env: Mapping[str, str],
+                      name: str = "autotune-child") -> ForkedChild:
+    """Fork a child that runs ``target(argv)`` (``module:function``, e.g. ``autotune.cli:main``) in a session
+    of its own, with ``env`` as its whole environment and its output in the two files; the function's
+    return value is the child's exit code.
+
+    Raises:
+        OSError: the server or the child could not be started, or this Python is not in ``CHECKED_PYTHONS``.
+    """
     if not _forkserver_checked():
         raise OSError(f"the fork-server launch is not checked on Python {sys.version_info[0]}.{sys.version_info[1]}")
-    process = _ProbeProcess(
-        target=_child_main, args=(request_path, stdout_path, stderr_path, dict(env)), name="autotune-probe",
-        daemon=False,
-    )
+    process = _ProbeProcess(target=_child_main, args=(target, list(argv), stdout_path, stderr_path, dict(env)),
+                            name=name, daemon=False)
     process.start()
     return ForkedChild(process)

@@ -236,6 +236,8 @@ def plot_curves(rows: Sequence[Mapping[str, Any]], path: Path, title: str = "") 
     epochs = [r["epoch"] for r in rows]
     validated = [r for r in rows if r.get("mean_dice") is not None]
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+    # fixed margins: tight_layout would measure every label first and doubles the drawing time
+    fig.subplots_adjust(left=0.05, right=0.99, bottom=0.14, top=0.8 if title else 0.88, wspace=0.2)
     axes[0].plot(epochs, [r["loss"] for r in rows], marker=".")
     axes[0].set(title="training loss", xlabel="epoch")
     for key in [k for k in (validated or rows)[-1] if k.startswith("dice_")]:
@@ -250,7 +252,6 @@ def plot_curves(rows: Sequence[Mapping[str, Any]], path: Path, title: str = "") 
     axes[2].legend(fontsize="small")
     if title:
         fig.suptitle(title)
-    fig.tight_layout()
     image = io.BytesIO()
     fig.savefig(image, format="png", dpi=90)
     plt.close(fig)

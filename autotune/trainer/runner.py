@@ -34,6 +34,9 @@ from autotune.utils import read_json
 
 __all__ = ["train", "run_worker", "parse_duration", "TrainingRun"]
 
+# curves.png is redrawn after a validation at most this often (drawing takes about a second on a CPU), and
+# always when the run ends or stops
+CURVES_EVERY_S = 30.0
 _DURATION_UNITS = {"": 1, "s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
 
 
@@ -175,6 +178,7 @@ class TrainingRun:
         self.epoch = 0  # the epoch in progress
         self.kept = ""  # what last.pt holds, for a fault's line ("" before the first checkpoint)
         self.best_saved = 0  # the epoch best.pt holds (0: none written)
+        self.curves_at = self.t_start  # when curves.png was last drawn (monotonic seconds)
 
     def say(self, message: str) -> None:
         if self.progress:
@@ -324,6 +328,7 @@ class TrainingRun:
         partial = {**progress.as_dict(), "rank_batches": rank_batches} if progress.batches else None
         if self.ctx.is_main:
             self._save_last(progress.epoch - 1, partial)
+            self._draw_curves()
         barrier(self.ctx)
         return self._stopped(f"in epoch {progress.epoch} after batch {progress.batches} of "
                              f"{len(self.parts.train_loader)}" if progress.batches else f"before epoch {progress.epoch}")
@@ -334,7 +339,7 @@ class TrainingRun:
     def _end_epoch(self, row: dict[str, Any], new_best: bool) -> None:
         """Rank 0 writes the epoch's checkpoints and records; then every rank learns whether that failed
         and whether a stop signal came (one collective), and stops together."""
-        from autotune.trainer.monitor import epoch_line, plot_curves
+        from autotune.trainer.monitor import epoch_line
 
         failure: HostWriteError | None = None
         if self.ctx.is_main:
@@ -346,8 +351,8 @@ class TrainingRun:
                 self.metrics.add(row, {"mode": self.mode, "precision": self.recipe.precision.name,
                                        "world_size": self.ctx.world_size, "split": self.data.split_note,
                                        "options": asdict(self.data.opts), "memory": self.memory_report()})
-                if row["mean_dice"] is not None or row["epoch"] == self.total_epochs:
-                    plot_curves(self.metrics.rows, self.out / "curves.png", f"{self.cfg['algo']} {self.mode}")
+                if row["mean_dice"] is not None and time.monotonic() - self.curves_at >= CURVES_EVERY_S:
+                    self._draw_curves()
             except HostWriteError as exc:
                 failure = exc
         failed, signum = all_ranks_max(self.ctx, [int(failure is not None), self.stop.signum or 0])
@@ -356,7 +361,16 @@ class TrainingRun:
         self.say(epoch_line(row, self.total_epochs, self.state.best, self.state.best_epoch))
         if signum and row["epoch"] < self.total_epochs:  # after the last epoch the run just finishes
             self.stop.agreed = signum
+            self._draw_curves()
             raise self._stopped(f"after epoch {row['epoch']}")
+
+    def _draw_curves(self) -> None:
+        """Rank 0 draws ``curves.png`` from the epochs so far (none yet: nothing)."""
+        from autotune.trainer.monitor import plot_curves
+
+        if self.ctx.is_main and self.metrics.rows:
+            plot_curves(self.metrics.rows, self.out / "curves.png", f"{self.cfg['algo']} {self.mode}")
+            self.curves_at = time.monotonic()
 
     def _fault(self, exc: Exception) -> Exception | None:
         """The one-line error for ``exc`` (out of memory; a write the host refused, with what was kept),
@@ -372,7 +386,7 @@ class TrainingRun:
     def _finish(self, stopped: str, epoch: int, seconds: float, monitor: Any) -> dict[str, Any]:
         """The run's summary, written (rank 0) as ``train_summary.json`` and said in one line."""
         from autotune.trainer.ddp import barrier
-        from autotune.trainer.monitor import fmt, plot_curves
+        from autotune.trainer.monitor import fmt
 
         out, first = self.out, self.state.epoch + 1
         summary = {
@@ -390,8 +404,7 @@ class TrainingRun:
         }
         if self.ctx.is_main:
             try:
-                if self.metrics.rows:
-                    plot_curves(self.metrics.rows, out / "curves.png", f"{self.cfg['algo']} {self.mode}")
+                self._draw_curves()
                 atomic_write_json(out / "train_summary.json", summary, what="the training summary")
             except HostWriteError as exc:
                 raise self._fault(exc) or exc from exc

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import optuna
 import pytest
+from forked_cli import CliProcess, start_cli
 from probe_fixtures import limit_for_patches, one_window_unet
 
 MARGIN = 0.10
@@ -24,13 +23,15 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return one_window_unet(tmp_path_factory, "stop_src")
 
 
-def _tune(bundle: Path, storage: str, limit: int) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "autotune", "worker", "--work-dir", str(bundle.parent), "--storage", storage,
-           "--device", "cpu", "--memory-limit", str(limit), "--margin", str(MARGIN), "--timeout", "240", *SPACE]
-    return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def _tune(bundle: Path, storage: str, limit: int, name: str = "first") -> CliProcess:
+    """An ``autotune worker`` process on ``bundle``'s work folder (forked with torch and MONAI imported)."""
+    argv = ["worker", "--work-dir", str(bundle.parent), "--storage", storage, "--device", "cpu", "--memory-limit",
+            str(limit), "--margin", str(MARGIN), "--timeout", "240", *SPACE]
+    root = bundle.parent.parent
+    return start_cli(argv, root / f"{name}.out", root / f"{name}.err")
 
 
-def _running_trial(storage: str, proc: subprocess.Popen, timeout: float = 240.0) -> int:
+def _running_trial(storage: str, proc: CliProcess, timeout: float = 240.0) -> int:
     """Wait until a trial of ``proc`` is RUNNING (a probe is in flight); its number."""
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -80,7 +81,7 @@ def test_sigterm_fails_the_trial_in_flight_and_exits_143(tiny: Path, tmp_path: P
     assert [c for c in claims if not c.done] == [], "no claim held by the stopped worker"
     assert workers == [], "the stopped worker's heartbeat row is gone"
     done_before = [t for t in trials if t.state == States.COMPLETE]
-    again = _tune(bundle, storage, limit)
+    again = _tune(bundle, storage, limit, "again")
     _out, err = again.communicate(timeout=480)
     assert again.returncode == 0, err[-2000:]
     assert err.count("from study") >= len(done_before), "the rerun reads the finished points back"

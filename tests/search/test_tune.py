@@ -3,15 +3,13 @@ answers from storage, resume after a kill, BundleGen(gpu_customization=True), CL
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import optuna
 import pytest
+from forked_cli import start_cli
 
 from autotune import BundleGen
 from autotune.bundles.config import load_bundle_config
@@ -148,11 +146,11 @@ def test_rerun_answers_from_storage_without_trials(work: Path, limit: int, tuned
     assert len(_trials(tuned["storage"], tuned["results"][0]["study_name"])) == before
 
 
-def _kill_while_a_trial_runs(cmd: list[str], storage: str, study_name: str) -> tuple[set[int], set[int]]:
-    """Start the tuner, SIGKILL it while a trial is RUNNING after one has finished; the trials
-    COMPLETE and RUNNING as the kill left them (read after it), or two empty sets when the
-    tuner finished or ran between trials at the kill (the caller tries again)."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+def _kill_while_a_trial_runs(argv: list[str], storage: str, study_name: str, logs: Path) -> tuple[set[int], set[int]]:
+    """Start the tuner (a forked ``autotune`` process), SIGKILL it while a trial is RUNNING after one has
+    finished; the trials COMPLETE and RUNNING as the kill left them (read after it), or two empty sets
+    when the tuner finished or ran between trials at the kill (the caller tries again)."""
+    proc = start_cli(argv, logs.with_suffix(".out"), logs.with_suffix(".err"))
     deadline = time.time() + 240
     try:
         while time.time() < deadline and proc.poll() is None:
@@ -165,9 +163,7 @@ def _kill_while_a_trial_runs(cmd: list[str], storage: str, study_name: str) -> t
             if optuna.trial.TrialState.COMPLETE in states and optuna.trial.TrialState.RUNNING in states:
                 break
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        proc.kill()
     if proc.returncode != -signal.SIGKILL:
         return set(), set()
     trials = _trials(storage, study_name)
@@ -179,9 +175,9 @@ def test_kill_midway_then_resume(work: Path, limit: int, tuned: dict, tmp_path: 
     study_name = tuned["results"][0]["study_name"]
     for attempt in range(3):  # the kill can land between two trials; then try again on a fresh storage
         storage = f"sqlite:///{tmp_path / f'killed{attempt}.db'}"
-        cmd = [sys.executable, "-m", "autotune", "tune", str(work / "unet_0"), "--device", "cpu", "--memory-limit",
-               str(limit), "--storage", storage, "--quiet", "--range-num-images-per-batch", "1", "64"]
-        done_before, running = _kill_while_a_trial_runs(cmd, storage, study_name)
+        argv = ["tune", str(work / "unet_0"), "--device", "cpu", "--memory-limit", str(limit), "--storage", storage,
+                "--quiet", "--range-num-images-per-batch", "1", "64"]
+        done_before, running = _kill_while_a_trial_runs(argv, storage, study_name, tmp_path / f"killed{attempt}")
         if done_before and running:
             break
     assert done_before and running, "no kill landed while a trial ran after another had finished (3 tries)"

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -32,6 +31,7 @@ from pathlib import Path
 
 import optuna
 import pytest
+from forked_cli import CliProcess, start_cli
 from pg_fixtures import PostgresCluster, pg_cluster, pg_database_url, postgres_url  # noqa: F401
 from probe_fixtures import limit_for_patches, one_window_unet, two_fold_work
 
@@ -76,36 +76,26 @@ def work(tiny: Path, tmp_path: Path) -> Path:
 
 @dataclass
 class Worker:
-    proc: subprocess.Popen
-    out: Path
-    err: Path
+    proc: CliProcess
 
     @property
     def pid(self) -> int:
         return self.proc.pid
 
     def kill(self) -> None:
-        os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait()  # reaped: its pid no longer exists, as for a worker killed on a real node
+        self.proc.kill()  # reaped: its pid no longer exists, as for a worker killed on a real node
 
     def finish(self, timeout: float) -> tuple[int, str, str]:
-        try:
-            code = self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            raise
-        return code, self.out.read_text(), self.err.read_text()
+        out, err = self.proc.communicate(timeout=timeout)
+        return int(self.proc.returncode), out, err
 
 
 def _start(work: Path, url: str, limit: int, name: str, *extra: str) -> Worker:
-    out, err = work.parent / f"{name}.out", work.parent / f"{name}.err"
-    cmd = [sys.executable, "-m", "autotune", "worker", "--work-dir", str(work), "--storage", url, "--device", "cpu",
-           "--memory-limit", str(limit), "--margin", str(MARGIN), *extra]
+    """An ``autotune worker`` process (forked with torch and MONAI already imported: ``forked_cli``)."""
+    argv = ["worker", "--work-dir", str(work), "--storage", url, "--device", "cpu", "--memory-limit", str(limit),
+            "--margin", str(MARGIN), *extra]
     env = {**os.environ, "AUTOTUNE_CLAIM_STALE_SECONDS": str(STALE_SECONDS)}
-    with open(out, "wb") as fout, open(err, "wb") as ferr:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=fout, stderr=ferr, env=env,
-                                start_new_session=True)
-    return Worker(proc, out, err)
+    return Worker(start_cli(argv, work.parent / f"{name}.out", work.parent / f"{name}.err", env))
 
 
 def _prepare(url: str) -> None:

@@ -16,17 +16,34 @@ from bundle_fixtures import copy_bundle
 
 REPO = Path(__file__).resolve().parents[2]
 # Loaded at interpreter start (sitecustomize): marks the moment the Nth training pass of rank 0 is done,
-# then holds that pass for a few seconds, so the test's signal arrives inside a known batch.
+# then holds that pass until a stop signal has reached this process (its own handler has run), so the
+# test's signal arrives inside a known batch, however long the signal takes to come (a DDP rank gets it
+# from the spawning process).
 _MARK_HOOK = '''
-import os, time
+import os, signal, time
 import autotune.step as _step
 _train_step, _calls = _step.train_step, [0]
+_STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+def _hold_until_a_stop_signal():
+    came = []
+    handlers = {s: signal.getsignal(s) for s in _STOPS}
+    def seen(signum, frame):
+        came.append(signum)
+        if callable(handlers[signum]):
+            handlers[signum](signum, frame)
+    for s in _STOPS:
+        signal.signal(s, seen)
+    open(os.environ["MARK_FILE"], "w").close()
+    deadline = time.monotonic() + 120
+    while not came and time.monotonic() < deadline:
+        time.sleep(0.01)
+    for s, handler in handlers.items():
+        signal.signal(s, handler)
 def train_step(*args, **kwargs):
     result = _train_step(*args, **kwargs)
     _calls[0] += 1
     if _calls[0] == int(os.environ["MARK_AT_PASS"]) and os.environ.get("RANK", "0") == "0":
-        open(os.environ["MARK_FILE"], "w").close()
-        time.sleep(3)
+        _hold_until_a_stop_signal()
     return result
 _step.train_step = train_step
 '''

@@ -1,0 +1,77 @@
+"""``autotune`` commands as real processes that skip the interpreter's start: each is forked from the
+probes' fork server (``autotune.probe.isolation``, torch and MONAI imported once per test run) and runs
+``autotune.cli.main(argv)``. It is a process of its own (its own pid and session, killed or signalled
+like any other, its exit code the command's), so tests of several workers, a killed worker or a stop
+signal keep their process boundary without paying seconds of imports for each process.
+
+Tests of what a fresh ``python -m autotune`` does on its own (the entry point, start-up) start one with
+``subprocess`` instead.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+__all__ = ["CliProcess", "start_cli"]
+
+
+class CliProcess:
+    """A forked ``autotune`` command with the part of ``subprocess.Popen``'s interface the tests use:
+    ``pid``, ``poll``, ``wait``, ``returncode`` (minus the signal's number when one ended it),
+    ``send_signal``, ``kill`` (its whole process group) and ``communicate`` (its output files)."""
+
+    def __init__(self, child: object, argv: Sequence[str], out: Path, err: Path) -> None:
+        self._child = child
+        self.args = ["autotune", *argv]
+        self.pid: int = child.pid  # type: ignore[attr-defined]
+        self.out, self.err = out, err
+
+    @property
+    def returncode(self) -> int | None:
+        return self._child.returncode  # type: ignore[attr-defined]
+
+    def poll(self) -> int | None:
+        self._child.wait_for(0)  # type: ignore[attr-defined]
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if timeout is None:
+            return self._child.wait()  # type: ignore[attr-defined]
+        if not self._child.wait_for(timeout):  # type: ignore[attr-defined]
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        return int(self.returncode)  # type: ignore[arg-type]
+
+    def send_signal(self, signum: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, signum)
+
+    def kill(self) -> None:
+        """SIGKILL to the command's process group (it leads one), then reap it."""
+        if self.poll() is None:
+            try:
+                os.killpg(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self._child.wait()  # type: ignore[attr-defined]
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str]:
+        try:
+            self.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise
+        return self.out.read_text(errors="replace"), self.err.read_text(errors="replace")
+
+
+def start_cli(argv: Sequence[str], out: Path, err: Path, env: Mapping[str, str] | None = None) -> CliProcess:
+    """Start ``autotune ARGV`` forked from the fork server, stdout to ``out`` and stderr to ``err``, with
+    ``env`` as its whole environment (default: this process's)."""
+    from autotune.probe.isolation import start_forked_call
+
+    child = start_forked_call("autotune.cli:main", list(argv), str(out), str(err),
+                              dict(os.environ if env is None else env), name="autotune-cli")
+    return CliProcess(child, argv, Path(out), Path(err))
