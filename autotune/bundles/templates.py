@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from autotune.checks.tree import refuse_expressions
 from autotune.errors import ConfigError
 from autotune.utils import expand_path, look_up_option, read_yaml
 
@@ -48,9 +49,11 @@ def default_templates_path() -> Path:
     """``$AUTOTUNE_TEMPLATES`` if set, else the shipped ``algorithm_templates/``: inside the package for a
     wheel (``setup.py`` maps the top-level folder to ``autotune/algorithm_templates``), at the top of the
     repository for a checkout."""
-    env = os.environ.get("AUTOTUNE_TEMPLATES")
-    if env:
-        return expand_path(env).resolve()
+    from autotune.checks.environment import setting
+
+    env = setting("AUTOTUNE_TEMPLATES")
+    if env is not None:
+        return Path(env)
     package = Path(__file__).resolve().parents[1]
     installed = package / "algorithm_templates"  # a wheel: setup.py maps the folder into the package
     checkout = package.parent / "algorithm_templates"  # a checkout (editable install): the top-level folder
@@ -123,15 +126,8 @@ def load_overrides(
 
 
 def reject_expressions(value: Any, where: str) -> None:
-    """Raise ConfigError if any string in ``value`` is a ``$`` expression."""
-    if isinstance(value, str) and value.lstrip().startswith("$"):
-        raise ConfigError(f"{where}: {value!r} looks like an expression; templates are plain data, write the value")
-    if isinstance(value, Mapping):
-        for key, item in value.items():
-            reject_expressions(item, f"{where}.{key}")
-    elif isinstance(value, list):
-        for idx, item in enumerate(value):
-            reject_expressions(item, f"{where}[{idx}]")
+    """Raise ConfigError if any string in ``value`` is a ``$`` expression (each shared node looked at once)."""
+    refuse_expressions(value, where, ConfigError)
 
 
 def load_template(name: str, templates_path: str | os.PathLike[str] | None = None) -> dict[str, Any]:

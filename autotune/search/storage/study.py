@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
@@ -39,9 +38,11 @@ STORAGE_ENV = "AUTOTUNE_STORAGE"
 
 def default_storage_url() -> str:
     """``$AUTOTUNE_STORAGE``, else ``sqlite:///<cwd>/studies/autotune.db``."""
-    env = os.environ.get(STORAGE_ENV)
-    if env:
-        return env
+    from autotune.checks.environment import setting
+
+    env = setting(STORAGE_ENV)
+    if env is not None:
+        return str(env)
     return f"sqlite:///{(Path.cwd() / 'studies' / 'autotune.db').resolve()}"
 
 
