@@ -21,12 +21,14 @@ import datetime
 import hashlib
 import json
 import logging
+import math
 import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from autotune.checks.tree import leaves
 from autotune.data.case_cache import CASE_CACHE, CaseCache
 from autotune.data.datalist import (
     DataSource,
@@ -51,7 +53,7 @@ DATALIST = "datalist.json"
 DATA_SRC = "data_src.yaml"
 # names what the statistics and the checks mean; change it when either changes, so that
 # datastats.yaml files written under the other meaning are analysed again
-_HASH_VERSION = "autotune-datastats-3"
+_HASH_VERSION = "autotune-datastats-4"
 
 
 @dataclass
@@ -188,9 +190,19 @@ def _case_statistics(source: DataSource, keys: list[str | None], infos: list[Cas
     if new:
         computed = case_stats([source.training[index] for index in new], source.source, progress)
         for index, stats in zip(new, computed, strict=True):
+            _refuse_non_finite_stats(stats, infos[index].image[0])
             found[index] = stats
             cache.put(keys[index], infos[index], stats)
     return [stats for stats in found if stats is not None], len(new)
+
+
+def _refuse_non_finite_stats(stats: dict[str, Any], image: str) -> None:
+    """Refuse a case whose statistics hold NaN or infinity although its voxels are finite (values so large that
+    MONAI's float32 statistics overflow): datastats.yaml, and the normalisation generated from it, would be NaN."""
+    for path, value in leaves(stats):
+        if isinstance(value, float) and not math.isfinite(value):
+            raise DataError(f"{image}: MONAI's statistics of this case are not finite ({path} is {value}): its "
+                            "intensities are too large for float32 statistics; rescale the image or remove the case")
 
 
 def _keep_statistics(source: DataSource, result: AnalysisResult, block: dict[str, Any], progress: bool) -> None:
