@@ -16,6 +16,13 @@ import pytest
 from autotune.cli import EXIT_CODES, EXIT_INTERNAL, main
 
 
+def alias_bomb(levels: int = 9, width: int = 9) -> str:
+    """YAML of ``levels`` levels of ``width`` aliases: about 1 KB standing for width**levels values."""
+    lines = [f"bomb0: &bomb0 [{', '.join(['lol'] * width)}]"]
+    lines += [f"bomb{i}: &bomb{i} [{', '.join([f'*bomb{i - 1}'] * width)}]" for i in range(1, levels + 1)]
+    return "\n".join(lines) + "\n"
+
+
 @dataclass
 class Outcome:
     """One in-process run: the exit code and what it printed."""

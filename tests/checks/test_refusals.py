@@ -12,18 +12,11 @@ from pathlib import Path
 import nibabel as nib
 import numpy as np
 import pytest
-from cli_harness import assert_refused_cleanly, inside, run_cli, snapshot
+from cli_harness import alias_bomb, assert_refused_cleanly, inside, run_cli, snapshot
 
 from autotune.bundles.config import CONFIG_RELPATH
 
 CASE = Path("imagesTr") / "case_001.nii.gz"
-
-
-def alias_bomb(levels: int = 9, width: int = 9) -> str:
-    """YAML of ``levels`` levels of ``width`` aliases: about 1 KB standing for width**levels values."""
-    lines = [f"bomb0: &bomb0 [{', '.join(['lol'] * width)}]"]
-    lines += [f"bomb{i}: &bomb{i} [{', '.join([f'*bomb{i - 1}'] * width)}]" for i in range(1, levels + 1)]
-    return "\n".join(lines) + "\n"
 
 
 def _bundle_with(good_work: Path, tmp_path: Path, old: str, new: str) -> Path:
