@@ -15,8 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.bundles.plan import TuningPlan, plan_of
-from autotune.bundles.templates import reject_expressions
-from autotune.checks import Flag, Integer, Items, Number, Triple, refuse_non_finite
+from autotune.checks import Flag, Integer, Items, Number, Triple, refuse_expressions, refuse_non_finite
 from autotune.errors import ConfigError
 from autotune.files import atomic_write_yaml
 from autotune.utils import expand_path, read_yaml
@@ -30,6 +29,7 @@ __all__ = [
     "save_bundle_config",
     "update_bundle_config",
     "check_bundle_config",
+    "check_config_values",
     "MAX_BATCH",
 ]
 
@@ -89,7 +89,7 @@ def check_bundle_config(cfg: Any, where: str) -> dict[str, Any]:
     """
     if not isinstance(cfg, dict):
         raise ConfigError(f"{where}: the top level must be a mapping; regenerate the bundle with 'autotune generate'")
-    reject_expressions(cfg, where)
+    refuse_expressions(cfg, where)
     for key in ("algo", "network", "loss", "optimizer", *_REQUIRED):
         if key not in cfg:
             raise ConfigError(f"{where}: key {key!r} is missing; regenerate the bundle with 'autotune generate'")
@@ -104,6 +104,27 @@ def check_bundle_config(cfg: Any, where: str) -> dict[str, Any]:
             raise ConfigError(f"{where}: key {section!r} must be a mapping with a 'name'")
     plan_of(cfg, where)  # a malformed tuning block is named here, not where a stage reads it
     return cfg
+
+
+def check_config_values(values: Mapping[str, Any], where: str, scopes: tuple[str, ...] = ()) -> None:
+    """Check the values ``values`` gives for the keys a bundle config holds, with the same checker per key as a
+    loaded config (and, under a key of ``scopes``, an algorithm's name, the values scoped to it): overrides are
+    refused when they are read, before any analysis, not when the bundle is written.
+
+    Raises:
+        ConfigError: naming ``where``, the key, the value and what is allowed.
+    """
+    refuse_expressions(values, where)
+    refuse_non_finite(values, where)
+    for key, value in values.items():
+        if key in scopes and isinstance(value, Mapping):
+            check_config_values(value, f"{where}: {key}", ())
+            continue
+        check = _REQUIRED.get(key) or _OPTIONAL.get(key)
+        if check is not None and not (value is None and key in _NULLABLE):
+            check(value, f"{where}: key {key!r}", ConfigError)
+        elif key in ("network", "loss", "optimizer") and not isinstance(value, Mapping):
+            raise ConfigError(f"{where}: key {key!r} must be a mapping (its 'name' and 'args')")
 
 
 def load_bundle_config(bundle: str | os.PathLike[str]) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from autotune.bundles.config import check_config_values
 from autotune.checks.tree import refuse_expressions
 from autotune.errors import ConfigError
 from autotune.utils import expand_path, look_up_option, read_yaml
@@ -101,7 +102,8 @@ def load_overrides(
 
     Raises:
         ConfigError: an unknown preset (the valid names are listed), an unreadable file,
-            a top level that is not a mapping, or a ``$`` expression.
+            a top level that is not a mapping, a ``$`` expression, a NaN or infinity, or a value a bundle
+            config would refuse for its key (``check_config_values``).
     """
     if overrides is None:
         return {}
@@ -121,7 +123,7 @@ def load_overrides(
         return {}
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: overrides must be a mapping of config keys to values")
-    reject_expressions(data, where)
+    check_config_values(data, where, scopes=tuple(list_templates(templates_path)))
     return data
 
 
