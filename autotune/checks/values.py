@@ -26,6 +26,9 @@ __all__ = ["Error", "refuse", "shown", "number", "integer", "flag", "choice", "t
 Error = type[AutotuneError]
 _SHOWN_CHARS = 60
 _INT_TEXT = re.compile(r"[+-]?[0-9]{1,19}")  # what int() reads, below its 4300-digit limit and 2**63
+# ASCII only (float() also reads other scripts' digits and "1_0"); nan and inf are read, then refused as not finite
+_FLOAT_TEXT = re.compile(r"[+-]?(?:[0-9]{1,400}\.?[0-9]{0,400}|\.[0-9]{1,400})(?:[eE][+-]?[0-9]{1,4})?|[+-]?(?:nan|inf|infinity)",
+                         re.IGNORECASE)
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
@@ -59,14 +62,16 @@ def _span(low: float | None, high: float | None, low_open: bool, high_open: bool
 
 
 def number(value: Any, where: str, *, low: float | None = None, high: float | None = None, low_open: bool = False,
-           high_open: bool = False, error: Error = ConfigError, unit: str = "") -> float:
-    """A finite number within the range (text such as ``"0.5"`` is read too); returned as float."""
+           high_open: bool = False, error: Error = ConfigError, unit: str = "", text: bool = True) -> float:
+    """A finite number within the range, returned as float. With ``text`` (an option, an environment
+    variable) the text of a number in ASCII digits is read too; a config file's value must be a number."""
     span = _span(low, high, low_open, high_open)
     rule = f"must be a finite number{f' of {unit}' if unit else ''}{' ' + span if span else ''}"
     if isinstance(value, bool):
         refuse(error, where, value, rule)
     try:
-        result = float(value.strip()) if isinstance(value, str) else float(value) if is_number(value) else None
+        result = float(value) if is_number(value) else float(value.strip()) if (
+            text and isinstance(value, str) and _FLOAT_TEXT.fullmatch(value.strip())) else None
     except (ValueError, OverflowError):
         result = None
     if result is None or not math.isfinite(result):
@@ -78,11 +83,12 @@ def number(value: Any, where: str, *, low: float | None = None, high: float | No
 
 
 def integer(value: Any, where: str, *, low: int | None = None, high: int | None = None,
-            error: Error = ConfigError, unit: str = "") -> int:
-    """A whole number within the range (an int, or text of ASCII digits); a float or bool is refused."""
+            error: Error = ConfigError, unit: str = "", text: bool = True) -> int:
+    """A whole number within the range (an int; with ``text``, also text of ASCII digits); a float or bool is
+    refused."""
     span = _span(low, high, False, False)
     rule = f"must be a whole number{' ' + span if span else ''}{f' ({unit})' if unit else ''}"
-    if isinstance(value, str) and _INT_TEXT.fullmatch(value.strip()):
+    if text and isinstance(value, str) and _INT_TEXT.fullmatch(value.strip()):
         result = int(value.strip())
     elif isinstance(value, int) and not isinstance(value, bool):
         result = value
@@ -127,7 +133,7 @@ def text(value: Any, where: str, *, error: Error = ConfigError, max_chars: int =
 
 @dataclass(frozen=True)
 class Number:
-    """A finite number in a range (see ``number``)."""
+    """A finite number in a range, as a config file holds it: a number, not text (see ``number``)."""
 
     low: float | None = None
     high: float | None = None
@@ -136,18 +142,18 @@ class Number:
 
     def __call__(self, value: Any, where: str, error: Error = ConfigError) -> float:
         return number(value, where, low=self.low, high=self.high, low_open=self.low_open, high_open=self.high_open,
-                      error=error)
+                      error=error, text=False)
 
 
 @dataclass(frozen=True)
 class Integer:
-    """A whole number in a range (see ``integer``)."""
+    """A whole number in a range, as a config file holds it: an int, not text (see ``integer``)."""
 
     low: int | None = None
     high: int | None = None
 
     def __call__(self, value: Any, where: str, error: Error = ConfigError) -> int:
-        return integer(value, where, low=self.low, high=self.high, error=error)
+        return integer(value, where, low=self.low, high=self.high, error=error, text=False)
 
 
 @dataclass(frozen=True)

@@ -162,8 +162,8 @@ def analyze(input: str | Path, work_dir: str | Path, num_fold: int = 5, force: b
 
 def _analyse(source: DataSource, result: AnalysisResult, cache: CaseCache,
              progress: bool) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Check the cases and the dataset, write the lists, compute the statistics of the cases ``cache``
-    lacks; returns the summary and the per-case statistics of all cases (the cache is saved)."""
+    """Check the cases and the dataset, compute the statistics of the cases ``cache`` lacks, then write the lists;
+    returns the summary and the per-case statistics of all cases (the cache is saved)."""
     check_duplicates(source)  # before reading any file: a duplicate is wrong whatever the files hold
     keys = [cache.case_key(entry) for entry in source.training]
     known = {index: info for index, (key, entry) in enumerate(zip(keys, source.training, strict=True))
@@ -173,12 +173,14 @@ def _analyse(source: DataSource, result: AnalysisResult, cache: CaseCache,
     infos = check_cases(source, progress=progress, known=known)
     result.warnings = check_dataset(source, infos)
     log_warnings(result.warnings)
-    result.datastats.parent.mkdir(parents=True, exist_ok=True)
-    result.datastats.unlink(missing_ok=True)  # stale from here on: new datalist, statistics not yet computed
-    _write_lists(source, result)
     by_case, result.cases_read = _case_statistics(source, keys, infos, cache, progress)
+    summary = summarize(by_case)
+    # nothing is written before every check and statistic has passed: a refusal leaves the work folder as it was
+    result.datastats.parent.mkdir(parents=True, exist_ok=True)
+    result.datastats.unlink(missing_ok=True)  # stale from here on: new datalist, statistics not yet written
+    _write_lists(source, result)
     cache.save(keys)
-    return summarize(by_case), by_case
+    return summary, by_case
 
 
 def _case_statistics(source: DataSource, keys: list[str | None], infos: list[CaseInfo], cache: CaseCache,
