@@ -63,14 +63,15 @@ def expand_path(path: str | os.PathLike[str], error: Error = ConfigError, what: 
         raise error(f"{what} {str(path)!r}: cannot find the home folder of {path.parts[0]!r}; give {instead}") from exc
 
 
-def path(value: Any, where: str, *, kind: str = "any", exists: bool = False, error: Error = ConfigError) -> Path:
-    """A file-system path: text without NUL or other control characters, ``~`` expanded; with ``exists``
-    it must exist and be of ``kind`` (``file``, ``folder`` or ``any``)."""
+def path(value: Any, where: str, *, kind: str = "any", exists: bool = False, error: Error = ConfigError,
+         instead: str = "the full path") -> Path:
+    """A file-system path: text without NUL or other control characters, ``~`` expanded (an unknown ``~user``
+    asks for ``instead``); with ``exists`` it must exist and be of ``kind`` (``file``, ``folder`` or ``any``)."""
     if isinstance(value, os.PathLike):
         value = os.fspath(value)
     if not isinstance(value, str) or not value.strip() or any(ord(c) < 32 for c in value) or len(value) > 4096:
         refuse(error, where, value, "must be a path: non-empty text without control characters")
-    result = expand_path(value, error, where or "path")
+    result = expand_path(value, error, where or "path", instead)
     if exists:
         try:
             found = result.is_file() if kind == "file" else result.is_dir() if kind == "folder" else result.exists()

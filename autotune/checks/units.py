@@ -47,17 +47,18 @@ def byte_size(value: Any, where: str, *, error: Error = SpecError) -> int:
 def duration(value: Any, where: str, *, error: Error = SpecError) -> float:
     """``'30m'``, ``'2h'``, ``'90s'``, ``'1.5h'`` or plain seconds -> seconds (above 0, at most a year)."""
     rule = "must be a duration above 0 and at most a year, e.g. 90s, 30m, 2h or plain seconds"
+    unreadable = "not a duration: write e.g. 90s, 30m, 2h or plain seconds, a duration above 0 and at most a year"
     if isinstance(value, bool):
-        refuse(error, where, value, rule)
+        refuse(error, where, value, unreadable)
     if is_number(value):
         seconds = float(value)
     elif isinstance(value, str):
         match = re.fullmatch(_AMOUNT, value.lower())
         if not match or match.group(2) not in _SECOND_UNITS:
-            refuse(error, where, value, rule)
+            refuse(error, where, value, unreadable)
         seconds = float(match.group(1)) * _SECOND_UNITS[match.group(2)]
     else:
-        refuse(error, where, value, rule)
+        refuse(error, where, value, unreadable)
     if not math.isfinite(seconds) or not 0 < seconds <= MAX_SECONDS:
         refuse(error, where, value, rule)
     return seconds

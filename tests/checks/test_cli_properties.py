@@ -383,6 +383,7 @@ def _write_image(root: Path, kind: str, case: int) -> None:
 @given(data=st.data(), image=st.one_of(st.none(), images))
 @example(data=None, image=("nan", 1))
 @example(data=None, image=("huge", 0))  # found: refused at the statistics after the lists were rewritten
+@example(data={"training": [{"image": "\x00", "label": "labelsTr/case_000.nii.gz"}]}, image=None)  # found: exit 70
 def test_any_datalist_or_image_keeps_the_properties(data: Any, image: tuple[str, int] | None, good_work: Path,
                                                     demo_data: Path, capsys: pytest.CaptureFixture[str]) -> None:
     good_list = json.loads((demo_data / "datalist.json").read_text())
@@ -392,9 +393,11 @@ def test_any_datalist_or_image_keeps_the_properties(data: Any, image: tuple[str,
         work = Path(shutil.copytree(good_work, Path(folder) / "work", ignore=shutil.ignore_patterns("unet_0")))
         if image is not None:
             _write_image(root, *image)
-        listed = data is not None and (image is None or data.draw(st.booleans(), label="also the datalist"))
+        listed = isinstance(data, dict) or (data is not None and (
+            image is None or data.draw(st.booleans(), label="also the datalist")))
         if listed:
-            (root / "datalist.json").write_text(json.dumps(data.draw(datalists(good_list), label="datalist")))
+            given = data if isinstance(data, dict) else data.draw(datalists(good_list), label="datalist")
+            (root / "datalist.json").write_text(json.dumps(given))
         good = snapshot(work)
         argv = ["analyze", "--input", str(root / "datalist.json"), "--work-dir", str(work), "--num-fold", "2", "-q"]
         with inside(work):
