@@ -199,3 +199,15 @@ def test_a_bug_is_one_line_and_exit_70_with_the_traceback_in_a_file(tmp_path: Pa
     [written] = list(tmp_path.glob("autotune-analyze-*.traceback.txt"))
     assert str(written) in outcome.err
     assert "Traceback" in written.read_text() and "KeyError: 'a bug'" in written.read_text()
+
+
+def test_docs_list_every_exit_code() -> None:
+    """docs/cli.md's table of exit codes holds exactly the codes the CLI documents (``EXIT_CODES``), 70 included."""
+    import re
+
+    from autotune.cli import EXIT_CODES
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "cli.md").read_text()
+    table = text.split("## Exit codes", 1)[1].split("\n## ", 1)[0]
+    assert {int(code) for code in re.findall(r"^\| (\d+) \|", table, re.MULTILINE)} == set(EXIT_CODES)
+    assert "| 70 | internal error" in table
