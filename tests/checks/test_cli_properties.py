@@ -411,6 +411,38 @@ def test_any_datalist_or_image_keeps_the_properties(data: Any, image: tuple[str,
     assert_unchanged(outside, snapshot(good_work, demo_data), "a file outside the work folder")
 
 
+input_yaml_texts = st.one_of(
+    st.builds(lambda key, value: yaml.safe_dump({"name": "demo", "modality": "MRI", "datalist": "datalist.json",
+                                                 "dataroot": ".", key: value}, allow_unicode=True),
+              st.sampled_from(["modality", "datalist", "dataroot", "class_names", "labels", "sigmoid", "name"]),
+              yaml_values),
+    st.sampled_from([alias_bomb(), "modality: &m [*m]\n", "datalist: !!binary aGk=\n", "- modality\n",
+                     "modality: MRI\ndatalist: datalist.json\ndataroot: " + "[" * 150 + "]" * 150 + "\n"]),
+    st.text(max_size=40),
+)
+
+
+@settings(BOUNDED, max_examples=20)
+@given(text=input_yaml_texts)
+@example(text=alias_bomb())
+def test_any_input_yaml_keeps_the_properties(text: str, good_work: Path, demo_data: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    outside = snapshot(good_work, demo_data)
+    with tempfile.TemporaryDirectory(prefix="autotune-hostile-") as folder:
+        root = Path(shutil.copytree(demo_data, Path(folder) / "data"))
+        work = Path(shutil.copytree(good_work, Path(folder) / "work", ignore=shutil.ignore_patterns("unet_0")))
+        (root / "input.yaml").write_bytes(text.encode("utf-8", "surrogatepass"))
+        good = snapshot(work)
+        argv = ["analyze", "--input", str(root / "input.yaml"), "--work-dir", str(work), "--num-fold", "2", "-q"]
+        with inside(work):
+            outcome = run_cli(argv, capsys)
+        assert_refused_cleanly(outcome, argv, exit_two=False)
+        assert outcome.code in (0, 2), outcome.text
+        if outcome.code != 0:
+            assert_unchanged(good, snapshot(work), "a good file in the work folder")
+    assert_unchanged(outside, snapshot(good_work, demo_data), "a file outside the work folder")
+
+
 # ----------------------------------------------------------------------------- settings and storages
 
 @settings(BOUNDED, max_examples=25)
