@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.bundles.config import check_config_values
-from autotune.checks.tree import refuse_expressions
+from autotune.checks.tree import refuse_expressions, refuse_non_finite
 from autotune.errors import ConfigError
 from autotune.utils import expand_path, look_up_option, read_yaml
 
@@ -137,7 +137,7 @@ def load_template(name: str, templates_path: str | os.PathLike[str] | None = Non
 
     Raises:
         ConfigError: unknown name (listing the valid ones), unreadable YAML, a missing
-            section or key, or an expression string.
+            section or key, an expression string, or a NaN or infinity.
     """
     root = _root(templates_path)
     look_up_option(name, list_templates(root), "algorithm")
@@ -146,6 +146,7 @@ def load_template(name: str, templates_path: str | os.PathLike[str] | None = Non
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping")
     reject_expressions(data, str(path))
+    refuse_non_finite(data, str(path))
     version = data.get("version")
     if not isinstance(version, int) or isinstance(version, bool) or version < 1:
         raise ConfigError(f"{path}: key 'version' must be a positive integer")

@@ -44,8 +44,8 @@ def refuse_non_finite(tree: Any, where: str, error: Error = ConfigError) -> None
     """Raise ``error`` naming the first NaN or infinite number in ``tree`` (a config holds finite numbers)."""
     for path, value in leaves(tree):
         if isinstance(value, float) and not math.isfinite(value):
-            raise error(f"{where}: key {path!r}: got {value!r}; must be a finite number (NaN and infinity are never "
-                        "a setting)")
+            raise error(f"{where}: key {path!r}: got {value!r}; must be a finite number (NaN and infinity are "
+                        "refused in every file autotune reads): fix the value or regenerate the file")
 
 
 def refuse_expressions(tree: Any, where: str, error: Error = ConfigError) -> None:
