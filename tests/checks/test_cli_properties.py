@@ -379,7 +379,7 @@ def _write_image(root: Path, kind: str, case: int) -> None:
     nib.save(nib.Nifti1Image(data, image.affine, dtype=data.dtype), str(path))
 
 
-@settings(BOUNDED, max_examples=30)
+@settings(BOUNDED, max_examples=25)
 @given(data=st.data(), image=st.one_of(st.none(), images))
 @example(data=None, image=("nan", 1))
 @example(data=None, image=("huge", 0))  # found: refused at the statistics after the lists were rewritten
@@ -445,7 +445,7 @@ def test_any_input_yaml_keeps_the_properties(text: str, good_work: Path, demo_da
 
 # ----------------------------------------------------------------------------- settings and storages
 
-@settings(BOUNDED, max_examples=25)
+@settings(BOUNDED, max_examples=20)
 @given(name=st.sampled_from(sorted(SETTINGS)), value=odd_text.filter(lambda t: "\x00" not in t),
        storage=st.one_of(st.none(), bad_storage.filter(lambda t: "\x00" not in t and t.strip()),
                          st.sampled_from(["sqlite:///{work}/sub/s.db", "sqlite:///{work}", "sqlite:///{work}/junk.db",
