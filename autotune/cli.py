@@ -3,7 +3,10 @@
 Each stage's subcommands live in ``autotune/commands/<stage>.py`` and register
 themselves here. Nothing heavy (torch, monai, optuna) is imported until a
 subcommand runs, so ``autotune --help`` answers at once. An ``AutotuneError``
-becomes one line on stderr and its exit code (``EXIT_CODES``); never a traceback.
+becomes one line on stderr and its exit code (``EXIT_CODES``); never a traceback. Every
+option is checked as it is parsed (``autotune.checks.options``) and every ``AUTOTUNE_*``
+setting before the command runs (``autotune.checks.environment``). Any other exception is a
+bug: one line names the command and a file holding the full traceback, exit code 70.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import importlib
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from autotune.errors import AutotuneError
 from autotune.version import __version__
@@ -28,6 +31,7 @@ _COMMAND_MODULES = (
 )
 
 EXIT_USAGE = 2
+EXIT_INTERNAL = 70  # sysexits.h EX_SOFTWARE: a bug in autotune, not the input
 # What each exit code means; docs/cli.md lists the same.
 EXIT_CODES = {
     0: "success",
@@ -35,6 +39,7 @@ EXIT_CODES = {
     2: "bad input: a file, key, value or option to fix",
     3: "out of memory under the tuned limit",
     4: "the host refused a write: disk full, quota, read-only or permission (HostWriteError)",
+    70: "internal error: a bug in autotune (the line names a file holding the traceback; please report it)",
     130: "stopped by SIGINT (Ctrl-C)",
     138: "training stopped by SIGUSR1 after writing a checkpoint",
     143: "training stopped by SIGTERM after writing a checkpoint",
@@ -46,6 +51,12 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> None:  # type: ignore[override]
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    def _get_values(self, action: argparse.Action, arg_strings: list[str]) -> object:
+        # argparse drops a lone '--' given as ``--opt=--`` and stores [] without calling the option's type
+        if action.option_strings and action.nargs is None and arg_strings == ["--"]:
+            self.error(f"argument {'/'.join(action.option_strings)}: expected one argument, got '--'")
+        return super()._get_values(action, arg_strings)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -90,9 +101,15 @@ STOPPABLE = ("tune", "run", "worker", "verify")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the CLI; returns the exit code (see ``EXIT_CODES``)."""
+    """Run the CLI; returns the exit code (see ``EXIT_CODES``); ``--help`` and ``--version`` exit with 0
+    (``SystemExit``), as argparse does."""
     parser = build_parser()
-    args = parser.parse_args(_join_negative_values(list(sys.argv[1:] if argv is None else argv)))
+    try:
+        args = parser.parse_args(_join_negative_values(list(sys.argv[1:] if argv is None else argv)))
+    except SystemExit as exc:  # --help and --version exit 0 as argparse does; a usage error is returned
+        if exc.code in (0, None):
+            raise
+        return int(exc.code) if isinstance(exc.code, int) else EXIT_USAGE
     logging.basicConfig(
         level=logging.DEBUG if getattr(args, "verbose", False) else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
@@ -101,13 +118,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     if func is None:
         parser.print_help()
         return EXIT_USAGE
-    if getattr(args, "precision", None):  # reaches the probes' children through the environment
-        from autotune.precision import PRECISION_ENV
+    try:
+        return _run(args, func)
+    except Exception as exc:  # noqa: BLE001 - the last line of defence: a bug, reported in one line
+        return _internal_error(args.command, exc)
 
-        os.environ[PRECISION_ENV] = args.precision
+
+def _run(args: argparse.Namespace, func: Callable[[argparse.Namespace], int | None]) -> int:
+    """The command's handler, with its ``AutotuneError`` (bad input, host faults), a stop or Ctrl-C as one line."""
     from autotune.stopping import Stopped, stop_on_signals
 
     try:
+        from autotune.checks.environment import check_environment
+
+        check_environment()
+        if getattr(args, "precision", None):  # reaches the probes' children through the environment
+            from autotune.precision import PRECISION_ENV
+
+            os.environ[PRECISION_ENV] = args.precision
         if args.command in STOPPABLE:
             with stop_on_signals():
                 return int(func(args) or 0)
@@ -123,6 +151,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"autotune {args.command}: interrupted; finished work is saved, run the same command to resume",
               file=sys.stderr)
         return 130
+
+
+def _internal_error(command: str, exc: BaseException) -> int:
+    """Write the traceback of ``exc`` to a file, say in one line where it is, return ``EXIT_INTERNAL``."""
+    import tempfile
+    import traceback
+
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    try:
+        handle, path = tempfile.mkstemp(prefix=f"autotune-{command}-", suffix=".traceback.txt")
+        with os.fdopen(handle, "w", encoding="utf-8") as out:
+            out.write(f"autotune {__version__}, command line: {sys.argv!r}\n{text}")
+        where = f"the full traceback is in {path}"
+    except OSError as write_error:  # nowhere to write: the type and message must do
+        where = f"the traceback could not be written ({write_error.strerror})"
+    message = " ".join(str(exc).split())[:200]
+    print(f"autotune {command}: internal error (a bug in autotune, not in your input): {type(exc).__name__}: "
+          f"{message}; {where}; please report it with that file", file=sys.stderr)
+    return EXIT_INTERNAL
 
 
 if __name__ == "__main__":  # pragma: no cover

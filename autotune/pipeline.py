@@ -86,11 +86,12 @@ def generate(
         preset, or a template that does not fit the data. SpecError: a bad ``num_fold``.
     """
     from autotune.bundles.templates import load_overrides
-    from autotune.data.analyze import analyze
 
     if not isinstance(num_fold, int) or isinstance(num_fold, bool) or num_fold < 1:
         raise SpecError(f"num_fold must be a positive integer, got {num_fold!r}")
-    overrides = load_overrides(overrides)  # a bad preset fails before the analysis
+    overrides = load_overrides(overrides)  # bad overrides fail before the analysis (and before it is imported)
+    from autotune.data.analyze import analyze
+
     analysis = analyze(input, work_dir, num_fold=num_fold, progress=progress)
     gen = _BundleGen(work_dir, algos=algos, templates_path=templates, data_stats_filename=analysis.datastats,
                      data_src_cfg_name=analysis.data_src)

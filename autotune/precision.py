@@ -91,14 +91,10 @@ def forced_precision() -> str | None:
     Raises:
         SpecError: the variable holds something else.
     """
-    from autotune.errors import SpecError
+    from autotune.checks.environment import setting
 
-    value = os.environ.get(PRECISION_ENV, "").strip().lower()
-    if value in ("", "auto"):
-        return None
-    if value not in PRECISIONS:
-        raise SpecError(f"{PRECISION_ENV}={value!r}: give auto, fp32, bf16 or fp16 (or unset it)")
-    return value
+    value = setting(PRECISION_ENV)
+    return None if value in (None, "auto") else str(value)
 
 
 @contextlib.contextmanager
@@ -187,12 +183,10 @@ def for_bundle(cfg: Mapping[str, Any], device: str) -> tuple[Precision, str | No
 
 def cpu_bf16_native() -> tuple[bool, str]:
     """Whether this CPU runs bfloat16 autocast natively, and how that was decided."""
-    from autotune.errors import SpecError
+    from autotune.checks.environment import setting
 
-    value = os.environ.get(CPU_BF16_ENV, "").strip().lower()
-    if value:
-        if value not in ("native", "emulated"):
-            raise SpecError(f"{CPU_BF16_ENV}={value!r}: give native or emulated (or unset it)")
+    value = setting(CPU_BF16_ENV)
+    if value is not None:
         return value == "native", f"{CPU_BF16_ENV}={value}"
     return _detected()
 

@@ -5,10 +5,8 @@ Files are written through ``autotune.files`` (the one atomic write path).
 
 from __future__ import annotations
 
-import difflib
 import json
 import os
-import re
 from collections.abc import Callable, Iterable, Mapping
 from enum import Enum
 from pathlib import Path
@@ -16,6 +14,10 @@ from typing import Any
 
 import yaml
 
+from autotune.checks.bounded_yaml import check_size, load_yaml
+from autotune.checks.places import expand_path
+from autotune.checks.units import byte_size
+from autotune.checks.values import choice
 from autotune.errors import AutotuneError, ConfigError
 
 __all__ = [
@@ -67,32 +69,21 @@ def plain_data(data: Any, *, str_keys: bool = False, str_other: bool = False) ->
     return str(data) if str_other else data
 
 
-def expand_path(path: str | os.PathLike[str], error: type[AutotuneError] = ConfigError, what: str = "path",
-                instead: str = "the full path") -> Path:
-    """``Path(path).expanduser()``; an unknown ``~user`` raises ``error`` instead of RuntimeError.
-
-    The message reads ``{what} '{path}': cannot find the home folder of '~user'; give {instead}``.
-    """
-    path = Path(path)
-    try:
-        return path.expanduser()
-    except RuntimeError as exc:
-        raise error(f"{what} {str(path)!r}: cannot find the home folder of {path.parts[0]!r}; give {instead}") from exc
-
-
-def _read_parsed(path: str | os.PathLike[str], error: type[AutotuneError], kind: str, parse: Callable[[str], Any],
-                 syntax_error: type[Exception], where: Callable[[Any], str]) -> Any:
-    """``parse`` of the UTF-8 text of ``path``; every problem raises ``error`` naming the file
-    (``where`` gives the position of a ``syntax_error``)."""
+def _read_parsed(path: str | os.PathLike[str], error: type[AutotuneError], kind: str,
+                 parse: Callable[[str, str, type[AutotuneError]], Any], syntax_error: type[Exception],
+                 where: Callable[[Any], str]) -> Any:
+    """``parse(text, path, error)`` of the UTF-8 text of ``path``; every problem raises ``error`` naming the
+    file (``where`` gives the position of a ``syntax_error``). A file over ``MAX_FILE_BYTES`` is not read."""
     path = Path(path)
     if not path.is_file():
         raise error(f"{path}: file not found; check the path")
+    check_size(path, str(path), error)
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
         raise error(f"{path}: not a UTF-8 text file; give a {kind} file") from exc
     try:
-        return parse(text)
+        return parse(text, str(path), error)
     except syntax_error as exc:
         raise error(f"{path}: not valid {kind}{where(exc)}; fix the syntax") from exc
     except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
@@ -103,50 +94,31 @@ def _read_parsed(path: str | os.PathLike[str], error: type[AutotuneError], kind:
 
 def _yaml_mark(exc: Any) -> str:
     mark = getattr(exc, "problem_mark", None)
-    return f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+    problem = " ".join(str(getattr(exc, "problem", "") or "").split())
+    if mark is None:
+        return f" ({problem})" if problem else ""
+    return f" (line {mark.line + 1}, column {mark.column + 1}{': ' + problem if problem else ''})"
 
 
 def read_yaml(path: str | os.PathLike[str], error: type[AutotuneError] = ConfigError) -> Any:
-    """Read a YAML file with ``yaml.safe_load``; problems raise ``error`` naming the file."""
-    return _read_parsed(path, error, "YAML", yaml.safe_load, yaml.YAMLError, _yaml_mark)
+    """Read a YAML file as plain data within limits (``autotune.checks.bounded_yaml``: size, values after
+    alias expansion, nesting; no dates or other non-plain types); problems raise ``error`` naming the file."""
+    return _read_parsed(path, error, "YAML", load_yaml, yaml.YAMLError, _yaml_mark)
 
 
 def read_json(path: str | os.PathLike[str], error: type[AutotuneError] = ConfigError) -> Any:
     """Read a JSON file; problems raise ``error`` naming the file and position."""
-    return _read_parsed(path, error, "JSON", json.loads, json.JSONDecodeError,
+    return _read_parsed(path, error, "JSON", lambda text, _where, _error: json.loads(text), json.JSONDecodeError,
                         lambda exc: f" (line {exc.lineno}, column {exc.colno}: {exc.msg})")
 
 
-_UNITS = {
-    "": 1, "b": 1,
-    "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3, "t": 1000**4, "tb": 1000**4,
-    "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4,
-}
-
-
 def parse_bytes(text: str | int | float, what: str = "memory size") -> int:
-    """Parse ``'8GiB'``, ``'512MiB'``, ``'2.5GB'`` or a plain byte count into bytes.
+    """Parse ``'8GiB'``, ``'512MiB'``, ``'2.5GB'`` or a plain byte count into bytes (``autotune.checks.byte_size``).
 
     Raises:
-        SpecError-like ``ConfigError`` subclass from the caller is not needed: raises
-        ``autotune.errors.SpecError`` with the offending text.
+        SpecError: not a positive size of at most 1 PiB; the message names ``what``.
     """
-    from autotune.errors import SpecError
-
-    if isinstance(text, bool):
-        raise SpecError(f"{what}: {text!r} is not a size; write e.g. 8GiB or 512MiB")
-    if isinstance(text, (int, float)):
-        value = float(text)
-    else:
-        if str(text).strip().startswith("-"):
-            raise SpecError(f"{what}: {text!r} must be a positive size; write e.g. 8GiB or 512MiB")
-        match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(text))
-        if not match or match.group(2).lower() not in _UNITS:
-            raise SpecError(f"{what}: {text!r} is not a size; write e.g. 8GiB, 512MiB or 2GB")
-        value = float(match.group(1)) * _UNITS[match.group(2).lower()]
-    if value <= 0:
-        raise SpecError(f"{what}: {text!r} must be a positive size")
-    return int(value)
+    return byte_size(text, what)
 
 
 def format_bytes(num: float | int | None) -> str:
@@ -162,10 +134,6 @@ def format_bytes(num: float | int | None) -> str:
 
 
 def look_up_option(name: str, valid: Iterable[str], what: str, error: type[AutotuneError] = ConfigError) -> str:
-    """Return ``name`` if valid, else raise ``error`` listing the valid names and a close match."""
-    choices = list(valid)
-    if name in choices:
-        return name
-    close = difflib.get_close_matches(str(name), choices, n=1)
-    hint = f" (did you mean {close[0]!r}?)" if close else ""
-    raise error(f"unknown {what} {name!r}{hint}; valid: {', '.join(choices)}")
+    """Return ``name`` if valid, else raise ``error`` listing the valid names and a close match
+    (``autotune.checks.choice``)."""
+    return choice(name, valid, what, error)

@@ -176,6 +176,19 @@ def launch(script: str | os.PathLike[str], args: Sequence[str], memory_limit: in
     return record
 
 
+def _check_config_files(arguments: Sequence[str]) -> None:
+    """The config files named in the script's arguments (``--config_file=a.yaml`` or a list of them), each
+    within autotune's limits before MONAI's ``ConfigParser`` reads it (``view.check_config_file``)."""
+    import re
+
+    from autotune.auto3dseg.view import check_config_file
+
+    for argument in arguments:
+        for name in re.findall(r"[^'\"\[\],=\s]+\.(?:yaml|json)", argument):
+            if Path(name).is_file():
+                check_config_file(Path(name))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``--memory-limit``, ``--device``, ``--peak-json`` and ``-- SCRIPT ARGS``; run; return the script's code."""
     from autotune.errors import AutotuneError
@@ -193,6 +206,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         limit = parse_bytes(options.memory_limit, "--memory-limit")
         if not Path(command[0]).is_file():
             raise AutotuneError(f"{command[0]}: no such script")
+        _check_config_files(command[1:])
         record = launch(command[0], command[1:], limit, options.device, options.peak_json)
     except AutotuneError as exc:
         print(f"python -m autotune.launch: error: {exc}", file=sys.stderr)

@@ -16,8 +16,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import yaml
+
 from autotune.auto3dseg.recognise import file_sha256, identify, monai_bundle_root
 from autotune.auto3dseg.versions import SUPPORTED
+from autotune.checks.bounded_yaml import check_size, refuse_limits
 from autotune.errors import ConfigError
 from autotune.utils import plain_data, read_json, read_yaml
 
@@ -25,7 +28,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from monai.bundle import ConfigParser
 
 __all__ = ["FORMAT", "TUNING_RELPATH", "read_parser", "load_view", "load_arch_code", "template_of", "config_files",
-           "is_monai_view"]
+           "check_config_file", "is_monai_view"]
 
 FORMAT = "monai"
 #: provenance of a MONAI bundle: outside ``configs/``, which ``train.py`` reads whole
@@ -36,8 +39,28 @@ SEGRESNET_SW_OVERLAP = 0.625  # Segmenter's default SlidingWindowInfererAdapt
 
 
 def config_files(root: Path) -> list[str]:
-    """The bundle's ``configs/`` files in the order AutoRunner passes them to ``train.py`` (sorted)."""
-    return [str(p) for p in sorted((root / "configs").iterdir()) if p.suffix in (".yaml", ".json")]
+    """The bundle's ``configs/`` files in the order AutoRunner passes them to ``train.py`` (sorted), each
+    checked within autotune's limits first (``check_config_file``)."""
+    files = [p for p in sorted((root / "configs").iterdir()) if p.suffix in (".yaml", ".json")]
+    for path in files:
+        check_config_file(path)
+    return [str(p) for p in files]
+
+
+def check_config_file(path: Path) -> None:
+    """Refuse a bundle config file MONAI's ``ConfigParser`` should not see: larger than the limit, or (YAML)
+    standing for too many values once its aliases are expanded, nested too deep, or holding itself
+    (``autotune.checks.bounded_yaml``).
+
+    Raises:
+        ConfigError: one line naming the file and the limit.
+    """
+    check_size(path, str(path), ConfigError)
+    if path.suffix == ".yaml":
+        try:
+            refuse_limits(path.read_text(encoding="utf-8"), str(path), ConfigError)
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+            raise ConfigError(f"{path}: cannot be read as YAML ({type(exc).__name__}); regenerate the bundle") from exc
 
 
 def is_monai_view(cfg: Any) -> bool:

@@ -36,6 +36,7 @@ from typing import Any
 from autotune.bundles.config import CONFIG_RELPATH, check_bundle_config
 from autotune.bundles.render import deep_merge, render_config
 from autotune.bundles.templates import list_templates, load_overrides, load_template
+from autotune.checks import refuse_non_finite
 from autotune.errors import ConfigError
 from autotune.files import atomic_write_json, atomic_write_text, atomic_write_yaml
 from autotune.utils import expand_path, look_up_option, read_yaml
@@ -219,11 +220,12 @@ class BundleGen:
         """The datastats file and its content hash (the file's digest where it records none).
 
         Raises:
-            ConfigError: the file is missing or not a datastats file.
+            ConfigError: the file is missing, not a datastats file, or holds NaN or infinity.
         """
         stats = read_yaml(self.data_stats_filename, ConfigError)
         if not isinstance(stats, dict):
             raise ConfigError(f"{self.data_stats_filename}: not a datastats file; run 'autotune analyze' first")
+        refuse_non_finite(stats, str(self.data_stats_filename))  # NaN statistics would fill NaN into every bundle
         stats_hash = str((stats.get("autotune") or {}).get("content_hash") or _file_hash(self.data_stats_filename))
         return stats, stats_hash
 

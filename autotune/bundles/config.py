@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.bundles.plan import TuningPlan, plan_of
-from autotune.bundles.templates import reject_expressions
+from autotune.checks import Flag, Integer, Items, Number, Triple, refuse_expressions, refuse_non_finite
 from autotune.errors import ConfigError
 from autotune.files import atomic_write_yaml
 from autotune.utils import expand_path, read_yaml
@@ -29,20 +29,44 @@ __all__ = [
     "save_bundle_config",
     "update_bundle_config",
     "check_bundle_config",
+    "check_config_values",
+    "MAX_BATCH",
 ]
 
 CONFIG_RELPATH = Path("configs") / "hyper_parameters.yaml"
 
-_POSITIVE_INTS = (
-    "input_channels",
-    "output_classes",
-    "num_images_per_batch",
-    "num_crops_per_image",
-    "num_patches_per_iter",
-    "num_sw_batch_size",
-    "num_epochs",
-)
-_BOOLS = ("sw_input_on_cpu", "amp")
+MAX_BATCH = 65_536  # patches or windows per pass: beyond any device
+# What each key the stages read must hold: the required keys first, then those a bundle may leave out
+# (``None`` allowed where a key's absence has a meaning). Every number anywhere in the file must also be
+# finite (``refuse_non_finite``).
+_REQUIRED: dict[str, Any] = {
+    "input_channels": Integer(1, 256),
+    "output_classes": Integer(1, 1024),
+    "num_images_per_batch": Integer(1, MAX_BATCH),
+    "num_crops_per_image": Integer(1, MAX_BATCH),
+    "num_patches_per_iter": Integer(1, MAX_BATCH),
+    "num_sw_batch_size": Integer(1, MAX_BATCH),
+    "num_epochs": Integer(1, 1_000_000),
+    "sw_input_on_cpu": Flag(),
+    "amp": Flag(),
+    "roi_size": Triple(Integer(1, 4096)),
+    "resample_resolution": Triple(Number(0.0, 1000.0, low_open=True)),
+}
+_OPTIONAL: dict[str, Any] = {
+    "learning_rate": Number(0.0, 1000.0, low_open=True),
+    "cache_rate": Number(0.0, 1.0),
+    "sw_overlap": Number(0.0, 1.0, high_open=True),
+    "num_epochs_per_validation": Integer(1, 1_000_000),
+    "num_workers": Integer(0, 1024),
+    "seed": Integer(0, 2**32 - 1),
+    "fold": Integer(0, 99),
+    "num_fold": Integer(1, 100),
+    "infer_volume_shape": Triple(Integer(1, 65_536)),
+    "pos_neg_ratio": Items(Number(0.0, 1e6), 2, "positive to negative crops"),
+    "early_stop_patience": Integer(0, 1_000_000),
+    **{key: Flag() for key in ("crop_foreground", "cache_on_device", "persistent_cache", "sigmoid")},
+}
+_NULLABLE = ("early_stop_patience",)  # null: no early stop
 
 
 def bundle_config_path(bundle: str | os.PathLike[str]) -> Path:
@@ -57,49 +81,50 @@ def bundle_config_path(bundle: str | os.PathLike[str]) -> Path:
     raise ConfigError(f"{path}: not a bundle folder or a .yaml config")
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def check_bundle_config(cfg: Any, where: str) -> dict[str, Any]:
-    """Check the keys probe, estimate and train rely on; return ``cfg``.
+    """Check the keys probe, estimate and train rely on, each against its type and range; return ``cfg``.
 
     Raises:
-        ConfigError: naming ``where`` and the key, with the expected form.
+        ConfigError: naming ``where``, the key, the value and what is allowed (one line).
     """
     if not isinstance(cfg, dict):
         raise ConfigError(f"{where}: the top level must be a mapping; regenerate the bundle with 'autotune generate'")
-    reject_expressions(cfg, where)
-    for key in ("algo", "network", "loss", "optimizer", "roi_size", "resample_resolution", *_POSITIVE_INTS, *_BOOLS):
+    refuse_expressions(cfg, where)
+    for key in ("algo", "network", "loss", "optimizer", *_REQUIRED):
         if key not in cfg:
             raise ConfigError(f"{where}: key {key!r} is missing; regenerate the bundle with 'autotune generate'")
-    for key in _POSITIVE_INTS:
-        if not _is_int(cfg[key]) or cfg[key] < 1:
-            raise ConfigError(f"{where}: key {key!r} must be a positive integer, got {cfg[key]!r}")
-    for key in _BOOLS:
-        if not isinstance(cfg[key], bool):
-            raise ConfigError(f"{where}: key {key!r} must be true or false, got {cfg[key]!r}")
-    roi = cfg["roi_size"]
-    if not (isinstance(roi, list) and len(roi) == 3 and all(_is_int(v) and v > 0 for v in roi)):
-        raise ConfigError(f"{where}: key 'roi_size' must be three positive integers, got {roi!r}")
-    res = cfg["resample_resolution"]
-    if not (
-        isinstance(res, list)
-        and len(res) == 3
-        and all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in res)
-    ):
-        raise ConfigError(f"{where}: key 'resample_resolution' must be three positive numbers, got {res!r}")
+    for key, check in _REQUIRED.items():
+        check(cfg[key], f"{where}: key {key!r}", ConfigError)
+    for key, check in _OPTIONAL.items():
+        if key in cfg and not (cfg[key] is None and key in _NULLABLE):
+            check(cfg[key], f"{where}: key {key!r}", ConfigError)
+    refuse_non_finite(cfg, where)  # and everywhere else: a NaN weight decay is as wrong
     for section in ("network", "loss", "optimizer"):
         if not isinstance(cfg[section], Mapping) or not isinstance(cfg[section].get("name"), str):
             raise ConfigError(f"{where}: key {section!r} must be a mapping with a 'name'")
-    lr = cfg.get("learning_rate", 1e-3)
-    if not isinstance(lr, (int, float)) or isinstance(lr, bool) or lr <= 0:
-        raise ConfigError(f"{where}: key 'learning_rate' must be a positive number, got {lr!r}")
-    cache_rate = cfg.get("cache_rate", 1.0)
-    if not isinstance(cache_rate, (int, float)) or not 0.0 <= float(cache_rate) <= 1.0:
-        raise ConfigError(f"{where}: key 'cache_rate' must be between 0 and 1, got {cache_rate!r}")
     plan_of(cfg, where)  # a malformed tuning block is named here, not where a stage reads it
     return cfg
+
+
+def check_config_values(values: Mapping[str, Any], where: str, scopes: tuple[str, ...] = ()) -> None:
+    """Check the values ``values`` gives for the keys a bundle config holds, with the same checker per key as a
+    loaded config (and, under a key of ``scopes``, an algorithm's name, the values scoped to it): overrides are
+    refused when they are read, before any analysis, not when the bundle is written.
+
+    Raises:
+        ConfigError: naming ``where``, the key, the value and what is allowed.
+    """
+    refuse_expressions(values, where)
+    refuse_non_finite(values, where)
+    for key, value in values.items():
+        if key in scopes and isinstance(value, Mapping):
+            check_config_values(value, f"{where}: {key}", ())
+            continue
+        check = _REQUIRED.get(key) or _OPTIONAL.get(key)
+        if check is not None and not (value is None and key in _NULLABLE):
+            check(value, f"{where}: key {key!r}", ConfigError)
+        elif key in ("network", "loss", "optimizer") and not isinstance(value, Mapping):
+            raise ConfigError(f"{where}: key {key!r} must be a mapping (its 'name' and 'args')")
 
 
 def load_bundle_config(bundle: str | os.PathLike[str]) -> dict[str, Any]:

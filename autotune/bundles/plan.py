@@ -180,6 +180,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
                                "target", "verified")},
 }
 _POSITIVE = ("num_patches_per_iter", "num_sw_batch_size", "memory_limit")
+_CHOICES = {"method": METHODS, "validation_device": ("device", "cpu"), "precision": ("fp32", "bf16", "fp16")}
 
 
 def _checked(name: str, value: Any, where: str) -> Any:
@@ -188,15 +189,19 @@ def _checked(name: str, value: Any, where: str) -> Any:
     wrong = not isinstance(value, kinds) or (kinds is not _BOOL and isinstance(value, bool))
     if not wrong and name in _POSITIVE and value < 1:
         wrong = True
-    if not wrong and name == "method" and value not in METHODS:
+    if not wrong and name in _CHOICES and value not in _CHOICES[name]:
         wrong = True
+    if not wrong and name == "device":
+        from autotune.checks import device
+
+        device(value, f"{where}.device", error=ConfigError, auto=False)
     if wrong:
         what = {_INT: "an integer", _FLOAT: "a number", _STR: "a string", _BOOL: "true or false",
                 _LIST: "a list", _MAP: "a mapping"}[kinds]
         if name in _POSITIVE:
             what = "a positive integer"
-        if name == "method":
-            what = " or ".join(METHODS)
+        if name in _CHOICES:
+            what = " or ".join(_CHOICES[name])
         raise ConfigError(f"{where}.{name}: must be {what}, got {value!r}; run 'autotune tune' again")
     if kinds is _MAP:
         return dict(value)

@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from autotune.bundles.config import check_config_values
+from autotune.checks.tree import refuse_expressions, refuse_non_finite
 from autotune.errors import ConfigError
 from autotune.utils import expand_path, look_up_option, read_yaml
 
@@ -48,9 +50,11 @@ def default_templates_path() -> Path:
     """``$AUTOTUNE_TEMPLATES`` if set, else the shipped ``algorithm_templates/``: inside the package for a
     wheel (``setup.py`` maps the top-level folder to ``autotune/algorithm_templates``), at the top of the
     repository for a checkout."""
-    env = os.environ.get("AUTOTUNE_TEMPLATES")
-    if env:
-        return expand_path(env).resolve()
+    from autotune.checks.environment import setting
+
+    env = setting("AUTOTUNE_TEMPLATES")
+    if env is not None:
+        return Path(env)
     package = Path(__file__).resolve().parents[1]
     installed = package / "algorithm_templates"  # a wheel: setup.py maps the folder into the package
     checkout = package.parent / "algorithm_templates"  # a checkout (editable install): the top-level folder
@@ -98,7 +102,8 @@ def load_overrides(
 
     Raises:
         ConfigError: an unknown preset (the valid names are listed), an unreadable file,
-            a top level that is not a mapping, or a ``$`` expression.
+            a top level that is not a mapping, a ``$`` expression, a NaN or infinity, or a value a bundle
+            config would refuse for its key (``check_config_values``).
     """
     if overrides is None:
         return {}
@@ -118,20 +123,13 @@ def load_overrides(
         return {}
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: overrides must be a mapping of config keys to values")
-    reject_expressions(data, where)
+    check_config_values(data, where, scopes=tuple(list_templates(templates_path)))
     return data
 
 
 def reject_expressions(value: Any, where: str) -> None:
-    """Raise ConfigError if any string in ``value`` is a ``$`` expression."""
-    if isinstance(value, str) and value.lstrip().startswith("$"):
-        raise ConfigError(f"{where}: {value!r} looks like an expression; templates are plain data, write the value")
-    if isinstance(value, Mapping):
-        for key, item in value.items():
-            reject_expressions(item, f"{where}.{key}")
-    elif isinstance(value, list):
-        for idx, item in enumerate(value):
-            reject_expressions(item, f"{where}[{idx}]")
+    """Raise ConfigError if any string in ``value`` is a ``$`` expression (each shared node looked at once)."""
+    refuse_expressions(value, where, ConfigError)
 
 
 def load_template(name: str, templates_path: str | os.PathLike[str] | None = None) -> dict[str, Any]:
@@ -139,7 +137,7 @@ def load_template(name: str, templates_path: str | os.PathLike[str] | None = Non
 
     Raises:
         ConfigError: unknown name (listing the valid ones), unreadable YAML, a missing
-            section or key, or an expression string.
+            section or key, an expression string, or a NaN or infinity.
     """
     root = _root(templates_path)
     look_up_option(name, list_templates(root), "algorithm")
@@ -148,6 +146,7 @@ def load_template(name: str, templates_path: str | os.PathLike[str] | None = Non
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping")
     reject_expressions(data, str(path))
+    refuse_non_finite(data, str(path))
     version = data.get("version")
     if not isinstance(version, int) or isinstance(version, bool) or version < 1:
         raise ConfigError(f"{path}: key 'version' must be a positive integer")

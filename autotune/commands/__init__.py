@@ -14,9 +14,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from autotune.errors import InputError
-
-__all__ = ["Handler", "add_command", "add_precision_arg", "at_least", "progress_printer"]
+__all__ = ["Handler", "add_command", "add_precision_arg", "progress_printer"]
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -53,12 +51,6 @@ def add_precision_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--precision", choices=("auto", "fp32", "bf16", "fp16"), default=None,
                    help="compute precision: auto (default: fp16 autocast on CUDA, bf16 on a CPU that runs it "
                         "natively, else fp32; amp: false bundles fp32) or force one; same as AUTOTUNE_PRECISION")
-
-
-def at_least(flag: str, value: int, minimum: int) -> None:
-    """Raise ``InputError`` (exit code 2) when an integer option is below its minimum."""
-    if value < minimum:
-        raise InputError(f"{flag} {value}: must be at least {minimum}")
 
 
 def _stderr(line: str) -> None:

@@ -6,7 +6,9 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from autotune.commands import add_command, at_least
+from autotune.checks import options as types
+from autotune.commands import add_command
+from autotune.commands.data import MAX_FOLDS
 
 __all__ = ["register", "add_generate_args", "generation_options"]
 
@@ -18,14 +20,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def add_generate_args(p: argparse.ArgumentParser) -> None:
     """The input and generation options shared by ``generate`` and ``run``."""
-    p.add_argument("--input", required=True, help="input.yaml, a datalist .json, or a Decathlon task folder")
-    p.add_argument("--work-dir", required=True, help="where datastats.yaml, the bundles (and the summary) go")
+    p.add_argument("--input", required=True, type=types.path_text, help="input.yaml, a datalist .json, or a Decathlon task folder")
+    p.add_argument("--work-dir", required=True, type=types.path_text, help="where datastats.yaml, the bundles (and the summary) go")
     p.add_argument("--algos", default=None, help="comma-separated: segresnet,dints,unet (default: all)")
-    p.add_argument("--num-fold", type=int, default=5, help="folds to generate bundles for (default 5)")
-    p.add_argument("--templates", default=None, help="folder of <algo>/template.yaml (default: the shipped ones)")
+    p.add_argument("--num-fold", type=types.positive_int(MAX_FOLDS), default=5, help="folds to generate bundles for (default 5)")
+    p.add_argument("--templates", default=None, type=types.existing_path("folder"), help="folder of <algo>/template.yaml (default: the shipped ones)")
     p.add_argument(
         "--overrides",
         default=None,
+        type=types.path_text,
         help="a preset name (tiny) or a YAML of values merged into every config; a top-level algorithm name "
         "scopes values to it",
     )
@@ -33,7 +36,6 @@ def add_generate_args(p: argparse.ArgumentParser) -> None:
 
 def generation_options(args: argparse.Namespace) -> dict[str, Any]:
     """The keyword arguments of ``autotune.generate`` (and ``run``) from the options ``add_generate_args`` adds."""
-    at_least("--num-fold", args.num_fold, 1)
     return {"algos": args.algos, "num_fold": args.num_fold, "templates": args.templates, "overrides": args.overrides}
 
 

@@ -4,26 +4,32 @@ from __future__ import annotations
 
 import argparse
 
-from autotune.commands import add_command, at_least
+from autotune.checks import options as types
+from autotune.commands import add_command
 from autotune.errors import InputError
 
-__all__ = ["register"]
+__all__ = ["register", "MAX_FOLDS"]
+
+MAX_FOLDS = 100  # more folds than this is a typo
 
 
 def _analyze_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--input", "-i", required=True, metavar="INPUT",
+    p.add_argument("--input", "-i", required=True, metavar="INPUT", type=types.path_text,
                    help="input.yaml, datalist .json, or a Decathlon task folder with dataset.json")
-    p.add_argument("--work-dir", "-w", required=True, metavar="DIR", help="folder for the outputs")
-    p.add_argument("--num-fold", type=int, default=5, metavar="N",
+    p.add_argument("--work-dir", "-w", required=True, metavar="DIR", type=types.path_text, help="folder for the outputs")
+    p.add_argument("--num-fold", type=types.positive_int(MAX_FOLDS), default=5, metavar="N",
                    help="folds to assign when the datalist has none (default 5)")
     p.add_argument("--force", action="store_true", help="analyse again even if datastats.yaml is up to date")
 
 
 def _demo_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("out", metavar="OUT", help="folder to write the dataset into")
-    for flag, default, what in (("--cases", 8, "number of cases"), ("--size", 48, "edge length in voxels, at least 16"),
-                                ("--classes", 2, "foreground classes"), ("--seed", 0, "random seed")):
-        p.add_argument(flag, type=int, default=default, help=f"{what} (default {default})")
+    p.add_argument("out", metavar="OUT", type=types.path_text, help="folder to write the dataset into")
+    for flag, default, what, kind in (
+            ("--cases", 8, "number of cases, 1 to 10000", types.count(1, 10_000)),
+            ("--size", 48, "edge length in voxels, 16 to 512", types.count(16, 512)),
+            ("--classes", 2, "foreground classes, 1 to 254", types.count(1, 254)),
+            ("--seed", 0, "random seed, 0 to 4294967295", types.count(0, 2**32 - 1))):
+        p.add_argument(flag, type=kind, default=default, help=f"{what} (default {default})")
     p.add_argument("--modality", default="MRI", help="MRI or CT (default MRI)")
 
 
@@ -40,7 +46,6 @@ def analyze_command(args: argparse.Namespace) -> int:
     assign folds, and write datalist.json, data_src.yaml and datastats.yaml into the work dir. Does
     nothing if datastats.yaml is already up to date.
     """
-    at_least("--num-fold", args.num_fold, 1)
     from autotune.data.analyze import analyze
 
     result = analyze(args.input, args.work_dir, num_fold=args.num_fold, force=args.force, progress=not args.quiet)
@@ -59,9 +64,6 @@ def demo_data_command(args: argparse.Namespace) -> int:
 
     Write a synthetic 3D segmentation dataset of noisy spheres, for demos and tests.
     """
-    for flag, value, minimum in (("--cases", args.cases, 1), ("--size", args.size, 16),
-                                 ("--classes", args.classes, 1), ("--seed", args.seed, 0)):
-        at_least(flag, value, minimum)
     from autotune.data.datalist import MODALITIES, normalise_modality
     from autotune.data.synthetic import make_demo_dataset
 

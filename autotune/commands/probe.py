@@ -10,7 +10,9 @@ import json
 import textwrap
 from typing import Any
 
+from autotune.checks import options as types
 from autotune.commands import add_precision_arg
+from autotune.commands.search import MAX_BATCH
 
 __all__ = ["register", "EXIT_OK", "EXIT_FAILED", "EXIT_OOM"]
 
@@ -26,17 +28,17 @@ exit codes:
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("bundle", metavar="BUNDLE", help="a bundle folder (made by 'autotune generate') or its YAML config")
-    p.add_argument("--num-patches-per-iter", type=int, default=None, metavar="N",
+    p.add_argument("bundle", metavar="BUNDLE", type=types.path_text, help="a bundle folder (made by 'autotune generate') or its YAML config")
+    p.add_argument("--num-patches-per-iter", type=types.positive_int(MAX_BATCH), default=None, metavar="N",
                    help="patches per forward pass in training (default: the bundle's value)")
-    p.add_argument("--num-sw-batch-size", type=int, default=None, metavar="M",
+    p.add_argument("--num-sw-batch-size", type=types.positive_int(MAX_BATCH), default=None, metavar="M",
                    help="sliding-window batch size in validation (default: the bundle's value)")
     p.add_argument("--validation-device", choices=("device", "cpu"), default=None,
                    help="where the validation volume and stitched output are held "
                         "(default: cpu if the bundle sets sw_input_on_cpu, else device)")
-    p.add_argument("--device", default=None, metavar="DEV",
+    p.add_argument("--device", default=None, metavar="DEV", type=types.device,
                    help="cpu, cuda or cuda:N (default: the first visible CUDA device, else cpu)")
-    p.add_argument("--memory-limit", default=None, metavar="SIZE", help="memory limit, e.g. 8GiB or 512MiB")
+    p.add_argument("--memory-limit", default=None, metavar="SIZE", type=types.size, help="memory limit, e.g. 8GiB or 512MiB")
     p.add_argument("--json", action="store_true", help="print the result as JSON instead of a summary")
     add_precision_arg(p)
 
@@ -57,12 +59,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _add_common(probe)
-    probe.add_argument("--timeout", type=float, default=300.0, metavar="S",
+    probe.add_argument("--timeout", type=types.seconds(), default=300.0, metavar="S",
                        help="kill the trial's process group after S seconds (default 300)")
-    probe.add_argument("--phases", default="train,infer", metavar="LIST",
+    probe.add_argument("--phases", default="train,infer", metavar="LIST", type=types.names(("train", "infer"), "phase"),
                        help="comma-separated phases to run: train, infer (default train,infer)")
-    probe.add_argument("--warmup-steps", type=int, default=1, metavar="K", help="unmeasured steps first (default 1)")
-    probe.add_argument("--measure-steps", type=int, default=2, metavar="K", help="measured steps (default 2)")
+    probe.add_argument("--warmup-steps", type=types.count(0, 1000), default=1, metavar="K",
+                       help="unmeasured steps first (default 1)")
+    probe.add_argument("--measure-steps", type=types.count(1, 1000), default=2, metavar="K",
+                       help="measured steps (default 2)")
     probe.set_defaults(func=probe_command)
 
     est = sub.add_parser(

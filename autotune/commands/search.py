@@ -7,19 +7,24 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from autotune.checks import options as types
 from autotune.commands import add_command, add_precision_arg, progress_printer
 from autotune.commands.bundles import add_generate_args, generation_options
+from autotune.commands.data import MAX_FOLDS
 
-__all__ = ["register", "add_tuning_args", "specs_from_args", "tuning_options"]
+__all__ = ["register", "add_tuning_args", "specs_from_args", "tuning_options", "MAX_BATCH", "MAX_EPOCHS"]
+
+MAX_BATCH = 65_536  # patches or windows per pass; beyond any device
+MAX_EPOCHS = 1_000_000
 
 
 def add_tuning_args(p: argparse.ArgumentParser) -> None:
     """Options shared by ``tune``, ``run`` and ``worker``."""
     g = p.add_argument_group("tuning")
-    g.add_argument("--device", default="auto",
+    g.add_argument("--device", default="auto", type=types.device,
                    help="where probes run: cpu or cuda:N (default: the first GPU if there is one, else cpu)")
-    g.add_argument("--memory-limit", default=None, help="e.g. 8GiB; default the device's total memory")
-    g.add_argument("--storage", default=None, help="SQLAlchemy URL of the Optuna storage (default sqlite under studies/)")
+    g.add_argument("--memory-limit", default=None, type=types.size, help="e.g. 8GiB; default the device's total memory")
+    g.add_argument("--storage", default=None, type=types.storage, help="SQLAlchemy URL of the Optuna storage (default sqlite under studies/)")
     g.add_argument("--strategy", default="fast", help="fast (default), tpe (Auto3DSeg baseline) or estimate (no probes)")
     g.add_argument("--objective", default="max-batch",
                    help="max-batch (default: the largest batch that fits) or throughput (the fastest that fits; a "
@@ -27,17 +32,19 @@ def add_tuning_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--handoff", default="goodput",
                    help="the batch handed to training: goodput (default: the template's batch unless the largest fit "
                    "is measured faster to a target accuracy, see docs/handoff.md) or largest (the largest fit)")
-    g.add_argument("--margin", type=float, default=0.10, help="share of the limit kept free (default 0.10)")
-    g.add_argument("--specs", default=None, help="YAML of Auto3DSeg gpu_customization_specs")
-    g.add_argument("--num-trials", type=int, default=None, help="trial budget of the tpe strategy (default 20)")
-    g.add_argument("--range-num-images-per-batch", type=int, nargs=2, metavar=("MIN", "MAX"), default=None,
+    g.add_argument("--margin", type=types.fraction(), default=0.10, help="share of the limit kept free (default 0.10)")
+    g.add_argument("--specs", default=None, type=types.path_text, help="YAML of Auto3DSeg gpu_customization_specs")
+    g.add_argument("--num-trials", type=types.positive_int(10_000), default=None, help="trial budget of the tpe strategy (default 20)")
+    g.add_argument("--range-num-images-per-batch", type=types.positive_int(MAX_BATCH), nargs=2, metavar=("MIN", "MAX"), default=None,
                    help="range of patches per forward pass to search")
-    g.add_argument("--range-num-sw-batch-size", type=int, nargs=2, metavar=("MIN", "MAX"), default=None,
+    g.add_argument("--range-num-sw-batch-size", type=types.positive_int(MAX_BATCH), nargs=2, metavar=("MIN", "MAX"), default=None,
                    help="range of sliding-window batch sizes to search")
-    g.add_argument("--validation-devices", default=None, help="comma-separated from device,cpu (default both)")
-    g.add_argument("--timeout", type=float, default=300.0, help="seconds before a probe is killed (default 300)")
+    g.add_argument("--validation-devices", default=None, type=types.names(("device", "cpu"), "validation device"),
+                   help="comma-separated from device,cpu (default both)")
+    g.add_argument("--timeout", type=types.seconds(), default=300.0,
+                   help="seconds before a probe is killed (default 300)")
     g.add_argument("--target-gpu", default=None, help="with --strategy estimate: a catalogue GPU, e.g. a100-80gb")
-    g.add_argument("--target-memory", default=None, help="with --strategy estimate: memory of a GPU not in the catalogue")
+    g.add_argument("--target-memory", default=None, type=types.size_text, help="with --strategy estimate: memory of a GPU not in the catalogue")
     add_precision_arg(g)
 
 
@@ -70,38 +77,41 @@ def tuning_options(args: argparse.Namespace) -> dict[str, Any]:
 def _training_args(p: argparse.ArgumentParser) -> None:
     t = p.add_argument_group("training (with --train)")
     t.add_argument("--train", action="store_true", help="train the tuned bundles afterwards")
-    t.add_argument("--epochs", type=int, default=None, help="epochs per bundle (default the config's)")
-    t.add_argument("--max-time", default=None, help="time budget per bundle, e.g. 30m")
-    t.add_argument("--folds", default=None, help="comma-separated folds to train (default all generated)")
+    t.add_argument("--epochs", type=types.positive_int(MAX_EPOCHS), default=None,
+                   help="epochs per bundle (default the config's)")
+    t.add_argument("--max-time", default=None, type=types.duration, help="time budget per bundle, e.g. 30m")
+    t.add_argument("--folds", default=None, type=types.int_list(0, MAX_FOLDS - 1),
+                   help="comma-separated folds to train (default all generated)")
 
 
 def _tune_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("bundles", nargs="+", help="bundle folders made by 'autotune generate'")
+    p.add_argument("bundles", nargs="+", type=types.path_text, help="bundle folders made by 'autotune generate'")
     add_tuning_args(p)
-    p.add_argument("--summary", default=None, help="write the JSON summary here")
+    p.add_argument("--summary", default=None, type=types.path_text, help="write the JSON summary here")
 
 
 def _worker_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--work-dir", required=True, help="the work folder holding <algo>_<fold>/ bundles")
+    p.add_argument("--work-dir", required=True, type=types.path_text, help="the work folder holding <algo>_<fold>/ bundles")
     p.add_argument("--algos", default=None, help="only bundles of these algorithms (comma-separated)")
     add_tuning_args(p)
 
 
 def _verify_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("bundle", help="a tuned bundle folder")
-    p.add_argument("--device", default="auto", help="cpu or cuda:N (default: the first GPU if there is one, else cpu)")
+    p.add_argument("bundle", type=types.path_text, help="a tuned bundle folder")
+    p.add_argument("--device", default="auto", type=types.device, help="cpu or cuda:N (default: the first GPU if there is one, else cpu)")
     add_precision_arg(p)
-    p.add_argument("--memory-limit", default=None, help="default: the limit the bundle was tuned for")
-    p.add_argument("--storage", default=None, help="storage for a retune (default sqlite under studies/)")
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds before a probe is killed")
+    p.add_argument("--memory-limit", default=None, type=types.size, help="default: the limit the bundle was tuned for")
+    p.add_argument("--storage", default=None, type=types.storage,
+                   help="storage for a retune (default sqlite under studies/)")
+    p.add_argument("--timeout", type=types.seconds(), default=300.0, help="seconds before a probe is killed")
     p.add_argument("--no-retune", action="store_true", help="only report; do not retune when the plan fails")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
 def _dashboard_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--storage", default=None, help="SQLAlchemy URL (default sqlite under studies/)")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8080, help="port (default 8080)")
+    p.add_argument("--storage", default=None, type=types.storage, help="SQLAlchemy URL (default sqlite under studies/)")
+    p.add_argument("--host", default="127.0.0.1", type=types.host, help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=types.port, default=8080, help="port, 1 to 65535 (default 8080)")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -142,15 +152,9 @@ def run_command(args: argparse.Namespace) -> int:
     WORK_DIR/autotune_summary.json; with --train, train the tuned bundles. Rerunning resumes from the
     storage.
     """
-    from autotune.errors import SpecError
     from autotune.pipeline import run
 
-    folds = None
-    if args.folds:
-        try:
-            folds = {int(f) for f in args.folds.split(",") if f.strip()}
-        except ValueError as exc:
-            raise SpecError(f"--folds must be comma-separated integers, got {args.folds!r}") from exc
+    folds = set(args.folds) if args.folds else None
     codes: list[int] = []  # the table is printed when tuning ends, before any training
     run(args.input, args.work_dir, train=args.train, epochs=args.epochs, max_time=args.max_time, folds=folds,
         on_tuned=lambda records, summary: codes.append(_report(records, summary)),
@@ -215,5 +219,9 @@ def dashboard_command(args: argparse.Namespace) -> int:
               "reaches it can read and delete studies (optuna-dashboard's write API); prefer 127.0.0.1 and an "
               "SSH tunnel", file=sys.stderr, flush=True)
     print(f"optuna-dashboard on {redact_url(url)}: http://{args.host}:{args.port}/dashboard/", flush=True)
-    optuna_dashboard.run_server(storage, host=args.host, port=args.port)
+    try:
+        optuna_dashboard.run_server(storage, host=args.host, port=args.port)
+    except OSError as exc:  # the address is taken, or not this machine's, or the port needs privileges
+        raise AutotuneError(f"--host {args.host} --port {args.port}: cannot listen there ({exc.strerror or exc}); "
+                            "choose another port, or a host address of this machine") from exc
     return 0

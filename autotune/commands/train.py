@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 
+from autotune.checks import options as types
 from autotune.commands import add_command
 from autotune.trainer.options import add_train_arguments, train_from_args
 
@@ -16,11 +17,11 @@ __all__ = ["register", "infer_command"]
 
 
 def _infer_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("bundle", metavar="BUNDLE", help="a trained bundle folder")
-    p.add_argument("--images", nargs="+", required=True, metavar="FILE",
+    p.add_argument("bundle", metavar="BUNDLE", type=types.path_text, help="a trained bundle folder")
+    p.add_argument("--images", nargs="+", required=True, metavar="FILE", type=types.path_text,
                    help="image files, or one datalist .json (its testing cases, else its training images)")
-    p.add_argument("--output", required=True, metavar="DIR", help="folder for the predictions")
-    p.add_argument("--device", default="auto", help="cpu, cuda or cuda:N (default: GPU if any, else cpu)")
+    p.add_argument("--output", required=True, metavar="DIR", type=types.path_text, help="folder for the predictions")
+    p.add_argument("--device", default="auto", type=types.device, help="cpu, cuda or cuda:N (default: GPU if any, else cpu)")
     p.add_argument("--checkpoint", default="best", help="best, last or a checkpoint path (default best)")
 
 

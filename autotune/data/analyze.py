@@ -21,12 +21,14 @@ import datetime
 import hashlib
 import json
 import logging
+import math
 import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from autotune.checks.tree import leaves
 from autotune.data.case_cache import CASE_CACHE, CaseCache
 from autotune.data.datalist import (
     DataSource,
@@ -51,7 +53,7 @@ DATALIST = "datalist.json"
 DATA_SRC = "data_src.yaml"
 # names what the statistics and the checks mean; change it when either changes, so that
 # datastats.yaml files written under the other meaning are analysed again
-_HASH_VERSION = "autotune-datastats-3"
+_HASH_VERSION = "autotune-datastats-4"
 
 
 @dataclass
@@ -160,8 +162,8 @@ def analyze(input: str | Path, work_dir: str | Path, num_fold: int = 5, force: b
 
 def _analyse(source: DataSource, result: AnalysisResult, cache: CaseCache,
              progress: bool) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Check the cases and the dataset, write the lists, compute the statistics of the cases ``cache``
-    lacks; returns the summary and the per-case statistics of all cases (the cache is saved)."""
+    """Check the cases and the dataset, compute the statistics of the cases ``cache`` lacks, then write the lists;
+    returns the summary and the per-case statistics of all cases (the cache is saved)."""
     check_duplicates(source)  # before reading any file: a duplicate is wrong whatever the files hold
     keys = [cache.case_key(entry) for entry in source.training]
     known = {index: info for index, (key, entry) in enumerate(zip(keys, source.training, strict=True))
@@ -171,12 +173,14 @@ def _analyse(source: DataSource, result: AnalysisResult, cache: CaseCache,
     infos = check_cases(source, progress=progress, known=known)
     result.warnings = check_dataset(source, infos)
     log_warnings(result.warnings)
-    result.datastats.parent.mkdir(parents=True, exist_ok=True)
-    result.datastats.unlink(missing_ok=True)  # stale from here on: new datalist, statistics not yet computed
-    _write_lists(source, result)
     by_case, result.cases_read = _case_statistics(source, keys, infos, cache, progress)
+    summary = summarize(by_case)
+    # nothing is written before every check and statistic has passed: a refusal leaves the work folder as it was
+    result.datastats.parent.mkdir(parents=True, exist_ok=True)
+    result.datastats.unlink(missing_ok=True)  # stale from here on: new datalist, statistics not yet written
+    _write_lists(source, result)
     cache.save(keys)
-    return summarize(by_case), by_case
+    return summary, by_case
 
 
 def _case_statistics(source: DataSource, keys: list[str | None], infos: list[CaseInfo], cache: CaseCache,
@@ -188,9 +192,19 @@ def _case_statistics(source: DataSource, keys: list[str | None], infos: list[Cas
     if new:
         computed = case_stats([source.training[index] for index in new], source.source, progress)
         for index, stats in zip(new, computed, strict=True):
+            _refuse_non_finite_stats(stats, infos[index].image[0])
             found[index] = stats
             cache.put(keys[index], infos[index], stats)
     return [stats for stats in found if stats is not None], len(new)
+
+
+def _refuse_non_finite_stats(stats: dict[str, Any], image: str) -> None:
+    """Refuse a case whose statistics hold NaN or infinity although its voxels are finite (values so large that
+    MONAI's float32 statistics overflow): datastats.yaml, and the normalisation generated from it, would be NaN."""
+    for path, value in leaves(stats):
+        if isinstance(value, float) and not math.isfinite(value):
+            raise DataError(f"{image}: MONAI's statistics of this case are not finite ({path} is {value}): its "
+                            "intensities are too large for float32 statistics; rescale the image or remove the case")
 
 
 def _keep_statistics(source: DataSource, result: AnalysisResult, block: dict[str, Any], progress: bool) -> None:

@@ -33,7 +33,7 @@ __all__ = ["CASE_CACHE", "CaseCache"]
 logger = logging.getLogger(__name__)
 
 CASE_CACHE = "datastats_cache.json"
-FORMAT = "autotune-case-cache-1"  # names the entry layout (CaseInfo's fields); change it with them
+FORMAT = "autotune-case-cache-2"  # names the entry layout (CaseInfo's fields) and the checks; change it with them
 _PATH_KEYS = ("image_filepath", "label_filepath")  # MONAI's per-case statistics name the files; kept out
 _CHUNK = 1 << 20
 

@@ -16,6 +16,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from autotune.checks import path as checked_path
 from autotune.data.source import DataSource, assign_folds
 from autotune.data.values import (
     MODALITIES,
@@ -244,9 +245,8 @@ def _image(value: Any, dataroot: Path, listed_in: Path, where: str) -> str | lis
 
 def _resolve(value: Any, dataroot: Path, listed_in: Path, where: str) -> str:
     """Absolute, normalised path of ``value``; relative paths must stay inside ``dataroot``."""
-    if not isinstance(value, str) or not value.strip():
-        raise InputError(f"{listed_in}: {where} must be a file path; found {value!r}")
-    given = expand_path(value, InputError, f"{listed_in}: {where}", "an absolute path or one relative to dataroot")
+    given = checked_path(value, f"{listed_in}: {where}", error=InputError,
+                         instead="an absolute path or one relative to dataroot")
     if given.is_absolute():
         return os.path.normpath(given)
     full = os.path.normpath(dataroot / given)

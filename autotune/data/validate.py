@@ -96,7 +96,7 @@ def check_cases(source: DataSource, progress: bool = True, known: Mapping[int, C
 
 def check_case(entry: dict[str, Any], known_labels: list[int] | None = None,
                declared: DeclaredClasses | None = None) -> CaseInfo:
-    """Check one ``{"image", "label"}`` case: readable, 3D, aligned, integer labels.
+    """Check one ``{"image", "label"}`` case: readable, 3D, finite and not blank images, aligned, integer labels.
 
     Args:
         entry: A training entry with absolute paths.
@@ -138,7 +138,7 @@ def _check_images(nib: Any, images: list[str]) -> tuple[Any, tuple[int, int, int
     """
     first = _open(nib, images[0])
     shape, channels = _image_shape(first, images[0])
-    _read(first, images[0])
+    _check_image_values(_read(first, images[0]), images[0])
     for path in images[1:]:
         image = _open(nib, path)
         other_shape, other_channels = _image_shape(image, path)
@@ -148,7 +148,7 @@ def _check_images(nib: Any, images: list[str]) -> tuple[Any, tuple[int, int, int
         if not np.allclose(image.affine, first.affine, atol=AFFINE_ATOL):
             raise DataError(f"{path}: image does not align with {images[0]} (affines differ); resample it onto "
                             "one grid")
-        _read(image, path)
+        _check_image_values(_read(image, path), path)
         channels += other_channels
     return first, shape, channels
 
@@ -239,6 +239,29 @@ def _image_shape(image: Any, path: str) -> tuple[tuple[int, int, int], int]:
     if len(shape) == 4:
         return (shape[0], shape[1], shape[2]), shape[3]
     raise DataError(f"{path}: image has shape {shape}; autotune needs a 3D volume (or 4D with the channels last)")
+
+
+def _check_image_values(data: np.ndarray, path: str) -> None:
+    """Refuse an image whose voxels cannot be trained on, from the array already read for the checks (no second
+    read): a non-numeric or complex data type, NaN or infinite voxels (counted), or one value in every voxel.
+
+    Raises:
+        DataError: naming the case's image file and, for non-finite voxels, how many of how many.
+    """
+    if data.dtype.kind not in "iufb":
+        raise DataError(f"{path}: image data type {data.dtype} is not real numbers; save the image as integers or "
+                        "floats")
+    if data.size == 0:
+        raise DataError(f"{path}: image is empty; re-export it")
+    if data.dtype.kind == "f":
+        bad = int(data.size - np.count_nonzero(np.isfinite(data)))
+        if bad:
+            raise DataError(f"{path}: image holds {bad} non-finite voxel(s) (NaN or infinite) of {data.size}; fix "
+                            "them (e.g. set them to the background value) or remove the case")
+    low, high = data.min(), data.max()
+    if low == high:
+        raise DataError(f"{path}: image holds the one value {float(low):g} in every voxel (a blank export?); "
+                        "re-export it or remove the case")
 
 
 def _check_label_values(data: np.ndarray, path: str) -> tuple[int, ...]:

@@ -66,9 +66,11 @@ def same_gpu(a: str, b: str) -> bool:
 def calibration_dirs() -> list[Path]:
     """Folders searched for calibration files, first match wins."""
     dirs: list[Path] = []
-    env = os.environ.get("AUTOTUNE_CALIBRATION_DIR")
-    if env:
-        dirs.append(Path(env).expanduser())
+    from autotune.checks.environment import setting
+
+    env = setting("AUTOTUNE_CALIBRATION_DIR")
+    if env is not None:
+        dirs.append(Path(env))
     dirs.append(Path("~/.config/autotune/calibration").expanduser())
     dirs.append(PACKAGE_DIR)
     return dirs

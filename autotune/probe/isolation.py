@@ -57,7 +57,9 @@ def isolation_mode() -> str:
 
     On a Python version not in ``CHECKED_PYTHONS`` it is always ``subprocess`` (said once in the log).
     """
-    mode = os.environ.get(ISOLATION_ENV, "").strip().lower()
+    from autotune.checks.environment import setting
+
+    mode = setting(ISOLATION_ENV) or ""
     if mode == "subprocess":
         return mode
     if not _forkserver_checked():

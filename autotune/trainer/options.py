@@ -9,26 +9,28 @@ from __future__ import annotations
 import argparse
 import os
 
+from autotune.checks import options as types
+
 __all__ = ["add_train_arguments", "train_from_args"]
 
 
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the options of ``autotune train`` to ``parser``."""
-    parser.add_argument("bundle", metavar="BUNDLE", help="a bundle folder made by 'autotune generate'")
-    parser.add_argument("--device", default="auto",
+    parser.add_argument("bundle", metavar="BUNDLE", type=types.path_text, help="a bundle folder made by 'autotune generate'")
+    parser.add_argument("--device", default="auto", type=types.device,
                         help="cpu, cuda or cuda:N (default: the first GPU if there is one, else cpu)")
-    parser.add_argument("--epochs", type=int, default=None, metavar="N",
+    parser.add_argument("--epochs", type=types.positive_int(), default=None, metavar="N",
                         help="train to epoch N (default: num_epochs of the bundle)")
-    parser.add_argument("--max-time", default=None, metavar="DURATION",
+    parser.add_argument("--max-time", default=None, metavar="DURATION", type=types.duration,
                         help="stop at the first epoch end after this long, e.g. 90s, 30m, 2h")
-    parser.add_argument("--val-every", type=int, default=None, metavar="K",
+    parser.add_argument("--val-every", type=types.positive_int(), default=None, metavar="K",
                         help="validate every K epochs (default: num_epochs_per_validation)")
     parser.add_argument("--resume", action="store_true", help="continue from model_fold<k>/last.pt")
     parser.add_argument("--mode", choices=("fast", "regular"), default="fast",
                         help="fast: cache, thread loader, AMP, template recipe; regular: the seed's baseline")
-    parser.add_argument("--nproc", type=int, default=1, metavar="N",
+    parser.add_argument("--nproc", type=types.positive_int(1024), default=1, metavar="N",
                         help="processes for DistributedDataParallel (gloo on CPU, NCCL on CUDA)")
-    parser.add_argument("--memory-limit", default=None, metavar="SIZE",
+    parser.add_argument("--memory-limit", default=None, metavar="SIZE", type=types.size,
                         help="cap the CUDA caching allocator at SIZE (e.g. 16GiB), as the tuner's probes were; "
                              "peaks per epoch go to metrics.csv either way")
     parser.add_argument("--precision", choices=("auto", "fp32", "bf16", "fp16"), default=None,
@@ -44,15 +46,14 @@ def train_from_args(args: argparse.Namespace) -> int:
         What ``autotune.train`` raises (``AutotuneError`` subclasses for bad input).
     """
     from autotune.device import resolve_device
-    from autotune.trainer.runner import parse_duration, train
+    from autotune.trainer.runner import train
 
     if getattr(args, "precision", None):  # torchrun's ranks inherit it
         from autotune.precision import PRECISION_ENV
 
         os.environ[PRECISION_ENV] = args.precision
 
-    max_time = parse_duration(args.max_time) if args.max_time is not None else None
-    summary = train(args.bundle, device=resolve_device(args.device), epochs=args.epochs, max_time=max_time,
+    summary = train(args.bundle, device=resolve_device(args.device), epochs=args.epochs, max_time=args.max_time,
                     val_every=args.val_every, resume=args.resume, mode=args.mode, nproc=args.nproc,
                     progress=not args.quiet, memory_limit=args.memory_limit)
     if int(os.environ.get("RANK", "0")) != 0:

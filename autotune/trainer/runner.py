@@ -13,13 +13,13 @@ entry point for the CLI and for Python. With ``nproc > 1`` it spawns that many p
 from __future__ import annotations
 
 import os
-import re
 import sys
 import time
 from dataclasses import asdict
 from typing import Any
 
 from autotune.bundles.plan import plan_of
+from autotune.checks import duration, integer
 from autotune.errors import ConfigError, HostWriteError, SpecError, TrainingStopped
 from autotune.files import atomic_write_json
 from autotune.trainer.checkpoint import RunState, checkpoint_state, resume, save_checkpoint
@@ -37,32 +37,24 @@ __all__ = ["train", "run_worker", "parse_duration", "TrainingRun"]
 # curves.png is redrawn after a validation at most this often (drawing takes about a second on a CPU), and
 # always when the run ends or stops
 CURVES_EVERY_S = 30.0
-_DURATION_UNITS = {"": 1, "s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
 
 
 def parse_duration(text: str | float | int) -> float:
-    """``30m``, ``2h``, ``90s``, ``1.5h`` or plain seconds -> seconds.
+    """``30m``, ``2h``, ``90s``, ``1.5h`` or plain seconds -> seconds (``autotune.checks.duration``).
 
     Raises:
-        SpecError: not a positive duration.
+        SpecError: not a duration above 0 and at most a year.
     """
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-z]*)\s*", str(text).lower())
-    if not match or match.group(2) not in _DURATION_UNITS or isinstance(text, bool):
-        raise SpecError(f"--max-time {text!r} is not a duration; write e.g. 90s, 30m, 2h or plain seconds")
-    seconds = float(match.group(1)) * _DURATION_UNITS[match.group(2)]
-    if seconds <= 0:
-        raise SpecError(f"--max-time {text!r} must be longer than zero")
-    return seconds
+    return duration(text, "--max-time")
 
 
 def _check_args(epochs: int | None, max_time: float | None, val_every: int | None, nproc: int) -> None:
     for name, value in (("--epochs", epochs), ("--val-every", val_every)):
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-            raise SpecError(f"{name} must be a positive integer, got {value!r}")
-    if max_time is not None and not float(max_time) > 0:
-        raise SpecError(f"--max-time must be positive seconds, got {max_time!r}")
-    if not isinstance(nproc, int) or nproc < 1:
-        raise SpecError(f"--nproc must be a positive integer, got {nproc!r}")
+        if value is not None:
+            integer(value, name, low=1, error=SpecError)
+    if max_time is not None:
+        duration(max_time, "--max-time")
+    integer(nproc, "--nproc", low=1, high=1024, error=SpecError)
 
 
 def _check_device(device: str, nproc: int) -> None:

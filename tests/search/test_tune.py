@@ -212,7 +212,7 @@ def test_bundlegen_gpu_customization(demo_data: Path, limit: int, tmp_path: Path
     "extra, needle",
     [
         (["--range-num-images-per-batch", "8", "2"], "swap"),
-        (["--range-num-sw-batch-size", "0", "4"], "at least 1"),
+        (["--range-num-sw-batch-size", "0", "4"], "from 1 to 65536"),
         (["--strategy", "grid"], "grid"),
         (["--memory-limit", "lots"], "lots"),
         (["--margin", "1.5"], "margin"),

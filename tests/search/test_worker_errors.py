@@ -169,7 +169,7 @@ def test_bad_claim_stale_setting(work: Path, tmp_path: Path, capsys: pytest.Capt
     monkeypatch.setenv("AUTOTUNE_CLAIM_STALE_SECONDS", "soon")
     before = _snapshot(work)
     code, output = _worker(work, f"sqlite:///{tmp_path / 's.db'}", capsys)
-    _assert_one_line(code, output, "AUTOTUNE_CLAIM_STALE_SECONDS", "soon", "positive number of seconds")
+    _assert_one_line(code, output, "AUTOTUNE_CLAIM_STALE_SECONDS", "soon", "number of seconds above 0")
     assert _snapshot(work) == before
 
 

@@ -8,7 +8,6 @@ there exceeds the budget by more than the bound. ``$AUTOTUNE_PROBE_EDGE=1`` prob
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from autotune.search.curves.sparse import sparse_of
@@ -21,7 +20,9 @@ PROBE_EDGE_ENV = "AUTOTUNE_PROBE_EDGE"
 
 def probe_edge_forced() -> bool:
     """True when ``$AUTOTUNE_PROBE_EDGE`` asks for a real probe one above every measured fit."""
-    return os.environ.get(PROBE_EDGE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+    from autotune.checks.environment import setting
+
+    return bool(setting(PROBE_EDGE_ENV))
 
 
 def edge_bound(device_name: str | None, measured: bool, template: str | None = None) -> dict[str, Any] | None:

@@ -57,18 +57,10 @@ def owner_tag() -> str:
 
 def stale_after_default() -> float:
     """``$AUTOTUNE_CLAIM_STALE_SECONDS`` when set to a positive number, else ``STALE_AFTER``."""
-    from autotune.errors import SpecError
+    from autotune.checks.environment import setting
 
-    raw = os.environ.get(STALE_ENV, "").strip()
-    if not raw:
-        return STALE_AFTER
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not 0.0 < value < float("inf"):  # also rejects nan
-        raise SpecError(f"{STALE_ENV}={raw!r}: give a positive number of seconds (default {STALE_AFTER:g})")
-    return value
+    value = setting(STALE_ENV)
+    return STALE_AFTER if value is None else float(value)
 
 
 def create_tables(engine: sa.engine.Engine, meta: sa.MetaData) -> None:

@@ -15,12 +15,11 @@ point back from it). This is the price of not failing a whole tuning run at ever
 from __future__ import annotations
 
 import functools
-import os
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from autotune.errors import SpecError, StorageError
+from autotune.errors import StorageError
 
 __all__ = ["RETRY_ENV", "DEFAULT_RETRY_SECONDS", "retry_seconds", "is_disconnect", "retrying", "retrying_rdb_storage"]
 
@@ -35,16 +34,10 @@ def retry_seconds() -> float:
     Raises:
         SpecError: the variable holds something else.
     """
-    raw = os.environ.get(RETRY_ENV, "").strip()
-    if not raw:
-        return DEFAULT_RETRY_SECONDS
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not 0.0 <= value < float("inf"):
-        raise SpecError(f"{RETRY_ENV}={raw!r}: give a number of seconds >= 0 (default {DEFAULT_RETRY_SECONDS:g})")
-    return value
+    from autotune.checks.environment import setting
+
+    value = setting(RETRY_ENV)
+    return DEFAULT_RETRY_SECONDS if value is None else float(value)
 
 
 def is_disconnect(exc: BaseException) -> bool:

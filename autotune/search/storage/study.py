@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
@@ -39,9 +38,11 @@ STORAGE_ENV = "AUTOTUNE_STORAGE"
 
 def default_storage_url() -> str:
     """``$AUTOTUNE_STORAGE``, else ``sqlite:///<cwd>/studies/autotune.db``."""
-    env = os.environ.get(STORAGE_ENV)
-    if env:
-        return env
+    from autotune.checks.environment import setting
+
+    env = setting(STORAGE_ENV)
+    if env is not None:
+        return str(env)
     return f"sqlite:///{(Path.cwd() / 'studies' / 'autotune.db').resolve()}"
 
 
@@ -75,8 +76,8 @@ def open_storage(url: str | None = None) -> optuna.storages.BaseStorage:
     used: a worker's liveness is ``autotune.search.storage.liveness``.
 
     Raises:
-        StorageError: the URL is malformed, its driver is missing, or the database is
-            unreachable (the message holds the redacted URL).
+        StorageError: the URL is malformed, its driver is missing, the database is unreachable, or
+            it cannot be opened for any other reason (the message holds the redacted URL).
     """
     import sqlalchemy.exc
 
@@ -114,6 +115,10 @@ def open_storage(url: str | None = None) -> optuna.storages.BaseStorage:
         reason = str(getattr(exc, "orig", exc)).strip().splitlines()[0] if str(getattr(exc, "orig", exc)).strip() else ""
         reason = reason.replace(url, shown)
         raise StorageError(f"storage {shown}: cannot connect ({reason[:160]}); check the server and the URL") from exc
+    except Exception as exc:  # noqa: BLE001 - anything else that keeps it closed (a schema of another Optuna version)
+        reason = " ".join(str(exc).replace(url, shown).split())[:160]
+        raise StorageError(f"storage {shown}: cannot be opened ({type(exc).__name__}: {reason}); check the URL, or "
+                           "give another storage") from exc
 
 
 def _rdb_storage(url: str, shown: str, engine_kwargs: dict[str, Any]) -> optuna.storages.RDBStorage:
