@@ -67,11 +67,13 @@ class CliProcess:
         return self.out.read_text(errors="replace"), self.err.read_text(errors="replace")
 
 
-def start_cli(argv: Sequence[str], out: Path, err: Path, env: Mapping[str, str] | None = None) -> CliProcess:
+def start_cli(argv: Sequence[str], out: Path, err: Path, env: Mapping[str, str] | None = None,
+              target: str = "autotune.cli:main") -> CliProcess:
     """Start ``autotune ARGV`` forked from the fork server, stdout to ``out`` and stderr to ``err``, with
-    ``env`` as its whole environment (default: this process's)."""
+    ``env`` as its whole environment (default: this process's). ``target`` (``module:function``, called
+    with ``argv``) may wrap the command, e.g. with a test's hook."""
     from autotune.probe.isolation import start_forked_call
 
-    child = start_forked_call("autotune.cli:main", list(argv), str(out), str(err),
-                              dict(os.environ if env is None else env), name="autotune-cli")
+    child = start_forked_call(target, list(argv), str(out), str(err), dict(os.environ if env is None else env),
+                              name="autotune-cli")
     return CliProcess(child, argv, Path(out), Path(err))
