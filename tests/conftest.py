@@ -13,6 +13,10 @@ import pytest
 # (N fits, N+1 measured and does not), so they run with N+1 probed; tests/search/test_cpu_bound.py
 # removes this to check the bounded edge.
 os.environ.setdefault("AUTOTUNE_PROBE_EDGE", "1")
+# Under pytest-xdist each worker process computes with one thread (and so do the processes it starts):
+# two workers on a 2-core machine fill both cores without fighting over them.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture(scope="session")
@@ -31,3 +35,23 @@ def demo_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def demo_data_copy(demo_data: Path, tmp_path: Path) -> Path:
     """A private copy of ``demo_data`` that a test may change."""
     return Path(shutil.copytree(demo_data, tmp_path / "demo"))
+
+
+@pytest.fixture(scope="session")
+def demo_bundles(demo_data: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """``demo_data`` analysed in two folds and a tiny-preset bundle per algorithm and fold
+    (``{"segresnet_0": folder, ...}``), made once per session. Never change them: copy one first
+    (``bundle_fixtures.copy_bundle``)."""
+    from bundle_fixtures import make_bundles
+
+    return make_bundles(demo_data, tmp_path_factory.mktemp("demo_bundles") / "work", algos="segresnet,dints,unet",
+                        num_fold=2)
+
+
+@pytest.fixture(scope="session")
+def demo_bundles_one_fold(demo_data: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """As ``demo_bundles`` with one fold (a seeded fifth held out): ``{"unet_0": folder, ...}``."""
+    from bundle_fixtures import make_bundles
+
+    return make_bundles(demo_data, tmp_path_factory.mktemp("demo_bundles_one_fold") / "work",
+                        algos="segresnet,dints,unet", num_fold=1)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from bundle_fixtures import make_bundles
+from bundle_fixtures import copy_bundle
 
 from autotune.errors import SpecError
 from autotune.precision import CPU_BF16_ENV, PRECISION_ENV, for_bundle, resolve_precision
@@ -126,7 +126,7 @@ def test_the_precision_is_part_of_the_tuning_key(monkeypatch: pytest.MonkeyPatch
 
 
 def test_no_native_bf16_means_fp32_from_estimate_and_probe_to_tuning_and_training(
-        emulated: None, demo_data: Path, tmp_path: Path) -> None:
+        emulated: None, demo_bundles_one_fold: dict[str, Path], tmp_path: Path) -> None:
     import optuna
 
     from autotune.bundles.config import load_bundle_config
@@ -135,7 +135,7 @@ def test_no_native_bf16_means_fp32_from_estimate_and_probe_to_tuning_and_trainin
     from autotune.stages import tune
     from autotune.trainer.runner import train
 
-    bundle = make_bundles(demo_data, tmp_path / "work", algos="unet", num_fold=1)["unet_0"]
+    bundle = copy_bundle(demo_bundles_one_fold["unet_0"], tmp_path / "unet_0")
     assert load_bundle_config(bundle)["amp"] is True  # the template asks for mixed precision
     assert estimate(bundle, num_patches_per_iter=1, phases=("train",))["precision"] == "fp32"
     probe = run_probe(bundle, num_patches_per_iter=1, num_sw_batch_size=1)
@@ -157,13 +157,13 @@ def test_no_native_bf16_means_fp32_from_estimate_and_probe_to_tuning_and_trainin
 
 
 def test_cli_precision_flag_reaches_the_estimate_and_a_bad_variable_is_one_line(
-        emulated: None, demo_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        emulated: None, demo_bundles_one_fold: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str],
         monkeypatch: pytest.MonkeyPatch) -> None:
     import json
 
     from autotune.cli import main
 
-    bundle = make_bundles(demo_data, tmp_path / "work", algos="unet", num_fold=1)["unet_0"]
+    bundle = copy_bundle(demo_bundles_one_fold["unet_0"], tmp_path / "unet_0")
     monkeypatch.setenv(PRECISION_ENV, "auto")  # main() sets it from --precision; restored after the test
     assert main(["estimate", str(bundle), "--precision", "bf16", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)

@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 
 import pytest
-from bundle_fixtures import copy_bundle, make_bundles
+from bundle_fixtures import copy_bundle
 
 from autotune.bundles.config import load_bundle_config
 from autotune.bundles.scaling import (
@@ -22,8 +22,9 @@ from autotune.stages import tune
 
 
 @pytest.fixture(scope="module")
-def bundles(demo_data: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    return make_bundles(demo_data, tmp_path_factory.mktemp("scaling_work"), algos="unet,segresnet", num_fold=2)
+def bundles(demo_bundles: dict[str, Path]) -> dict[str, Path]:
+    """The session's demo bundles (two folds): copied before a test changes one."""
+    return demo_bundles
 
 
 def _tune(bundle: Path, storage: str, batch: int, capture: list[str] | None = None) -> dict:

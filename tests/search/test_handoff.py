@@ -8,7 +8,7 @@ from pathlib import Path
 
 import optuna
 import pytest
-from bundle_fixtures import copy_bundle, make_bundles
+from bundle_fixtures import copy_bundle
 from probe_fixtures import limit_for_patches
 
 import autotune.search.handoff as goodput
@@ -22,9 +22,9 @@ RANGE = ["1", "64"]  # explicit: the demo set's training-set cap (2) would stop 
 
 
 @pytest.fixture(scope="module")
-def setup(demo_data: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+def setup(demo_bundles_one_fold: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict:
     root = tmp_path_factory.mktemp("handoff")
-    bundle = make_bundles(demo_data, root / "work", algos="unet", num_fold=1)["unet_0"]
+    bundle = copy_bundle(demo_bundles_one_fold["unet_0"], root / "work" / "unet_0")
     limit = limit_for_patches(bundle, 3.5, MARGIN)  # at most 3 patches fit; the template's batch is 2
     return {"bundle": bundle, "limit": limit, "storage": f"sqlite:///{root / 'studies.db'}", "root": root}
 

@@ -1,17 +1,18 @@
-"""Fixtures of the training tests: the demo's SegResNet bundles, generated once per module, and a
-private copy for a test that changes its bundle."""
+"""Fixtures of the training tests: the demo's bundles (made once per session) and a private copy of
+its SegResNet bundle for a test that changes it."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-from bundle_fixtures import copy_bundle, make_bundles
+from bundle_fixtures import copy_bundle
 
 
-@pytest.fixture(scope="module")
-def bundles(demo_data: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    return make_bundles(demo_data, tmp_path_factory.mktemp("trainer_work"))
+@pytest.fixture()
+def bundles(demo_bundles: dict[str, Path]) -> dict[str, Path]:
+    """The session's demo bundles (two folds): copy one before changing it."""
+    return demo_bundles
 
 
 @pytest.fixture()

@@ -6,13 +6,12 @@ import json
 from pathlib import Path
 
 import pytest
-from bundle_fixtures import copy_bundle, make_bundles
+from bundle_fixtures import copy_bundle
 
 
 @pytest.fixture(scope="module")
-def unet_bundle(demo_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    bundles = make_bundles(demo_data, tmp_path_factory.mktemp("ddp_work"), algos="unet")
-    return copy_bundle(bundles["unet_0"], tmp_path_factory.mktemp("ddp") / "unet_0")
+def unet_bundle(demo_bundles: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return copy_bundle(demo_bundles["unet_0"], tmp_path_factory.mktemp("ddp") / "unet_0")
 
 
 def test_two_cpu_processes_share_one_epoch(unet_bundle: Path) -> None:

@@ -6,15 +6,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from bundle_fixtures import copy_bundle, make_bundles, oblique_copy
+from bundle_fixtures import copy_bundle, oblique_copy
 
 
 @pytest.fixture(scope="module")
-def trained_bundle(demo_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def trained_bundle(demo_bundles: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
     from autotune.trainer.runner import train
 
-    bundles = make_bundles(demo_data, tmp_path_factory.mktemp("infer_work"))
-    bundle = copy_bundle(bundles["segresnet_0"], tmp_path_factory.mktemp("infer") / "segresnet_0")
+    bundle = copy_bundle(demo_bundles["segresnet_0"], tmp_path_factory.mktemp("infer") / "segresnet_0")
     train(bundle, epochs=1, progress=False)
     return bundle
 
