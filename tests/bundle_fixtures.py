@@ -9,15 +9,17 @@ from pathlib import Path
 import numpy as np
 
 
-def make_bundles(data: Path, work: Path, algos: str = "segresnet", num_fold: int = 2) -> dict[str, Path]:
-    """Analyse ``data`` and generate tiny-preset bundles; returns {identifier: folder}."""
+def make_bundles(data: Path, work: Path, algos: str = "segresnet", num_fold: int = 2,
+                 overrides: dict | None = None) -> dict[str, Path]:
+    """Analyse ``data`` and generate tiny-preset bundles (with ``overrides`` on top of the preset's
+    top-level keys); returns {identifier: folder}."""
     from autotune.bundles.bundlegen import BundleGen
     from autotune.bundles.templates import load_overrides
     from autotune.data.analyze import analyze
 
     result = analyze(data, work, num_fold=num_fold, progress=False)
     gen = BundleGen(work, algos=algos, data_stats_filename=result.datastats, data_src_cfg_name=result.data_src)
-    bundles = gen.generate(work, num_fold=num_fold, overrides=load_overrides("tiny"))
+    bundles = gen.generate(work, num_fold=num_fold, overrides={**load_overrides("tiny"), **(overrides or {})})
     return {b["identifier"]: Path(b["path"]) for b in bundles}
 
 

@@ -55,3 +55,29 @@ def demo_bundles_one_fold(demo_data: Path, tmp_path_factory: pytest.TempPathFact
 
     return make_bundles(demo_data, tmp_path_factory.mktemp("demo_bundles_one_fold") / "work",
                         algos="segresnet,dints,unet", num_fold=1)
+
+
+# The training tests' volumes: a 16^3 patch of the same tiny SegResNet on volumes of about 16^3 (the
+# training loop, checkpoints, validation and faults take the same paths at an eighth of the voxels; a
+# checkpoint keeps its size, the network being the same). The tiny UNet's four strides leave a single
+# voxel at 16^3, which its instance norm refuses in training: it keeps 32^3 (``demo_bundles``).
+SMALL_ROI = {"roi_size": [16, 16, 16]}
+
+
+@pytest.fixture(scope="session")
+def small_demo_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A demo dataset of 6 cases of about 16^3 voxels, 2 foreground classes, seed 0 (shared: copy to change)."""
+    from autotune.data.synthetic import make_demo_dataset
+
+    return make_demo_dataset(tmp_path_factory.mktemp("small_demo_data") / "demo", cases=6, size=16, classes=2, seed=0)
+
+
+@pytest.fixture(scope="session")
+def small_demo_bundles(small_demo_data: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """``small_demo_data`` in two folds with a tiny-preset SegResNet bundle per fold whose patch is 16^3
+    (``{"segresnet_0": folder, "segresnet_1": folder}``), made once per session. Never change them: copy
+    one first (``bundle_fixtures.copy_bundle``)."""
+    from bundle_fixtures import make_bundles
+
+    return make_bundles(small_demo_data, tmp_path_factory.mktemp("small_demo_bundles") / "work",
+                        algos="segresnet", num_fold=2, overrides=SMALL_ROI)

@@ -1,5 +1,5 @@
-"""Fixtures of the training tests: the demo's bundles (made once per session) and a private copy of
-its SegResNet bundle for a test that changes it."""
+"""Fixtures of the training tests: the small demo's bundles (16^3 volumes and patches, made once per
+session) and a private copy of its SegResNet bundle for a test that changes it."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from bundle_fixtures import copy_bundle
 
 
 @pytest.fixture()
-def bundles(demo_bundles: dict[str, Path]) -> dict[str, Path]:
-    """The session's demo bundles (two folds): copy one before changing it."""
-    return demo_bundles
+def bundles(small_demo_bundles: dict[str, Path]) -> dict[str, Path]:
+    """The session's small demo bundles (two folds, 16^3 patches): copy one before changing it."""
+    return small_demo_bundles
 
 
 @pytest.fixture()

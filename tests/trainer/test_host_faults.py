@@ -79,7 +79,7 @@ def test_a_full_disk_at_the_first_checkpoint_says_nothing_is_kept(
 
 
 def test_a_full_disk_during_inference_says_which_predictions_were_written(
-        bundle: Path, demo_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        bundle: Path, small_demo_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
     import nibabel as nib
 
@@ -87,7 +87,7 @@ def test_a_full_disk_during_inference_says_which_predictions_were_written(
     from autotune.trainer.runner import train
 
     train(bundle, device="cpu", epochs=1, progress=False)
-    images = [str(demo_data / "imagesTr" / f"case_00{i}.nii.gz") for i in range(3)]
+    images = [str(small_demo_data / "imagesTr" / f"case_00{i}.nii.gz") for i in range(3)]
     out = tmp_path / "pred"
     argv = ["infer", str(bundle), "--images", *images, "--output", str(out), "--device", "cpu", "-q"]
     monkeypatch.setattr(files, "open", FullDisk("_seg.nii.gz", allow=1).open, raising=False)

@@ -10,21 +10,21 @@ from bundle_fixtures import copy_bundle, oblique_copy
 
 
 @pytest.fixture(scope="module")
-def trained_bundle(demo_bundles: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+def trained_bundle(small_demo_bundles: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
     from autotune.trainer.runner import train
 
-    bundle = copy_bundle(demo_bundles["segresnet_0"], tmp_path_factory.mktemp("infer") / "segresnet_0")
+    bundle = copy_bundle(small_demo_bundles["segresnet_0"], tmp_path_factory.mktemp("infer") / "segresnet_0")
     train(bundle, epochs=1, progress=False)
     return bundle
 
 
-def test_predictions_match_input_geometry(trained_bundle: Path, demo_data: Path, tmp_path: Path) -> None:
+def test_predictions_match_input_geometry(trained_bundle: Path, small_demo_data: Path, tmp_path: Path) -> None:
     import nibabel as nib
 
     from autotune.trainer.infer import infer
 
-    inputs = [demo_data / "imagesTr" / "case_000.nii.gz",
-              oblique_copy(demo_data / "imagesTr" / "case_001.nii.gz", tmp_path / "oblique.nii.gz")]
+    inputs = [small_demo_data / "imagesTr" / "case_000.nii.gz",
+              oblique_copy(small_demo_data / "imagesTr" / "case_001.nii.gz", tmp_path / "oblique.nii.gz")]
     outputs = infer(trained_bundle, inputs, tmp_path / "pred", checkpoint="last", progress=False)
     assert [p.name for p in outputs] == ["case_000_seg.nii.gz", "oblique_seg.nii.gz"]
     for source, pred in zip(inputs, outputs, strict=True):
@@ -47,10 +47,10 @@ def test_infer_reads_a_datalist_and_the_cli(trained_bundle: Path, tmp_path: Path
     assert len(written) == 6 and all(Path(p).is_file() for p in written)
 
 
-def test_missing_checkpoint_says_what_to_run(trained_bundle: Path, demo_data: Path, tmp_path: Path) -> None:
+def test_missing_checkpoint_says_what_to_run(trained_bundle: Path, small_demo_data: Path, tmp_path: Path) -> None:
     from autotune.errors import ConfigError
     from autotune.trainer.infer import infer
 
-    image = demo_data / "imagesTr" / "case_000.nii.gz"
+    image = small_demo_data / "imagesTr" / "case_000.nii.gz"
     with pytest.raises(ConfigError, match="autotune train"):
         infer(trained_bundle, [image], tmp_path, checkpoint=str(tmp_path / "nope.pt"))
