@@ -27,7 +27,7 @@ export PYTHONPATH="$PWD:/tmp/site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv > "$OUT/nvidia_smi.txt" 2>&1
 cat "$OUT/nvidia_smi.txt"
 if [ "$call" = cuda-tests ]; then
-  python3 -m pytest -q -m cuda tests/test_cuda.py -p no:cacheprovider 2>&1 | tee "$OUT/pytest_cuda.txt"
+  python3 -m pytest -q -n 0 -m cuda tests/test_cuda.py -p no:cacheprovider 2>&1 | tee "$OUT/pytest_cuda.txt"
   exit "${PIPESTATUS[0]}"
 fi
 extra=()

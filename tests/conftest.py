@@ -81,3 +81,8 @@ def small_demo_bundles(small_demo_data: Path, tmp_path_factory: pytest.TempPathF
 
     return make_bundles(small_demo_data, tmp_path_factory.mktemp("small_demo_bundles") / "work",
                         algos="segresnet", num_fold=2, overrides=SMALL_ROI)
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto`` (pyproject's addopts): one worker per core, two to four (each computes with one thread)."""
+    return max(2, min(4, os.cpu_count() or 2))

@@ -1,7 +1,7 @@
 """CUDA tests: probe, estimate, tune, train and infer on a real GPU (skipped where none is visible).
 
-Run on a GPU machine with ``python -m pytest -q -m cuda tests/test_cuda.py`` (``benchmarks/gpu_run.sh``
-does, with ``PYTEST=1``). Tiny bundles keep each test to seconds.
+Run on a GPU machine with ``python -m pytest -q -n 0 -m cuda tests/test_cuda.py`` (one process: the tests
+measure the GPU's memory; ``benchmarks/gpu_run.sh`` does, with ``PYTEST=1``). Tiny bundles keep each test to seconds.
 """
 
 from __future__ import annotations
