@@ -1,0 +1,120 @@
+"""The test suite's time, side by side for two or more clean clones on one machine: each clone's whole
+``bash .ci/run`` (a fresh venv, installs, ruff, its tests), then the README's test command
+(``python -m pytest -q``) in the venv ``.ci/run`` made, with a JUnit report read per test module.
+
+    git clone -q REPO /work/before && git -C /work/before checkout -q OLD
+    git clone -q REPO /work/after
+    python benchmarks/bench_suite.py /work/before /work/after --out benchmarks/results/test_suite.json
+
+The clones run one after another, in the order given (pass them twice, interleaved, to see the
+drift of a shared machine). Each record holds the load average sampled during its runs and the
+machine's bf16 answer (``torch.ops.mkldnn._is_mkldnn_bf16_supported()``), which decides whether
+``amp: true`` runs in bf16 or fp32 on this CPU. Per-module figures are sums of test durations
+(setup, call, teardown) from the JUnit report; with several pytest-xdist workers they add up to
+more than the wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from common import LoadSampler, cpu_name, write_json
+
+HERE = Path(__file__).resolve().parent
+
+
+def machine() -> dict[str, Any]:
+    """CPU model, cores and the bf16 answer of this machine (torch from this interpreter)."""
+    import torch
+
+    return {"cpu": cpu_name(), "cores": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
+            "native_bf16": bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())}
+
+
+def timed(cmd: list[str], cwd: Path, log: Path, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Run ``cmd`` in ``cwd`` (output to ``log``); its exit code, wall seconds and the load meanwhile."""
+    with LoadSampler() as sampler, open(log, "w") as out:
+        t0 = time.monotonic()
+        code = subprocess.run(cmd, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, env=env).returncode
+        seconds = time.monotonic() - t0
+    return {"cmd": " ".join(cmd), "rc": code, "seconds": round(seconds, 1), "load": sampler.summary(),
+            "tail": log.read_text(errors="replace").splitlines()[-3:]}
+
+
+def junit_modules(path: Path) -> dict[str, Any]:
+    """Counts and per-module summed durations from a JUnit report."""
+    tree = ET.parse(path)
+    modules: dict[str, float] = defaultdict(float)
+    counts = {"tests": 0, "failed": 0, "skipped": 0}
+    for case in tree.iter("testcase"):
+        name = case.get("classname", "")
+        parts = name.split(".")
+        module = "/".join(parts[: next((i for i, p in enumerate(parts) if p.startswith("test_")), len(parts) - 1) + 1])
+        modules[module + ".py"] += float(case.get("time") or 0.0)
+        counts["tests"] += 1
+        counts["failed"] += any(child.tag in ("failure", "error") for child in case)
+        counts["skipped"] += any(child.tag == "skipped" for child in case)
+    return {**counts, "summed_s": round(sum(modules.values()), 1),
+            "modules": {k: round(v, 1) for k, v in sorted(modules.items(), key=lambda kv: -kv[1])}}
+
+
+def measure(clone: Path, logs: Path) -> dict[str, Any]:
+    """``bash .ci/run`` in ``clone``, then the README's command in the venv it made."""
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=clone, capture_output=True,
+                            text=True).stdout.strip()
+    print(f"== {clone} ({commit}): bash .ci/run", flush=True)
+    ci = timed(["bash", ".ci/run"], clone, logs / f"ci_run_{commit}.log")
+    print(f"   {ci['seconds']} s, rc {ci['rc']}; the README's test command", flush=True)
+    python = clone / ".venv-ci" / "bin" / "python"
+    junit = logs / f"junit_{commit}.xml"
+    env = dict(os.environ, AUTOTUNE_REQUIRE_SYSTEM_DEPS="1")
+    readme = timed([str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}"], clone,
+                   logs / f"pytest_{commit}.log", env)
+    print(f"   {readme['seconds']} s, rc {readme['rc']}", flush=True)
+    return {"clone": str(clone), "commit": commit, "ci_run": ci, "readme_command": readme,
+            "junit": junit_modules(junit) if junit.is_file() else None}
+
+
+def table(result: dict[str, Any]) -> str:
+    """A Markdown table: the totals, then the summed seconds per test module, one column per clone."""
+    runs = result["runs"]
+    head = "| | " + " | ".join(f"{r['commit']}" for r in runs) + " |\n|---|" + "---:|" * len(runs) + "\n"
+    rows = [("`bash .ci/run` (s)", [r["ci_run"]["seconds"] for r in runs]),
+            ("`python -m pytest -q` (s)", [r["readme_command"]["seconds"] for r in runs]),
+            ("load average during it (mean)", [r["readme_command"]["load"].get("mean") for r in runs]),
+            ("tests / failed / skipped", [f"{r['junit']['tests']} / {r['junit']['failed']} / {r['junit']['skipped']}"
+                                          if r["junit"] else "-" for r in runs]),
+            ("summed test seconds", [r["junit"]["summed_s"] if r["junit"] else "-" for r in runs])]
+    modules = sorted({m for r in runs if r["junit"] for m in r["junit"]["modules"]},
+                     key=lambda m: -max((r["junit"] or {}).get("modules", {}).get(m, 0.0) for r in runs))
+    rows += [(f"`{m}`", [(r["junit"] or {}).get("modules", {}).get(m, "-") for r in runs]) for m in modules]
+    return head + "".join(f"| {name} | " + " | ".join(str(v) for v in values) + " |\n" for name, values in rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("clones", nargs="+", type=Path, help="clean clones, measured in this order")
+    parser.add_argument("--out", type=Path, default=HERE / "results" / "test_suite.json")
+    parser.add_argument("--logs", type=Path, default=Path("/tmp/autotune-bench-suite"))
+    args = parser.parse_args(argv)
+    args.logs.mkdir(parents=True, exist_ok=True)
+    result = {"machine": machine(), "date": time.strftime("%Y-%m-%d"),
+              "command": "python benchmarks/bench_suite.py " + " ".join(str(c) for c in args.clones),
+              "runs": [measure(clone.resolve(), args.logs) for clone in args.clones]}
+    write_json(args.out, result)
+    print(table(result))
+    print(f"machine: {result['machine']}")
+    return 0 if all(r["ci_run"]["rc"] == 0 for r in result["runs"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
