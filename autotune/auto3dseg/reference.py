@@ -59,9 +59,9 @@ def stated_reference(template: str, values: Mapping[str, Any]) -> dict[str, Any]
         "warmup_epochs": 0.0,
         "source": f"MONAI's {template} template as generated: {values.get('batch_source', 'its stated batch')}",
         "optimizer": optimizer,
-        "lr_rule_reason": {"sqrt": f"{optimizer}: the Adam family scales by the square root of the batch ratio",
-                           "linear": f"{optimizer}: SGD scales linearly with the batch ratio",
-                           "none": f"{optimizer}: no scaling rule known for it; the learning rate stays"}[rule],
+        "lr_rule_reason": {"sqrt": f"{optimizer} (Adam family): lr x sqrt(N / N_ref)",
+                           "linear": f"{optimizer}: lr x N / N_ref",
+                           "none": f"{optimizer}: no rule known for it; the learning rate stays"}[rule],
     }
 
 

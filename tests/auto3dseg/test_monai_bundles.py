@@ -95,6 +95,12 @@ def test_tune_writes_into_the_templates_own_keys_and_monai_reads_them_back(bundl
                    device="cpu", memory_limit="4GiB", storage=f"sqlite:///{tmp_path}/s.db", progress=None)
     assert [r["status"] for r in results] == ["tuned", "tuned"]
     seg_result, dints_result = results
+    for result, root, rule in ((seg_result, bundles["segresnet"], "sqrt"), (dints_result, bundles["dints"], "linear")):
+        verdict = result["handoff"]  # the goodput rule against the template's stated batch, 1
+        assert verdict["rule"] == "goodput" and verdict["reference_batch"] == 1
+        assert verdict["handed"] == result["num_patches_per_iter"]
+        recipe = yaml.safe_load((root / "autotune" / "tuning.yaml").read_text())["recipe"]
+        assert recipe["reference"]["reference_batch"] == 1 and recipe["lr_scaling"] == rule
     seg = yaml.safe_load((bundles["segresnet"] / "configs" / "hyper_parameters.yaml").read_text())
     n = seg_result["num_patches_per_iter"]
     assert (seg["num_crops_per_image"], seg["batch_size"], seg["auto_scale_allowed"]) == (n, 1, False)  # crop mode ratio
