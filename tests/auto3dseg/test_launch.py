@@ -156,3 +156,25 @@ def test_a_stopped_launch_keeps_its_record_and_leaves_no_process_behind(tmp_path
         for pid in [proc.pid, *pids]:
             if _alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_a_stop_after_the_script_ended_records_its_exit_status(tmp_path: Path) -> None:
+    import signal
+
+    from autotune.auto3dseg.supervise import SharedPeaks, _stopped_record
+
+    shared = SharedPeaks()
+    shared.raise_to("train_peak_bytes", 5 * 2**20)
+    shared.raise_to("train_peak_bytes", 2**20)  # a peak only rises
+    shared.set("peak_bytes", 6 * 2**20)
+    running = tmp_path / "launch.json"
+    running.write_text(json.dumps({"device": "cpu", "measure": "tracked", "status": "running"}))
+    base = {"script": "train.py", "args": [], "device": "auto", "memory_limit": 2**30}
+    before = _stopped_record(base, shared, signal.SIGUSR1, None, 0, 1.0, running)
+    assert before["script_exit_code"] is None and before["status"] == "stopped" and before["exit_code"] == 138
+    shared.script_ended(5)
+    after = _stopped_record(base, shared, signal.SIGTERM, 123, 2, 1.0, running)
+    assert (after["script_exit_code"], after["signal"], after["exit_code"]) == (5, "SIGTERM", 143)
+    assert after["train_peak_bytes"] == 5 * 2**20 and after["within_limit"] is True and after["peak_rss_bytes"] == 123
+    assert after["device"] == "cpu" and after["measure"] == "tracked"  # what the worker wrote when it started
+    assert _stopped_record(base, shared, signal.SIGKILL, None, 0, 1.0, None)["status"] == "killed"
