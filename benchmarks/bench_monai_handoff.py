@@ -64,6 +64,8 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--num-workers", type=int, default=1, help="MONAI's loader workers, the same for all three")
     p.add_argument("--timeout", type=float, default=3600, help="seconds before a tuning probe is killed")
     p.add_argument("--variants", default=",".join(VARIANTS), help="a subset, for a trial of the script itself")
+    p.add_argument("--keep-storage", action="store_true",
+                   help="keep --work's analysis and tuning storage (the bundles are generated and trained afresh)")
     p.add_argument("--report-only", action="store_true")
     p.add_argument("--out", default=str(DEFAULT_OUT))
     return p.parse_args(argv)
@@ -243,6 +245,23 @@ def curves(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def launch_table(report: dict[str, Any]) -> str:
+    """Per bundle: the hand-off's verdict, the tuned peak against MONAI's train.py's under the launcher, and how
+    the launcher's record ended (each run is stopped by SIGTERM at the end of its wall)."""
+    lines = ["| bundle | hand-off | tuned peak (probe), B | train.py's training peak, B | difference | launcher record "
+             "| processes stopped |", "|---|---|---:|---:|---:|---|---:|"]
+    for variant in [v for v in VARIANTS if v in report["runs"]]:
+        run = report["runs"][variant]
+        facts, record = run.get("facts") or {}, run.get("launch") or {}
+        tuned, peak = facts.get("tuned_peak_bytes"), record.get("train_peak_bytes")
+        diff = f"{(peak - tuned) / tuned:+.2%}" if tuned and peak else "-"
+        ended = f"{record.get('status')}, {record.get('signal')}, exit {record.get('exit_code')}" if record else "-"
+        lines.append(f"| {variant} | {facts.get('verdict') or 'as generated (not tuned)'} | "
+                     f"{_fmt(tuned, ',')} | {_fmt(peak, ',')} | {diff} | {ended} | "
+                     f"{record.get('stopped_processes', '-')} |")
+    return "\n".join(lines) + "\n"
+
+
 def plot(report: dict[str, Any], path: Path) -> None:
     import matplotlib
 
@@ -254,9 +273,11 @@ def plot(report: dict[str, Any], path: Path) -> None:
         run = report["runs"].get(variant) or {}
         curve, facts = run.get("curve") or [], run.get("facts") or {}
         batch = (facts.get("batch_size") or 1) * (facts.get("num_crops_per_image") or 1)
+        empty = "" if curve else f": no validation within {report['wall_s'] / 60:.0f} min"
         ax.plot([p["wall_s"] / 60 for p in curve], [p["dice"] for p in curve], marker="o",
-                label=f"{variant} (batch {batch}, lr {facts.get('learning_rate')})")
-    ax.set_xlabel("wall since launch (min), three runs side by side")
+                label=f"{variant} (batch {batch}, lr {facts.get('learning_rate')}){empty}")
+    ax.axvline(report["wall_s"] / 60, color="grey", linestyle="--", linewidth=1)  # each run's SIGTERM
+    ax.set_xlabel("wall since launch (min), three runs side by side; dashed: the stop")
     ax.set_ylabel("mean validation Dice (MONAI's accuracy_history.csv)")
     ax.set_title("MONAI SegResNet, Task04_Hippocampus fold 0, CPU fp32")
     ax.grid(alpha=0.3)
@@ -278,8 +299,12 @@ def run(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     from autotune.auto3dseg import identify
 
     work = Path(args.work)
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
+    if args.keep_storage:  # the tuned variants answer from the earlier run's studies: no probe
+        for variant in VARIANTS:
+            shutil.rmtree(work / variant, ignore_errors=True)
+    else:
+        shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {"command": " ".join(["python", *sys.argv]), "machine": machine(), "cases": args.cases,
                               "limit": args.limit, "wall_s": args.wall, "num_workers": args.num_workers,
                               "date": time.strftime("%Y-%m-%d"), "runs": {}}
@@ -307,6 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     plot(report, out.with_suffix(".png"))
     print(table(report))
     print(curves(report))
+    print(launch_table(report))
     print(json.dumps(report["summary"], indent=1))
     return 0
 
