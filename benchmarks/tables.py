@@ -58,6 +58,9 @@ TABLES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "contract": ("bench_contract", "markdown_table", ("contract.json",)),
     "precision": ("bench_precision", "markdown_table", ("precision.json",)),
     "precision-native-bf16": ("bench_precision", "markdown_table", ("precision_native_bf16.json",)),
+    "monai-handoff-60min": ("bench_monai_handoff", "table", ("monai_handoff_60min.json",)),
+    "monai-handoff-60min-curves": ("bench_monai_handoff", "curves", ("monai_handoff_60min.json",)),
+    "monai-handoff-60min-launch": ("bench_monai_handoff", "launch_table", ("monai_handoff_60min.json",)),
 }
 
 

@@ -3,8 +3,8 @@
     python -m autotune.launch --memory-limit 8GiB [--peak-json FILE] -- work/segresnet_0/scripts/train.py \\
         run --config_file=work/segresnet_0/configs/hyper_parameters.yaml
 
-The script runs in this process (``runpy``, as ``python SCRIPT ARGS`` would run it: its folder first on
-``sys.path``), so the limit applies to it:
+The script runs in the launcher's worker (``runpy``, as ``python SCRIPT ARGS`` would run it: its folder first
+on ``sys.path``), a child of its own session (``autotune.auto3dseg.supervise``), so the limit applies to it:
 
 - CUDA: ``torch.cuda.set_per_process_memory_fraction`` caps the caching allocator at the limit before the
   script runs; the peak is the allocator's ``max_memory_reserved`` (and ``max_memory_allocated``).
@@ -16,7 +16,10 @@ The script runs in this process (``runpy``, as ``python SCRIPT ARGS`` would run 
   forked by the script are not tracked (their memory is host memory on a GPU, too).
 
 The JSON record (``--peak-json``, default ``<bundle>/autotune/launch.json``) holds the limit, the peaks and the
-exit status; the exit code is the script's (3 when it ran out of memory under the limit). The templates log to
+exit status; the exit code is the script's (3 when it ran out of memory under the limit). Stopped by SIGTERM,
+SIGINT or SIGUSR1, the launcher writes the record (``status: stopped``, the signal, the peaks so far, the
+script's exit status if it had ended), stops every process the script started and exits 128 + the signal's
+number (``autotune.auto3dseg.supervise``). The templates log to
 an mlflow file store (``<ckpt_path>/mlruns``), which mlflow 3 refuses unless ``MLFLOW_ALLOW_FILE_STORE`` is
 set: the launcher sets it to ``true`` unless it is set already. As AutoRunner's
 command prefix: ``AutoRunner.set_device_info(cmd_prefix="python -m autotune.launch --memory-limit 8GiB --")``.
@@ -50,8 +53,9 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _cpu_tracker(limit: int) -> Any:
-    """A dispatch mode counting the storages of every op's inputs and outputs with the probe's tracker."""
+def _cpu_tracker(limit: int, shared: Any = None) -> Any:
+    """A dispatch mode counting the storages of every op's inputs and outputs with the probe's tracker; each new
+    peak also goes to ``shared`` (``SharedPeaks``: the supervisor's copy, for a record written on a stop)."""
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_leaves
@@ -72,7 +76,12 @@ def _cpu_tracker(limit: int) -> Any:
             self.counter.track([t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)], "input")
             out = func(*args, **(kwargs or {}))
             self.counter.track([t for t in tree_leaves(out) if isinstance(t, torch.Tensor)], func.__name__)
-            self.peaks[self.phase] = max(self.peaks[self.phase], self.counter.current_bytes)  # frees come between ops
+            current = self.counter.current_bytes  # frees come between ops
+            if current > self.peaks[self.phase]:
+                self.peaks[self.phase] = current
+                if shared is not None:
+                    shared.raise_to(f"{self.phase}_peak_bytes", current)
+                    shared.raise_to("peak_bytes", self.counter.peak_bytes)
             return out
 
     return LaunchTracker()
@@ -82,6 +91,9 @@ def _cpu_tracker(limit: int) -> Any:
 def _phases(tracker: Any) -> Iterator[None]:
     """Name the tracker's phase after the last ``Module.train(mode)`` (``eval()`` calls it): the script's
     training loop and its validation set their model's mode, so their peaks are kept apart."""
+    if tracker is None:  # CUDA: the allocator's peaks are not split by phase
+        yield
+        return
     import torch
 
     original = torch.nn.Module.train
@@ -119,37 +131,78 @@ def _record_path(script: Path, peak_json: str | None) -> Path | None:
     return None
 
 
-def launch(script: str | os.PathLike[str], args: Sequence[str], memory_limit: int, device: str = "auto",
-           peak_json: str | None = None) -> dict[str, Any]:
-    """Run ``script`` with ``args`` under ``memory_limit`` bytes on ``device``; returns (and writes) the record."""
+def _watch_cuda(device: str, shared: Any) -> None:
+    """Copy the allocator's peaks into ``shared`` every second (a daemon thread), for a record written on a stop."""
+    import threading
+
+    from autotune.probe import memory
+
+    def loop() -> None:
+        while True:
+            peaks = memory.cuda_peaks(device)
+            shared.raise_to("cuda_max_memory_reserved", int(peaks.get("cuda_max_memory_reserved") or 0))
+            shared.raise_to("cuda_max_memory_allocated", int(peaks.get("cuda_max_memory_allocated") or 0))
+            time.sleep(1.0)
+
+    threading.Thread(target=loop, name="autotune-launch-cuda-peaks", daemon=True).start()
+
+
+def _prepare(device: str, memory_limit: int, record: dict[str, Any], shared: Any) -> Any:
+    """Cap the CUDA allocator, or make the CPU tracker; returns the tracker (None on CUDA)."""
     import torch
 
+    from autotune.probe import memory
+
+    if device.startswith("cuda"):
+        record["memory_fraction"] = memory.cuda_set_memory_limit(device, memory_limit)
+        torch.cuda.reset_peak_memory_stats(device)
+        record["measure"] = "CUDA caching allocator: max_memory_reserved"
+        if shared is not None:
+            _watch_cuda(device, shared)
+        return None
+    tracker = _cpu_tracker(memory_limit, shared)
+    os.register_at_fork(after_in_child=lambda: setattr(tracker, "active", False))
+    memory.reset_peak_rss()
+    record["measure"] = "tracked tensor storage bytes of the main thread (autotune.probe.memory)"
+    return tracker
+
+
+def _peaks(device: str, tracker: Any) -> dict[str, Any]:
+    from autotune.probe import memory
+
+    if tracker is None:
+        peaks = memory.cuda_peaks(device)
+        return {"peak_bytes": peaks["cuda_max_memory_reserved"], **peaks}
+    tracker.active = False
+    return {"peak_bytes": tracker.counter.peak_bytes, "train_peak_bytes": tracker.peaks["train"],
+            "validation_peak_bytes": tracker.peaks["validation"], "setup_peak_bytes": tracker.peaks["setup"],
+            "peak_rss_bytes": memory.peak_rss_bytes()}
+
+
+def launch(script: str | os.PathLike[str], args: Sequence[str], memory_limit: int, device: str = "auto",
+           peak_json: str | None = None, shared: Any = None) -> dict[str, Any]:
+    """Run ``script`` with ``args`` under ``memory_limit`` bytes on ``device``; returns (and writes) the record.
+
+    ``shared``: the supervisor's ``SharedPeaks`` (``autotune.auto3dseg.supervise``), kept up to date with the
+    peaks and told when the script has ended. The record is written with ``status: running`` before the
+    script starts and again when it ends."""
     from autotune.device import resolve_device
     from autotune.files import atomic_write_json
     from autotune.probe import memory
 
     device = resolve_device(device)
     path = Path(script).resolve()
+    target = _record_path(path, peak_json)
     # MONAI's templates log to an mlflow file store (<ckpt_path>/mlruns), which mlflow 3 refuses unless allowed
     os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
     record: dict[str, Any] = {"script": str(path), "args": list(args), "device": device, "memory_limit": memory_limit}
     start = time.perf_counter()
-    tracker = None
-    if device.startswith("cuda"):
-        record["memory_fraction"] = memory.cuda_set_memory_limit(device, memory_limit)
-        torch.cuda.reset_peak_memory_stats(device)
-        record["measure"] = "CUDA caching allocator: max_memory_reserved"
-    else:
-        tracker = _cpu_tracker(memory_limit)
-        os.register_at_fork(after_in_child=lambda: setattr(tracker, "active", False))
-        memory.reset_peak_rss()
-        record["measure"] = "tracked tensor storage bytes of the main thread (autotune.probe.memory)"
+    tracker = _prepare(device, memory_limit, record, shared)
+    if target is not None:
+        atomic_write_json(target, {**record, "status": "running"})
     status = "ok"
     try:
-        if tracker is not None:
-            with tracker, _phases(tracker):
-                code = _run_script(path, args)
-        else:
+        with (tracker if tracker is not None else contextlib.nullcontext()), _phases(tracker):
             code = _run_script(path, args)
     except Exception as exc:  # the script's own failure: recorded, then its traceback as Python shows it
         status, code = ("oom", EXIT_OOM) if memory.is_oom_error(exc) else ("error", 1)
@@ -158,18 +211,11 @@ def launch(script: str | os.PathLike[str], args: Sequence[str], memory_limit: in
             import traceback
 
             traceback.print_exc()
+    if shared is not None:
+        shared.script_ended(code)
     record.update(status=status if code == 0 or status != "ok" else "error", exit_code=code,
-                  seconds=round(time.perf_counter() - start, 3))
-    if tracker is not None:
-        tracker.active = False
-        record.update(peak_bytes=tracker.counter.peak_bytes, train_peak_bytes=tracker.peaks["train"],
-                      validation_peak_bytes=tracker.peaks["validation"], setup_peak_bytes=tracker.peaks["setup"],
-                      peak_rss_bytes=memory.peak_rss_bytes())
-    else:
-        peaks = memory.cuda_peaks(device)
-        record.update(peak_bytes=peaks["cuda_max_memory_reserved"], **peaks)
+                  seconds=round(time.perf_counter() - start, 3), **_peaks(device, tracker))
     record["within_limit"] = record["status"] != "oom" and int(record["peak_bytes"] or 0) <= memory_limit
-    target = _record_path(path, peak_json)
     if target is not None:
         atomic_write_json(target, record)
         record["record_path"] = str(target)
@@ -189,10 +235,28 @@ def _check_config_files(arguments: Sequence[str]) -> None:
                 check_config_file(Path(name))
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Parse ``--memory-limit``, ``--device``, ``--peak-json`` and ``-- SCRIPT ARGS``; run; return the script's code."""
+def _run(command: Sequence[str], limit: int, device: str, peak_json: str | None, shared: Any) -> int:
+    """The supervised worker: the launch, its one summary line, the script's exit code."""
     from autotune.errors import AutotuneError
-    from autotune.utils import format_bytes, parse_bytes
+    from autotune.utils import format_bytes
+
+    try:
+        record = launch(command[0], command[1:], limit, device, peak_json, shared)
+    except AutotuneError as exc:  # e.g. a device this machine does not have
+        print(f"python -m autotune.launch: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"autotune.launch: {record['status']}, peak {format_bytes(record['peak_bytes'])} of "
+          f"{format_bytes(limit)} on {record['device']}"
+          + (f" (record: {record['record_path']})" if record.get("record_path") else ""), file=sys.stderr)
+    return int(record["exit_code"])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse ``--memory-limit``, ``--device``, ``--peak-json`` and ``-- SCRIPT ARGS``; run the script in a
+    supervised worker (``autotune.auto3dseg.supervise``); return its exit code, or 128 + a stop signal's number."""
+    from autotune.auto3dseg.supervise import supervise
+    from autotune.errors import AutotuneError
+    from autotune.utils import parse_bytes
 
     options = _parser().parse_args(sys.argv[1:] if argv is None else list(argv))
     command = list(options.command)
@@ -207,11 +271,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not Path(command[0]).is_file():
             raise AutotuneError(f"{command[0]}: no such script")
         _check_config_files(command[1:])
-        record = launch(command[0], command[1:], limit, options.device, options.peak_json)
     except AutotuneError as exc:
         print(f"python -m autotune.launch: error: {exc}", file=sys.stderr)
         return 2
-    print(f"autotune.launch: {record['status']}, peak {format_bytes(record['peak_bytes'])} of "
-          f"{format_bytes(limit)} on {record['device']}"
-          + (f" (record: {record['record_path']})" if record.get("record_path") else ""), file=sys.stderr)
-    return int(record["exit_code"])
+    script = Path(command[0]).resolve()
+    base = {"script": str(script), "args": command[1:], "device": options.device, "memory_limit": limit}
+    return supervise(lambda shared: _run(command, limit, options.device, options.peak_json, shared),
+                     _record_path(script, options.peak_json), base, lambda line: print(line, file=sys.stderr))

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from autotune.auto3dseg.recognise import file_sha256, identify, monai_bundle_root
+from autotune.auto3dseg.reference import reference_block
 from autotune.auto3dseg.versions import SUPPORTED
 from autotune.checks.bounded_yaml import check_size, refuse_limits
 from autotune.errors import ConfigError
@@ -177,8 +178,9 @@ def _segresnet_values(parser: ConfigParser, where: Path) -> dict[str, Any]:
         overlap = float(_parsed(parser, "sliding_inferrer#overlap", where, SEGRESNET_SW_OVERLAP))
         sw_cpu = str(_parsed(parser, "sliding_inferrer#device", where, "") or "") == "cpu"
     roi = _xyz(_parsed(parser, "roi_size", where), "roi_size", where)
+    source = f"batch_size {batch} x num_crops_per_image {crops}" + (f" / num_steps_per_image {steps}" if steps > 1 else "")
     return {
-        "roi_size": roi, "roi_size_valid": roi,
+        "roi_size": roi, "roi_size_valid": roi, "batch_source": f"{source} patches per optimizer step",
         "input_channels": int(_parsed(parser, "input_channels", where)),
         "output_classes": int(_parsed(parser, "output_classes", where)),
         "num_patches_per_iter": max(1, batch * crops // steps),
@@ -209,7 +211,11 @@ def _dints_values(parser: ConfigParser, where: Path) -> dict[str, Any]:
     space = {k: _parsed(parser, f"training_network#dints_space#{k}", where)
              for k in ("num_blocks", "num_depths", "channel_mul", "use_downsample")}
     roi = _xyz(get("roi_size"), "training#roi_size", where)
+    source = (f"training#num_patches_per_iter {get('num_patches_per_iter')} patches per optimizer step (train.py steps "
+              f"through its loader batch of num_images_per_batch {get('num_images_per_batch')} x num_crops_per_image "
+              f"{get('num_crops_per_image')} in passes of it)")
     return {
+        "batch_source": source,
         "roi_size": roi, "roi_size_valid": _xyz(get("roi_size_valid", roi), "training#roi_size_valid", where),
         "input_channels": int(get("input_channels")), "output_classes": int(get("output_classes")),
         "num_patches_per_iter": int(get("num_patches_per_iter")), "num_images_per_batch": int(get("num_images_per_batch")),
@@ -282,4 +288,8 @@ def load_view(bundle: str | os.PathLike[str]) -> dict[str, Any]:
     tuning = root / TUNING_RELPATH
     if tuning.is_file():
         cfg["tuning"] = read_yaml(tuning, ConfigError)
+    if supported:  # the goodput hand-off's reference: the template's stated batch and its optimizer's lr rule
+        block = reference_block(version.name, values, cfg.get("tuning"))
+        if block is not None:
+            cfg["batch_scaling"] = block
     return cfg

@@ -192,9 +192,23 @@ def training_set(cfg: Mapping[str, Any]) -> tuple[int, list[float]]:
 def _no_block(cfg: Mapping[str, Any]) -> str:
     """Why a bundle has no ``batch_scaling`` block, and what follows."""
     if cfg.get("format") == "monai":
-        return ("MONAI's template states no reference batch or learning-rate rule: the largest fit is handed over "
-                "and the learning rate stays the template's")
+        return ("MONAI bundle tuned before autotune recorded its template's batch (autotune/tuning.yaml has no "
+                "recipe.reference), so its configs no longer state it: the largest fit is handed over and the "
+                "learning rate stays; regenerate the bundle to hand over by the goodput rule")
     return "bundle has no batch_scaling block (no reference batch); regenerate it"
+
+
+def _block_for(cfg: Mapping[str, Any], handoff: str) -> tuple[dict[str, Any] | None, str | None]:
+    """The bundle's checked ``batch_scaling`` block as the write-back applies it, and a note on any change.
+
+    ``--handoff largest`` on a MONAI bundle keeps the template's learning rate, as MONAI's own
+    ``auto_scale_*`` does when it changes the batch: the learning-rate rule is taken as ``none``.
+    """
+    block = batch_scaling_of(cfg)
+    if block is None or handoff != "largest" or cfg.get("format") != "monai":
+        return block, None
+    return {**block, "lr_scaling": "none"}, ("--handoff largest on MONAI's template: the largest fit with the "
+                                             "template's learning rate, as MONAI's auto_scale_* hands its batch over")
 
 
 def _reference_batch(cfg: Mapping[str, Any]) -> int:
@@ -321,14 +335,20 @@ def apply_handoff(
     )
 
 
-def handoff_updates(cfg: Mapping[str, Any], batch: int) -> dict[str, Any]:
+def handoff_updates(cfg: Mapping[str, Any], batch: int, handoff: str = DEFAULT_HANDOFF) -> dict[str, Any]:
     """Learning rate, warm-up and the ``tuning:`` record of both, for ``batch`` patches per step.
+
+    Args:
+        cfg: the bundle config (its ``batch_scaling`` block).
+        batch: the batch handed to training.
+        handoff: the rule that chose it (``goodput`` or ``largest``; see ``_block_for``).
 
     Returns:
         top-level keys for the bundle (``learning_rate``, ``lr_warmup_samples``,
-        ``lr_warmup_start_factor``) and ``record`` for the ``tuning:`` block.
+        ``lr_warmup_start_factor``) and ``record`` for the ``tuning:`` block (for a MONAI bundle with its
+        ``reference``: what a later tuning reads, the configs then holding the tuned values).
     """
-    block = batch_scaling_of(cfg)
+    block, note = _block_for(cfg, handoff)
     crops = max(1, int(cfg.get("num_crops_per_image", 1)))
     epochs = int(cfg["num_epochs"])
     try:
@@ -352,6 +372,10 @@ def handoff_updates(cfg: Mapping[str, Any], batch: int) -> dict[str, Any]:
         "warmup": {"samples": warmup_samples, "start_factor": round(start, 6),
                    "steps": -(-warmup_samples // int(batch)) if warmup_samples else 0},
     }
+    if note:
+        record["reason"] = note
+    if cfg.get("format") == "monai":
+        record["reference"] = dict(cfg["batch_scaling"])
     if cases is not None:
         def steps(n: int) -> int:
             return steps_per_epoch(cases, loader_settings(n, crops)["num_images_per_batch"], crops, n)

@@ -3,38 +3,13 @@ with the template's own step, tuned, and written back into the template's own ke
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
 import yaml
-from monai_fixtures import TEST_VERSION, register_versions, write_dints, write_segresnet
+from monai_fixtures import TEST_VERSION
 
 from autotune.errors import ConfigError
-
-
-@pytest.fixture(scope="module")
-def work(demo_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The demo data analysed, with a SegResNet and a DiNTS bundle in MONAI's layout."""
-    from autotune import analyze
-
-    folder = tmp_path_factory.mktemp("monai_format")
-    analyze(demo_data, folder, num_fold=2, progress=False)
-    write_segresnet(folder)
-    write_dints(folder)
-    return folder
-
-
-@pytest.fixture()
-def bundles(work: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
-    """Private copies of the two bundles (beside the shared analysis), their version registered."""
-    copies = {}
-    for name in ("segresnet_0", "dints_0"):
-        copies[name.split("_")[0]] = Path(shutil.copytree(work / name, tmp_path / name))
-    for name in ("datalist.json", "datastats.yaml", "data_src.yaml"):
-        shutil.copy(work / name, tmp_path / name)
-    register_versions(monkeypatch, *copies.values())
-    return copies
 
 
 def test_a_monai_bundle_is_read_through_its_own_expressions(bundles: dict[str, Path]) -> None:
@@ -120,6 +95,12 @@ def test_tune_writes_into_the_templates_own_keys_and_monai_reads_them_back(bundl
                    device="cpu", memory_limit="4GiB", storage=f"sqlite:///{tmp_path}/s.db", progress=None)
     assert [r["status"] for r in results] == ["tuned", "tuned"]
     seg_result, dints_result = results
+    for result, root, rule in ((seg_result, bundles["segresnet"], "sqrt"), (dints_result, bundles["dints"], "linear")):
+        verdict = result["handoff"]  # the goodput rule against the template's stated batch, 1
+        assert verdict["rule"] == "goodput" and verdict["reference_batch"] == 1
+        assert verdict["handed"] == result["num_patches_per_iter"]
+        recipe = yaml.safe_load((root / "autotune" / "tuning.yaml").read_text())["recipe"]
+        assert recipe["reference"]["reference_batch"] == 1 and recipe["lr_scaling"] == rule
     seg = yaml.safe_load((bundles["segresnet"] / "configs" / "hyper_parameters.yaml").read_text())
     n = seg_result["num_patches_per_iter"]
     assert (seg["num_crops_per_image"], seg["batch_size"], seg["auto_scale_allowed"]) == (n, 1, False)  # crop mode ratio
@@ -172,7 +153,7 @@ def test_tuned_values_land_in_the_templates_own_keys(bundles: dict[str, Path]) -
         "training"]["num_patches_per_iter"] == 2
 
 
-def test_bundlegen_takes_monais_argument_name_and_tells_monais_templates_apart(tmp_path: Path, work: Path) -> None:
+def test_bundlegen_takes_monais_argument_name_and_tells_monais_templates_apart(tmp_path: Path, monai_work: Path) -> None:
     from autotune import BundleGen
     from autotune.auto3dseg import is_monai_templates
     from autotune.bundles.bundlegen import BundleGen as OwnBundleGen
@@ -182,6 +163,6 @@ def test_bundlegen_takes_monais_argument_name_and_tells_monais_templates_apart(t
     (tmp_path / "segresnet" / "scripts" / "algo.py").write_text("")
     assert is_monai_templates(tmp_path) and is_monai_templates("https://example.org/templates.tar.gz")
     assert not is_monai_templates(default_templates_path()) and not is_monai_templates(None)
-    own = BundleGen(work, algos="unet", templates_path_or_url=default_templates_path(),
-                    data_stats_filename=work / "datastats.yaml", data_src_cfg_name=work / "data_src.yaml")
+    own = BundleGen(monai_work, algos="unet", templates_path_or_url=default_templates_path(),
+                    data_stats_filename=monai_work / "datastats.yaml", data_src_cfg_name=monai_work / "data_src.yaml")
     assert type(own) is BundleGen and isinstance(own, OwnBundleGen) and own.algos == ["unet"]

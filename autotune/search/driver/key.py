@@ -28,12 +28,17 @@ __all__ = ["answer_key", "result_tag", "validation_devices"]
 
 
 def result_tag(strategy: str, margin: float, spec: AlgoSpec, devices: tuple[str, ...], estimate_only: bool,
-               handoff: str = "largest") -> str:
-    """The study attribute holding the result of a search with these settings."""
+               handoff: str = "largest", reference: Mapping[str, Any] | None = None) -> str:
+    """The study attribute holding the result of a search with these settings.
+
+    ``reference``: a MONAI bundle's hand-off reference (its template's stated batch and lr rule), read from
+    the bundle rather than fixed by an autotune template, so part of what the stored verdict depends on."""
     settings: dict[str, Any] = {"strategy": strategy, "margin": margin, "spec": spec.as_dict(), "devices": devices,
                                 "estimate": estimate_only}
     if handoff != "largest":  # "largest" is the tag's default: left out of it
         settings["handoff"] = handoff
+        if reference is not None:
+            settings["reference"] = [int(reference["reference_batch"]), str(reference["lr_scaling"])]
     blob = json.dumps(settings, sort_keys=True)
     return "result:" + hashlib.sha256(blob.encode()).hexdigest()[:12]
 
@@ -136,8 +141,9 @@ def answer_key(session: Session, key: TuningKey, cfg: Mapping[str, Any], n_bundl
         return {"algo": algo, "status": "unsupported", "reason": "template does not support tuning"}
     spec, batch_cap = cap_range(spec_for(session.explicit[algo], cfg), cfg, session.say)
     devices = validation_devices(spec, session.budget.device)
+    reference = cfg.get("batch_scaling") if cfg.get("format") == "monai" else None
     tag = result_tag(session.strategy, session.budget.margin, spec, devices, session.estimate_only,
-                     session.handoff)
+                     session.handoff, reference)
     sampler = _sampler(session, cfg, spec)
     study, stored = _stored_or_claimed(session, key, _open(session, key, sampler=sampler),
                                        tag, sampler, wait, algo)

@@ -48,7 +48,8 @@ def write_bundle(path: str, bundle: Bundle, record: Mapping[str, Any], write: bo
     updates: dict[str, Any] = loader_settings(record["num_patches_per_iter"], cfg.get("num_crops_per_image", 1))
     updates["num_sw_batch_size"] = int(record["num_sw_batch_size"])
     updates["sw_input_on_cpu"] = bool(record["sw_input_on_cpu"])
-    handed = handoff_updates(cfg, int(record["num_patches_per_iter"]))  # lr and schedule follow the batch
+    rule = str((record.get("handoff") or {}).get("rule") or "goodput")
+    handed = handoff_updates(cfg, int(record["num_patches_per_iter"]), rule)  # lr and schedule follow the batch
     recipe = handed.pop("record")
     updates.update(handed)
     updates["tuning"] = TuningPlan.from_record(record, recipe).as_dict()
