@@ -13,6 +13,8 @@ status     when
 ok         exit code 0 and a result
 oom        exit code 3: out of memory (``torch.OutOfMemoryError``, an allocator
            failure, or on CPU the tracked peak crossing ``memory_limit``)
+nonfinite  exit code 5: the training steps' loss, or the weights after them, held
+           a NaN or Inf (memory and timings measured; never a fit)
 error      exit code 1 (``error_type``/``error_tail`` from the child), no result,
            or an unexpected exit code
 killed     ended by a signal (``signal`` holds its number; segfault, SIGKILL,
@@ -268,7 +270,7 @@ def _run_child(req: dict[str, Any], child_env: dict[str, str], timeout: float) -
 def _classify(result: dict[str, Any], run: _ChildRun, first_phase: str) -> None:
     """Set ``result``'s status (and the failure's phase, type and tail) from the exit code or signal and
     the child's JSON, as the module docstring's table says."""
-    from autotune.probe.trial import EXIT_OK, EXIT_OOM
+    from autotune.probe.trial import EXIT_NONFINITE, EXIT_OK, EXIT_OOM
 
     rc = run.proc.returncode
     running_phase = run.state.get("phase") if run.state.get("phase") in PHASES else first_phase
@@ -282,6 +284,8 @@ def _classify(result: dict[str, Any], run: _ChildRun, first_phase: str) -> None:
                       error_tail=run.stderr_tail or f"the probe child exited with code {rc} and wrote no result")
     elif rc == EXIT_OOM:
         result["status"] = "oom"
+    elif rc == EXIT_NONFINITE:  # the child's error_type and error_tail say what was non-finite
+        result["status"] = "nonfinite"
     elif rc != EXIT_OK or run.result.get("status") != "ok":
         result["status"] = "error"
         result["error_type"] = result.get("error_type") or f"ExitCode{rc}"

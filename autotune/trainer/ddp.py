@@ -26,7 +26,7 @@ from typing import Any
 
 import autotune.errors as errors
 from autotune.device import check_device
-from autotune.errors import AutotuneError, SpecError, TrainingStopped
+from autotune.errors import AutotuneError, SpecError, TrainingDiverged, TrainingStopped
 
 __all__ = [
     "DistContext",
@@ -177,7 +177,7 @@ def _spawn_entry(rank: int, nproc: int, port: int, target: Callable[..., Any], k
         Path(error_dir, f"rank{rank}.json").write_text(
             json.dumps({"type": type(exc).__name__, "message": str(exc), "exit_code": exc.exit_code}),
             encoding="utf-8")
-        if isinstance(exc, TrainingStopped):
+        if isinstance(exc, (TrainingStopped, TrainingDiverged)):
             return  # every rank stops at the same step: a clean exit, no rank terminated by the spawner
         raise
 
