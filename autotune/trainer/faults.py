@@ -27,7 +27,8 @@ def continue_command(bundle_root: str, total_epochs: int, mode: str, world_size:
     torchrun command with its own options left as ``...``)."""
     options = [*(["--resume"] if resume else []), "--epochs", str(total_epochs), *(["--mode", mode] if mode != "fast" else [])]
     if "TORCHELASTIC_RUN_ID" in os.environ:
-        return f"torchrun ... -m autotune.trainer {shlex.join([str(bundle_root), *options])}"
+        launcher = os.environ.get("AUTOTUNE_LAUNCHER") or "torchrun"  # set by autotune.trainer.torchrun
+        return f"{launcher} ... -m autotune.trainer {shlex.join([str(bundle_root), *options])}"
     return shlex.join(["autotune", "train", str(bundle_root), *options,
                        *(["--nproc", str(world_size)] if world_size > 1 else [])])
 
