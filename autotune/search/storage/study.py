@@ -111,21 +111,22 @@ def open_storage(url: str | None = None) -> optuna.storages.BaseStorage:
         driver = f"driver {name!r}" if name else "the database driver"
         raise StorageError(f"storage {shown}: {driver} is not installed; pip install it") from exc
     except (sqlalchemy.exc.OperationalError, sqlalchemy.exc.DBAPIError) as exc:
+        from autotune.search.storage.refusals import refusal_error, storage_refusal
+
+        refusal = storage_refusal(exc)
+        if refusal is not None:  # creating the database or its tables on a full or read-only disk
+            raise refusal_error(refusal, shown) from exc
         reason = str(getattr(exc, "orig", exc)).strip().splitlines()[0] if str(getattr(exc, "orig", exc)).strip() else ""
         reason = reason.replace(url, shown)
         raise StorageError(f"storage {shown}: cannot connect ({reason[:160]}); check the server and the URL") from exc
 
 
 def _rdb_storage(url: str, shown: str, engine_kwargs: dict[str, Any]) -> optuna.storages.RDBStorage:
-    """Optuna's RDB storage at ``url``; on a database server, one whose calls ride out a restart
-    (``autotune.search.storage.retry``)."""
-    import optuna
+    """Optuna's RDB storage at ``url`` whose calls say a full disk as such; on a database server, one whose
+    calls also ride out a restart (``autotune.search.storage.retry``)."""
+    from autotune.search.storage.retry import rdb_storage_class
 
-    if url.startswith("sqlite"):
-        return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
-    from autotune.search.storage.retry import retrying_rdb_storage
-
-    storage = retrying_rdb_storage()(url, engine_kwargs=engine_kwargs)
+    storage = rdb_storage_class(retry=not url.startswith("sqlite"))(url, engine_kwargs=engine_kwargs)
     storage.shown_url = shown
     return storage
 
