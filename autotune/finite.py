@@ -11,7 +11,8 @@ A skipped step or two is a bad batch; ``NONFINITE_PATIENCE`` in a row is a run t
 a skipped step leaves the weights as they were, so the next batches meet the same weights
 that failed on every batch since, and more waiting only burns time. The guard then raises
 ``NonFiniteSteps``; the trainer turns it into one line and exit code 5
-(``autotune.errors.TrainingDiverged``). The probe makes no skips (a skipped step would
+(``autotune.errors.TrainingDiverged``), naming where the last of them first went non-finite
+(``trace_nonfinite``: forward and backward hooks on every module). The probe makes no skips (a skipped step would
 leave the optimizer's state unallocated and the memory it measures short): a probe whose
 loss or weights are non-finite after its steps is recorded as ``nonfinite``, never as a fit.
 """
@@ -25,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-__all__ = ["NONFINITE_PATIENCE", "NonFiniteSteps", "StepGuard", "nonfinite_parameters"]
+__all__ = ["NONFINITE_PATIENCE", "NonFiniteSteps", "StepGuard", "nonfinite_parameters", "trace_nonfinite"]
 
 # Steps in a row that may be skipped before the run stops. One or two in a row happen (a crop of
 # extreme values, a warm-up spike) and skipping them costs nothing. Five in a row means five
@@ -41,11 +42,13 @@ class NonFiniteSteps(Exception):
         reason: what the last of them held, in words (``loss nan``, ``gradients inf``, ...).
         in_a_row: the number of skipped steps in a row.
         epoch, step: where (the epoch, and the training pass within it), set by the trainer; 0 when unknown.
+        first: where the last step first went non-finite (``trace_nonfinite``), set by the trainer; '' unknown.
     """
 
     def __init__(self, reason: str, in_a_row: int) -> None:
         self.reason, self.in_a_row = reason, int(in_a_row)
         self.epoch = self.step = 0
+        self.first = ""
         super().__init__(f"{reason} in {in_a_row} steps in a row")
 
 
@@ -126,3 +129,61 @@ def nonfinite_parameters(model: torch.nn.Module) -> list[str]:
 
     named = [*model.named_parameters(), *((n, b) for n, b in model.named_buffers() if b.is_floating_point())]
     return [name for name, tensor in named if not bool(torch.isfinite(tensor.detach()).all())]
+
+
+def _tensors(value: Any) -> list[Any]:
+    """The tensors in a module's inputs or output (a tensor, or tuples, lists and dicts of them)."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for item in value for t in _tensors(item)]
+    if isinstance(value, dict):
+        return [t for item in value.values() for t in _tensors(item)]
+    return []
+
+
+def _nonfinite(value: Any) -> bool:
+    return any(t.is_floating_point() and not bool(t.detach().isfinite().all()) for t in _tensors(value))
+
+
+def trace_nonfinite(model: torch.nn.Module, loss_fn: Callable[..., Any], images: torch.Tensor, labels: torch.Tensor,
+                    amp_dtype: Any = None) -> str:
+    """Run one training pass of ``images`` again with a forward hook on every module and say where a NaN or
+    Inf first appears: the input batch, a module's input or output in the forward pass (the innermost module
+    first), the loss, or else the backward pass (the parameter nearest the output whose gradient broke; the
+    backward pass has no module hooks, which in-place activations forbid). Weights, buffers and gradients are
+    left as they were; '' when everything stayed finite."""
+    import torch
+
+    found: list[str] = []
+    names = {module: name or "the network" for name, module in model.named_modules()}
+
+    def forward(module: torch.nn.Module, inputs: Any, output: Any) -> None:
+        what = "input" if _nonfinite(inputs) else "output" if _nonfinite(output) else ""
+        if what and not found:
+            found.append(f"the forward {what} of {names[module]} ({type(module).__name__})")
+
+    handles = [m.register_forward_hook(forward) for m in model.modules()]
+    saved = [b.detach().clone() for b in model.buffers()]
+    grads = [p.grad for p in model.parameters()]
+    try:
+        if _nonfinite(images):
+            return "the input batch"
+        for p in model.parameters():
+            p.grad = None
+        with torch.autocast(images.device.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
+            loss = loss_fn(model(images), labels)
+        if found or _nonfinite(loss):
+            return found[0] if found else "the loss"
+        loss.backward()
+        broken = [n for n, p in model.named_parameters() if p.grad is not None and _nonfinite(p.grad)]
+        return f"the backward pass, at the gradient of {broken[-1]}" if broken else ""
+    finally:
+        for handle in handles:
+            handle.remove()
+        for buffer, value in zip(model.buffers(), saved, strict=True):
+            buffer.data.copy_(value)
+        for param, grad in zip(model.parameters(), grads, strict=True):
+            param.grad = grad

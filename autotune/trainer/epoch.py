@@ -98,6 +98,7 @@ def _train_batch(parts: EpochParts, batch: Mapping[str, Any], tracker: Any, loss
                  progress: EpochProgress) -> None:
     """One loader batch in passes of ``num_patches_per_iter``, each applied pass's loss added to ``loss_sum``
     (a tensor, in place) and the passes, skipped passes and samples to ``progress``."""
+    from autotune.finite import NonFiniteSteps, trace_nonfinite
     from autotune.step import split_patches, train_step
     from autotune.trainer.infer import plain_tensor
 
@@ -111,8 +112,12 @@ def _train_batch(parts: EpochParts, batch: Mapping[str, Any], tracker: Any, loss
     with parts.memory.tracking():
         for image, label in split_patches(images, labels, int(parts.cfg["num_patches_per_iter"])):
             progress.passes += 1  # counted first: a guard that stops the run names this pass
-            loss = train_step(recipe.net, recipe.loss_fn, recipe.optimizer, image, label, recipe.amp_dtype,
-                              recipe.scaler, guard)
+            try:
+                loss = train_step(recipe.net, recipe.loss_fn, recipe.optimizer, image, label, recipe.amp_dtype,
+                                  recipe.scaler, guard)
+            except NonFiniteSteps as exc:  # where this pass first went non-finite, for the run's last line
+                exc.first = trace_nonfinite(recipe.model, recipe.loss_fn, image, label, recipe.amp_dtype)
+                raise
             if recipe.scheduler is not None:  # a skipped step keeps the schedule's length, as fp16's scaler does
                 recipe.scheduler.step()
             if guard is None or guard.applied:

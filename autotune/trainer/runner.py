@@ -384,8 +384,9 @@ class TrainingRun:
             return None
         if isinstance(exc, NonFiniteSteps):
             steps = f"{self.steps_per_epoch}" if self.ctx.world_size == 1 else f"{self.steps_per_epoch} on each rank"
+            first = f"; first non-finite: {exc.first}" if exc.first else ""
             return self._diverged(f"{exc.reason} in {exc.in_a_row} steps in a row, none applied to the weights; "
-                                  f"stopped in epoch {exc.epoch} at step {exc.step} of {steps}")
+                                  f"stopped in epoch {exc.epoch} at step {exc.step} of {steps}{first}")
         oom = out_of_memory_error(exc, self.cfg, self.memory_limit, self.memory.phase, self.epoch, self.out / "last.pt")
         refusal = write_refusal(exc, self.data.opts.cache_dir) if oom is None else None
         if refusal is None:

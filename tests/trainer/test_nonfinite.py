@@ -100,6 +100,39 @@ def test_nonfinite_gradients_with_a_finite_loss_are_skipped() -> None:
     assert torch.equal(model.weight, weight)
 
 
+def test_the_trace_names_the_module_where_it_first_went_nonfinite() -> None:
+    import torch
+
+    from autotune.finite import trace_nonfinite
+
+    class Log(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.log(x)
+
+    class Root(torch.nn.Module):  # sqrt(0) is finite, its gradient is not
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.sqrt(x.clamp(min=0.0))
+
+    def loss_fn(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return logits.mean()
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv3d(1, 2, 1), torch.nn.BatchNorm3d(2), Log(), torch.nn.Conv3d(2, 1, 1))
+    image = torch.randn(2, 1, 4, 4, 4)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    assert trace_nonfinite(model, loss_fn, image, image) == "the forward output of 2 (Log)"  # log of negatives
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # running statistics kept
+    image[0, 0, 0, 0, 0] = float("nan")
+    assert trace_nonfinite(model, loss_fn, image, image) == "the input batch"
+    model = torch.nn.Sequential(torch.nn.Conv3d(1, 2, 1), Root(), torch.nn.Conv3d(2, 1, 1))
+    with torch.no_grad():
+        model[0].weight.zero_()
+        model[0].bias.zero_()
+    # the first convolution's gradients break (inf * 0 in the root's backward); the second's stay finite
+    assert trace_nonfinite(model, loss_fn, torch.ones(1, 1, 2, 2, 2), None) == "the backward pass, at the gradient of 0.bias"
+    assert all(p.grad is None for p in model.parameters())
+
+
 def test_a_nan_loss_stops_training_with_a_line_and_code_5_and_resume_continues(
         bundles: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str],
         monkeypatch: pytest.MonkeyPatch) -> None:
@@ -117,7 +150,7 @@ def test_a_nan_loss_stops_training_with_a_line_and_code_5_and_resume_continues(
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("autotune ")]
     assert lines == [
         f"autotune train: diverged: loss nan in 5 steps in a row, none applied to the weights; stopped in epoch 2 "
-        f"at step 3 of 3 (precision fp32); kept: {out / 'last.pt'} (epoch 1), {out / 'best.pt'} (epoch 1); try a lower "
+        f"at step 3 of 3; first non-finite: the loss (precision fp32); kept: {out / 'last.pt'} (epoch 1), {out / 'best.pt'} (epoch 1); try a lower "
         f"learning_rate (now 0.0002) in {bundle / 'configs' / 'hyper_parameters.yaml'} and a fresh run "
         f"('autotune train {bundle} --epochs 2'), or check the data"]
     last = torch.load(out / "last.pt", map_location="cpu", weights_only=True)
