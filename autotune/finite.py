@@ -155,7 +155,7 @@ def trace_nonfinite(model: torch.nn.Module, loss_fn: Callable[..., Any], images:
     first), the loss, or else the backward pass (the parameter nearest the output whose gradient broke; the
     backward pass has no module hooks, which in-place activations forbid). Weights, buffers and gradients are
     left as they were; '' when everything stayed finite."""
-    import torch
+    from autotune.autocast import autocast
 
     found: list[str] = []
     names = {module: name or "the network" for name, module in model.named_modules()}
@@ -173,7 +173,7 @@ def trace_nonfinite(model: torch.nn.Module, loss_fn: Callable[..., Any], images:
             return "the input batch"
         for p in model.parameters():
             p.grad = None
-        with torch.autocast(images.device.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
+        with autocast(images.device.type, amp_dtype):  # as autotune.step.train_step runs it
             loss = loss_fn(model(images), labels)
         if found or _nonfinite(loss):
             return found[0] if found else "the loss"

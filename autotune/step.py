@@ -70,12 +70,13 @@ def train_step(
     With a ``guard`` (``autotune.finite``), a step whose loss or gradients are non-finite is not
     applied (``guard.applied`` says which), and too many in a row raise ``NonFiniteSteps``.
     """
-    import torch
+
+    from autotune.autocast import autocast
 
     optimizer.zero_grad(set_to_none=True)
     if guard is not None:
         guard.before_forward()
-    with torch.autocast(device_type=images.device.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
+    with autocast(images.device.type, amp_dtype):  # on the CPU with CUDA's float32 list
         logits = model(images)
         loss = loss_fn(logits, labels)
     if scaler is not None:
@@ -119,9 +120,9 @@ def sliding_window_predict(
     import torch
     from monai.inferers import sliding_window_inference
 
-    with torch.no_grad(), torch.autocast(
-        device_type=torch.device(device).type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None
-    ):
+    from autotune.autocast import autocast
+
+    with torch.no_grad(), autocast(torch.device(device).type, amp_dtype):
         return sliding_window_inference(
             image,
             roi_size=list(roi_size),

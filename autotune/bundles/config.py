@@ -95,6 +95,8 @@ def check_bundle_config(cfg: Any, where: str) -> dict[str, Any]:
     lr = cfg.get("learning_rate", 1e-3)
     if not isinstance(lr, (int, float)) or isinstance(lr, bool) or lr <= 0:
         raise ConfigError(f"{where}: key 'learning_rate' must be a positive number, got {lr!r}")
+    if not isinstance(cfg.get("cpu_bf16", True), bool):
+        raise ConfigError(f"{where}: key 'cpu_bf16' must be true or false, got {cfg['cpu_bf16']!r}")
     cache_rate = cfg.get("cache_rate", 1.0)
     if not isinstance(cache_rate, (int, float)) or not 0.0 <= float(cache_rate) <= 1.0:
         raise ConfigError(f"{where}: key 'cache_rate' must be between 0 and 1, got {cache_rate!r}")

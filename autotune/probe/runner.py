@@ -100,7 +100,7 @@ def resolve_request(bundle: str | Path | Mapping[str, Any], *, num_patches_per_i
     """Load the bundle config and check every argument; returns the request a trial runs from.
 
     ``precision`` (``fp32``, ``bf16``, ``fp16``) is what the trial computes in; None decides it
-    here (``autotune.precision.resolve_precision``), so the child never decides on its own.
+    here (``autotune.precision.for_config``), so the child never decides on its own.
 
     Raises:
         ConfigError: the bundle is missing or invalid.
@@ -117,10 +117,10 @@ def resolve_request(bundle: str | Path | Mapping[str, Any], *, num_patches_per_i
     if check_device and device.startswith("cuda"):
         _check_cuda(device)
     limit = None if memory_limit is None else parse_bytes(memory_limit, "memory_limit")
-    from autotune.precision import PRECISIONS, resolve_precision
+    from autotune.precision import PRECISIONS, for_config
 
     if precision is None:
-        precision = resolve_precision(bool(cfg.get("amp", False)), device).name
+        precision = for_config(cfg, device).name
     return {
         "config": cfg,
         "num_patches_per_iter": _positive_int(

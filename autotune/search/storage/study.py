@@ -188,7 +188,7 @@ def make_key(cfg: Mapping[str, Any], device: Mapping[str, Any], memory_limit: in
     import monai
     import torch
 
-    from autotune.precision import resolve_precision
+    from autotune.precision import for_config
 
     return TuningKey(
         algo=str(cfg["algo"]),
@@ -197,7 +197,7 @@ def make_key(cfg: Mapping[str, Any], device: Mapping[str, Any], memory_limit: in
         infer_volume_shape=tuple(int(v) for v in cfg.get("infer_volume_shape", cfg["roi_size"])),
         input_channels=int(cfg["input_channels"]),
         output_classes=int(cfg["output_classes"]),
-        precision=resolve_precision(bool(cfg.get("amp", False)), str(device.get("device") or "cpu")).name,
+        precision=for_config(cfg, str(device.get("device") or "cpu")).name,
         network_hash=_section_hash(cfg),
         device_name=str(device["device_name"]),
         device_total_memory=int(device["device_total_memory"]),
