@@ -18,8 +18,10 @@ from typing import Any
 
 from autotune.errors import HostWriteError, TrainingDiverged, TrainingStopped
 from autotune.files import host_refusal, refused
+from autotune.finite import NonFiniteSteps
 
-__all__ = ["continue_command", "holds", "stop_error", "write_refusal", "kept_files", "with_kept", "diverged_error"]
+__all__ = ["continue_command", "holds", "stop_error", "write_refusal", "kept_files", "with_kept", "skipped",
+           "overflowed", "diverged_error"]
 
 
 def continue_command(bundle_root: str, total_epochs: int, mode: str, world_size: int, resume: bool = True) -> str:
@@ -70,11 +72,28 @@ def with_kept(refusal: HostWriteError, out: Path, kept: str, best_saved: int, co
     return refusal.with_outcome(kept=kept_files(out, kept, best_saved), then=f"free space, then run '{command}'")
 
 
+def skipped(exc: NonFiniteSteps, steps_per_epoch: int, world_size: int) -> str:
+    """What the steps a run skipped in a row held, and where it stopped (for ``diverged_error``)."""
+    steps = f"{steps_per_epoch}" if world_size == 1 else f"{steps_per_epoch} on each rank"
+    first = f"; first non-finite: {exc.first}" if exc.first else ""
+    return (f"{exc.reason} in {exc.in_a_row} steps in a row, none applied to the weights; stopped in epoch "
+            f"{exc.epoch} at step {exc.step} of {steps}{first}")
+
+
+def overflowed(epoch: int, broken: list[str]) -> str:
+    """The weights an applied step left non-finite in ``epoch`` (``broken``: their names), in words."""
+    more = ", ..." if len(broken) > 3 else ""
+    return f"the weights became non-finite in epoch {epoch} ({', '.join(broken[:3])}{more}): a finite step overflowed them"
+
+
 def diverged_error(what: str, precision: str, kept: str, resume_command: str, fresh_command: str,
-                   learning_rate: float, config: Path) -> TrainingDiverged:
+                   learning_rate: float, bundle_root: str) -> TrainingDiverged:
     """The line a diverged run ends with (exit code 5): ``what`` happened and where, the precision, the
     checkpoints ``kept`` (``kept_files``) and what to try: fp32 first when the run autocasts, a lower
     learning rate in a fresh run (``--resume`` would take the optimizer's learning rate from the checkpoint)."""
+    from autotune.bundles.config import CONFIG_RELPATH
+
+    config = Path(bundle_root) / CONFIG_RELPATH
     lower = f"a lower learning_rate (now {learning_rate:g}) in {config} and a fresh run ('{fresh_command}')"
     if precision != "fp32":
         resume = f"{resume_command} --precision fp32" if kept else f"{fresh_command} --precision fp32"

@@ -315,8 +315,7 @@ class TrainingRun:
             raise self._stopped_inside(progress)
         broken = nonfinite_parameters(self.recipe.model)  # an applied step can still overflow the weights
         if broken:
-            raise self._diverged(f"the weights became non-finite in epoch {epoch} ({', '.join(broken[:3])}"
-                                 f"{', ...' if len(broken) > 3 else ''}): a finite step overflowed them")
+            raise self._diverged(faults.overflowed(epoch, broken))
         return epoch_row(self.parts, progress)
 
     def _save_last(self, epoch: int, partial: dict[str, Any] | None = None) -> None:
@@ -368,14 +367,10 @@ class TrainingRun:
 
     def _diverged(self, what: str) -> TrainingDiverged:
         """The line of a run that diverged (``what``: where and how), with what was kept and what to try."""
-        from autotune.bundles.config import bundle_config_path
-
         group = self.recipe.optimizer.param_groups[0]
-        learning_rate = float(group.get("initial_lr", group["lr"]))
-        kept = faults.kept_files(self.out, self.kept, self.best_saved)
-        return faults.diverged_error(what, self.recipe.precision.name, kept, self.continue_command(),
-                                     self.continue_command(resume=False), learning_rate,
-                                     bundle_config_path(self.cfg["bundle_root"]))
+        return faults.diverged_error(what, self.recipe.precision.name, faults.kept_files(self.out, self.kept,
+                                     self.best_saved), self.continue_command(), self.continue_command(resume=False),
+                                     float(group.get("initial_lr", group["lr"])), self.cfg["bundle_root"])
 
     def _fault(self, exc: Exception) -> Exception | None:
         """The one-line error for ``exc`` (out of memory; a write the host refused, with what was kept; steps that
@@ -383,10 +378,7 @@ class TrainingRun:
         if isinstance(exc, (TrainingStopped, TrainingDiverged)):
             return None
         if isinstance(exc, NonFiniteSteps):
-            steps = f"{self.steps_per_epoch}" if self.ctx.world_size == 1 else f"{self.steps_per_epoch} on each rank"
-            first = f"; first non-finite: {exc.first}" if exc.first else ""
-            return self._diverged(f"{exc.reason} in {exc.in_a_row} steps in a row, none applied to the weights; "
-                                  f"stopped in epoch {exc.epoch} at step {exc.step} of {steps}{first}")
+            return self._diverged(faults.skipped(exc, self.steps_per_epoch, self.ctx.world_size))
         oom = out_of_memory_error(exc, self.cfg, self.memory_limit, self.memory.phase, self.epoch, self.out / "last.pt")
         refusal = write_refusal(exc, self.data.opts.cache_dir) if oom is None else None
         if refusal is None:

@@ -170,7 +170,7 @@ def test_bf16_advice_names_fp32_first() -> None:
     from autotune.trainer.faults import diverged_error
 
     error = diverged_error("loss nan in 5 steps in a row", "bf16", "", "autotune train b --resume --epochs 4",
-                           "autotune train b --epochs 4", 0.01, Path("b/configs/hyper_parameters.yaml"))
+                           "autotune train b --epochs 4", 0.01, "b")
     assert error.exit_code == 5 and str(error) == (
         "loss nan in 5 steps in a row (precision bf16); kept: nothing; try fp32 ('autotune train b --epochs 4 "
         "--precision fp32'), or a lower learning_rate (now 0.01) in b/configs/hyper_parameters.yaml and a fresh "
