@@ -1,13 +1,13 @@
 """Autocast on the CPU with CUDA's float32 list: the precision-sensitive ops run in float32 there too.
 
 CUDA autocast runs a list of ops in float32 whatever their inputs (ATen ``autocast_mode.h``:
-softmax and log_softmax, sum and prod, cumsum, the norms and group/layer norm, exp, log, pow,
-rsqrt, the losses, interpolation, ...). CPU autocast keeps most of them in the low precision:
-under bf16 on the CPU a DiceCE loss takes its softmax and sums in bf16, GroupNorm its statistics'
-output, and so on, with 8 bits of mantissa where CUDA keeps 24. ``autocast`` gives the CPU
-CUDA's list: low-precision (bf16, fp16) tensor arguments of those ops are cast to float32 first,
-above autograd, as CUDA autocast does. Convolutions and matrix products stay in the low precision:
-they are where the speed is.
+softmax and log_softmax, sum and prod, cumsum, the vector norms and group/layer norm, exp, log,
+pow, rsqrt, the losses, interpolation, ...). CPU autocast keeps most of them in the low
+precision: under bf16 on the CPU a DiceCE loss takes its softmax and its sums in bf16, with 8
+bits of mantissa where CUDA keeps 24. ``autocast`` gives the CPU CUDA's list but its two
+normalization layers (``CPU_FP32_OPS``; see there why): low-precision (bf16, fp16) tensor
+arguments of those ops are cast to float32 first, above autograd, as CUDA autocast does.
+Convolutions, matrix products and the normalization layers stay in the low precision.
 
 ``autotune.step`` trains and validates through ``autocast``, so the probe, the estimator and
 training compute, and allocate, the same. The estimator's emulation of a CUDA target on the CPU
@@ -25,7 +25,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_map
 
-__all__ = ["CUDA_FP32_OPS", "Fp32OpList", "autocast"]
+__all__ = ["CUDA_FP32_OPS", "CPU_FP32_OPS", "Fp32OpList", "autocast"]
 
 # Ops CUDA autocast runs in float32 (ATen autocast_mode.h: AT_FORALL_FP32, AT_FORALL_FP32_SET_OPT_DTYPE)
 # where CPU autocast keeps the input dtype; by their Python names.
@@ -40,6 +40,10 @@ CUDA_FP32_OPS = frozenset({
     "upsample_bilinear2d", "upsample_bicubic2d", "grid_sample", "softmax", "log_softmax", "cumprod",
     "cumsum", "sum", "prod", "linalg_vector_norm", "linalg_matrix_norm",
 })
+# On the CPU: CUDA's list but the normalization layers. Their CPU kernels keep the statistics in float32
+# already, and a float32 norm keeps its input and output in 4 bytes where bf16 keeps 2: the tiny
+# SegResNet's training peak at 2 patches rose from 25 to 44 MiB with them (measured, BENCHMARKS.md).
+CPU_FP32_OPS = CUDA_FP32_OPS - {"group_norm", "layer_norm"}
 _LOW = (torch.float16, torch.bfloat16)
 
 
@@ -48,13 +52,15 @@ def _upcast(value: Any) -> Any:
 
 
 class Fp32OpList(TorchFunctionMode):
-    """A torch-function mode that gives CPU autocast CUDA's float32 list: while CPU autocast is on, the
-    bf16 and fp16 tensor arguments of ``CUDA_FP32_OPS`` are cast to float32 before the op (an op given an
-    explicit ``dtype`` keeps it, as under CUDA autocast)."""
+    """A torch-function mode that gives CPU autocast a float32 list: while CPU autocast is on, the bf16 and
+    fp16 tensor arguments of the ops in ``ops`` (default ``CPU_FP32_OPS``) are cast to float32 before the op
+    (an op given an explicit ``dtype`` keeps it, as under CUDA autocast)."""
+
+    ops: frozenset[str] = CPU_FP32_OPS
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        if (getattr(func, "__name__", None) in CUDA_FP32_OPS and kwargs.get("dtype") is None
+        if (getattr(func, "__name__", None) in self.ops and kwargs.get("dtype") is None
                 and torch.is_autocast_enabled("cpu")):
             args, kwargs = tree_map(_upcast, (args, kwargs))
         return func(*args, **kwargs)
@@ -62,8 +68,8 @@ class Fp32OpList(TorchFunctionMode):
 
 @contextlib.contextmanager
 def autocast(device_type: str, dtype: Any) -> Iterator[None]:
-    """``torch.autocast(device_type, dtype)`` (no autocast when ``dtype`` is None), and on the CPU CUDA's
-    float32 list on top (``Fp32OpList``)."""
+    """``torch.autocast(device_type, dtype)`` (no autocast when ``dtype`` is None), and on the CPU the float32
+    list on top (``Fp32OpList``: CUDA's, but the normalization layers)."""
     with torch.autocast(device_type=device_type, dtype=dtype or torch.float32, enabled=dtype is not None):
         if dtype is None or device_type != "cpu":
             yield

@@ -31,7 +31,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake_temporarily
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from autotune.autocast import Fp32OpList
+from autotune.autocast import CUDA_FP32_OPS, Fp32OpList
 
 __all__ = ["CudaAutocastPolicy", "FakeCorrections", "fake_session"]
 
@@ -94,9 +94,11 @@ class FakeCorrections(TorchDispatchMode):
 
 class CudaAutocastPolicy(Fp32OpList):
     """A torch-function mode that makes CPU autocast allocate as CUDA autocast does (for estimating a CUDA
-    target where no GPU is present): CUDA's float32 list (``autotune.autocast``, which autotune's own steps
-    apply on the CPU anyway; here also for a MONAI bundle's own loop), and the ops CPU autocast alone runs
-    in float32 run without it."""
+    target where no GPU is present): CUDA's whole float32 list (``autotune.autocast``'s CPU steps keep all
+    of it but the normalization layers; here also for a MONAI bundle's own loop), and the ops CPU autocast
+    alone runs in float32 run without it."""
+
+    ops = CUDA_FP32_OPS
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}

@@ -154,11 +154,16 @@ class TuningKey:
     # study's trials share one unit and its best trial is the phase's answer; tpe's joint study values a
     # point N + sw / SW_SCALE. Part of the digest: a study laid out otherwise is never read as this one.
     layout: str = "phase-studies"
+    # bf16 on the CPU computes the loss's ops in float32 (autotune.autocast), which changes what a step
+    # holds: such keys say so, so a study measured before never answers for them ('' for every other key)
+    autocast: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["roi_size"] = list(self.roi_size)
         data["infer_volume_shape"] = list(self.infer_volume_shape)
+        if not self.autocast:
+            del data["autocast"]  # the digests of the keys it does not concern stay as they were
         return data
 
     @property
@@ -190,6 +195,8 @@ def make_key(cfg: Mapping[str, Any], device: Mapping[str, Any], memory_limit: in
 
     from autotune.precision import for_config
 
+    device_name = str(device.get("device") or "cpu")
+    precision = for_config(cfg, device_name).name
     return TuningKey(
         algo=str(cfg["algo"]),
         template_version=int(cfg.get("template_version", 0)),
@@ -197,7 +204,7 @@ def make_key(cfg: Mapping[str, Any], device: Mapping[str, Any], memory_limit: in
         infer_volume_shape=tuple(int(v) for v in cfg.get("infer_volume_shape", cfg["roi_size"])),
         input_channels=int(cfg["input_channels"]),
         output_classes=int(cfg["output_classes"]),
-        precision=for_config(cfg, str(device.get("device") or "cpu")).name,
+        precision=precision,
         network_hash=_section_hash(cfg),
         device_name=str(device["device_name"]),
         device_total_memory=int(device["device_total_memory"]),
@@ -207,6 +214,7 @@ def make_key(cfg: Mapping[str, Any], device: Mapping[str, Any], memory_limit: in
         strategy=strategy,
         objective=objective,
         layout="joint-n-sw" if strategy.startswith("tpe") else "phase-studies",
+        autocast="cpu-fp32-list" if precision != "fp32" and device_name.startswith("cpu") else "",
     )
 
 
