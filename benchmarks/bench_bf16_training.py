@@ -138,19 +138,21 @@ def main(argv: list[str] | None = None) -> int:
 
     work = Path(args.work)
     started = time.time()
-    with tempfile.TemporaryDirectory(prefix="bench_bf16_") as scratch:
-        bundles = [measure_bundle(work / name, args, Path(scratch)) for name in args.bundles.split(",")]
     report = {
         "benchmark": "bf16 against fp32 training on this CPU, template by template",
         "command": "python benchmarks/bench_bf16_training.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "label": args.label, "epochs": args.epochs, "dice": args.dice, "seconds": round(time.time() - started, 1),
+        "label": args.label, "epochs": args.epochs, "dice": args.dice, "seconds": 0.0,
         "environment": {"cpu": cpu_name(), "cores": os.cpu_count(), "torch": torch.__version__,
                         "onednn_bf16": bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()),
                         "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA")},
-        "bundles": bundles,
+        "bundles": [],
     }
-    write_json(out, report)
-    print(markdown_table(report))
+    with tempfile.TemporaryDirectory(prefix="bench_bf16_") as scratch:
+        for name in args.bundles.split(","):  # written after each bundle: a long run keeps what it measured
+            report["bundles"].append(measure_bundle(work / name, args, Path(scratch)))
+            report["seconds"] = round(time.time() - started, 1)
+            write_json(out, report)
+            print(markdown_table(report), flush=True)
     print(f"wrote {out}")
     return 0
 
