@@ -4,10 +4,11 @@ CUDA autocast runs a list of ops in float32 whatever their inputs (ATen ``autoca
 softmax and log_softmax, sum and prod, cumsum, the vector norms and group/layer norm, exp, log,
 pow, rsqrt, the losses, interpolation, ...). CPU autocast keeps most of them in the low
 precision: under bf16 on the CPU a DiceCE loss takes its softmax and its sums in bf16, with 8
-bits of mantissa where CUDA keeps 24. ``autocast`` gives the CPU CUDA's list but its two
-normalization layers (``CPU_FP32_OPS``; see there why): low-precision (bf16, fp16) tensor
-arguments of those ops are cast to float32 first, above autograd, as CUDA autocast does.
-Convolutions, matrix products and the normalization layers stay in the low precision.
+bits of mantissa where CUDA keeps 24. ``autocast`` gives the CPU CUDA's list but the ops that
+make activations, normalization and interpolation (``CPU_FP32_OPS``; see there why):
+low-precision (bf16, fp16) tensor arguments of those ops are cast to float32 first, above
+autograd, as CUDA autocast does. Convolutions, matrix products, normalization and
+interpolation stay in the low precision.
 
 ``autotune.step`` trains and validates through ``autocast``, so the probe, the estimator and
 training compute, and allocate, the same. The estimator's emulation of a CUDA target on the CPU
@@ -40,10 +41,16 @@ CUDA_FP32_OPS = frozenset({
     "upsample_bilinear2d", "upsample_bicubic2d", "grid_sample", "softmax", "log_softmax", "cumprod",
     "cumsum", "sum", "prod", "linalg_vector_norm", "linalg_matrix_norm",
 })
-# On the CPU: CUDA's list but the normalization layers. Their CPU kernels keep the statistics in float32
-# already, and a float32 norm keeps its input and output in 4 bytes where bf16 keeps 2: the tiny
-# SegResNet's training peak at 2 patches rose from 25 to 44 MiB with them (measured, BENCHMARKS.md).
-CPU_FP32_OPS = CUDA_FP32_OPS - {"group_norm", "layer_norm"}
+# On the CPU: CUDA's list but the ops that make a network's activations, the normalization layers and
+# interpolation. Their CPU kernels already accumulate in float32 (a norm's statistics, an interpolation's
+# weighted sum), and a float32 activation takes 4 bytes where bf16 takes 2: with them the tiny SegResNet's
+# training peak at 2 patches rose from 25 to 44 MiB, and its sliding-window batch under 64 MiB fell from
+# 21 to 11 (measured; BENCHMARKS.md). What stays is the loss's arithmetic: softmax, sums, exp, log, pow.
+_ACTIVATION_OPS = frozenset({
+    "layer_norm", "group_norm", "interpolate", "upsample", "upsample_nearest3d", "upsample_trilinear3d",
+    "upsample_nearest2d", "upsample_bilinear2d", "upsample_bicubic2d", "grid_sample",
+})
+CPU_FP32_OPS = CUDA_FP32_OPS - _ACTIVATION_OPS
 _LOW = (torch.float16, torch.bfloat16)
 
 
@@ -69,7 +76,7 @@ class Fp32OpList(TorchFunctionMode):
 @contextlib.contextmanager
 def autocast(device_type: str, dtype: Any) -> Iterator[None]:
     """``torch.autocast(device_type, dtype)`` (no autocast when ``dtype`` is None), and on the CPU the float32
-    list on top (``Fp32OpList``: CUDA's, but the normalization layers)."""
+    list on top (``Fp32OpList``: CUDA's, but normalization and interpolation)."""
     with torch.autocast(device_type=device_type, dtype=dtype or torch.float32, enabled=dtype is not None):
         if dtype is None or device_type != "cpu":
             yield

@@ -68,7 +68,8 @@ def test_cpu_autocast_keeps_cudas_float32_list() -> None:
         y = conv(x)
         assert y.dtype == torch.bfloat16  # convolutions stay in the low precision
         assert torch.softmax(y, 1).dtype == y.sum().dtype == torch.exp(y).dtype == torch.float32
-        assert norm(y).dtype == torch.bfloat16  # the normalization layers stay in bf16 on the CPU
+        assert norm(y).dtype == torch.bfloat16  # normalization and interpolation stay in bf16 on the CPU
+        assert torch.nn.functional.interpolate(y, scale_factor=2, mode="trilinear").dtype == torch.bfloat16
         assert y.sum(dtype=torch.bfloat16).dtype == torch.bfloat16  # an explicit dtype is kept
     with torch.autocast("cpu", dtype=torch.bfloat16):  # PyTorch's own CPU autocast, for contrast
         assert torch.softmax(conv(x), 1).dtype == torch.bfloat16

@@ -95,8 +95,8 @@ class FakeCorrections(TorchDispatchMode):
 class CudaAutocastPolicy(Fp32OpList):
     """A torch-function mode that makes CPU autocast allocate as CUDA autocast does (for estimating a CUDA
     target where no GPU is present): CUDA's whole float32 list (``autotune.autocast``'s CPU steps keep all
-    of it but the normalization layers; here also for a MONAI bundle's own loop), and the ops CPU autocast
-    alone runs in float32 run without it."""
+    of it but normalization and interpolation; here also for a MONAI bundle's own loop), and the ops CPU
+    autocast alone runs in float32 run without it."""
 
     ops = CUDA_FP32_OPS
 

@@ -214,7 +214,7 @@ def make_key(cfg: Mapping[str, Any], device: Mapping[str, Any], memory_limit: in
         strategy=strategy,
         objective=objective,
         layout="joint-n-sw" if strategy.startswith("tpe") else "phase-studies",
-        autocast="cpu-fp32-list" if precision != "fp32" and device_name.startswith("cpu") else "",
+        autocast="cpu-loss-fp32" if precision != "fp32" and device_name.startswith("cpu") else "",
     )
 
 
