@@ -102,6 +102,28 @@ def _compare(ref: dict, low: dict) -> dict[str, Any]:
             "module_rel_error": modules, "param_grad_rel_error": grads}
 
 
+def markdown_table(*reports: dict[str, Any]) -> str:
+    """One row per bundle and autocast: the loss and gradient against fp32 over the batches, the module with
+    the largest output error, and the first non-finite module (what BENCHMARKS.md shows)."""
+    lines = ["| bundle (weights) | autocast | loss bf16 - fp32 (max abs) | gradient cosine (min) | gradient rel. error "
+             "(max) | largest module output error | first non-finite |", "|---|---|---:|---:|---:|---|---|"]
+    for report in reports:
+        weights = "trained" if report.get("checkpoint") else "as built"
+        for name, batches in report["runs"].items():
+            worst: dict[str, float] = {}
+            for b in batches:
+                for k, v in b["module_rel_error"].items():
+                    worst[k] = max(worst.get(k, 0.0), v)
+            module, error = max(worst.items(), key=lambda kv: kv[1])
+            firsts = sorted({b["first_nonfinite_module"] for b in batches} - {None})
+            lines.append(f"| {report['algo']} ({weights}) | {name} | "
+                         f"{max(abs(b['loss_bf16'] - b['loss_fp32']) for b in batches):.5f} | "
+                         f"{min(b['gradient_cosine'] for b in batches):.4f} | "
+                         f"{max(b['gradient_rel_error'] for b in batches):.3f} | {error:.4f} ({module.rsplit(' ', 1)[-1].strip('()')}) | "
+                         f"{', '.join(firsts) or 'none'} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     import torch
 

@@ -58,6 +58,7 @@ TABLES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "contract": ("bench_contract", "markdown_table", ("contract.json",)),
     "precision": ("bench_precision", "markdown_table", ("precision.json",)),
     "precision-native-bf16": ("bench_precision", "markdown_table", ("precision_native_bf16.json",)),
+    "bf16-numerics": ("bf16_numerics", "markdown_table", ("bf16_numerics_unet.json", "bf16_numerics_segresnet.json")),
 }
 
 
