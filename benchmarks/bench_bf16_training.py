@@ -13,6 +13,8 @@ that keeps fp32 on the CPU is measured in bf16 all the same), with ``autotune tr
 Prints a table, writes JSON. Measured on the CPU it runs on (its oneDNN bf16 answer is recorded).
 
     python benchmarks/bench_bf16_training.py --work /tmp/work --epochs 12      # the README job's bundles
+    python benchmarks/bench_bf16_training.py --work FULL --bundles unet_0 --epochs 300 --max-time 900 --val-every 1 \
+        --label "full size, Task04_Hippocampus" --out benchmarks/results/bf16_training_full.json
     python benchmarks/bench_bf16_training.py --report-only
 """
 
@@ -45,6 +47,7 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--epochs", type=int, default=12)
     p.add_argument("--dice", type=float, default=0.7, help="the Dice whose epochs and wall are reported")
     p.add_argument("--max-time", default=None, help="passed to autotune train (full-size runs)")
+    p.add_argument("--val-every", type=int, default=None, help="passed to autotune train")
     p.add_argument("--label", default="tiny preset, the README main job's bundles")
     p.add_argument("--report-only", action="store_true")
     p.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "bf16_training.json"))
@@ -56,7 +59,8 @@ def _run(bundle: Path, copy: Path, precision: str, args: argparse.Namespace) -> 
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     env.pop("AUTOTUNE_PRECISION", None)
     cmd = ["nice", "-n", "10", sys.executable, "-m", "autotune", "train", str(copy), "--device", "cpu", "--epochs",
-           str(args.epochs), "--precision", precision, "-q", *(["--max-time", args.max_time] if args.max_time else [])]
+           str(args.epochs), "--precision", precision, "-q", *(["--max-time", args.max_time] if args.max_time else []),
+           *(["--val-every", str(args.val_every)] if args.val_every else [])]
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
