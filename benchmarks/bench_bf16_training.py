@@ -48,6 +48,9 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dice", type=float, default=0.7, help="the Dice whose epochs and wall are reported")
     p.add_argument("--max-time", default=None, help="passed to autotune train (full-size runs)")
     p.add_argument("--val-every", type=int, default=None, help="passed to autotune train")
+    p.add_argument("--memory-limit", default="16GiB",
+                   help="passed to autotune train: a limit neither run reaches (a bundle tuned in bf16 at a small limit "
+                        "does not fit it in fp32, and this measures training, not the memory contract)")
     p.add_argument("--label", default="tiny preset, the README main job's bundles")
     p.add_argument("--report-only", action="store_true")
     p.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "bf16_training.json"))
@@ -60,7 +63,7 @@ def _run(bundle: Path, copy: Path, precision: str, args: argparse.Namespace) -> 
     env.pop("AUTOTUNE_PRECISION", None)
     cmd = ["nice", "-n", "10", sys.executable, "-m", "autotune", "train", str(copy), "--device", "cpu", "--epochs",
            str(args.epochs), "--precision", precision, "-q", *(["--max-time", args.max_time] if args.max_time else []),
-           *(["--val-every", str(args.val_every)] if args.val_every else [])]
+           *(["--val-every", str(args.val_every)] if args.val_every else []), "--memory-limit", args.memory_limit]
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -110,8 +113,8 @@ def _f(value: Any, spec: str = ".3f") -> str:
     return "-" if value is None else format(value, spec)
 
 
-def markdown_table(report: dict[str, Any]) -> str:
-    """The table of a report (what BENCHMARKS.md shows)."""
+def markdown_table(report: dict[str, Any], *more: dict[str, Any]) -> str:
+    """The table of a report and of ``more`` reports of the same run's settings (what BENCHMARKS.md shows)."""
     env = report["environment"]
     lines = [f"CPU: {env['cpu']} ({env['cores']} cores), torch {env['torch']}, 1 thread per run, the two runs side by "
              f"side; oneDNN bf16 check: {'yes' if env['onednn_bf16'] else 'no'}; {report['label']}, {report['epochs']} "
@@ -119,7 +122,7 @@ def markdown_table(report: dict[str, Any]) -> str:
              "| bundle | precision | exit | finite loss | best Dice | bf16 - fp32 | epochs to target | wall to target s "
              "| best Dice in fixed wall (s) | wall s | load during |",
              "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for item in report["bundles"]:
+    for item in [b for r in (report, *more) for b in r["bundles"]]:
         load = item["load_during_run"]
         cell = f"{load['mean']:.1f} ({load['min']:.1f}-{load['max']:.1f})" if load.get("samples") else "-"
         for p in PRECISIONS:
