@@ -116,7 +116,10 @@ def _train_batch(parts: EpochParts, batch: Mapping[str, Any], tracker: Any, loss
                 loss = train_step(recipe.net, recipe.loss_fn, recipe.optimizer, image, label, recipe.amp_dtype,
                                   recipe.scaler, guard)
             except NonFiniteSteps as exc:  # where this pass first went non-finite, for the run's last line
-                exc.first = trace_nonfinite(recipe.model, recipe.loss_fn, image, label, recipe.amp_dtype)
+                try:
+                    exc.first = trace_nonfinite(recipe.model, recipe.loss_fn, image, label, recipe.amp_dtype)
+                except Exception:  # noqa: BLE001 - the trace only adds to the line (it may hit the memory limit)
+                    exc.first = ""
                 raise
             if recipe.scheduler is not None:  # a skipped step keeps the schedule's length, as fp16's scaler does
                 recipe.scheduler.step()
