@@ -59,6 +59,7 @@ TABLES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "precision": ("bench_precision", "markdown_table", ("precision.json",)),
     "precision-native-bf16": ("bench_precision", "markdown_table", ("precision_native_bf16.json",)),
     "bf16-numerics": ("bf16_numerics", "markdown_table", ("bf16_numerics_unet.json", "bf16_numerics_segresnet.json")),
+    "bf16-training-unet": ("bench_bf16_training", "markdown_table", ("bf16_training_unet.json",)),
 }
 
 
