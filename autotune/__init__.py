@@ -30,6 +30,7 @@ _EXPORTS: dict[str, str] = {
     "StorageError": "autotune.errors",
     "HostWriteError": "autotune.errors",
     "TrainingStopped": "autotune.errors",
+    "TrainingDiverged": "autotune.errors",
     # the stages, in the order a job runs them
     "make_demo_dataset": "autotune.data.synthetic",
     "analyze": "autotune.data",

@@ -39,6 +39,7 @@ EXIT_CODES = {
     2: "bad input: a file, key, value or option to fix",
     3: "out of memory under the tuned limit",
     4: "the host refused a write: disk full, quota, read-only or permission (HostWriteError)",
+    5: "training diverged: the loss or gradients stayed non-finite (TrainingDiverged); a probe's steps did",
     70: "internal error: a bug in autotune (the line names a file holding the traceback; please report it)",
     130: "stopped by SIGINT (Ctrl-C)",
     138: "training stopped by SIGUSR1 after writing a checkpoint",

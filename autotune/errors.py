@@ -18,6 +18,7 @@ __all__ = [
     "TrainingOutOfMemory",
     "HostWriteError",
     "TrainingStopped",
+    "TrainingDiverged",
 ]
 
 
@@ -100,3 +101,13 @@ class TrainingStopped(AutotuneError):
     def __init__(self, message: str, exit_code: int = 143) -> None:
         self.exit_code = int(exit_code)
         super().__init__(message)
+
+
+class TrainingDiverged(AutotuneError):
+    """Training diverged: the loss or gradients were non-finite in ``NONFINITE_PATIENCE`` steps in a row
+    (none of them reached the weights; ``autotune.finite``), or an optimizer step left the weights
+    non-finite. The run stops before writing them (CLI exit code 5); the last finite checkpoint and
+    ``best.pt`` are kept."""
+
+    exit_code = 5
+    label = "diverged"

@@ -5,7 +5,10 @@ A template's ``amp: true`` means "mixed precision where the device runs it nativ
 - CUDA: fp16 autocast with a GradScaler (the default of MONAI's guides, Auto3DSeg and
   nnU-Net; the memory contract and the GPU check were designed for it). bf16 on a GPU
   with native bf16 is available by forcing it (below), without a GradScaler.
-- CPU: bf16 autocast only where the processor runs it natively; otherwise fp32. Without
+- CPU: bf16 autocast only where the processor runs it natively and the template's bf16 training is
+  shown to match its fp32 training (``cpu_bf16``, default true; the UNet template says false: see
+  docs/precision.md); otherwise fp32. Under bf16 the CPU also keeps CUDA's float32 op list
+  (``autotune.autocast``). Without
   native bf16 (no AVX512-BF16/AMX, e.g. many AMD EPYC and older Xeons), oneDNN emulates it
   and a Conv3d runs about 100x slower than in fp32 (measured: BENCHMARKS.md). PyTorch's
   oneDNN check (``torch.ops.mkldnn._is_mkldnn_bf16_supported``) says yes on any AVX512-BW
@@ -39,6 +42,7 @@ __all__ = [
     "EMULATED_RATIO",
     "Precision",
     "resolve_precision",
+    "for_config",
     "for_bundle",
     "forced_precision",
     "cpu_bf16_native",
@@ -133,8 +137,9 @@ def _check_forced_on(name: str, kind: str) -> None:
                         "on CUDA only; use bf16 or fp32 there")
 
 
-def resolve_precision(amp: bool, device: str | Any) -> Precision:
-    """The precision for a bundle with ``amp`` on ``device`` (``cpu``, ``cuda``, ``cuda:N``).
+def resolve_precision(amp: bool, device: str | Any, cpu_bf16: bool = True) -> Precision:
+    """The precision for a bundle with ``amp`` on ``device`` (``cpu``, ``cuda``, ``cuda:N``); ``cpu_bf16``
+    False: the bundle's template is not shown to train in bf16 on the CPU as in fp32 (``for_config``).
 
     Raises:
         SpecError: ``AUTOTUNE_PRECISION`` or ``AUTOTUNE_CPU_BF16`` is invalid, or forces fp16 on the CPU.
@@ -149,10 +154,20 @@ def resolve_precision(amp: bool, device: str | Any) -> Precision:
     if kind == "cuda":
         return Precision("fp16", "amp: true; fp16 autocast + GradScaler on CUDA")
     native, how = cpu_bf16_native()
+    if native and not cpu_bf16:
+        return Precision("fp32", f"amp: true and this CPU runs bfloat16 natively, but this template's bf16 training "
+                                 f"on the CPU is not shown to match fp32 (cpu_bf16: false); {PRECISION_ENV}=bf16 "
+                                 "forces it")
     if native:
         return Precision("bf16", f"amp: true; this CPU runs bfloat16 natively ({how})")
     return Precision("fp32", f"amp: true, but this CPU has no native bfloat16 ({how}); "
                              f"bf16 would be emulated, about 100x slower; {PRECISION_ENV}=bf16 forces it")
+
+
+def for_config(cfg: Mapping[str, Any], device: str | Any) -> Precision:
+    """``resolve_precision`` for a bundle config: its ``amp`` and its template's ``cpu_bf16`` (default true:
+    a bundle whose template does not say)."""
+    return resolve_precision(bool(cfg.get("amp", False)), device, bool(cfg.get("cpu_bf16", True)))
 
 
 def for_bundle(cfg: Mapping[str, Any], device: str) -> tuple[Precision, str | None]:
@@ -161,8 +176,7 @@ def for_bundle(cfg: Mapping[str, Any], device: str) -> tuple[Precision, str | No
     The precision the bundle was tuned in (``tuning.precision``), when it was tuned on this
     kind of device and nothing forces another; else what ``resolve_precision`` decides.
     """
-    amp = bool(cfg.get("amp", False))
-    here = resolve_precision(amp, device)
+    here = for_config(cfg, device)
     from autotune.bundles.plan import plan_of
 
     plan = plan_of(cfg)

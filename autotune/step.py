@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
+    from autotune.finite import StepGuard
+
 __all__ = ["train_step", "split_patches", "sliding_window_predict", "num_windows", "make_grad_scaler",
            "loader_batch_patches", "make_dice_metric", "score_case"]
 
@@ -61,20 +63,32 @@ def train_step(
     labels: torch.Tensor,
     amp_dtype: torch.dtype | None = None,
     scaler: Any = None,
+    guard: StepGuard | None = None,
 ) -> torch.Tensor:
-    """One optimizer step on one forward pass of ``images`` (N patches); returns the detached loss."""
-    import torch
+    """One optimizer step on one forward pass of ``images`` (N patches); returns the detached loss.
+
+    With a ``guard`` (``autotune.finite``), a step whose loss or gradients are non-finite is not
+    applied (``guard.applied`` says which), and too many in a row raise ``NonFiniteSteps``.
+    """
+
+    from autotune.autocast import autocast
 
     optimizer.zero_grad(set_to_none=True)
-    with torch.autocast(device_type=images.device.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
+    if guard is not None:
+        guard.before_forward()
+    with autocast(images.device.type, amp_dtype):  # on the CPU with CUDA's float32 list
         logits = model(images)
         loss = loss_fn(logits, labels)
     if scaler is not None:
         scaler.scale(loss).backward()
+    else:
+        loss.backward()
+    if guard is not None and not guard.permits(loss, scaler):
+        return loss.detach()
+    if scaler is not None:
         scaler.step(optimizer)
         scaler.update()
     else:
-        loss.backward()
         optimizer.step()
     return loss.detach()
 
@@ -106,9 +120,9 @@ def sliding_window_predict(
     import torch
     from monai.inferers import sliding_window_inference
 
-    with torch.no_grad(), torch.autocast(
-        device_type=torch.device(device).type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None
-    ):
+    from autotune.autocast import autocast
+
+    with torch.no_grad(), autocast(torch.device(device).type, amp_dtype):
         return sliding_window_inference(
             image,
             roi_size=list(roi_size),

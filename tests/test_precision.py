@@ -41,6 +41,42 @@ def test_amp_means_bf16_only_on_a_cpu_that_runs_it(monkeypatch: pytest.MonkeyPat
     assert resolve_precision(False, "cuda").name == "fp32"
 
 
+def test_a_template_not_shown_to_train_in_bf16_on_the_cpu_keeps_fp32(native: None,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from autotune.bundles.templates import load_template
+    from autotune.precision import for_config
+
+    assert load_template("unet")["training"]["cpu_bf16"] is False
+    assert all("cpu_bf16" not in load_template(algo)["training"] for algo in ("segresnet", "dints"))
+    unet = {"amp": True, "cpu_bf16": False}
+    chosen = for_config(unet, "cpu")
+    assert chosen.name == "fp32" and "cpu_bf16: false" in chosen.reason
+    assert for_config({"amp": True}, "cpu").name == "bf16"  # a template that does not say
+    assert for_config(unet, "cuda:0").name == "fp16"  # a CPU rule: CUDA keeps fp16 + GradScaler
+    monkeypatch.setenv(PRECISION_ENV, "bf16")
+    assert for_config(unet, "cpu").name == "bf16"  # forced
+
+
+def test_cpu_autocast_keeps_cudas_float32_list() -> None:
+    import torch
+
+    from autotune.autocast import autocast
+
+    conv, norm = torch.nn.Conv3d(2, 4, 1), torch.nn.GroupNorm(2, 4)
+    x = torch.randn(1, 2, 4, 4, 4)
+    with autocast("cpu", torch.bfloat16):
+        y = conv(x)
+        assert y.dtype == torch.bfloat16  # convolutions stay in the low precision
+        assert torch.softmax(y, 1).dtype == y.sum().dtype == torch.exp(y).dtype == torch.float32
+        assert norm(y).dtype == torch.bfloat16  # normalization and interpolation stay in bf16 on the CPU
+        assert torch.nn.functional.interpolate(y, scale_factor=2, mode="trilinear").dtype == torch.bfloat16
+        assert y.sum(dtype=torch.bfloat16).dtype == torch.bfloat16  # an explicit dtype is kept
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # PyTorch's own CPU autocast, for contrast
+        assert torch.softmax(conv(x), 1).dtype == torch.bfloat16
+    with autocast("cpu", None):
+        assert torch.softmax(conv(x), 1).dtype == torch.float32
+
+
 def test_the_override_forces_either_way_and_bad_values_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(CPU_BF16_ENV, "emulated")
     monkeypatch.setenv(PRECISION_ENV, "bf16")

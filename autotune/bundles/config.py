@@ -64,7 +64,7 @@ _OPTIONAL: dict[str, Any] = {
     "infer_volume_shape": Triple(Integer(1, 65_536)),
     "pos_neg_ratio": Items(Number(0.0, 1e6), 2, "positive to negative crops"),
     "early_stop_patience": Integer(0, 1_000_000),
-    **{key: Flag() for key in ("crop_foreground", "cache_on_device", "persistent_cache", "sigmoid")},
+    **{key: Flag() for key in ("crop_foreground", "cache_on_device", "persistent_cache", "sigmoid", "cpu_bf16")},
 }
 _NULLABLE = ("early_stop_patience",)  # null: no early stop
 

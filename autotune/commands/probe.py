@@ -14,14 +14,15 @@ from autotune.checks import options as types
 from autotune.commands import add_precision_arg
 from autotune.commands.search import MAX_BATCH
 
-__all__ = ["register", "EXIT_OK", "EXIT_FAILED", "EXIT_OOM"]
+__all__ = ["register", "EXIT_OK", "EXIT_FAILED", "EXIT_OOM", "EXIT_NONFINITE"]
 
-EXIT_OK, EXIT_FAILED, EXIT_OOM = 0, 1, 3
+EXIT_OK, EXIT_FAILED, EXIT_OOM, EXIT_NONFINITE = 0, 1, 3, 5
 
 _PROBE_EPILOG = """\
 exit codes:
   0  the probe ran and fitted (status ok)
   3  the probe ran out of memory (status oom): the settings do not fit
+  5  the training steps diverged (status nonfinite): a NaN or Inf loss or weights; not a fit
   1  the probe failed (status error, killed or timeout); the reason is printed
   2  bad input (bundle, option values, no such device)
 """
@@ -144,7 +145,7 @@ def _summary(result: dict[str, Any], title: str) -> list[str]:
 
 
 def probe_command(args: argparse.Namespace) -> int:
-    """Handler of ``autotune probe``: 0 ok, 3 oom, 1 error/killed/timeout."""
+    """Handler of ``autotune probe``: 0 ok, 3 oom, 5 nonfinite, 1 error/killed/timeout."""
     from autotune.probe.runner import run_probe
 
     device, validation_device, limit = _resolve_defaults(args)
@@ -157,7 +158,7 @@ def probe_command(args: argparse.Namespace) -> int:
     else:
         print("\n".join(_summary(result, "probe")))
         print(f"  wall {result['wall_seconds']:.1f} s (process start, imports, build and the steps)")
-    return {"ok": EXIT_OK, "oom": EXIT_OOM}.get(result["status"], EXIT_FAILED)
+    return {"ok": EXIT_OK, "oom": EXIT_OOM, "nonfinite": EXIT_NONFINITE}.get(result["status"], EXIT_FAILED)
 
 
 def estimate_command(args: argparse.Namespace) -> int:

@@ -14,7 +14,8 @@ inside ``fake_session``. Where fake tensors would differ from real ones, each pi
   kernels under mixed dtypes (bf16 autocast); their outputs are cast to what the kernels allocate.
 - CUDA target with no GPU visible: fake CUDA tensors cannot run autograd on a CPU-only build
   (PyTorch aborts for want of a CUDA device guard), so the pass runs on fake CPU tensors under
-  CPU fp16 autocast with CUDA's float32 op list applied on top (``CudaAutocastPolicy``).
+  CPU fp16 autocast with CUDA's float32 op list applied on top (``autotune.autocast``) and
+  without CPU autocast's own float32 ops (``CudaAutocastPolicy``).
 
 Not thread-safe: ``fake_session`` patches ``monai.inferers.utils`` while it is open. This module
 imports torch at its top: the estimator imports it inside its functions.
@@ -28,9 +29,9 @@ from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake_temporarily
-from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_map
+
+from autotune.autocast import CUDA_FP32_OPS, Fp32OpList
 
 __all__ = ["CudaAutocastPolicy", "FakeCorrections", "fake_session"]
 
@@ -39,19 +40,6 @@ _SCALAR_READS = (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.item
 _GROUP_NORM = torch.ops.aten.native_group_norm.default
 _GROUP_NORM_BACKWARD = torch.ops.aten.native_group_norm_backward.default
 
-# Ops CUDA autocast runs in float32 (ATen autocast_mode.h: AT_FORALL_FP32, AT_FORALL_FP32_SET_OPT_DTYPE)
-# where CPU autocast keeps the input dtype; by their Python names.
-_CUDA_FP32_OPS = frozenset({
-    "acos", "asin", "cosh", "sinh", "tan", "erfinv", "exp", "expm1", "log", "log10", "log2", "log1p",
-    "reciprocal", "rsqrt", "pow", "__pow__", "__rpow__", "softplus", "layer_norm", "group_norm", "norm",
-    "cosine_similarity", "poisson_nll_loss", "cosine_embedding_loss", "nll_loss", "hinge_embedding_loss",
-    "kl_div", "l1_loss", "smooth_l1_loss", "huber_loss", "mse_loss", "margin_ranking_loss",
-    "multilabel_margin_loss", "soft_margin_loss", "triplet_margin_loss", "multi_margin_loss",
-    "binary_cross_entropy_with_logits", "cross_entropy", "dist", "pdist", "cdist", "renorm", "logsumexp",
-    "interpolate", "upsample", "upsample_nearest3d", "upsample_trilinear3d", "upsample_nearest2d",
-    "upsample_bilinear2d", "upsample_bicubic2d", "grid_sample", "softmax", "log_softmax", "cumprod",
-    "cumsum", "sum", "prod", "linalg_vector_norm", "linalg_matrix_norm",
-})
 # Ops CPU autocast runs in float32 that CUDA autocast leaves in the input dtype.
 _CPU_ONLY_FP32_OPS = frozenset({
     "max_pool3d", "_max_pool3d", "max_pool3d_with_indices", "avg_pool3d", "adaptive_avg_pool3d",
@@ -104,24 +92,20 @@ class FakeCorrections(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
-def _upcast(value: Any) -> Any:
-    return value.float() if isinstance(value, torch.Tensor) and value.dtype == torch.float16 else value
+class CudaAutocastPolicy(Fp32OpList):
+    """A torch-function mode that makes CPU autocast allocate as CUDA autocast does (for estimating a CUDA
+    target where no GPU is present): CUDA's whole float32 list (``autotune.autocast``'s CPU steps keep all
+    of it but normalization and interpolation; here also for a MONAI bundle's own loop), and the ops CPU
+    autocast alone runs in float32 run without it."""
 
-
-class CudaAutocastPolicy(TorchFunctionMode):
-    """A torch-function mode that gives CPU fp16 autocast CUDA's float32 list (for estimating a CUDA
-    target where no GPU is present): fp16 tensor arguments of those ops are cast to float32 first,
-    above autograd, as CUDA autocast does; the ops CPU autocast alone runs in float32 run without it."""
+    ops = CUDA_FP32_OPS
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        name = getattr(func, "__name__", None)
-        if name in _CUDA_FP32_OPS and kwargs.get("dtype") is None and torch.is_autocast_enabled("cpu"):
-            args, kwargs = tree_map(_upcast, (args, kwargs))
-        elif name in _CPU_ONLY_FP32_OPS and torch.is_autocast_enabled("cpu"):
+        if getattr(func, "__name__", None) in _CPU_ONLY_FP32_OPS and torch.is_autocast_enabled("cpu"):
             with torch.autocast("cpu", enabled=False):
                 return func(*args, **kwargs)
-        return func(*args, **kwargs)
+        return super().__torch_function__(func, types, args, kwargs)
 
 
 def _empty_importance_map(patch_size: Any, mode: Any = "constant", sigma_scale: Any = 0.125,

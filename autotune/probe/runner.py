@@ -13,6 +13,8 @@ status     when
 ok         exit code 0 and a result
 oom        exit code 3: out of memory (``torch.OutOfMemoryError``, an allocator
            failure, or on CPU the tracked peak crossing ``memory_limit``)
+nonfinite  exit code 5: the training steps' loss, or the weights after them, held
+           a NaN or Inf (memory and timings measured; never a fit)
 error      exit code 1 (``error_type``/``error_tail`` from the child), no result,
            or an unexpected exit code
 killed     ended by a signal (``signal`` holds its number; segfault, SIGKILL,
@@ -98,7 +100,7 @@ def resolve_request(bundle: str | Path | Mapping[str, Any], *, num_patches_per_i
     """Load the bundle config and check every argument; returns the request a trial runs from.
 
     ``precision`` (``fp32``, ``bf16``, ``fp16``) is what the trial computes in; None decides it
-    here (``autotune.precision.resolve_precision``), so the child never decides on its own.
+    here (``autotune.precision.for_config``), so the child never decides on its own.
 
     Raises:
         ConfigError: the bundle is missing or invalid.
@@ -115,10 +117,10 @@ def resolve_request(bundle: str | Path | Mapping[str, Any], *, num_patches_per_i
     if check_device and device.startswith("cuda"):
         _check_cuda(device)
     limit = None if memory_limit is None else parse_bytes(memory_limit, "memory_limit")
-    from autotune.precision import PRECISIONS, resolve_precision
+    from autotune.precision import PRECISIONS, for_config
 
     if precision is None:
-        precision = resolve_precision(bool(cfg.get("amp", False)), device).name
+        precision = for_config(cfg, device).name
     return {
         "config": cfg,
         "num_patches_per_iter": _positive_int(
@@ -268,7 +270,7 @@ def _run_child(req: dict[str, Any], child_env: dict[str, str], timeout: float) -
 def _classify(result: dict[str, Any], run: _ChildRun, first_phase: str) -> None:
     """Set ``result``'s status (and the failure's phase, type and tail) from the exit code or signal and
     the child's JSON, as the module docstring's table says."""
-    from autotune.probe.trial import EXIT_OK, EXIT_OOM
+    from autotune.probe.trial import EXIT_NONFINITE, EXIT_OK, EXIT_OOM
 
     rc = run.proc.returncode
     running_phase = run.state.get("phase") if run.state.get("phase") in PHASES else first_phase
@@ -282,6 +284,8 @@ def _classify(result: dict[str, Any], run: _ChildRun, first_phase: str) -> None:
                       error_tail=run.stderr_tail or f"the probe child exited with code {rc} and wrote no result")
     elif rc == EXIT_OOM:
         result["status"] = "oom"
+    elif rc == EXIT_NONFINITE:  # the child's error_type and error_tail say what was non-finite
+        result["status"] = "nonfinite"
     elif rc != EXIT_OK or run.result.get("status") != "ok":
         result["status"] = "error"
         result["error_type"] = result.get("error_type") or f"ExitCode{rc}"

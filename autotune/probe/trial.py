@@ -3,7 +3,7 @@
 Run as ``python -m autotune.probe.trial REQUEST.json``. The request (written by
 ``autotune.probe.runner``) holds the bundle config and the trial's settings; the result
 is written as JSON to ``request["result_path"]`` and the exit code says how it went:
-0 ok, 3 out of memory, 1 any other error. While it runs, the child writes what it is
+0 ok, 3 out of memory, 5 non-finite (the loss or the weights after the steps), 1 any other error. While it runs, the child writes what it is
 doing (device facts, current phase) to ``request["state_path"]`` so the parent can say
 which phase a killed or timed-out child was in.
 
@@ -38,17 +38,23 @@ __all__ = [
     "phase_key",
     "cuda_result_keys",
     "EXIT_OOM",
+    "EXIT_NONFINITE",
+    "NonFiniteProbe",
     "base_result",
     "run_trial",
     "main",
 ]
 
-EXIT_OK, EXIT_ERROR, EXIT_OOM = 0, 1, 3
+EXIT_OK, EXIT_ERROR, EXIT_OOM, EXIT_NONFINITE = 0, 1, 3, 5
 # Per-phase CUDA measurements, each stored as ``f"{phase}_{field}"`` (``phase_key``): the
 # allocator's peaks, NVML's used memory at the phase's end and the allocator's reserve then.
 CUDA_PHASE_FIELDS = ("cuda_max_memory_reserved", "cuda_max_memory_allocated", "nvml_used_bytes",
                      "cuda_memory_reserved_now")
 _TAIL_LINES = 15  # lines of a failed trial's traceback kept in its result
+
+
+class NonFiniteProbe(Exception):
+    """The training steps' loss or the weights after them were non-finite: the trial is ``nonfinite``, not a fit."""
 
 
 def phase_key(phase: str, field: str) -> str:
@@ -74,16 +80,40 @@ def _train_phase(req: Mapping[str, Any], parts: dict[str, Any], result: dict[str
     steps = parts.get("workload", workload)  # a MONAI bundle's own loop (autotune.auto3dseg), else autotune's
     batch, prefetched = steps.make_loader_batches(cfg, n, device)
     parts["model"].train()
-    times = _measured_loop(
-        req, parts, result, "train", (parts["model"], parts["optimizer"], batch, prefetched),
-        lambda: steps.train_loader_batch(parts["model"], parts["loss_fn"], parts["optimizer"], batch, n,
-                                   parts["amp_dtype"], parts["scaler"]),
-    )
+    losses: list[float] = []  # each loader batch's last loss, as a number (no tensor kept alive)
+
+    def one_batch() -> Any:
+        loss = steps.train_loader_batch(parts["model"], parts["loss_fn"], parts["optimizer"], batch, n,
+                                        parts["amp_dtype"], parts["scaler"])
+        if loss is not None:  # a MONAI bundle's own loop returns none: its weights are checked below
+            losses.append(float(loss))
+        return loss
+
+    times = _measured_loop(req, parts, result, "train", (parts["model"], parts["optimizer"], batch, prefetched),
+                           one_batch)
+    _check_finite(losses, parts["model"], str(parts["amp_dtype"] or "torch.float32").replace("torch.", ""))
     result["step_seconds_median"] = statistics.median(times)  # one loader batch
     if len(times) > 1:  # the timing's relative noise: the hand-off's margin (autotune.search.handoff)
         result["step_seconds_spread"] = (max(times) - min(times)) / max(result["step_seconds_median"], 1e-12)
     result["loader_batch_patches"] = int(batch[0].shape[0])
     result["samples_per_s"] = int(batch[0].shape[0]) / max(result["step_seconds_median"], 1e-12)
+
+
+def _check_finite(losses: Sequence[float], model: Any, dtype: str) -> None:
+    """Raise ``NonFiniteProbe`` when a loss or the weights after the steps are non-finite (the steps' memory
+    and timings are in the result by then); ``dtype``: what the steps computed in."""
+    import math
+
+    from autotune.finite import nonfinite_parameters
+
+    bad = [i for i, value in enumerate(losses) if not math.isfinite(value)]
+    broken = nonfinite_parameters(model)
+    if not bad and not broken:
+        return
+    said = (f"the loss was {losses[bad[0]]} at loader batch {bad[0] + 1} of {len(losses)}" if bad
+            else f"the weights were non-finite after the steps ({', '.join(broken[:3])})")
+    raise NonFiniteProbe(f"{said} ({dtype}): the training steps diverged, so "
+                         "this point is not a fit; check the learning rate, or try fp32")
 
 
 def _infer_phase(req: Mapping[str, Any], parts: dict[str, Any], result: dict[str, Any]) -> None:
@@ -272,6 +302,8 @@ def run_trial(req: Mapping[str, Any]) -> dict[str, Any]:
                 _infer_phase(req, parts, result)
             lap(phase)
         result["status"] = "ok"
+    except NonFiniteProbe as exc:
+        result.update(status="nonfinite", phase_failed=phase, error_type="NonFiniteLoss", error_tail=str(exc))
     except Exception as exc:  # noqa: BLE001 - every failure of the trial is reported, none is fatal here
         from autotune.probe.memory import is_oom_error
 
@@ -306,7 +338,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     req = json.loads(Path(args[0]).read_text(encoding="utf-8"))
     result = run_trial(req)
     atomic_write_json(req["result_path"], result)
-    return {"ok": EXIT_OK, "oom": EXIT_OOM}.get(result["status"], EXIT_ERROR)
+    return {"ok": EXIT_OK, "oom": EXIT_OOM, "nonfinite": EXIT_NONFINITE}.get(result["status"], EXIT_ERROR)
 
 
 if __name__ == "__main__":  # pragma: no cover

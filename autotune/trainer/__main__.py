@@ -2,7 +2,8 @@
 
 The same options as ``autotune train``. Under torchrun every process is one rank
 (``--nproc`` is ignored); errors print one line and exit with their code (as ``autotune train``:
-2 bad input, 3 out of memory, 4 the host refused a write, 143/130/138 stopped by a signal).
+2 bad input, 3 out of memory, 4 the host refused a write, 5 diverged (non-finite loss),
+143/130/138 stopped by a signal).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from autotune.errors import AutotuneError, TrainingStopped
+from autotune.errors import AutotuneError, TrainingDiverged, TrainingStopped
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -25,7 +26,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return train_from_args(args)
     except AutotuneError as exc:
-        if int(os.environ.get("RANK", "0")) == 0 or not isinstance(exc, TrainingStopped):
+        if int(os.environ.get("RANK", "0")) == 0 or not isinstance(exc, (TrainingStopped, TrainingDiverged)):
             print(f"autotune train: {exc.label}: {exc}", file=sys.stderr)  # one stop line, not one per rank
         return int(exc.exit_code)
     except KeyboardInterrupt:

@@ -26,7 +26,7 @@ from typing import Any
 
 import autotune.errors as errors
 from autotune.device import check_device
-from autotune.errors import AutotuneError, SpecError, TrainingStopped
+from autotune.errors import AutotuneError, SpecError, TrainingDiverged, TrainingStopped
 
 __all__ = [
     "DistContext",
@@ -177,7 +177,7 @@ def _spawn_entry(rank: int, nproc: int, port: int, target: Callable[..., Any], k
         Path(error_dir, f"rank{rank}.json").write_text(
             json.dumps({"type": type(exc).__name__, "message": str(exc), "exit_code": exc.exit_code}),
             encoding="utf-8")
-        if isinstance(exc, TrainingStopped):
+        if isinstance(exc, (TrainingStopped, TrainingDiverged)):
             return  # every rank stops at the same step: a clean exit, no rank terminated by the spawner
         raise
 
@@ -187,7 +187,8 @@ def spawn(target: Callable[..., Any], nproc: int, kwargs: dict) -> None:
 
     ``target`` must be importable (a module-level function). An ``AutotuneError`` in a
     child is raised again here with its type, message and exit code. SIGTERM, SIGINT and
-    SIGUSR1 sent to this process are passed on to the children (which stop together).
+    SIGUSR1 sent to this process are passed on to the children (which stop together); children
+    that such a signal ended before their training began make a ``TrainingStopped`` with its code.
 
     Raises:
         SpecError: ``nproc`` below 2.
@@ -198,17 +199,28 @@ def spawn(target: Callable[..., Any], nproc: int, kwargs: dict) -> None:
 
     if nproc < 2:
         raise SpecError(f"--nproc must be at least 2 to spawn processes, got {nproc}")
-    with tempfile.TemporaryDirectory(prefix="autotune-ddp-") as error_dir:
+    with tempfile.TemporaryDirectory(prefix="autotune-ddp-") as error_dir, _forward_signals() as forwarded:
         try:
             context = mp.start_processes(_spawn_entry, args=(nproc, _free_port(), target, kwargs, error_dir),
                                          nprocs=nproc, join=False, start_method="spawn")
-            with _forward_signals(context.processes):
-                while not context.join():
-                    pass
+            forwarded.to(context.processes)
+            while not context.join():
+                pass
         except Exception as exc:
             _raise_reported(Path(error_dir), exc)
+            if forwarded.signum:  # the ranks ended on the signal before their training caught it
+                raise stopped_before_training(forwarded.signum) from exc
             raise RuntimeError(f"a training process failed: {str(exc).strip().splitlines()[-1]}") from exc
         _raise_reported(Path(error_dir), None)
+
+
+def stopped_before_training(signum: int) -> TrainingStopped:
+    """The stop of ranks that a signal ended before their training began (no checkpoint was written)."""
+    import signal
+
+    return TrainingStopped(f"{signal.Signals(signum).name} received before training started (while the processes "
+                           "started or the cache was built): nothing was trained or written; run the same command "
+                           "again", exit_code=128 + int(signum))
 
 
 def _raise_reported(error_dir: Path, cause: BaseException | None) -> None:
@@ -220,23 +232,43 @@ def _raise_reported(error_dir: Path, cause: BaseException | None) -> None:
         raise error from cause
 
 
+class _Forwarder:
+    """The stop signals this process received (the first in ``signum``), passed on to the processes given."""
+
+    def __init__(self) -> None:
+        self.signum = 0
+        self.processes: list[Any] = []
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        self.signum = self.signum or signum
+        self._send(signum)
+
+    def to(self, processes: list[Any]) -> None:
+        """Forward to ``processes`` from now on (and the signal that came while they started)."""
+        self.processes = list(processes)
+        if self.signum:
+            self._send(self.signum)
+
+    def _send(self, signum: int) -> None:
+        for process in self.processes:
+            if process.is_alive():
+                os.kill(process.pid, signum)
+
+
 @contextmanager
-def _forward_signals(processes: list[Any]) -> Iterator[None]:
-    """Pass the stop signals this process receives on to ``processes`` while inside."""
+def _forward_signals() -> Iterator[_Forwarder]:
+    """While inside, the stop signals this process receives are noted and passed on to the processes
+    given to the ``_Forwarder`` (none until then: a signal while they start is passed on once they exist)."""
     import signal
     import threading
 
     from autotune.trainer.stop import STOP_SIGNALS
 
-    def forward(signum: int, frame: Any) -> None:
-        for process in processes:
-            if process.is_alive():
-                os.kill(process.pid, signum)
-
-    previous = ({s: signal.signal(s, forward) for s in STOP_SIGNALS}
+    forwarder = _Forwarder()
+    previous = ({s: signal.signal(s, forwarder) for s in STOP_SIGNALS}
                 if threading.current_thread() is threading.main_thread() else {})
     try:
-        yield
+        yield forwarder
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from autotune.utils import bars_enabled
 
 if TYPE_CHECKING:  # pragma: no cover
+    from autotune.finite import StepGuard
     from autotune.trainer.ddp import DistContext
     from autotune.trainer.memory import PhaseMemory
     from autotune.trainer.setup import ModelSetup
@@ -40,6 +41,7 @@ class EpochParts:
         memory: the limit and peaks per phase.
         train_loader, val_loader: the loaders; ``train_transforms``: reseeded every epoch.
         seed: the run's seed; ``total_epochs``: for the progress bar; ``progress``: show bars.
+        guard: keeps non-finite steps from the weights (``autotune.finite``); None: every step applied.
     """
 
     ctx: DistContext
@@ -52,17 +54,20 @@ class EpochParts:
     seed: int
     total_epochs: int
     progress: bool
+    guard: StepGuard | None = None
 
 
 @dataclass
 class EpochProgress:
     """How far the training part of ``epoch`` got on this rank: loader batches done, the sums of
-    its metrics row, and (when stopped inside it) the RNG states at the stop."""
+    its metrics row, and (when stopped inside it) the RNG states at the stop. ``passes`` counts every
+    training pass, ``skipped`` those the guard kept from the weights (their loss is not in ``loss_sum``)."""
 
     epoch: int
     batches: int = 0
     loss_sum: float = 0.0
     passes: int = 0
+    skipped: int = 0
     samples: int = 0
     data_wait_s: float = 0.0
     train_s: float = 0.0
@@ -89,9 +94,11 @@ def _skip_done(loader: Any, done: int) -> Iterator[Any]:
     return batches
 
 
-def _train_batch(parts: EpochParts, batch: Mapping[str, Any], tracker: Any, loss_sum: Any) -> tuple[int, int]:
-    """One loader batch in passes of ``num_patches_per_iter``, each pass's loss added to ``loss_sum``
-    (a tensor, in place); returns (passes, samples)."""
+def _train_batch(parts: EpochParts, batch: Mapping[str, Any], tracker: Any, loss_sum: Any,
+                 progress: EpochProgress) -> None:
+    """One loader batch in passes of ``num_patches_per_iter``, each applied pass's loss added to ``loss_sum``
+    (a tensor, in place) and the passes, skipped passes and samples to ``progress``."""
+    from autotune.finite import NonFiniteSteps, trace_nonfinite
     from autotune.step import split_patches, train_step
     from autotune.trainer.infer import plain_tensor
 
@@ -101,15 +108,26 @@ def _train_batch(parts: EpochParts, batch: Mapping[str, Any], tracker: Any, loss
     if tracker is not None:  # this batch, and the next one the thread loader holds (as the probe counts)
         tracker.track([images, labels])
         tracker.set_reserved(images.untyped_storage().nbytes() + labels.untyped_storage().nbytes())
-    passes, samples = 0, 0
+    recipe, guard = parts.recipe, parts.guard
     with parts.memory.tracking():
         for image, label in split_patches(images, labels, int(parts.cfg["num_patches_per_iter"])):
-            loss = train_step(parts.recipe.net, parts.recipe.loss_fn, parts.recipe.optimizer, image, label, parts.recipe.amp_dtype, parts.recipe.scaler)
-            if parts.recipe.scheduler is not None:
-                parts.recipe.scheduler.step()
-            loss_sum += loss.float()
-            passes, samples = passes + 1, samples + int(image.shape[0])
-    return passes, samples
+            progress.passes += 1  # counted first: a guard that stops the run names this pass
+            try:
+                loss = train_step(recipe.net, recipe.loss_fn, recipe.optimizer, image, label, recipe.amp_dtype,
+                                  recipe.scaler, guard)
+            except NonFiniteSteps as exc:  # where this pass first went non-finite, for the run's last line
+                try:
+                    exc.first = trace_nonfinite(recipe.model, recipe.loss_fn, image, label, recipe.amp_dtype)
+                except Exception:  # noqa: BLE001 - the trace only adds to the line (it may hit the memory limit)
+                    exc.first = ""
+                raise
+            if recipe.scheduler is not None:  # a skipped step keeps the schedule's length, as fp16's scaler does
+                recipe.scheduler.step()
+            if guard is None or guard.applied:
+                loss_sum += loss.float()
+            else:
+                progress.skipped += 1
+            progress.samples += int(image.shape[0])
 
 
 def train_epoch(parts: EpochParts, progress: EpochProgress, should_stop: Callable[[], int]) -> EpochProgress:
@@ -118,6 +136,7 @@ def train_epoch(parts: EpochParts, progress: EpochProgress, should_stop: Callabl
     import torch
     from tqdm import tqdm
 
+    from autotune.finite import NonFiniteSteps
     from autotune.trainer.checkpoint import rng_state, set_rng_state
 
     ctx, epoch = parts.ctx, progress.epoch
@@ -141,12 +160,16 @@ def train_epoch(parts: EpochParts, progress: EpochProgress, should_stop: Callabl
         if batch is None:
             progress.complete = True
             break
-        passes, samples = _train_batch(parts, batch, tracker, loss_sum)
-        progress.batches, progress.passes, progress.samples = (progress.batches + 1, progress.passes + passes,
-                                                               progress.samples + samples)
+        try:
+            _train_batch(parts, batch, tracker, loss_sum, progress)
+        except NonFiniteSteps as exc:
+            exc.epoch, exc.step = epoch, progress.passes  # where the run diverged, for its line
+            bar.close()
+            raise
+        progress.batches += 1
         bar.update(1)
         if bar.n % 10 == 0 and parts.progress:
-            bar.set_postfix(loss=f"{loss_sum.item() / max(progress.passes, 1):.4f}")
+            bar.set_postfix(loss=f"{loss_sum.item() / max(progress.passes - progress.skipped, 1):.4f}")
     progress.rng = None if progress.complete else rng_state(ctx.device)
     if ctx.device.startswith("cuda"):
         torch.cuda.synchronize(ctx.device)
@@ -162,15 +185,17 @@ def epoch_row(parts: EpochParts, progress: EpochProgress) -> dict[str, Any]:
     from autotune.trainer.ddp import all_gather_int, all_reduce_sum
 
     ctx, train_s, wait = parts.ctx, progress.train_s, progress.data_wait_s
-    total_loss, total_passes = all_reduce_sum(ctx, [progress.loss_sum, float(progress.passes)])
+    # skipped steps are agreed over the ranks: every rank skipped the same ones
+    total_loss, total_passes = all_reduce_sum(ctx, [progress.loss_sum, float(progress.passes - progress.skipped)])
     rank_samples = all_gather_int(ctx, progress.samples)
     peak_row: dict[str, Any] = {}
     parts.memory.read(peak_row, "train")
     return {
         **peak_row,
-        "epoch": progress.epoch, "loss": total_loss / max(total_passes, 1), "train_s": train_s, "data_wait_s": wait,
+        "epoch": progress.epoch, "loss": total_loss / total_passes if total_passes else float("nan"),  # nan: all skipped
+        "train_s": train_s, "data_wait_s": wait,
         "data_wait_share": wait / train_s if train_s > 0 else 0.0, "samples": sum(rank_samples),
-        "steps": int(total_passes) // ctx.world_size,
+        "steps": progress.passes, "nonfinite_steps": progress.skipped,
         "samples_per_s": sum(rank_samples) / train_s if train_s > 0 else 0.0,
         "lr": float(parts.recipe.optimizer.param_groups[0]["lr"]), "world_size": ctx.world_size,
         "rank_samples": rank_samples,

@@ -1,8 +1,9 @@
-"""How a training run ends on a host fault, in one line that says what was kept and what to run.
+"""How a training run ends on a fault, in one line that says what was kept and what to run.
 
 A stop signal (``TrainingStopped``, exit 128 + the signal's number) and a write the host
 refused (``HostWriteError``, exit 4) both name ``last.pt`` and what it holds, and the
-``autotune train ... --resume`` command that continues the run.
+``autotune train ... --resume`` command that continues the run. A run that diverged
+(``TrainingDiverged``, exit 5) names the checkpoints kept and what to try.
 """
 
 from __future__ import annotations
@@ -15,10 +16,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from autotune.errors import HostWriteError, TrainingStopped
+from autotune.errors import HostWriteError, TrainingDiverged, TrainingStopped
 from autotune.files import host_refusal, refused
+from autotune.finite import NonFiniteSteps
 
-__all__ = ["continue_command", "holds", "stop_error", "write_refusal", "with_kept"]
+__all__ = ["continue_command", "holds", "stop_error", "write_refusal", "kept_files", "with_kept", "skipped",
+           "overflowed", "diverged_error"]
 
 
 def continue_command(bundle_root: str, total_epochs: int, mode: str, world_size: int, resume: bool = True) -> str:
@@ -26,7 +29,8 @@ def continue_command(bundle_root: str, total_epochs: int, mode: str, world_size:
     torchrun command with its own options left as ``...``)."""
     options = [*(["--resume"] if resume else []), "--epochs", str(total_epochs), *(["--mode", mode] if mode != "fast" else [])]
     if "TORCHELASTIC_RUN_ID" in os.environ:
-        return f"torchrun ... -m autotune.trainer {shlex.join([str(bundle_root), *options])}"
+        launcher = os.environ.get("AUTOTUNE_LAUNCHER") or "torchrun"  # set by autotune.trainer.torchrun
+        return f"{launcher} ... -m autotune.trainer {shlex.join([str(bundle_root), *options])}"
     return shlex.join(["autotune", "train", str(bundle_root), *options,
                        *(["--nproc", str(world_size)] if world_size > 1 else [])])
 
@@ -53,10 +57,47 @@ def write_refusal(exc: BaseException, cache_dir: Path) -> HostWriteError | None:
     return refused(cause, "the disk cache (PersistentDataset) in", cache_dir) if cause is not None else None
 
 
-def with_kept(refusal: HostWriteError, out: Path, kept: str, best_saved: int, command: str) -> HostWriteError:
-    """``refusal`` naming the checkpoints kept in ``out`` (``last.pt`` holding ``kept``, ``best.pt`` of
-    epoch ``best_saved``, 0 for none) and ``command``, to run once space is freed."""
+def kept_files(out: Path, kept: str, best_saved: int) -> str:
+    """The checkpoints kept in ``out`` in words (``last.pt`` holding ``kept``, ``best.pt`` of epoch
+    ``best_saved``, 0 for none); '' for none."""
     names = [f"{out / 'last.pt'} ({kept})"] if kept else []
     if best_saved and (out / "best.pt").is_file():
         names.append(f"{out / 'best.pt'} (epoch {best_saved})")
-    return refusal.with_outcome(kept=", ".join(names), then=f"free space, then run '{command}'")
+    return ", ".join(names)
+
+
+def with_kept(refusal: HostWriteError, out: Path, kept: str, best_saved: int, command: str) -> HostWriteError:
+    """``refusal`` naming the checkpoints kept in ``out`` (see ``kept_files``) and ``command``, to run once
+    space is freed."""
+    return refusal.with_outcome(kept=kept_files(out, kept, best_saved), then=f"free space, then run '{command}'")
+
+
+def skipped(exc: NonFiniteSteps, steps_per_epoch: int, world_size: int) -> str:
+    """What the steps a run skipped in a row held, and where it stopped (for ``diverged_error``)."""
+    steps = f"{steps_per_epoch}" if world_size == 1 else f"{steps_per_epoch} on each rank"
+    first = f"; first non-finite: {exc.first}" if exc.first else ""
+    return (f"{exc.reason} in {exc.in_a_row} steps in a row, none applied to the weights; stopped in epoch "
+            f"{exc.epoch} at step {exc.step} of {steps}{first}")
+
+
+def overflowed(epoch: int, broken: list[str]) -> str:
+    """The weights an applied step left non-finite in ``epoch`` (``broken``: their names), in words."""
+    more = ", ..." if len(broken) > 3 else ""
+    return f"the weights became non-finite in epoch {epoch} ({', '.join(broken[:3])}{more}): a finite step overflowed them"
+
+
+def diverged_error(what: str, precision: str, kept: str, resume_command: str, fresh_command: str,
+                   learning_rate: float, bundle_root: str) -> TrainingDiverged:
+    """The line a diverged run ends with (exit code 5): ``what`` happened and where, the precision, the
+    checkpoints ``kept`` (``kept_files``) and what to try: fp32 first when the run autocasts, a lower
+    learning rate in a fresh run (``--resume`` would take the optimizer's learning rate from the checkpoint)."""
+    from autotune.bundles.config import CONFIG_RELPATH
+
+    config = Path(bundle_root) / CONFIG_RELPATH
+    lower = f"a lower learning_rate (now {learning_rate:g}) in {config} and a fresh run ('{fresh_command}')"
+    if precision != "fp32":
+        resume = f"{resume_command} --precision fp32" if kept else f"{fresh_command} --precision fp32"
+        advice = f"fp32 ('{resume}'), or {lower}"
+    else:
+        advice = f"{lower}, or check the data"
+    return TrainingDiverged(f"{what} (precision {precision}); kept: {kept or 'nothing'}; try {advice}")

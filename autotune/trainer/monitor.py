@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 
 BASE_COLUMNS = (
     "epoch", "loss", "mean_dice", "epoch_s", "train_s", "data_wait_s", "data_wait_share",
-    "samples", "samples_per_s", "lr", "val_s", "elapsed_s", "world_size", "rank_samples",
+    "samples", "samples_per_s", "lr", "nonfinite_steps", "val_s", "elapsed_s", "world_size", "rank_samples",
     "train_peak_bytes", "train_peak_allocated_bytes", "val_peak_bytes", "val_peak_allocated_bytes",
 )
 
@@ -278,6 +278,7 @@ def start_line(mode: str, ctx: Any, data: Any, precision_line: str, lr: float) -
 def epoch_line(row: Mapping[str, Any], total: int, best: float | None, best_epoch: int) -> str:
     """The one-line summary printed after each epoch."""
     dice = f"dice {fmt(row['mean_dice'])} (best {fmt(best)} @{best_epoch})" if row["mean_dice"] is not None else ""
+    skipped = f" ({row['nonfinite_steps']} non-finite steps skipped)" if row.get("nonfinite_steps") else ""
     return (f"epoch {row['epoch']}/{total} loss {row['loss']:.4f} {dice} {row['epoch_s']:.1f}s "
             f"(data wait {100 * row['data_wait_share']:.1f}%) {row['samples_per_s']:.1f} samples/s "
-            f"lr {row['lr']:.2e}").replace("  ", " ")
+            f"lr {row['lr']:.2e}{skipped}").replace("  ", " ")

@@ -20,8 +20,10 @@ from typing import Any
 
 from autotune.bundles.plan import plan_of
 from autotune.checks import duration, integer
-from autotune.errors import ConfigError, HostWriteError, SpecError, TrainingStopped
+from autotune.errors import ConfigError, HostWriteError, SpecError, TrainingDiverged, TrainingStopped
 from autotune.files import atomic_write_json
+from autotune.finite import NonFiniteSteps, StepGuard, nonfinite_parameters
+from autotune.trainer import faults
 from autotune.trainer.checkpoint import RunState, checkpoint_state, resume, save_checkpoint
 from autotune.trainer.ddp import all_ranks_max, broadcast_flag
 from autotune.trainer.epoch import EpochParts, EpochProgress, epoch_row, train_epoch, validate
@@ -194,10 +196,12 @@ class TrainingRun:
         self.data = setup_data(self.cfg, self.ctx, self.mode, self.total_epochs, self._device_room(), self.progress)
         self.recipe = setup_model(self.cfg, self.ctx, self.mode, self.data.opts, self.data.plan)
         self.steps_per_epoch = self.data.plan.steps_per_epoch
+        ctx = self.ctx
+        guard = StepGuard(self.recipe.model, (lambda flag: all_ranks_max(ctx, [flag])[0]) if ctx.enabled else None)
         self.parts = EpochParts(
-            ctx=self.ctx, cfg=self.cfg, recipe=self.recipe, memory=self.memory, train_loader=self.data.train_loader,
+            ctx=ctx, cfg=self.cfg, recipe=self.recipe, memory=self.memory, train_loader=self.data.train_loader,
             val_loader=self.data.val_loader, train_transforms=self.data.train_transforms,
-            seed=int(self.cfg.get("seed", 0)), total_epochs=self.total_epochs, progress=self.progress)
+            seed=int(self.cfg.get("seed", 0)), total_epochs=self.total_epochs, progress=self.progress, guard=guard)
 
     def state_parts(self) -> dict[str, Any]:
         """What a checkpoint holds state dicts of (scaler and scheduler may be None)."""
@@ -305,6 +309,9 @@ class TrainingRun:
         progress = train_epoch(self.parts, progress, self.stop.requested_everywhere)
         if not progress.complete:
             raise self._stopped_inside(progress)
+        broken = nonfinite_parameters(self.recipe.model)  # an applied step can still overflow the weights
+        if broken:
+            raise self._diverged(faults.overflowed(epoch, broken))
         return epoch_row(self.parts, progress)
 
     def _save_last(self, epoch: int, partial: dict[str, Any] | None = None) -> None:
@@ -364,11 +371,20 @@ class TrainingRun:
             plot_curves(self.metrics.rows, self.out / "curves.png", f"{self.cfg['algo']} {self.mode}")
             self.curves_at = time.monotonic()
 
+    def _diverged(self, what: str) -> TrainingDiverged:
+        """The line of a run that diverged (``what``: where and how), with what was kept and what to try."""
+        group = self.recipe.optimizer.param_groups[0]
+        return faults.diverged_error(what, self.recipe.precision.name, faults.kept_files(self.out, self.kept,
+                                     self.best_saved), self.continue_command(), self.continue_command(resume=False),
+                                     float(group.get("initial_lr", group["lr"])), self.cfg["bundle_root"])
+
     def _fault(self, exc: Exception) -> Exception | None:
-        """The one-line error for ``exc`` (out of memory; a write the host refused, with what was kept),
-        or None to let it through."""
-        if isinstance(exc, TrainingStopped):
+        """The one-line error for ``exc`` (out of memory; a write the host refused, with what was kept; steps that
+        stayed non-finite), or None to let it through."""
+        if isinstance(exc, (TrainingStopped, TrainingDiverged)):
             return None
+        if isinstance(exc, NonFiniteSteps):
+            return self._diverged(faults.skipped(exc, self.steps_per_epoch, self.ctx.world_size))
         oom = out_of_memory_error(exc, self.cfg, self.memory_limit, self.memory.phase, self.epoch, self.out / "last.pt")
         refusal = write_refusal(exc, self.data.opts.cache_dir) if oom is None else None
         if refusal is None:
@@ -391,6 +407,7 @@ class TrainingRun:
             **{k: str(out / f) for k, f in (("best_checkpoint", "best.pt"), ("last_checkpoint", "last.pt"),
                                              ("metrics_csv", "metrics.csv"), ("metrics_json", "metrics.json"),
                                              ("curves", "curves.png"))},
+            "nonfinite_steps": sum(int(r.get("nonfinite_steps") or 0) for r in self.metrics.rows if r["epoch"] >= first),
             "gpu_monitor": str(monitor.path) if monitor.samples else None,
             **self.memory_report(),
         }

@@ -52,6 +52,9 @@ def probes(bundles: dict[str, Path]) -> dict[str, dict[str, Any]]:
         "killed_in_infer": (bundles["unet"], {**QUICK, "phases": ("infer",),
                                               "env": {"AUTOTUNE_PROBE_FAULT": "sigkill@phase=infer"}}),
         "hang": (bundles["unet"], {**QUICK, "timeout": 3, "env": {"AUTOTUNE_PROBE_FAULT": "hang"}}),
+        # a learning rate that blows the weights up: the second step's loss is nan
+        "diverged": ({**configs["unet"], "learning_rate": 1e30},
+                     {**QUICK, "warmup_steps": 1, "phases": ("train",), "precision": "fp32"}),
     }
     with ThreadPoolExecutor(len(jobs)) as pool:
         futures = {name: pool.submit(run_probe, bundle, **kw) for name, (bundle, kw) in jobs.items()}
@@ -132,6 +135,37 @@ def test_fault_in_a_named_phase(probes: dict[str, dict[str, Any]]) -> None:
     result = probes["killed_in_infer"]
     assert result["status"] == "killed" and result["signal"] == 9 and result["phase_failed"] == "infer"
     assert result["torch_version"]  # known from the child's state file, though it wrote no result
+
+
+def test_a_probe_whose_loss_goes_nonfinite_is_not_a_fit(probes: dict[str, dict[str, Any]], tmp_path: Path) -> None:
+    import optuna
+
+    from autotune.search.strategies.evaluate import Evaluator
+    from autotune.search.strategies.outcome import distributions
+    from autotune.search.strategies.space import AlgoSpec
+
+    result = probes["diverged"]
+    assert result["status"] == "nonfinite" and result["exit_code"] == 5 and result["phase_failed"] == "train"
+    assert result["error_type"] == "NonFiniteLoss"
+    assert result["error_tail"].startswith("the loss was nan at loader batch 2 of 2 (float32): the training steps diverged")
+    assert result["train_peak_bytes"] > 0  # measured all the same
+
+    class Diverging:  # the prober a search asks: every point answers with that result
+        measured = True
+
+        def probe(self, point: dict, phases: tuple) -> dict[str, Any]:
+            return dict(result)
+
+    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'studies.db'}")
+    study = optuna.create_study(storage=storage, study_name="s", direction="maximize")
+    spec = AlgoSpec(patches_range=(1, 8), sw_range=(1, 8))
+    evaluator = Evaluator(study, Diverging(), 2**30, distributions(spec, ("device",)), storage=storage)
+    evaluation = evaluator.evaluate({"num_patches_per_iter": 1}, ("train",))
+    assert evaluation.failed and not evaluation.feasible
+    [trial] = study.get_trials()
+    assert trial.state == optuna.trial.TrialState.FAIL and trial.user_attrs["status"] == "nonfinite"
+    assert trial.user_attrs["fail_reason"].startswith("nonfinite: NonFiniteLoss the loss was nan")
+    assert "verdict" not in trial.user_attrs
 
 
 def test_bad_arguments(bundles: dict[str, Path], tmp_path: Path) -> None:

@@ -164,3 +164,59 @@ def test_sigterm_stops_every_ddp_rank_at_the_same_batch(bundles: dict[str, Path]
     final, expected = _weights(bundle), _weights(reference)
     assert final["epoch"] == 2
     assert all(torch.equal(final["model"][k], expected["model"][k]) for k in expected["model"])  # bitwise
+
+
+# Marks the moment rank 0 starts to split its data (before training: the cache is not built yet), then holds.
+_BEFORE_TRAINING_HOOK = '''
+import os, time
+import autotune.trainer.data as _data
+_split = _data.split_datalist
+def split_datalist(*args, **kwargs):
+    if os.environ.get("RANK") == "0":
+        open(os.environ["MARK_FILE"], "w").close()
+        time.sleep(5)
+    return _split(*args, **kwargs)
+_data.split_datalist = split_datalist
+'''
+
+
+@pytest.mark.slow
+def test_a_scheduler_sees_the_signals_code_from_either_launcher(bundles: dict[str, Path], tmp_path: Path) -> None:
+    """SIGTERM to torchrun (through ``python -m autotune.torchrun``) inside an epoch: 143 from the process
+    started, not torchrun's 1. SIGUSR1 to ``autotune train --nproc 2`` before its ranks train: 138. Side by side."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def popen(cmd: list[str], env: dict[str, str]) -> subprocess.Popen:
+        return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def torchrun() -> tuple[Path, tuple[int, str]]:
+        folder = tmp_path / "torchrun"
+        folder.mkdir()
+        bundle = copy_bundle(bundles["segresnet_0"], folder / "b")
+        cmd = [sys.executable, "-m", "autotune.torchrun", "--standalone", "--nproc-per-node", "2", "-m",
+               "autotune.trainer", str(bundle), "--device", "cpu", "--epochs", "2", "-q"]
+        return bundle, _signal_at_mark(popen(cmd, _env(folder, mark_at=3)), folder / "mark", signal.SIGTERM)
+
+    def launcher() -> tuple[Path, tuple[int, str]]:
+        folder = tmp_path / "launcher"
+        (folder / "hook").mkdir(parents=True)
+        (folder / "hook" / "sitecustomize.py").write_text(_BEFORE_TRAINING_HOOK)
+        env = {**_env(folder), "PYTHONPATH": f"{folder / 'hook'}{os.pathsep}{REPO}", "MARK_FILE": str(folder / "mark")}
+        bundle = copy_bundle(bundles["segresnet_0"], folder / "b")
+        cmd = [sys.executable, "-m", "autotune", *_train_argv(bundle, "--nproc", "2", epochs=2)]
+        return bundle, _signal_at_mark(popen(cmd, env), folder / "mark", signal.SIGUSR1)
+
+    with ThreadPoolExecutor(2) as pool:
+        runs = [pool.submit(torchrun), pool.submit(launcher)]
+        (elastic, (torchrun_code, torchrun_err)), (spawned, (launcher_code, launcher_err)) = (
+            run.result() for run in runs)
+    assert torchrun_code == 143, torchrun_err[-3000:]
+    [line] = [line for line in torchrun_err.splitlines() if line.startswith("autotune train")]
+    assert "SIGTERM received: stopped in epoch 2 after batch 1 of 2" in line
+    assert f"continue with 'python -m autotune.torchrun ... -m autotune.trainer {elastic} --resume --epochs 2'" in line
+    assert _weights(elastic)["partial"]["rank_batches"] == [1, 1]
+    assert launcher_code == 138, launcher_err[-3000:]
+    assert launcher_err.splitlines()[-1] == (
+        "autotune train: stopped: SIGUSR1 received before training started (while the processes started or the "
+        "cache was built): nothing was trained or written; run the same command again")
+    assert not (spawned / "model_fold0" / "last.pt").exists()

@@ -63,7 +63,7 @@ def _checked_method(settings: SearchSettings) -> tuple[str, bool, str, str]:
 
 def _group(bundles: Mapping[str, Bundle], session: Session) -> tuple[dict[str, list[str]], dict[str, Any]]:
     """Bundles by tuning key's study name, and the keys; says the precision once per run."""
-    from autotune.precision import resolve_precision
+    from autotune.precision import for_config
     from autotune.search.storage.study import make_key
 
     budget = session.budget
@@ -75,7 +75,7 @@ def _group(bundles: Mapping[str, Bundle], session: Session) -> tuple[dict[str, l
         key = make_key(bundle.config, budget.info, budget.limit, strategy, session.objective)
         groups.setdefault(key.study_name, []).append(path)
         keys[key.study_name] = key
-        line = resolve_precision(bool(bundle.config.get("amp", False)), budget.info["device"]).line()
+        line = for_config(bundle.config, budget.info["device"]).line()
         if line not in said:
             said.add(line)
             session.say(line + (", for the GPU planned for" if budget.target is not None else ""))

@@ -130,13 +130,11 @@ class Liveness:
         self._thread.start()
 
     def db(self, call: Callable[[], _T]) -> _T:
-        """``call()`` on this run's database: on a server, retried while the server is briefly gone
-        (``autotune.search.storage.retry``)."""
-        if self.url.startswith("sqlite"):
-            return call()
+        """``call()`` on this run's database: on a server, retried while the server is briefly gone; a full
+        disk under any storage is ``HostWriteError`` (``autotune.search.storage.retry``)."""
         from autotune.search.storage.retry import retrying
 
-        return retrying(call, self.shown)
+        return retrying(call, self.shown, retry=not self.url.startswith("sqlite"))
 
     def progress(self) -> None:
         """The main thread made a step: keep beating for another ``promise`` seconds."""

@@ -5,25 +5,35 @@ finds the server gone is retried with a growing pause until ``$AUTOTUNE_STORAGE_
 (default 60) have passed; the connection pool re-opens its connections (``pool_pre_ping``). A
 server still down after that is one ``StorageError`` (exit 2 from the CLI) that says what is kept:
 every finished trial is stored, so the same command continues from them. SQLite is a file with
-its own lock timeout: it is not retried, and a full disk there says so at once.
+its own lock timeout: it is not retried. A full disk under any storage is exit 4 at once
+(``autotune.search.storage.refusals``).
 
-A write the server committed just before it went away, retried, is written twice; Optuna's trials
-are created one per call, so such a retry can leave one extra trial (the evaluator then reads the
-point back from it). This is the price of not failing a whole tuning run at every restart.
+A write the server committed just before it went away (a lost commit) is not written again when
+retried. A new trial carries a write id (a system attribute, ``autotune:write_id``) in the same
+transaction that creates it; a retry, under the study's row lock that Optuna takes for every new
+trial, first looks for a trial of that id and returns it. Ending a trial (``tell``) retried after a
+lost commit finds the trial already in the asked state with the asked values and succeeds instead
+of failing on a finished trial. Attributes, parameters and claims are written by key: a repeat
+writes the same row again.
 """
 
 from __future__ import annotations
 
 import functools
+import json
+import math
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from autotune.errors import StorageError
 
-__all__ = ["RETRY_ENV", "DEFAULT_RETRY_SECONDS", "retry_seconds", "is_disconnect", "retrying", "retrying_rdb_storage"]
+__all__ = ["RETRY_ENV", "DEFAULT_RETRY_SECONDS", "WRITE_ID", "retry_seconds", "is_disconnect", "retrying",
+           "retrying_rdb_storage", "rdb_storage_class"]
 
 RETRY_ENV = "AUTOTUNE_STORAGE_RETRY_SECONDS"
+WRITE_ID = "autotune:write_id"  # the system attribute that makes a new trial's write idempotent
 DEFAULT_RETRY_SECONDS = 60.0
 _T = TypeVar("_T")
 
@@ -67,14 +77,19 @@ def _reason(exc: BaseException) -> str:
 
 
 def retrying(call: Callable[[], _T], shown: str, budget: float | None = None,
-             sleep: Callable[[float], None] = time.sleep) -> _T:
+             sleep: Callable[[float], None] = time.sleep, retry: bool = True) -> _T:
     """``call()``, retried while the server is unreachable, for at most ``budget`` seconds (default
-    ``retry_seconds()``).
+    ``retry_seconds()``); with ``retry`` False (SQLite) not retried. A write the host refused is never
+    retried, under any storage.
 
     Raises:
         StorageError: the server was still unreachable when the budget ran out (names ``shown``, the
             redacted URL, and what to do).
+        HostWriteError: the storage's disk is full, over quota or read-only
+            (``autotune.search.storage.refusals``).
     """
+    from autotune.search.storage.refusals import refusal_error, storage_refusal
+
     budget = retry_seconds() if budget is None else float(budget)
     deadline = time.monotonic() + budget
     pause = 0.25
@@ -82,7 +97,10 @@ def retrying(call: Callable[[], _T], shown: str, budget: float | None = None,
         try:
             return call()
         except Exception as exc:
-            if not is_disconnect(exc):
+            refusal = storage_refusal(exc)
+            if refusal is not None:
+                raise refusal_error(refusal, shown) from exc
+            if not retry or not is_disconnect(exc):
                 raise
             if time.monotonic() + pause > deadline:
                 raise StorageError(
@@ -96,18 +114,102 @@ def retrying(call: Callable[[], _T], shown: str, budget: float | None = None,
 def _wrapped(method: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(method)
     def call(self: Any, *args: Any, **kwargs: Any) -> Any:
-        return retrying(lambda: method(self, *args, **kwargs), getattr(self, "shown_url", "(database)"))
+        return retrying(lambda: method(self, *args, **kwargs), _shown(self), retry=self.retries)
 
     return call
 
 
-@functools.lru_cache(maxsize=1)
+def _shown(storage: Any) -> str:
+    return getattr(storage, "shown_url", "(database)")
+
+
+def _tagged(template: Any, write_id: str) -> Any:
+    """The template of a new trial (Optuna's ``FrozenTrial``; a plain RUNNING trial when None) with ``write_id``."""
+    import copy
+    import datetime
+
+    from optuna.trial import FrozenTrial, TrialState
+
+    if template is None:
+        return FrozenTrial(number=-1, state=TrialState.RUNNING, value=None, datetime_start=datetime.datetime.now(),
+                           datetime_complete=None, params={}, distributions={}, user_attrs={},
+                           system_attrs={WRITE_ID: write_id}, intermediate_values={}, trial_id=-1)
+    tagged = copy.deepcopy(template)
+    tagged.system_attrs = {**tagged.system_attrs, WRITE_ID: write_id}
+    return tagged
+
+
+def _written_trial(session: Any, study_id: int, template: Any) -> Any:
+    """The trial of ``study_id`` that an earlier try of this write created (its ``WRITE_ID``), or None."""
+    write_id = (template.system_attrs if template is not None else {}).get(WRITE_ID)
+    if write_id is None:
+        return None
+    from optuna.storages._rdb import models
+
+    attr = models.TrialSystemAttributeModel
+    return (session.query(models.TrialModel).join(attr, attr.trial_id == models.TrialModel.trial_id)
+            .filter(models.TrialModel.study_id == study_id, attr.key == WRITE_ID,
+                    attr.value_json == json.dumps(write_id))
+            .one_or_none())
+
+
+def _same_values(stored: Sequence[float] | None, asked: Sequence[float] | None) -> bool:
+    if asked is None:
+        return True
+    return stored is not None and len(stored) == len(asked) and all(
+        a == b or (math.isnan(a) and math.isnan(b)) for a, b in zip(stored, asked, strict=True))
+
+
+def _idempotent_methods(base: type) -> dict[str, Callable[..., Any]]:
+    """Trial creation and ending that a retry after a lost commit does not repeat."""
+
+    def _create_new_trial(self: Any, study_id: int, template_trial: Any = None) -> Any:
+        tagged = _tagged(template_trial, uuid.uuid4().hex)  # one id for every try of this one write
+        return retrying(lambda: base._create_new_trial(self, study_id, tagged), _shown(self), retry=self.retries)
+
+    def _get_prepared_new_trial(self: Any, study_id: int, template_trial: Any, session: Any) -> Any:
+        # called with the study's row locked (Optuna numbers trials under that lock): no other try races this one
+        written = _written_trial(session, study_id, template_trial)
+        return written if written is not None else base._get_prepared_new_trial(self, study_id, template_trial, session)
+
+    def set_trial_state_values(self: Any, trial_id: int, state: Any, values: Sequence[float] | None = None) -> bool:
+        tries = [0]
+
+        def call() -> bool:
+            tries[0] += 1
+            if tries[0] > 1:  # a retry: the lost commit may have ended the trial already
+                trial = base.get_trial(self, trial_id)
+                if trial.state == state and state.is_finished() and _same_values(trial.values, values):
+                    return True
+            return bool(base.set_trial_state_values(self, trial_id, state, values))
+
+        return retrying(call, _shown(self), retry=self.retries)
+
+    return {"_create_new_trial": _create_new_trial, "_get_prepared_new_trial": _get_prepared_new_trial,
+            "set_trial_state_values": set_trial_state_values}
+
+
 def retrying_rdb_storage() -> type:
-    """``optuna.storages.RDBStorage`` whose public calls ride out a server that is briefly gone (``retrying``)."""
+    """``optuna.storages.RDBStorage`` for a database server: see ``rdb_storage_class``."""
+    return rdb_storage_class(retry=True)
+
+
+@functools.lru_cache(maxsize=2)
+def rdb_storage_class(retry: bool) -> type:
+    """``optuna.storages.RDBStorage`` whose calls (the public ones, and the private ones Optuna's cache layer,
+    ``_CachedStorage``, calls instead) turn a refused write into ``HostWriteError`` and, with ``retry`` (a
+    database server), ride out a server that is briefly gone (``retrying``), creating and ending each trial
+    once however often a call is retried (``_idempotent_methods``). Without ``retry`` (SQLite) nothing is
+    retried. Set ``shown_url`` on an instance: the redacted URL its errors name."""
     import optuna
 
     base = optuna.storages.RDBStorage
-    skip = {"remove_session", "upgrade", "get_current_version", "get_head_version", "get_all_versions"}
+    skip = {"remove_session", "upgrade", "get_current_version", "get_head_version", "get_all_versions",
+            "create_new_trial", "set_trial_param"}  # these two call the private ones below, which retry
+    private = ("_set_trial_param", "_get_trials", "_get_best_trial_id", "_get_stale_trial_ids")
     methods = {name: _wrapped(getattr(base, name)) for name in dir(base)
-               if not name.startswith("_") and name not in skip and callable(getattr(base, name))}
-    return type("RetryingRDBStorage", (base,), methods)
+               if ((not name.startswith("_") and name not in skip) or name in private)
+               and callable(getattr(base, name))}
+    if retry:
+        methods.update(_idempotent_methods(base))
+    return type("RetryingRDBStorage" if retry else "CheckedRDBStorage", (base,), {**methods, "retries": retry})

@@ -112,6 +112,11 @@ def open_storage(url: str | None = None) -> optuna.storages.BaseStorage:
         driver = f"driver {name!r}" if name else "the database driver"
         raise StorageError(f"storage {shown}: {driver} is not installed; pip install it") from exc
     except (sqlalchemy.exc.OperationalError, sqlalchemy.exc.DBAPIError) as exc:
+        from autotune.search.storage.refusals import refusal_error, storage_refusal
+
+        refusal = storage_refusal(exc)
+        if refusal is not None:  # creating the database or its tables on a full or read-only disk
+            raise refusal_error(refusal, shown) from exc
         reason = str(getattr(exc, "orig", exc)).strip().splitlines()[0] if str(getattr(exc, "orig", exc)).strip() else ""
         reason = reason.replace(url, shown)
         raise StorageError(f"storage {shown}: cannot connect ({reason[:160]}); check the server and the URL") from exc
@@ -122,15 +127,11 @@ def open_storage(url: str | None = None) -> optuna.storages.BaseStorage:
 
 
 def _rdb_storage(url: str, shown: str, engine_kwargs: dict[str, Any]) -> optuna.storages.RDBStorage:
-    """Optuna's RDB storage at ``url``; on a database server, one whose calls ride out a restart
-    (``autotune.search.storage.retry``)."""
-    import optuna
+    """Optuna's RDB storage at ``url`` whose calls say a full disk as such; on a database server, one whose
+    calls also ride out a restart (``autotune.search.storage.retry``)."""
+    from autotune.search.storage.retry import rdb_storage_class
 
-    if url.startswith("sqlite"):
-        return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
-    from autotune.search.storage.retry import retrying_rdb_storage
-
-    storage = retrying_rdb_storage()(url, engine_kwargs=engine_kwargs)
+    storage = rdb_storage_class(retry=not url.startswith("sqlite"))(url, engine_kwargs=engine_kwargs)
     storage.shown_url = shown
     return storage
 
@@ -158,11 +159,16 @@ class TuningKey:
     # study's trials share one unit and its best trial is the phase's answer; tpe's joint study values a
     # point N + sw / SW_SCALE. Part of the digest: a study laid out otherwise is never read as this one.
     layout: str = "phase-studies"
+    # bf16 on the CPU computes the loss's ops in float32 (autotune.autocast), which changes what a step
+    # holds: such keys say so, so a study measured before never answers for them ('' for every other key)
+    autocast: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["roi_size"] = list(self.roi_size)
         data["infer_volume_shape"] = list(self.infer_volume_shape)
+        if not self.autocast:
+            del data["autocast"]  # the digests of the keys it does not concern stay as they were
         return data
 
     @property
@@ -192,8 +198,10 @@ def make_key(cfg: Mapping[str, Any], device: Mapping[str, Any], memory_limit: in
     import monai
     import torch
 
-    from autotune.precision import resolve_precision
+    from autotune.precision import for_config
 
+    device_name = str(device.get("device") or "cpu")
+    precision = for_config(cfg, device_name).name
     return TuningKey(
         algo=str(cfg["algo"]),
         template_version=int(cfg.get("template_version", 0)),
@@ -201,7 +209,7 @@ def make_key(cfg: Mapping[str, Any], device: Mapping[str, Any], memory_limit: in
         infer_volume_shape=tuple(int(v) for v in cfg.get("infer_volume_shape", cfg["roi_size"])),
         input_channels=int(cfg["input_channels"]),
         output_classes=int(cfg["output_classes"]),
-        precision=resolve_precision(bool(cfg.get("amp", False)), str(device.get("device") or "cpu")).name,
+        precision=precision,
         network_hash=_section_hash(cfg),
         device_name=str(device["device_name"]),
         device_total_memory=int(device["device_total_memory"]),
@@ -211,6 +219,7 @@ def make_key(cfg: Mapping[str, Any], device: Mapping[str, Any], memory_limit: in
         strategy=strategy,
         objective=objective,
         layout="joint-n-sw" if strategy.startswith("tpe") else "phase-studies",
+        autocast="cpu-loss-fp32" if precision != "fp32" and device_name.startswith("cpu") else "",
     )
 
 

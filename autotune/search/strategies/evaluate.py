@@ -91,7 +91,7 @@ class Evaluation:
 
     @property
     def failed(self) -> bool:
-        return self.status in ("error", "timeout", "killed")
+        return self.status in ("error", "timeout", "killed", "nonfinite")
 
     @classmethod
     def from_trial(cls, trial: Any, point: dict[str, Any], phases: tuple[str, ...], reused: bool = False) -> Evaluation:

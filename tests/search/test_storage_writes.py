@@ -1,0 +1,169 @@
+"""Writes to the studies' storage: a retry after a lost commit (the server committed, then the connection
+dropped before the answer came) writes nothing twice; a full disk is exit 4 under every storage, SQLite
+included."""
+
+from __future__ import annotations
+
+import errno
+import shutil
+import subprocess
+from pathlib import Path
+
+import optuna
+import pytest
+import sqlalchemy as sa
+from sqlalchemy import event
+
+from autotune.errors import HostWriteError
+from autotune.search.storage.refusals import storage_refusal
+from autotune.search.storage.retry import WRITE_ID, rdb_storage_class
+from autotune.search.storage.study import open_storage
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+class LostCommits:
+    """Drops the connection right after the next ``armed`` commits of a write are done in the database: the
+    caller gets the error of a connection lost before the server's answer came."""
+
+    def __init__(self, storage: optuna.storages.RDBStorage) -> None:
+        import sqlite3
+
+        self.armed = 0
+        self.dropped = 0
+        dialect = storage.engine.dialect
+        commit = dialect.do_commit
+
+        def do_commit(dbapi_connection: sqlite3.Connection) -> None:
+            wrote = dbapi_connection.in_transaction  # sqlite3 opens a transaction at the first write only
+            commit(dbapi_connection)
+            if self.armed and wrote:
+                self.armed -= 1
+                self.dropped += 1
+                raise sqlite3.OperationalError("server closed the connection unexpectedly")
+
+        dialect.do_commit = do_commit
+
+
+@pytest.fixture()
+def server_like(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> optuna.storages.RDBStorage:
+    """The storage class autotune opens on a database server (retrying, idempotent), here on a SQLite file."""
+    import random
+
+    monkeypatch.setattr(random, "random", lambda: 0.0)  # Optuna's own retry of a new trial waits random() * 2 s
+    storage = rdb_storage_class(retry=True)(f"sqlite:///{tmp_path / 'studies.db'}")
+    storage.shown_url = "postgresql://autotune@db/studies"
+    return storage
+
+
+def test_a_trial_whose_commit_was_lost_is_written_once(server_like: optuna.storages.RDBStorage) -> None:
+    study = optuna.create_study(storage=server_like, study_name="s", direction="maximize")
+    lost = LostCommits(server_like)
+    lost.armed = 1
+    first = study.ask()  # committed, then the connection dropped: the retry finds the trial it wrote
+    lost.armed = 1
+    study.tell(first, 3.0)  # ended, then dropped: the retry finds it ended as asked
+    second = study.ask()
+    trials = study.get_trials(deepcopy=False)
+    assert lost.dropped == 2
+    assert [t.number for t in trials] == [first.number, second.number] == [0, 1]
+    assert trials[0].state == optuna.trial.TrialState.COMPLETE and trials[0].value == 3.0
+    assert len({t.system_attrs[WRITE_ID] for t in trials}) == 2
+
+
+def test_without_the_write_id_a_lost_commit_would_write_the_trial_twice(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same drop under Optuna's own storage: the retry writes a second trial (what the write id prevents)."""
+    import random
+
+    monkeypatch.setattr(random, "random", lambda: 0.0)
+    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'studies.db'}")
+    study = optuna.create_study(storage=storage, study_name="s")
+    lost = LostCommits(storage)
+    lost.armed = 1
+    study.ask()
+    assert len(study.get_trials(deepcopy=False)) == 2
+
+
+def test_the_driver_errors_that_mean_a_refused_write() -> None:
+    import sqlite3
+
+    full = sqlite3.OperationalError("database or disk is full")
+    full.sqlite_errorcode = 13  # SQLITE_FULL
+    locked = sqlite3.OperationalError("database is locked")
+    locked.sqlite_errorcode = 5
+
+    class DiskFull(Exception):  # psycopg's errors carry their SQLSTATE
+        sqlstate = "53100"
+
+    wrapped = sa.exc.OperationalError("INSERT", {}, full)
+    assert storage_refusal(wrapped).errno == errno.ENOSPC
+    assert storage_refusal(sa.exc.OperationalError("INSERT", {}, DiskFull())).errno == errno.ENOSPC
+    assert storage_refusal(OSError(errno.EROFS, "read-only")).errno == errno.EROFS
+    assert storage_refusal(sa.exc.OperationalError("INSERT", {}, locked)) is None
+    assert storage_refusal(sa.exc.OperationalError("SELECT", {}, ConnectionResetError())) is None
+
+
+def test_a_full_sqlite_database_mid_search_is_exit_4(tmp_path: Path) -> None:
+    """The database file may not grow (``max_page_count``): SQLite answers as on a full disk."""
+    url = f"sqlite:///{tmp_path / 'studies.db'}"
+    storage = open_storage(url)
+    study = optuna.create_study(storage=storage, study_name="s", direction="maximize")
+
+    @event.listens_for(storage.engine, "connect")
+    def no_growth(connection: object, record: object) -> None:
+        cursor = connection.cursor()  # type: ignore[attr-defined]
+        pages = cursor.execute("PRAGMA page_count").fetchone()[0]
+        cursor.execute(f"PRAGMA max_page_count = {pages}")
+        cursor.close()
+
+    storage.engine.dispose()  # new connections, each with the limit
+    with pytest.raises(HostWriteError) as caught:
+        for _ in range(50):
+            trial = study.ask()
+            trial.set_user_attr("note", "x" * 5000)
+    assert caught.value.exit_code == 4
+    assert str(caught.value).startswith(f"cannot write the tuning storage {tmp_path / 'studies.db'}: no space left "
+                                        "on the device")
+    assert str(caught.value).endswith("kept: every trial finished before this write; free space (or give another "
+                                      "--storage), then run the same command to continue")
+
+
+@pytest.fixture()
+def full_tmpfs(tmp_path: Path) -> Path:
+    """A 1 MiB tmpfs, filled (skips where mounting is not permitted)."""
+    folder = tmp_path / "full"
+    folder.mkdir()
+    if shutil.which("mount") is None:
+        pytest.skip("no mount command")
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(folder)], capture_output=True,
+                          text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip() or done.returncode}")
+    try:
+        with open(folder / "filler.bin", "wb") as handle:
+            try:
+                while True:
+                    handle.write(b"\0" * 65536)
+                    handle.flush()
+            except OSError:
+                pass
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=False)  # lazily: the storage may still hold the file
+
+
+def test_tune_on_a_full_disk_under_sqlite_exits_4(full_tmpfs: Path, tmp_path_factory: pytest.TempPathFactory,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    from probe_fixtures import shared_tiny_bundles
+
+    from autotune.cli import main
+
+    bundle = shared_tiny_bundles(tmp_path_factory, algos=("unet",))["unet"]
+    code = main(["tune", str(bundle), "--storage", f"sqlite:///{full_tmpfs / 'autotune.db'}", "--device", "cpu",
+                 "--memory-limit", "64MiB", "-q"])
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("autotune ")]
+    assert code == 4, lines
+    assert lines == [f"autotune tune: error: cannot write the tuning storage {full_tmpfs / 'autotune.db'}: no space "
+                     f"left on the device (0 B free there); kept: every trial finished before this write; free space "
+                     "(or give another --storage), then run the same command to continue"]
