@@ -6,6 +6,10 @@
     git clone -q REPO /work/after
     python benchmarks/bench_suite.py /work/before /work/after --out benchmarks/results/test_suite.json
 
+``--readme-only CLONE`` skips that clone's ``.ci/run`` (its README command runs in the venv it already
+has: ``.venv-ci``, else ``.venv``); ``--serial-too`` also runs the README command with ``-n 0`` in every
+clone whose pytest options hold ``-n auto`` (pytest-xdist's workers against one process, same clone).
+
 The clones run one after another, in the order given (pass them twice, interleaved, to see the
 drift of a shared machine). Each record holds the load average sampled during its runs and the
 machine's bf16 answer (``torch.ops.mkldnn._is_mkldnn_bf16_supported()``), which decides whether
@@ -67,29 +71,45 @@ def junit_modules(path: Path) -> dict[str, Any]:
             "modules": {k: round(v, 1) for k, v in sorted(modules.items(), key=lambda kv: -kv[1])}}
 
 
-def measure(clone: Path, logs: Path) -> dict[str, Any]:
-    """``bash .ci/run`` in ``clone``, then the README's command in the venv it made."""
+def _readme(python: Path, clone: Path, logs: Path, name: str, extra: list[str]) -> tuple[dict[str, Any], Any]:
+    """The README's test command (plus ``extra``) in ``clone``; its timing and its JUnit summary."""
+    junit = logs / f"junit_{name}.xml"
+    env = dict(os.environ, AUTOTUNE_REQUIRE_SYSTEM_DEPS="1")
+    run = timed([str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", *extra, f"--junitxml={junit}"], clone,
+                logs / f"pytest_{name}.log", env)
+    print(f"   {' '.join(['pytest -q', *extra])}: {run['seconds']} s, rc {run['rc']}", flush=True)
+    return run, junit_modules(junit) if junit.is_file() else None
+
+
+def measure(clone: Path, logs: Path, ci_run: bool = True, serial_too: bool = False) -> dict[str, Any]:
+    """``bash .ci/run`` in ``clone`` (unless not ``ci_run``), then the README's command in the venv it made
+    (and with ``serial_too``, the same with ``-n 0`` where the clone runs pytest-xdist workers)."""
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=clone, capture_output=True,
                             text=True).stdout.strip()
-    print(f"== {clone} ({commit}): bash .ci/run", flush=True)
-    ci = timed(["bash", ".ci/run"], clone, logs / f"ci_run_{commit}.log")
-    print(f"   {ci['seconds']} s, rc {ci['rc']}; the README's test command", flush=True)
-    python = clone / ".venv-ci" / "bin" / "python"
-    junit = logs / f"junit_{commit}.xml"
-    env = dict(os.environ, AUTOTUNE_REQUIRE_SYSTEM_DEPS="1")
-    readme = timed([str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}"], clone,
-                   logs / f"pytest_{commit}.log", env)
-    print(f"   {readme['seconds']} s, rc {readme['rc']}", flush=True)
-    return {"clone": str(clone), "commit": commit, "ci_run": ci, "readme_command": readme,
-            "junit": junit_modules(junit) if junit.is_file() else None}
+    print(f"== {clone} ({commit})", flush=True)
+    ci = None
+    if ci_run:
+        ci = timed(["bash", ".ci/run"], clone, logs / f"ci_run_{commit}.log")
+        print(f"   bash .ci/run: {ci['seconds']} s, rc {ci['rc']}", flush=True)
+    python = next((p for p in (clone / ".venv-ci" / "bin" / "python", clone / ".venv" / "bin" / "python")
+                   if p.exists()), Path(sys.executable))
+    readme, junit = _readme(python, clone, logs, commit, [])
+    record = {"clone": str(clone), "commit": commit, "python": str(python), "ci_run": ci, "readme_command": readme,
+              "junit": junit}
+    if serial_too and "-n auto" in (clone / "pyproject.toml").read_text():
+        record["readme_command_serial"], record["junit_serial"] = _readme(python, clone, logs, f"{commit}_serial",
+                                                                          ["-n", "0"])
+    return record
 
 
 def table(result: dict[str, Any]) -> str:
     """A Markdown table: the totals, then the summed seconds per test module, one column per clone."""
     runs = result["runs"]
     head = "| | " + " | ".join(f"{r['commit']}" for r in runs) + " |\n|---|" + "---:|" * len(runs) + "\n"
-    rows = [("`bash .ci/run` (s)", [r["ci_run"]["seconds"] for r in runs]),
+    rows = [("`bash .ci/run` (s)", [r["ci_run"]["seconds"] if r["ci_run"] else "-" for r in runs]),
             ("`python -m pytest -q` (s)", [r["readme_command"]["seconds"] for r in runs]),
+            ("the same with `-n 0` (s)", [r["readme_command_serial"]["seconds"] if "readme_command_serial" in r else "-"
+                                          for r in runs]),
             ("load average during it (mean)", [r["readme_command"]["load"].get("mean") for r in runs]),
             ("tests / failed / skipped", [f"{r['junit']['tests']} / {r['junit']['failed']} / {r['junit']['skipped']}"
                                           if r["junit"] else "-" for r in runs]),
@@ -105,15 +125,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("clones", nargs="+", type=Path, help="clean clones, measured in this order")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "test_suite.json")
     parser.add_argument("--logs", type=Path, default=Path("/tmp/autotune-bench-suite"))
+    parser.add_argument("--readme-only", type=Path, action="append", default=[],
+                        help="a clone whose .ci/run is not run (its README command only; repeatable)")
+    parser.add_argument("--serial-too", action="store_true", help="also the README command with -n 0 (xdist clones)")
     args = parser.parse_args(argv)
+    skip = {c.resolve() for c in args.readme_only}
     args.logs.mkdir(parents=True, exist_ok=True)
     result = {"machine": machine(), "date": time.strftime("%Y-%m-%d"),
-              "command": "python benchmarks/bench_suite.py " + " ".join(str(c) for c in args.clones),
-              "runs": [measure(clone.resolve(), args.logs) for clone in args.clones]}
+              "command": "python benchmarks/bench_suite.py " + " ".join(sys.argv[1:] if argv is None else argv),
+              "runs": [measure(clone.resolve(), args.logs, clone.resolve() not in skip, args.serial_too)
+                       for clone in args.clones]}
     write_json(args.out, result)
     print(table(result))
     print(f"machine: {result['machine']}")
-    return 0 if all(r["ci_run"]["rc"] == 0 for r in result["runs"]) else 1
+    return 0 if all((r["ci_run"] or {"rc": 0})["rc"] == 0 for r in result["runs"]) else 1
 
 
 if __name__ == "__main__":

@@ -44,10 +44,9 @@ def install(steps: list[tuple[int, Any]]) -> Callable[[], None]:
     original = step_module.train_step
     current = {"patches": 0}
 
-    def train_step(model: Any, loss_fn: Any, optimizer: Any, images: Any, labels: Any, amp_dtype: Any = None,
-                   scaler: Any = None) -> Any:
-        current["patches"] = int(images.shape[0])
-        return original(model, loss_fn, optimizer, images, labels, amp_dtype, scaler)
+    def train_step(model: Any, loss_fn: Any, optimizer: Any, images: Any, *args: Any, **kwargs: Any) -> Any:
+        current["patches"] = int(images.shape[0])  # the rest (labels, precision, scaler, guard) passed on as given
+        return original(model, loss_fn, optimizer, images, *args, **kwargs)
 
     def hook(optimizer: Any, args: Any, kwargs: Any) -> None:
         grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]

@@ -52,8 +52,11 @@ def probes(bundles: dict[str, Path]) -> dict[str, dict[str, Any]]:
         "killed_in_infer": (bundles["unet"], {**QUICK, "phases": ("infer",),
                                               "env": {"AUTOTUNE_PROBE_FAULT": "sigkill@phase=infer"}}),
         "hang": (bundles["unet"], {**QUICK, "timeout": 3, "env": {"AUTOTUNE_PROBE_FAULT": "hang"}}),
-        # a learning rate that blows the weights up: the second step's loss is nan
-        "diverged": ({**configs["unet"], "learning_rate": 1e30},
+        # an optimizer that blows the weights up (the largest learning rate a config may give, SGD with a
+        # momentum of 1e30): the second step's loss is nan
+        "diverged": ({**configs["unet"], "learning_rate": 1000.0,
+                      "optimizer": {**configs["unet"]["optimizer"],
+                                    "args": {**configs["unet"]["optimizer"]["args"], "momentum": 1e30}}},
                      {**QUICK, "warmup_steps": 1, "phases": ("train",), "precision": "fp32"}),
     }
     with ThreadPoolExecutor(len(jobs)) as pool:
