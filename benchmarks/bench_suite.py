@@ -31,7 +31,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from common import LoadSampler, cpu_name, write_json
+from common import LoadSampler, cpu_name, read_json, write_json
 
 HERE = Path(__file__).resolve().parent
 
@@ -103,32 +103,39 @@ def measure(clone: Path, logs: Path, ci_run: bool = True, serial_too: bool = Fal
 
 
 def table(result: dict[str, Any]) -> str:
-    """A Markdown table: the totals, then the summed seconds per test module, one column per clone."""
-    runs = result["runs"]
-    head = "| | " + " | ".join(f"{r['commit']}" for r in runs) + " |\n|---|" + "---:|" * len(runs) + "\n"
-    rows = [("`bash .ci/run` (s)", [r["ci_run"]["seconds"] if r["ci_run"] else "-" for r in runs]),
-            ("`python -m pytest -q` (s)", [r["readme_command"]["seconds"] for r in runs]),
-            ("the same with `-n 0` (s)", [r["readme_command_serial"]["seconds"] if "readme_command_serial" in r else "-"
-                                          for r in runs]),
-            ("load average during it (mean)", [r["readme_command"]["load"].get("mean") for r in runs]),
-            ("tests / failed / skipped", [f"{r['junit']['tests']} / {r['junit']['failed']} / {r['junit']['skipped']}"
-                                          if r["junit"] else "-" for r in runs]),
-            ("summed test seconds", [r["junit"]["summed_s"] if r["junit"] else "-" for r in runs])]
-    modules = sorted({m for r in runs if r["junit"] for m in r["junit"]["modules"]},
-                     key=lambda m: -max((r["junit"] or {}).get("modules", {}).get(m, 0.0) for r in runs))
-    rows += [(f"`{m}`", [(r["junit"] or {}).get("modules", {}).get(m, "-") for r in runs]) for m in modules]
+    """A Markdown table, one column per README-command run (a clone's ``-n 0`` run beside its own): the totals,
+    then the summed seconds per test module (one process: a module's time; several workers: their sum)."""
+    columns = []
+    for r in result["runs"]:
+        columns.append((f"{r['commit']}: `pytest -q`", r["ci_run"], r["readme_command"], r["junit"]))
+        if "readme_command_serial" in r:
+            columns.append((f"{r['commit']}: `pytest -q -n 0`", None, r["readme_command_serial"], r["junit_serial"]))
+    head = "| | " + " | ".join(c[0] for c in columns) + " |\n|---|" + "---:|" * len(columns) + "\n"
+    rows = [("`bash .ci/run`, every tier (s)", [c[1]["seconds"] if c[1] else "-" for c in columns]),
+            ("the README's command, wall (s)", [c[2]["seconds"] for c in columns]),
+            ("load average during it (mean)", [c[2]["load"].get("mean") for c in columns]),
+            ("tests / failed / skipped", [f"{c[3]['tests']} / {c[3]['failed']} / {c[3]['skipped']}" if c[3] else "-"
+                                          for c in columns]),
+            ("summed test seconds", [c[3]["summed_s"] if c[3] else "-" for c in columns])]
+    modules = sorted({m for c in columns if c[3] for m in c[3]["modules"]},
+                     key=lambda m: (-max((c[3] or {}).get("modules", {}).get(m, 0.0) for c in columns), m))
+    rows += [(f"`{m}`", [(c[3] or {}).get("modules", {}).get(m, "-") for c in columns]) for m in modules]
     return head + "".join(f"| {name} | " + " | ".join(str(v) for v in values) + " |\n" for name, values in rows)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("clones", nargs="+", type=Path, help="clean clones, measured in this order")
+    parser.add_argument("clones", nargs="*", type=Path, help="clean clones, measured in this order")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "test_suite.json")
     parser.add_argument("--logs", type=Path, default=Path("/tmp/autotune-bench-suite"))
     parser.add_argument("--readme-only", type=Path, action="append", default=[],
                         help="a clone whose .ci/run is not run (its README command only; repeatable)")
     parser.add_argument("--serial-too", action="store_true", help="also the README command with -n 0 (xdist clones)")
+    parser.add_argument("--report-only", action="store_true", help="print the table of --out and stop")
     args = parser.parse_args(argv)
+    if args.report_only or not args.clones:
+        print(table(read_json(args.out)))
+        return 0
     skip = {c.resolve() for c in args.readme_only}
     args.logs.mkdir(parents=True, exist_ok=True)
     result = {"machine": machine(), "date": time.strftime("%Y-%m-%d"),

@@ -63,6 +63,9 @@ TABLES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "monai-handoff-60min-launch": ("bench_monai_handoff", "launch_table", ("monai_handoff_60min.json",)),
     "bf16-numerics": ("bf16_numerics", "markdown_table", ("bf16_numerics_unet.json", "bf16_numerics_segresnet.json")),
     "bf16-training-unet": ("bench_bf16_training", "markdown_table", ("bf16_training_unet.json",)),
+    "bf16-training-segresnet-dints": ("bench_bf16_training", "markdown_table",
+                                      ("bf16_training_segresnet_dints.json",)),
+    "test-suite": ("bench_suite", "table", ("test_suite.json",)),
 }
 
 
