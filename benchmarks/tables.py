@@ -65,6 +65,7 @@ TABLES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "bf16-training-unet": ("bench_bf16_training", "markdown_table", ("bf16_training_unet.json",)),
     "bf16-training-segresnet-dints": ("bench_bf16_training", "markdown_table",
                                       ("bf16_training_segresnet_dints.json",)),
+    "bf16-training-full": ("bench_bf16_training", "markdown_table", ("bf16_training_full.json",)),
     "test-suite": ("bench_suite", "table", ("test_suite.json",)),
 }
 
