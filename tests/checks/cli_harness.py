@@ -89,6 +89,16 @@ def assert_refused_cleanly(outcome: Outcome, argv: Sequence[str], *, exit_two: b
         assert outcome.err.startswith(f"autotune {argv[0]}: "), (argv, outcome.err)
 
 
+def run_checked(argv: Sequence[str], work: Path, capsys: pytest.CaptureFixture[str]) -> Outcome:
+    """``autotune ARGV`` run in ``work``, its outcome held to the properties every hostile input keeps:
+    a documented code, 0 or 2, one line, no traceback."""
+    with inside(work):
+        outcome = run_cli(argv, capsys)
+    assert_refused_cleanly(outcome, argv, exit_two=False)
+    assert outcome.code in (0, 2), outcome.text
+    return outcome
+
+
 def assert_unchanged(before: dict[str, tuple[int, str]], after: dict[str, tuple[int, str]], what: str) -> None:
     """No file of ``before`` changed or vanished (``what`` says where, for the message)."""
     changed = sorted(path for path, stamp in before.items() if after.get(path) != stamp)
