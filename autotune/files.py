@@ -19,7 +19,7 @@ import json
 import os
 import secrets
 import shutil
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -30,6 +30,7 @@ from autotune.utils import format_bytes, plain_data
 
 __all__ = [
     "HOST_REFUSALS",
+    "exception_chain",
     "atomic_write",
     "atomic_write_bytes",
     "atomic_write_text",
@@ -101,17 +102,23 @@ def fsync_folder(folder: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
-def host_refusal(exc: BaseException, folders: tuple[str | os.PathLike[str], ...] = ()) -> OSError | None:
-    """The host's refusal behind ``exc``: an ``OSError`` with an errno of ``HOST_REFUSALS`` in its
-    chain (cause or context), or, for torch's writer error that lost it, ENOSPC when one of
-    ``folders`` is nearly full. None when ``exc`` is something else."""
+def exception_chain(exc: BaseException) -> Iterator[BaseException]:
+    """``exc``, then what caused it (``__cause__``, else ``__context__``), each once."""
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
         seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
+def host_refusal(exc: BaseException, folders: tuple[str | os.PathLike[str], ...] = ()) -> OSError | None:
+    """The host's refusal behind ``exc``: an ``OSError`` with an errno of ``HOST_REFUSALS`` in its
+    chain (cause or context), or, for torch's writer error that lost it, ENOSPC when one of
+    ``folders`` is nearly full. None when ``exc`` is something else."""
+    for current in exception_chain(exc):
         if isinstance(current, OSError) and current.errno in HOST_REFUSALS:
             return current
-        current = current.__cause__ or current.__context__
     if isinstance(exc, RuntimeError) and any(m in str(exc) for m in _TORCH_WRITE_FAILURES):
         for folder in folders:
             free = free_bytes(folder)

@@ -46,15 +46,13 @@ def _errno_of(error: BaseException) -> int | None:
 def storage_refusal(exc: BaseException) -> OSError | None:
     """The host's refusal behind a storage error ``exc`` (its cause chain, the driver's error included),
     as an ``OSError`` of that errno; None when ``exc`` is something else."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
+    from autotune.files import exception_chain
+
+    for current in exception_chain(exc):
         for error in (current, getattr(current, "orig", None)):  # SQLAlchemy keeps the driver's error in .orig
             code = _errno_of(error) if isinstance(error, BaseException) else None
             if code is not None:
                 return OSError(code, os.strerror(code))
-        current = current.__cause__ or current.__context__
     return None
 
 
