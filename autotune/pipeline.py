@@ -23,7 +23,15 @@ from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 from autotune.bundles.bundlegen import BundleGen as _BundleGen
 from autotune.errors import SpecError
-from autotune.stages import PathLike, Progress, TuneOptions, stderr_lines, tune
+from autotune.stages import (
+    PathLike,
+    Progress,
+    TuneOptions,
+    TuningOptions,
+    check_tune_kwargs,
+    stderr_lines,
+    tune,
+)
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -43,10 +51,19 @@ class BundleGen(_BundleGen):
 
     The same as ``autotune.bundles.bundlegen.BundleGen`` (see there for the arguments) with
     ``tune`` as its tuner; ``generate``'s extra keyword arguments (``device``, ``memory_limit``,
-    ``storage``, ``strategy``, ``progress``, ...) go to ``tune``.
+    ``storage``, ``strategy``, ``progress``, ...) go to ``tune``: a name that is not one of its
+    options (``autotune.stages.TuningOptions``) fails before any bundle is written.
     """
 
     tuner = staticmethod(tune)
+
+    def generate(self, *args: Any, **kwargs: Any) -> list[dict[str, Any]]:
+        import inspect
+
+        bound = inspect.signature(_BundleGen.generate).bind(self, *args, **kwargs).arguments
+        if bound.get("gpu_customization"):
+            check_tune_kwargs(bound.get("tune_kwargs") or {}, "generate")
+        return super().generate(*args, **kwargs)
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         from autotune import auto3dseg
@@ -181,8 +198,8 @@ def run(
         raise TypeError(f"run() got unexpected keyword arguments: {', '.join(unknown)}")
     say = progress or _quiet
     seconds = parse_duration(max_time) if max_time is not None else None
-    with precision_scope(options.get("precision", "auto")):
-        device = options["device"] = resolve_device(options.get("device", "auto"))
+    with precision_scope(options.get("precision", TuningOptions.precision)):
+        device = options["device"] = resolve_device(options.get("device", TuningOptions.device))
         generation = cast(GenerateOptions, {k: options.pop(k) for k in GenerateOptions.__optional_keys__ & set(options)})
         work = Path(work_dir)
         say(f"[1/3] analysing {input}")

@@ -1,7 +1,9 @@
 """The tuning stages as library functions: ``tune``, ``tune_worker``, ``verify``.
 
 They take keyword arguments with the CLI's defaults (``device="auto"``: the first GPU, else the
-CPU; ``precision="auto"``), return the tuning records and raise ``autotune.errors`` subclasses;
+CPU; ``precision="auto"``), each tuning option declared once with its default in
+``autotune.search.driver.options.TuningOptions``, return the tuning records and raise
+``autotune.errors`` subclasses;
 the CLI's handlers (``autotune/commands/search.py``) only parse arguments, call these and print.
 They sit above ``autotune.search`` and ``autotune.bundles``: ``autotune.BundleGen``
 (``autotune.pipeline``) tunes with ``tune``.
@@ -13,20 +15,20 @@ import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Any
 
 from autotune.errors import ConfigError, SpecError
+from autotune.search.driver.options import TuneOptions, TuningOptions
 from autotune.utils import expand_path, read_yaml
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-__all__ = ["TuneOptions", "find_bundles", "load_specs", "tune", "tune_worker", "verify"]
+__all__ = ["TuneOptions", "TuningOptions", "check_tune_kwargs", "find_bundles", "load_specs", "tune", "tune_worker",
+           "verify"]
 
 Progress = Callable[[str], None]
 PathLike = str | os.PathLike[str]
-
-DEFAULT_TIMEOUT = 300.0
 
 
 def stderr_lines(line: str) -> None:
@@ -36,23 +38,6 @@ def stderr_lines(line: str) -> None:
 
 def _quiet(_line: str) -> None:
     return None
-
-
-class TuneOptions(TypedDict, total=False):
-    """``tune``'s keyword arguments (see there), as ``run`` and ``tune_worker`` pass them on."""
-
-    device: str
-    memory_limit: int | str | None
-    storage: str | None
-    strategy: str
-    objective: str
-    handoff: str
-    margin: float
-    timeout: float
-    precision: str
-    target_gpu: str | None
-    target_memory: str | None
-    probe_env: Mapping[str, str] | None
 
 
 def load_specs(specs: Mapping[str, Any] | PathLike | None) -> dict[str, Any]:
@@ -75,30 +60,31 @@ def tune(
     bundles: Sequence[PathLike],
     specs: Mapping[str, Any] | PathLike | None = None,
     *,
-    device: str = "auto", memory_limit: int | str | None = None, storage: str | None = None,
-    strategy: str = "fast", objective: str = "max-batch", handoff: str = "goodput",
-    margin: float = 0.10, timeout: float = DEFAULT_TIMEOUT, precision: str = "auto",
-    target_gpu: str | None = None, target_memory: str | None = None, summary_path: PathLike | None = None,
-    workers_share: bool = False, write_back: bool = True, probe_env: Mapping[str, str] | None = None,
+    summary_path: PathLike | None = None, workers_share: bool = False, write_back: bool = True,
     progress: Progress | None = stderr_lines,
+    **options: Unpack[TuneOptions],
 ) -> list[dict[str, Any]]:
     """Tune ``bundles`` and write the tuned values (with the ``tuning:`` plan) into each.
+
+    ``options`` are the tuning options (``TuningOptions``, where each one's default is declared; the CLI's
+    ``--device``, ``--memory-limit``, ... are built from the same declaration).
 
     Args:
         bundles: bundle folders made by ``generate`` (folds of one algorithm share one search).
         specs: Auto3DSeg-style ``gpu_customization_specs`` (``universal`` or per algorithm:
             ``num_trials``, ``range_num_images_per_batch``, ``range_num_sw_batch_size``,
             ``validation_devices``), as a mapping or a YAML file.
-        device: where probes run: ``auto`` (the first GPU, else the CPU), ``cpu`` or ``cuda:N``.
+        device: where probes run: ``auto`` (default: the first GPU, else the CPU), ``cpu`` or ``cuda:N``.
         memory_limit: bytes or a size such as ``"8GiB"``; default the device's total memory.
         storage: SQLAlchemy URL of the Optuna storage; default SQLite under ``studies/``.
-        strategy: ``fast``, ``tpe`` (the Auto3DSeg baseline) or ``estimate`` (no probes).
-        objective: ``max-batch`` (the largest batch that fits) or ``throughput`` (the fastest that fits).
-        handoff: the batch handed to training: ``goodput`` (the template's batch unless the largest fit is
-            measured faster to a target accuracy by more than the noise) or ``largest`` (the search's batch).
-        margin: share of the limit kept free.
-        timeout: seconds before a probe is killed.
-        precision: ``auto`` (mixed precision where the device runs it natively), ``fp32``, ``bf16`` or ``fp16``.
+        strategy: ``fast`` (default), ``tpe`` (the Auto3DSeg baseline) or ``estimate`` (no probes).
+        objective: ``max-batch`` (default: the largest batch that fits) or ``throughput`` (the fastest that fits).
+        handoff: the batch handed to training: ``goodput`` (default: the template's batch unless the largest fit
+            is measured faster to a target accuracy by more than the noise) or ``largest`` (the search's batch).
+        margin: share of the limit kept free (default 0.10).
+        timeout: seconds before a probe is killed (default 300).
+        precision: ``auto`` (default: mixed precision where the device runs it natively), ``fp32``, ``bf16`` or
+            ``fp16``.
         target_gpu: with ``strategy="estimate"``: a catalogue GPU to plan for, e.g. ``a100-80gb``.
         target_memory: with ``strategy="estimate"``: the memory of a GPU not in the catalogue.
         summary_path: where to write the JSON summary (``{"results": [...]}``).
@@ -114,19 +100,31 @@ def tune(
     Raises:
         SpecError: bad specs, strategy, objective, hand-off, margin, precision, target or memory limit.
         ConfigError: a bundle is missing or malformed. StorageError: the storage cannot be used.
+        TypeError: an option that is not one (as for any unexpected keyword argument).
     """
     from autotune.device import resolve_device
     from autotune.precision import precision_scope
     from autotune.search import SearchSettings, resolve_target, search_bundles
 
-    with precision_scope(precision):
-        device = resolve_device(device)
-        settings = SearchSettings(
-            device=device, memory_limit=memory_limit, storage=storage, strategy=strategy, objective=objective,
-            handoff=handoff, margin=margin, timeout=timeout,
-            target=resolve_target(strategy, target_gpu, target_memory, device),
-            probe_env=probe_env, workers_share=workers_share, write_back=write_back)
+    chosen = TuningOptions.of(options)
+    with precision_scope(chosen.precision):
+        chosen = chosen.replace(device=resolve_device(chosen.device))
+        target = resolve_target(chosen.strategy, chosen.target_gpu, chosen.target_memory, chosen.device)
+        settings = SearchSettings(chosen, target=target, workers_share=workers_share, write_back=write_back)
         return search_bundles(list(bundles), load_specs(specs), settings, progress or _quiet, summary_path)
+
+
+def check_tune_kwargs(kwargs: Mapping[str, Any], where: str = "tune") -> TuningOptions:
+    """``tune``'s keyword arguments checked before any work: the tuning options among them (the others are
+    ``tune``'s own, such as ``summary_path`` and ``progress``).
+
+    Raises:
+        TypeError: a name that is neither (as for any unexpected keyword argument).
+    """
+    import inspect
+
+    own = {p.name for p in inspect.signature(tune).parameters.values() if p.kind is inspect.Parameter.KEYWORD_ONLY}
+    return TuningOptions.of({k: v for k, v in kwargs.items() if k not in own}, where)
 
 
 def find_bundles(work_dir: PathLike, algos: str | Sequence[str] | None = None) -> list[str]:
@@ -172,13 +170,13 @@ def tune_worker(
 def verify(
     bundle: PathLike,
     *,
-    device: str = "auto",
+    device: str = TuningOptions.device,
     memory_limit: int | str | None = None,
-    storage: str | None = None,
-    timeout: float = DEFAULT_TIMEOUT,
+    storage: str | None = TuningOptions.storage,
+    timeout: float = TuningOptions.timeout,
     retune: bool = True,
-    precision: str = "auto",
-    probe_env: Mapping[str, str] | None = None,
+    precision: str = TuningOptions.precision,
+    probe_env: Mapping[str, str] | None = TuningOptions.probe_env,
     progress: Progress | None = stderr_lines,
 ) -> dict[str, Any]:
     """Probe a tuned (or planned) bundle on ``device``; set its provenance to ``measured`` when the plan holds.

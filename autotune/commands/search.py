@@ -11,6 +11,7 @@ from autotune.checks import options as types
 from autotune.commands import add_command, add_precision_arg, progress_printer
 from autotune.commands.bundles import add_generate_args, generation_options
 from autotune.commands.data import MAX_FOLDS
+from autotune.search.driver.options import TuningOptions, add_option_args
 
 __all__ = ["register", "add_tuning_args", "specs_from_args", "tuning_options", "MAX_BATCH", "MAX_EPOCHS"]
 
@@ -19,20 +20,10 @@ MAX_EPOCHS = 1_000_000
 
 
 def add_tuning_args(p: argparse.ArgumentParser) -> None:
-    """Options shared by ``tune``, ``run`` and ``worker``."""
+    """Options shared by ``tune``, ``run`` and ``worker``: the tuning options (``TuningOptions``: flag, default,
+    checker and help declared there) and the search space (``--specs`` and the ranges, under ``universal``)."""
     g = p.add_argument_group("tuning")
-    g.add_argument("--device", default="auto", type=types.device,
-                   help="where probes run: cpu or cuda:N (default: the first GPU if there is one, else cpu)")
-    g.add_argument("--memory-limit", default=None, type=types.size, help="e.g. 8GiB; default the device's total memory")
-    g.add_argument("--storage", default=None, type=types.storage, help="SQLAlchemy URL of the Optuna storage (default sqlite under studies/)")
-    g.add_argument("--strategy", default="fast", help="fast (default), tpe (Auto3DSeg baseline) or estimate (no probes)")
-    g.add_argument("--objective", default="max-batch",
-                   help="max-batch (default: the largest batch that fits) or throughput (the fastest that fits; a "
-                   "smaller batch wins only if its advantage survives a repeated measurement)")
-    g.add_argument("--handoff", default="goodput",
-                   help="the batch handed to training: goodput (default: the template's batch unless the largest fit "
-                   "is measured faster to a target accuracy, see docs/handoff.md) or largest (the largest fit)")
-    g.add_argument("--margin", type=types.fraction(), default=0.10, help="share of the limit kept free (default 0.10)")
+    add_option_args(g, ("device", "memory_limit", "storage", "strategy", "objective", "handoff", "margin"))
     g.add_argument("--specs", default=None, type=types.path_text, help="YAML of Auto3DSeg gpu_customization_specs")
     g.add_argument("--num-trials", type=types.positive_int(10_000), default=None, help="trial budget of the tpe strategy (default 20)")
     g.add_argument("--range-num-images-per-batch", type=types.positive_int(MAX_BATCH), nargs=2, metavar=("MIN", "MAX"), default=None,
@@ -41,11 +32,8 @@ def add_tuning_args(p: argparse.ArgumentParser) -> None:
                    help="range of sliding-window batch sizes to search")
     g.add_argument("--validation-devices", default=None, type=types.names(("device", "cpu"), "validation device"),
                    help="comma-separated from device,cpu (default both)")
-    g.add_argument("--timeout", type=types.seconds(), default=300.0,
-                   help="seconds before a probe is killed (default 300)")
-    g.add_argument("--target-gpu", default=None, help="with --strategy estimate: a catalogue GPU, e.g. a100-80gb")
-    g.add_argument("--target-memory", default=None, type=types.size_text, help="with --strategy estimate: memory of a GPU not in the catalogue")
-    add_precision_arg(g)
+    add_option_args(g, ("timeout", "target_gpu", "target_memory"))
+    add_precision_arg(g)  # every command's (through AUTOTUNE_PRECISION), not a tuning option here
 
 
 def specs_from_args(args: argparse.Namespace) -> dict[str, Any]:
@@ -69,9 +57,8 @@ def specs_from_args(args: argparse.Namespace) -> dict[str, Any]:
 
 def tuning_options(args: argparse.Namespace) -> dict[str, Any]:
     """The keyword arguments of ``autotune.tune`` (and ``run``) from the options ``add_tuning_args`` adds."""
-    names = ("device", "memory_limit", "storage", "strategy", "objective", "handoff", "margin", "timeout", "target_gpu",
-             "target_memory")
-    return {"specs": specs_from_args(args), "progress": progress_printer(args), **{n: getattr(args, n) for n in names}}
+    given = {name: getattr(args, name) for name in TuningOptions.cli_names()}
+    return {"specs": specs_from_args(args), "progress": progress_printer(args), **given}
 
 
 def _training_args(p: argparse.ArgumentParser) -> None:
@@ -98,12 +85,12 @@ def _worker_args(p: argparse.ArgumentParser) -> None:
 
 def _verify_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("bundle", type=types.path_text, help="a tuned bundle folder")
-    p.add_argument("--device", default="auto", type=types.device, help="cpu or cuda:N (default: the first GPU if there is one, else cpu)")
+    p.add_argument("--device", default=TuningOptions.device, type=types.device, help="cpu or cuda:N (default: the first GPU if there is one, else cpu)")
     add_precision_arg(p)
     p.add_argument("--memory-limit", default=None, type=types.size, help="default: the limit the bundle was tuned for")
-    p.add_argument("--storage", default=None, type=types.storage,
+    p.add_argument("--storage", default=TuningOptions.storage, type=types.storage,
                    help="storage for a retune (default sqlite under studies/)")
-    p.add_argument("--timeout", type=types.seconds(), default=300.0, help="seconds before a probe is killed")
+    p.add_argument("--timeout", type=types.seconds(), default=TuningOptions.timeout, help="seconds before a probe is killed")
     p.add_argument("--no-retune", action="store_true", help="only report; do not retune when the plan fails")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
 

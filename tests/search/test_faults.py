@@ -21,6 +21,7 @@ from probe_fixtures import limit_for_patches, one_window_unet
 from autotune.bundles.config import load_bundle_config
 from autotune.device import device_info
 from autotune.search.storage.study import make_key, open_storage, open_study
+from autotune.search.strategies.registry import strategy_named
 from autotune.stages import tune
 
 MARGIN = 0.10
@@ -59,8 +60,9 @@ def limit(bundle: Path) -> int:
 @pytest.fixture(scope="module")
 def study_run(bundle: Path, limit: int, tmp_path_factory: pytest.TempPathFactory) -> dict:
     storage = f"sqlite:///{tmp_path_factory.mktemp('fault_study') / 'faults.db'}"
-    key = make_key(load_bundle_config(bundle), device_info("cpu"), limit, "tpe")
-    study = open_study(open_storage(storage), key)
+    tpe = strategy_named("tpe")
+    key = make_key(load_bundle_config(bundle), device_info("cpu"), limit, tpe.key_name, joint=tpe.joint)
+    study = open_study(open_storage(storage), key, phase=tpe.phase)
     for (n, m), _ in PLAN:
         study.enqueue_trial({"num_patches_per_iter": n, "num_sw_batch_size": m, "validation_device": "device"})
     common = dict(device="cpu", memory_limit=limit, storage=storage, strategy="tpe", margin=MARGIN,

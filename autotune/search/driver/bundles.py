@@ -18,47 +18,43 @@ from typing import Any
 from autotune.bundles.config import Bundle, load_bundle
 from autotune.errors import SpecError
 from autotune.search.driver.key import answer_key
+from autotune.search.driver.options import TuningOptions
 from autotune.search.driver.session import Session, make_budget, open_store
 from autotune.search.driver.writeback import check_writable, write_bundle
 from autotune.search.storage.liveness import TakenOver
+from autotune.search.strategies.registry import STRATEGIES as _REGISTRY
+from autotune.search.strategies.registry import Strategy, strategy_named
 from autotune.search.strategies.space import parse_specs
 from autotune.utils import look_up_option
 
 __all__ = ["STRATEGIES", "SearchSettings", "search_bundles"]
 
-STRATEGIES = ("fast", "tpe", "estimate")
+STRATEGIES = tuple(_REGISTRY)
 
 
 @dataclass(frozen=True)
 class SearchSettings:
-    """How to search, as ``autotune.tune`` resolved it (see there for each field)."""
+    """How to search: the options as ``autotune.tune`` resolved them (the device; see there for each) and
+    this run's place (the target GPU planned for, workers sharing the storage, whether bundles are written)."""
 
-    device: str
-    memory_limit: int | str | None
-    storage: str | None
-    strategy: str
-    objective: str
-    handoff: str
-    margin: float
-    timeout: float
+    options: TuningOptions
     target: Mapping[str, Any] | None = None
-    probe_env: Mapping[str, str] | None = None
     workers_share: bool = False
     write_back: bool = True
-    estimate_only: bool = False  # answer every point from the estimator (``strategy="estimate"`` sets it)
+    estimate_only: bool = False  # answer every point from the estimator, whatever the strategy
 
 
-def _checked_method(settings: SearchSettings) -> tuple[str, bool, str, str]:
-    """(strategy, estimate_only, objective, hand-off), each checked against its valid names."""
+def _checked_method(settings: SearchSettings) -> tuple[Strategy, TuningOptions]:
+    """The strategy, and the options with the objective and hand-off checked against their valid names."""
     from autotune.search.handoff import HANDOFFS
     from autotune.search.strategies.objective import OBJECTIVES
 
-    strategy = look_up_option(settings.strategy, STRATEGIES, "strategy", SpecError)
-    objective = look_up_option(settings.objective, OBJECTIVES, "objective", SpecError)
-    handoff = look_up_option(settings.handoff, HANDOFFS, "handoff", SpecError)
-    if strategy == "estimate":  # the fast search, answered by the estimator alone
-        return "fast", True, objective, handoff
-    return strategy, settings.estimate_only, objective, handoff
+    options = settings.options
+    strategy = strategy_named(options.strategy)
+    objective = look_up_option(options.objective, OBJECTIVES, "objective", SpecError)
+    handoff = look_up_option(options.handoff, HANDOFFS, "handoff", SpecError)
+    return (strategy.estimated() if settings.estimate_only else strategy,
+            options.replace(objective=objective, handoff=handoff))
 
 
 def _group(bundles: Mapping[str, Bundle], session: Session) -> tuple[dict[str, list[str]], dict[str, Any]]:
@@ -67,12 +63,12 @@ def _group(bundles: Mapping[str, Bundle], session: Session) -> tuple[dict[str, l
     from autotune.search.storage.study import make_key
 
     budget = session.budget
-    strategy = session.strategy + ("-estimate" if session.estimate_only else "")
     groups: dict[str, list[str]] = {}
     keys: dict[str, Any] = {}
     said: set[str] = set()
     for path, bundle in bundles.items():
-        key = make_key(bundle.config, budget.info, budget.limit, strategy, session.objective)
+        key = make_key(bundle.config, budget.info, budget.limit, session.strategy.key_name, session.objective,
+                       session.strategy.joint)
         groups.setdefault(key.study_name, []).append(path)
         keys[key.study_name] = key
         line = for_config(bundle.config, budget.info["device"]).line()
@@ -118,16 +114,16 @@ def search_bundles(bundles: Sequence[str | Path], specs: Mapping[str, Any] | Non
     """
     from autotune.files import atomic_write_json
 
-    strategy, estimate_only, objective, handoff = _checked_method(settings)
+    strategy, options = _checked_method(settings)
     if not bundles:
         raise SpecError("no bundle to tune; run 'autotune generate' first")
     loaded = {str(Path(b)): load_bundle(b) for b in bundles}
     check_writable([b.config_path.parent for b in loaded.values()] if settings.write_back else [])
     check_writable([Path(summary_path).parent] if summary_path else [])
     explicit = parse_specs(specs, sorted({b.config["algo"] for b in loaded.values()}))
-    budget = make_budget(settings.device, settings.memory_limit, settings.margin, settings.target)
-    session = Session(budget, open_store(settings.storage, settings.workers_share, settings.timeout), strategy,
-                      objective, estimate_only, settings.timeout, explicit, settings.probe_env, say, handoff)
+    budget = make_budget(options.device, options.memory_limit, options.margin, settings.target)
+    session = Session(budget, open_store(options.storage, settings.workers_share, options.timeout), strategy,
+                      options, explicit, say)
     try:
         groups, keys = _group(loaded, session)
         records = _answer_all(session, loaded, groups, keys)

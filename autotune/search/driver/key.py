@@ -1,8 +1,8 @@
 """One tuning key: answer from storage, or claim the key, search it and store the result.
 
-The fast and estimate searches are sequential: with workers sharing a storage one worker
-claims the key and the others wait for its stored result (or take the key over when its
-holder is not live, ``autotune.search.storage.liveness``). TPE studies are shared point by point.
+A strategy that claims the key (fast, estimate) searches it in one worker: with workers sharing a
+storage the others wait for its stored result (or take the key over when its holder is not live,
+``autotune.search.storage.liveness``). One that shares points (tpe) shares its study point by point.
 The search itself (prober, evaluator, strategy) is ``autotune.search.driver.strategy_run``.
 """
 
@@ -11,7 +11,6 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import json
-import os
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -19,7 +18,7 @@ from typing import Any
 from autotune.search.driver.session import Session
 from autotune.search.driver.strategy_run import search_key
 from autotune.search.handoff import batch_report, cap_range
-from autotune.search.storage.study import TuningKey, open_study, study_phase
+from autotune.search.storage.study import TuningKey, open_study
 from autotune.search.strategies.objective import metric_name
 from autotune.search.strategies.space import AlgoSpec, spec_for
 from autotune.utils import format_bytes
@@ -28,9 +27,11 @@ __all__ = ["answer_key", "result_tag", "validation_devices"]
 
 
 def result_tag(strategy: str, margin: float, spec: AlgoSpec, devices: tuple[str, ...], estimate_only: bool,
-               handoff: str = "largest", reference: Mapping[str, Any] | None = None) -> str:
+               handoff: str, reference: Mapping[str, Any] | None = None) -> str:
     """The study attribute holding the result of a search with these settings.
 
+    ``strategy``: the search's name (``Strategy.search``: ``estimate`` is ``fast`` with ``estimate_only``).
+    ``handoff``: ``largest`` is left out of the hash (the tags stored before the hand-off was an option).
     ``reference``: a MONAI bundle's hand-off reference (its template's stated batch and lr rule), read from
     the bundle rather than fixed by an autotune template, so part of what the stored verdict depends on."""
     settings: dict[str, Any] = {"strategy": strategy, "margin": margin, "spec": spec.as_dict(), "devices": devices,
@@ -52,28 +53,21 @@ def validation_devices(spec: AlgoSpec, device: str) -> tuple[str, ...]:
 
 def _open(session: Session, key: TuningKey, phase: str | None = None, sampler: Any = None) -> Any:
     """Open (or create) the key's study of ``phase`` (default its own), its values named by the objective."""
-    phase = phase or study_phase(key)
+    phase = phase or session.strategy.phase
     return open_study(session.store.storage, key, sampler=sampler, phase=phase,
                       metric=metric_name(session.objective, phase))
 
 
 def _sampler(session: Session, cfg: Mapping[str, Any], spec: AlgoSpec) -> Any:
-    """The TPE sampler of a tpe search (None for the others)."""
-    if session.strategy != "tpe":
-        return None
-    import optuna
-
-    seed = int(cfg.get("seed", 0))
-    if session.store.claims is not None:  # workers sharing a study: different opening points, not the same ones
-        seed += os.getpid()
-    return optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(10, spec.num_trials))
+    """The strategy's sampler of the key's study (None: Optuna's default)."""
+    return session.strategy.sampler(int(cfg.get("seed", 0)), spec, session.store.claims is not None)
 
 
 def _stored_or_claimed(session: Session, key: TuningKey, study: Any, tag: str, sampler: Any,
                        wait: bool, algo: str) -> tuple[Any, dict[str, Any] | None]:
     """(study, stored result) once the result is stored, or (study, None) once this worker holds the key;
     (None, None) when another worker holds it and not ``wait``."""
-    claims = session.store.claims if session.strategy != "tpe" else None
+    claims = session.store.claims if session.strategy.claims_key else None
     announced = False
     while True:
         session.store.liveness.progress()
@@ -107,8 +101,7 @@ def _announce(session: Session, key: TuningKey, spec: AlgoSpec, n_bundles: int, 
     budget = session.budget
     session.say(
         f"[{algo}] tuning {key.study_name} ({n_bundles} bundle{'s' if n_bundles > 1 else ''}) on "
-        f"{budget.info['device_name']}, strategy {session.strategy}"
-        f"{' (estimates only)' if session.estimate_only else ''}, objective {session.objective}: "
+        f"{budget.info['device_name']}, strategy {session.strategy.label}, objective {session.objective}: "
         f"limit {format_bytes(budget.limit)}, budget {format_bytes(budget.budget)} (margin {budget.margin:.0%}), "
         f"patches/iter {list(spec.patches_range)}, sw batch {list(spec.sw_range)}"
     )
@@ -120,7 +113,7 @@ def _provenance(session: Session, key: TuningKey, infer_study: Any, started: flo
     fields = {
         "study_name": key.study_name,
         "infer_study_name": infer_study.study_name if infer_study is not None else key.study_name,
-        "storage": session.store.shown, "strategy": session.strategy, "memory_limit": budget.limit,
+        "storage": session.store.shown, "strategy": session.strategy.search, "memory_limit": budget.limit,
         "margin": budget.margin, "budget_bytes": budget.budget, "device": budget.info["device"],
         "device_name": budget.info["device_name"], "device_total_memory": budget.info["device_total_memory"],
         "precision": key.precision, "wall_seconds": round(time.perf_counter() - started, 3),
@@ -142,7 +135,7 @@ def answer_key(session: Session, key: TuningKey, cfg: Mapping[str, Any], n_bundl
     spec, batch_cap = cap_range(spec_for(session.explicit[algo], cfg), cfg, session.say)
     devices = validation_devices(spec, session.budget.device)
     reference = cfg.get("batch_scaling") if cfg.get("format") == "monai" else None
-    tag = result_tag(session.strategy, session.budget.margin, spec, devices, session.estimate_only,
+    tag = result_tag(session.strategy.search, session.budget.margin, spec, devices, session.strategy.estimates_only,
                      session.handoff, reference)
     sampler = _sampler(session, cfg, spec)
     study, stored = _stored_or_claimed(session, key, _open(session, key, sampler=sampler),
@@ -153,7 +146,7 @@ def answer_key(session: Session, key: TuningKey, cfg: Mapping[str, Any], n_bundl
         session.say(f"[{algo}] answered from storage ({key.study_name}); no new trial")
         return dict(stored, from_storage=True, probes=0)
     try:
-        infer_study = _open(session, key, "infer") if session.strategy != "tpe" else None
+        infer_study = None if session.strategy.joint else _open(session, key, "infer")
         _fail_stale(session, (study, infer_study), algo)
         _announce(session, key, spec, n_bundles, algo)
         started = time.perf_counter()
@@ -167,7 +160,7 @@ def answer_key(session: Session, key: TuningKey, cfg: Mapping[str, Any], n_bundl
             study.set_user_attr(tag, {k: v for k, v in record.items() if k != "from_storage"})
         return record
     finally:
-        claims = session.store.claims if session.strategy != "tpe" else None
+        claims = session.store.claims if session.strategy.claims_key else None
         if claims is not None:
             claims.release(key.study_name, "key:" + tag, done=False)
 

@@ -2,7 +2,8 @@
 
 - ``Budget``: where the probes run and what memory they may use (limit, margin, allowances);
 - ``Store``: where the results go and who else works on them (storage, liveness, claims);
-- ``Session``: both, with the method (strategy, objective, hand-off, timeout) and the specs per algorithm.
+- ``Session``: both, with the method (the strategy, and the objective, hand-off and timeout of the
+  run's ``TuningOptions``) and the specs per algorithm.
 """
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ if TYPE_CHECKING:  # pragma: no cover
     import optuna
 
     from autotune.probe import CudaAllowance
+    from autotune.search.driver.options import TuningOptions
     from autotune.search.storage.claims import ClaimStore
     from autotune.search.storage.liveness import Liveness
+    from autotune.search.strategies.registry import Strategy
 
 __all__ = ["DEFAULT_MARGIN", "Budget", "Store", "Session", "make_budget", "open_store"]
 
@@ -71,22 +74,35 @@ class Session:
     """One tuning run: budget, storage, method and specs.
 
     Attributes:
-        strategy: ``fast`` or ``tpe`` (``estimate`` is ``fast`` with ``estimate_only``).
-        objective: ``max-batch`` or ``throughput`` (``autotune.search.strategies.objective``).
-        handoff: the batch handed to training: ``goodput`` or ``largest`` (``autotune.search.handoff``).
+        strategy: the search (``autotune.search.strategies.registry``; ``estimate`` is ``fast``'s search
+            answered by the estimator alone).
+        options: the run's options, checked (``autotune.search.driver.options``): ``objective``
+            (``max-batch`` or ``throughput``), ``handoff`` (``goodput`` or ``largest``), ``timeout``, ``probe_env``.
         explicit: the specs given per algorithm (``autotune.search.strategies.space.parse_specs``).
     """
 
     budget: Budget
     store: Store
-    strategy: str
-    objective: str
-    estimate_only: bool
-    timeout: float
+    strategy: Strategy
+    options: TuningOptions
     explicit: dict[str, dict[str, Any]]
-    probe_env: Mapping[str, str] | None = None
     say: Callable[[str], None] = lambda _line: None
-    handoff: str = "goodput"
+
+    @property
+    def objective(self) -> str:
+        return self.options.objective
+
+    @property
+    def handoff(self) -> str:
+        return self.options.handoff
+
+    @property
+    def timeout(self) -> float:
+        return self.options.timeout
+
+    @property
+    def probe_env(self) -> Mapping[str, str] | None:
+        return self.options.probe_env
 
 
 def make_budget(device: str, memory_limit: int | str | None, margin: float,

@@ -1,8 +1,8 @@
 """Run a session's strategy on one key's studies and turn its outcome into the key's record.
 
 The prober answers points (real probes, or the estimator alone for ``estimate``); the evaluator
-records each point as a trial; the strategy (``fast``/``estimate`` with the key's estimated
-curves, or ``tpe``) chooses; the hand-off (``autotune.search.handoff``) decides the batch
+records each point as a trial; the session's strategy (``autotune.search.strategies.registry``)
+chooses; the hand-off (``autotune.search.handoff``) decides the batch
 training gets. The record is plain data: it goes into the study, the summary and, through
 ``autotune.bundles.plan.TuningPlan``, the bundle.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from autotune.search.curves.bound import PROBE_EDGE_ENV, edge_bound, probe_edge_forced
+from autotune.search.curves.bound import edge_bound
 from autotune.search.driver.session import Session
 from autotune.search.handoff import apply_handoff
 from autotune.search.strategies.space import AlgoSpec
@@ -26,7 +26,7 @@ def _prober(cfg: Mapping[str, Any], session: Session) -> Any:
 
     budget = session.budget
     scale, offset = budget.allowance.affine()
-    if session.estimate_only:
+    if session.strategy.estimates_only:
         return EstimateProber(cfg["bundle_root"], budget.device, budget.budget, scale=scale, offset=offset)
     from autotune.probe import prestart
 
@@ -35,40 +35,12 @@ def _prober(cfg: Mapping[str, Any], session: Session) -> Any:
                        env=session.probe_env, scale=scale, offset=offset)
 
 
-def _edge_check(prober: Any, stated: dict[str, Any] | None, bounded: dict[str, list[int]]) -> dict[str, Any]:
-    """How N+1 was settled per phase: probed, or by a calibration's stated bound; and why."""
-    if not prober.measured:
-        return {"how": "estimated", "reason": "estimates only: N and N+1 are estimates, no probe"}
-    check: dict[str, Any] = {phase: ({"n": ns[0], "how": "bounded", **(stated or {})} if ns else {"how": "probed"})
-                             for phase, ns in bounded.items()}
-    if probe_edge_forced():
-        check["reason"] = f"{PROBE_EDGE_ENV} set: N+1 probed"
-    elif not stated:
-        check["reason"] = "no calibration stating an error bound for this device: N+1 probed"
-    return check
-
-
-def _run_fast(study: Any, evaluator: Any, prober: Any, cfg: Mapping[str, Any], spec: AlgoSpec,
-              devices: tuple[str, ...], session: Session) -> tuple[Any, Any, dict[str, Any]]:
-    """The fast search over the key's estimated curves: (outcome, training curve, its record fields)."""
-    from autotune.search.curves.key_curves import search_curves
-    from autotune.search.strategies.fast import run_fast
-
-    curves = search_curves(study, prober, spec.patches_range, spec.sw_range, devices[0])
+def _edge(cfg: Mapping[str, Any], session: Session, prober: Any) -> tuple[dict[str, Any] | None, str | None]:
+    """The calibration's stated bound on N+1 (or None), and why N+1 is probed whatever a calibration says."""
     # a calibration's bound was measured on autotune's own templates: MONAI's are probed at N+1
     monai = cfg.get("format") == "monai"
     stated = None if monai else edge_bound(session.budget.info.get("device_name"), prober.measured, cfg["algo"])
-    bounded: dict[str, list[int]] = {}
-    outcome = run_fast(evaluator, spec, devices, curves.train, curves.infer_for, session.objective,
-                       stated["bound"] if stated else None, bounded)
-    for phase, ns in bounded.items():
-        if ns and stated:
-            session.say(f"[{cfg['algo']}] {phase}: {ns[0]} not probed: its estimate exceeds the budget by more "
-                        f"than the bound {stated['bound']:.3%} ({stated['scope']}) stated by {stated['calibration']}")
-    check = _edge_check(prober, stated, bounded)
-    if monai and prober.measured:
-        check["reason"] = "no calibration covers MONAI's own templates: N+1 probed"
-    return outcome, curves.train, {"estimator_passes": curves.passes(), "edge_check": check}
+    return stated, ("no calibration covers MONAI's own templates: N+1 probed" if monai else None)
 
 
 def _infeasible(outcome: Any, spec: AlgoSpec) -> str | None:
@@ -123,7 +95,7 @@ def search_key(
     record, and the estimator's training curve (or None)."""
     from autotune.search.strategies.evaluate import Evaluator
     from autotune.search.strategies.outcome import distributions
-    from autotune.search.strategies.tpe import run_tpe
+    from autotune.search.strategies.registry import KeyRun
 
     prober = _prober(cfg, session)
     store = session.store
@@ -132,15 +104,14 @@ def search_key(
         progress=session.say, label=cfg["algo"], liveness=store.liveness, claims=store.claims,
         objective=session.objective, infer_study=infer_study,
     )
-    train_curve, fields = None, {}
-    if session.strategy == "tpe":
-        outcome = run_tpe(evaluator, spec, devices, seed=int(cfg.get("seed", 0)), objective=session.objective)
-    else:
-        outcome, train_curve, fields = _run_fast(study, evaluator, prober, cfg, spec, devices, session)
+    searched = session.strategy.run(KeyRun(study, evaluator, prober, spec, devices, session.objective,
+                                           int(cfg.get("seed", 0)), cfg["algo"], session.say,
+                                           lambda: _edge(cfg, session, prober)))
+    outcome, train_curve = searched.outcome, searched.train_curve
     record: dict[str, Any] = {
         "algo": cfg["algo"], "objective": session.objective, "method": "measured" if prober.measured else "estimated",
         "probes": evaluator.probes, "reused_points": evaluator.reused,
-        "trials": evaluator.trial_numbers, "infer_trials": evaluator.infer_trial_numbers, **fields,
+        "trials": evaluator.trial_numbers, "infer_trials": evaluator.infer_trial_numbers, **searched.fields,
     }
     reason = _infeasible(outcome, spec)
     if reason is not None:
@@ -151,7 +122,7 @@ def search_key(
     def measure(n: int) -> Any:  # the goodput rule's one probe at the reference batch (a study point is reused)
         return evaluator.evaluate({"num_patches_per_iter": n}, ("train",))
 
-    timed = session.strategy != "tpe" and prober.measured  # the fast search with real probes
+    timed = session.strategy.times_handoff and prober.measured  # the fast search with real probes
     apply_handoff(record, cfg, outcome.train, measure if timed else None, session.handoff, session.say)
     record.update(probes=evaluator.probes, reused_points=evaluator.reused, **_allowances(session))
     return record, train_curve

@@ -38,10 +38,12 @@ def resolve_target(
     """The target of an estimate-only plan, or None when planning for ``device`` itself.
 
     Raises:
-        SpecError: a target without ``--strategy estimate``, an unknown card (the
-            catalogue is listed), both options at once, or a bad size.
+        SpecError: a target without ``--strategy estimate`` (a strategy that probes), an unknown
+            strategy or card (the valid names are listed), both options at once, or a bad size.
     """
-    if strategy != "estimate":
+    from autotune.search.strategies.registry import strategy_named
+
+    if not strategy_named(strategy).estimates_only:
         if target_gpu or target_memory:
             raise SpecError("--target-gpu/--target-memory plan without probes: add --strategy estimate")
         return None

@@ -116,9 +116,10 @@ def verify_plan(
     say("  the plan does not hold" + ("; retuning with the fast strategy" if retune else ""))
     if retune:
         from autotune.search.driver.bundles import SearchSettings, search_bundles
+        from autotune.search.driver.options import TuningOptions
 
-        settings = SearchSettings(device=device, memory_limit=budget.limit, storage=storage, strategy="fast",
-                                  objective="max-batch", handoff=plan.handoff_rule, margin=budget.margin,
-                                  timeout=timeout, probe_env=probe_env)
+        settings = SearchSettings(TuningOptions(device=device, memory_limit=budget.limit, storage=storage,
+                                                strategy="fast", objective="max-batch", handoff=plan.handoff_rule,
+                                                margin=budget.margin, timeout=timeout, probe_env=probe_env))
         report["retuned"] = search_bundles([bundle.path], None, settings, say)[0]
     return report

@@ -29,7 +29,6 @@ __all__ = [
     "open_storage",
     "make_key",
     "open_study",
-    "study_phase",
     "trial_id",
 ]
 
@@ -193,8 +192,11 @@ def _section_hash(cfg: Mapping[str, Any]) -> str:
 
 
 def make_key(cfg: Mapping[str, Any], device: Mapping[str, Any], memory_limit: int, strategy: str,
-             objective: str = "max-batch") -> TuningKey:
-    """The tuning key of a bundle config on a device under a memory limit, for a strategy and objective."""
+             objective: str = "max-batch", joint: bool = False) -> TuningKey:
+    """The tuning key of a bundle config on a device under a memory limit, for a strategy and objective.
+
+    ``strategy``: its name in the key (``Strategy.key_name``); ``joint``: one trial sizes both phases in the
+    key's study (``Strategy.joint``), else the phases have studies of their own."""
     import monai
     import torch
 
@@ -218,7 +220,7 @@ def make_key(cfg: Mapping[str, Any], device: Mapping[str, Any], memory_limit: in
         monai_version=str(monai.__version__),
         strategy=strategy,
         objective=objective,
-        layout="joint-n-sw" if strategy.startswith("tpe") else "phase-studies",
+        layout="joint-n-sw" if joint else "phase-studies",
         autocast="cpu-loss-fp32" if precision != "fp32" and device_name.startswith("cpu") else "",
     )
 
@@ -229,13 +231,13 @@ def open_study(
 ) -> optuna.Study:
     """Create or load a study of ``key``; the key's fields are stored as study attributes.
 
-    ``phase``: ``train`` (the key's study; the default for fast and estimate), ``infer`` (its sibling
-    ``<name>-infer``) or ``joint`` (the default for tpe: one trial sizes both phases). ``metric``: the name
+    ``phase``: ``train`` (the key's study, the default), ``infer`` (its sibling ``<name>-infer``) or ``joint``
+    (one trial sizes both phases: ``Strategy.phase`` of a tpe search). ``metric``: the name
     of the trial values (the dashboard's axis), set when the study is created.
     """
     import optuna
 
-    phase = phase or study_phase(key)
+    phase = phase or "train"
     study = optuna.create_study(
         storage=storage,
         study_name=key.infer_study_name if phase == "infer" else key.study_name,
@@ -252,11 +254,6 @@ def open_study(
         for name, value in key.as_dict().items():
             study.set_user_attr(f"key.{name}", value)
     return study
-
-
-def study_phase(key: TuningKey) -> str:
-    """The phase of a key's own study: ``joint`` for tpe (one trial sizes both phases), else ``train``."""
-    return "joint" if key.strategy.startswith("tpe") else "train"
 
 
 def trial_id(storage: optuna.storages.BaseStorage, study: optuna.Study, number: int) -> int:

@@ -12,15 +12,16 @@ or with ``throughput`` one smaller candidate (N/2) races the largest.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
+from autotune.search.curves.bound import PROBE_EDGE_ENV, probe_edge_forced
 from autotune.search.strategies.edge_search import find_max_feasible
 from autotune.search.strategies.evaluate import Evaluation, Evaluator
 from autotune.search.strategies.objective import DEFAULT_OBJECTIVE, choose
 from autotune.search.strategies.outcome import SearchOutcome
 
-__all__ = ["run_fast"]
+__all__ = ["edge_check", "run_fast"]
 
 
 class _Measured:
@@ -93,3 +94,16 @@ def run_fast(
             return SearchOutcome(n, n_max, int(best_sw.point["num_sw_batch_size"]), device, best_train, best_sw,
                                  measured.evaluations)
     return SearchOutcome(n, n_max, None, None, best_train, None, measured.evaluations)
+
+
+def edge_check(measured: bool, stated: Mapping[str, Any] | None, bounded: Mapping[str, list[int]]) -> dict[str, Any]:
+    """How N+1 was settled per phase: probed, or by a calibration's stated bound; and why."""
+    if not measured:
+        return {"how": "estimated", "reason": "estimates only: N and N+1 are estimates, no probe"}
+    check: dict[str, Any] = {phase: ({"n": ns[0], "how": "bounded", **(stated or {})} if ns else {"how": "probed"})
+                             for phase, ns in bounded.items()}
+    if probe_edge_forced():
+        check["reason"] = f"{PROBE_EDGE_ENV} set: N+1 probed"
+    elif not stated:
+        check["reason"] = "no calibration stating an error bound for this device: N+1 probed"
+    return check
