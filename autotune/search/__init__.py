@@ -11,10 +11,10 @@ Its families, lowest first (a family imports only the ones above it in this list
   (``probers``: real probes or estimates);
 - ``strategies/``: the search space (``space``), the objective (``objective``), one point as a
   trial (``evaluate``), and the strategies ``fast`` (with ``edge_search``; ``estimate`` is fast
-  answered by the estimator) and ``tpe``;
+  answered by the estimator) and ``tpe``, behind one interface looked up by name (``registry``);
 - ``handoff``: which batch training gets, with the learning rate and schedule that follow it;
 - ``dashboard/``: the notes and memory plots optuna-dashboard shows;
-- ``driver/``: a tuning run (``session``), grouping bundles by key (``bundles``), one key
+- ``driver/``: the tuning options declared once (``options``), a tuning run (``session``), grouping bundles by key (``bundles``), one key
   (``key``, ``strategy_run``), the write-back (``writeback``), ``verify``, the printed table
   (``report``) and the GPU catalogue for plans (``targets``).
 
