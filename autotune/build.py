@@ -13,6 +13,8 @@ import io
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from autotune.bundles.network import NETWORKS, roi_divisor
+from autotune.bundles.network import config_section as _section
 from autotune.errors import ConfigError
 from autotune.utils import look_up_option
 
@@ -23,7 +25,6 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["NETWORKS", "LOSSES", "OPTIMIZERS", "SCHEDULERS", "build_network", "build_loss", "build_optimizer",
            "build_lr_scheduler", "build_transforms", "amp_dtype", "roi_divisor"]
 
-NETWORKS = ("SegResNet", "UNet", "DiNTS")
 LOSSES = ("DiceCELoss", "DiceFocalLoss", "DiceLoss")
 OPTIMIZERS = ("AdamW", "Adam", "SGD", "Novograd")
 SCHEDULERS = ("WarmupCosineSchedule", "PolynomialLR", "CosineAnnealingLR", "none")
@@ -39,32 +40,6 @@ def _as_tuple_args(value: Any) -> Any:
     ):
         return (value[0], dict(value[1]))
     return value
-
-
-def _section(cfg: Mapping[str, Any], key: str) -> Mapping[str, Any]:
-    section = cfg.get(key)
-    if not isinstance(section, Mapping) or not isinstance(section.get("name"), str):
-        raise ConfigError(f"bundle config key {key!r} must be a mapping with a 'name'; regenerate the bundle")
-    args = section.get("args", {}) or {}
-    if not isinstance(args, Mapping):
-        raise ConfigError(f"bundle config key '{key}.args' must be a mapping")
-    return section
-
-
-def roi_divisor(cfg: Mapping[str, Any]) -> int:
-    """The factor every roi dimension must be a multiple of for this network."""
-    net = _section(cfg, "network")
-    name = look_up_option(net["name"], NETWORKS, "network")
-    args = net.get("args", {}) or {}
-    if name == "SegResNet":
-        return int(2 ** (len(args.get("blocks_down", (1, 2, 2, 4))) - 1))
-    if name == "UNet":
-        divisor = 1
-        for stride in args.get("strides", ()):
-            divisor *= int(stride)
-        return divisor
-    topo = net.get("topology", {}) or {}
-    return int(2 ** (int(topo.get("num_depths", 3)) + int(bool(topo.get("use_downsample", True)))))
 
 
 def _static_topology_class() -> type:

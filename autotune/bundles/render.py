@@ -141,7 +141,7 @@ def _set_roi(cfg: dict[str, Any], roi_rule: Mapping[str, Any], size_at_res: list
     Raises:
         ConfigError: a given roi is not three positive integers, each a multiple of the divisor.
     """
-    from autotune.build import roi_divisor
+    from autotune.bundles.network import roi_divisor
 
     divisor = roi_divisor(cfg)
     if cfg.get("roi_size") in (None, "auto"):
