@@ -46,7 +46,7 @@ _EXPORTS: dict[str, str] = {
     "run": "autotune.pipeline",
     "RunResult": "autotune.pipeline",
     "BundleGen": "autotune.pipeline",
-    "AutotuneAlgo": "autotune.bundles.algo",
+    "AutotuneAlgo": "autotune.facade.algo",
 }
 
 __all__ = ["__version__", *_EXPORTS]

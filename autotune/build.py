@@ -203,7 +203,7 @@ def build_lr_scheduler(
     args = dict(section.get("args") or {})
     total_steps = max(1, int(total_steps))
     if warmup_steps > 0 and warmup_start_factor < 1.0:
-        from autotune.trainer.schedule import build_scaled_scheduler
+        from autotune.schedule import build_scaled_scheduler
 
         return build_scaled_scheduler({"name": name, "args": args}, optimizer, total_steps, warmup_steps,
                                       warmup_start_factor)

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict, cast
 
-from autotune.bundles.bundlegen import BundleGen as _BundleGen
 from autotune.errors import SpecError
+from autotune.facade.bundlegen import BundleGen as _BundleGen
 from autotune.stages import (
     PathLike,
     Progress,
@@ -49,7 +49,7 @@ def _quiet(_line: str) -> None:
 class BundleGen(_BundleGen):
     """MONAI Auto3DSeg's ``BundleGen``: ``generate(..., gpu_customization=True)`` tunes with ``autotune.tune``.
 
-    The same as ``autotune.bundles.bundlegen.BundleGen`` (see there for the arguments) with
+    The same as ``autotune.facade.bundlegen.BundleGen`` (see there for the arguments) with
     ``tune`` as its tuner; ``generate``'s extra keyword arguments (``device``, ``memory_limit``,
     ``storage``, ``strategy``, ``progress``, ...) go to ``tune``: a name that is not one of its
     options (``autotune.stages.TuningOptions``) fails before any bundle is written.

@@ -133,8 +133,8 @@ def find_bundles(work_dir: PathLike, algos: str | Sequence[str] | None = None) -
     Raises:
         ConfigError: no such folder, an unknown algorithm, or no bundle in it.
     """
-    from autotune.bundles.bundlegen import parse_algos
     from autotune.bundles.templates import list_templates
+    from autotune.facade.bundlegen import parse_algos
 
     root = Path(work_dir)
     if not root.is_dir():

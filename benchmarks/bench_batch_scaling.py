@@ -293,8 +293,8 @@ def main(argv: list[str] | None = None) -> int:
     import monai
     import torch
 
-    from autotune.bundles.bundlegen import BundleGen
     from autotune.data.analyze import analyze
+    from autotune.facade.bundlegen import BundleGen
 
     variants = parse_variants(args.variants)
     work = Path(args.work)

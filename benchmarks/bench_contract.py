@@ -92,8 +92,8 @@ def _train_under_contract(row: dict[str, Any], bundle: Path, tuned: dict[str, An
 def main() -> int:
     args = _args()
 
-    from autotune.bundles.bundlegen import BundleGen
     from autotune.data.analyze import analyze
+    from autotune.facade.bundlegen import BundleGen
     from autotune.stages import tune
     from autotune.utils import parse_bytes
 

@@ -28,8 +28,8 @@ ALGOS = ("segresnet", "dints", "unet")
 
 
 def bundles(data: Path, work: Path, overrides: dict) -> dict[str, Path]:
-    from autotune.bundles.bundlegen import BundleGen
     from autotune.data.analyze import analyze
+    from autotune.facade.bundlegen import BundleGen
 
     res = analyze(data, work, num_fold=5, progress=False)
     gen = BundleGen(work, algos=list(ALGOS), data_stats_filename=res.datastats, data_src_cfg_name=res.data_src)

@@ -54,9 +54,9 @@ print(json.dumps({{k: r.get(k) for k in {values!r}}}))
 
 
 def _bundles(root: Path, dataset: str, algos: list[str]) -> dict[str, Path]:
-    from autotune.bundles.bundlegen import BundleGen
     from autotune.data.analyze import analyze
     from autotune.data.synthetic import make_demo_dataset
+    from autotune.facade.bundlegen import BundleGen
 
     source = make_demo_dataset(root / "demo-data") if dataset == "demo" else HIPPOCAMPUS
     work = root / f"work-{dataset}"

@@ -59,8 +59,8 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def make_bundle(args: argparse.Namespace, work: Path) -> Path:
     """Analyse the data (5 folds) and generate the bundle for fold 0 with the benchmark's settings."""
-    from autotune.bundles.bundlegen import BundleGen
     from autotune.data.analyze import analyze
+    from autotune.facade.bundlegen import BundleGen
 
     result = analyze(args.data, work, num_fold=5, progress=False)
     overrides: dict[str, Any] = {

@@ -103,10 +103,10 @@ def worker_main(args: argparse.Namespace) -> int:
 
 # -- the harness ----------------------------------------------------------------------
 def make_bundle(root: Path) -> Path:
-    from autotune.bundles.bundlegen import BundleGen
     from autotune.bundles.templates import load_overrides
     from autotune.data.analyze import analyze
     from autotune.data.synthetic import make_demo_dataset
+    from autotune.facade.bundlegen import BundleGen
 
     data = make_demo_dataset(root / "data", cases=2, size=32, classes=2, seed=0)
     res = analyze(data, root / "work", num_fold=1, progress=False)

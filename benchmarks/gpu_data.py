@@ -94,9 +94,9 @@ def generate(work: Path, source: Path, algos: Sequence[str], tiny: bool) -> dict
     """Analyse ``source`` into ``work`` and generate one fold of bundles; returns algo -> bundle folder.
 
     ``tiny`` applies the tiny preset (dry runs); otherwise the full-size templates."""
-    from autotune.bundles.bundlegen import BundleGen
     from autotune.bundles.templates import load_overrides
     from autotune.data import analyze
+    from autotune.facade.bundlegen import BundleGen
 
     res = analyze(str(source), str(work), num_fold=1, progress=False)
     gen = BundleGen(str(work), algos=list(algos), data_stats_filename=res.datastats, data_src_cfg_name=res.data_src)

@@ -13,9 +13,9 @@ def make_bundles(data: Path, work: Path, algos: str = "segresnet", num_fold: int
                  overrides: dict | None = None) -> dict[str, Path]:
     """Analyse ``data`` and generate tiny-preset bundles (with ``overrides`` on top of the preset's
     top-level keys); returns {identifier: folder}."""
-    from autotune.bundles.bundlegen import BundleGen
     from autotune.bundles.templates import load_overrides
     from autotune.data.analyze import analyze
+    from autotune.facade.bundlegen import BundleGen
 
     result = analyze(data, work, num_fold=num_fold, progress=False)
     gen = BundleGen(work, algos=algos, data_stats_filename=result.datastats, data_src_cfg_name=result.data_src)

@@ -21,9 +21,9 @@ def make_tiny_bundles(tmp_path: str | Path, algos: Sequence[str] = ALGOS) -> dic
 
     Takes a few seconds (the data analysis); use it from a session- or module-scoped fixture.
     """
-    from autotune.bundles.bundlegen import BundleGen
     from autotune.bundles.templates import load_overrides
     from autotune.data import analyze, make_demo_dataset
+    from autotune.facade.bundlegen import BundleGen
 
     root = Path(tmp_path)
     data = make_demo_dataset(root / "data", cases=2, size=32, classes=2, seed=0)

@@ -234,3 +234,27 @@ def test_public_names_are_not_shadowed_by_subpackages() -> None:
         importlib.import_module(name)
     shadowed = [n for n in autotune.__all__ if isinstance(getattr(autotune, n), types.ModuleType)]
     assert shadowed == []
+
+
+# the bundle model (config, plan, render, templates, scaling, network) sits on these alone
+BUNDLE_MODEL_BASE = ("autotune.bundles", "autotune.errors", "autotune.utils", "autotune.checks", "autotune.files",
+                     "autotune.version")
+# bundles/config.py asks autotune.auto3dseg whether a bundle is MONAI's: the template-family interface replaces it
+BUNDLE_MODEL_CLIMBS_LEFT = ("autotune.auto3dseg",)
+# MONAI's shapes over the bundles (BundleGen, Algo): only the stages above them and the public names import them
+FACADE_IMPORTERS = ("autotune", "autotune.facade", "autotune.pipeline", "autotune.stages")
+
+
+def test_the_bundle_model_imports_nothing_above_it() -> None:
+    """``autotune.bundles`` is the low-level config model: the builders, the trainer and the facade import it,
+    never the other way round (no import climbs back up a level)."""
+    allowed = (*BUNDLE_MODEL_BASE, *BUNDLE_MODEL_CLIMBS_LEFT)
+    offenders = {m: sorted(t for t in targets if t.startswith("autotune.") and not _within(t, allowed))
+                 for m, targets in import_graph().items() if _within(m, "autotune.bundles")}
+    assert {m: t for m, t in offenders.items() if t} == {}
+
+
+def test_only_the_stages_import_the_facade() -> None:
+    offenders = {m: sorted(t for t in targets if _within(t, "autotune.facade"))
+                 for m, targets in import_graph().items() if m not in FACADE_IMPORTERS and not _within(m, "autotune.facade")}
+    assert {m: t for m, t in offenders.items() if t} == {}

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 
 import autotune
-from autotune.bundles.bundlegen import BundleGen as PlainBundleGen
 from autotune.bundles.config import load_bundle_config
 from autotune.cli import main
 from autotune.errors import ConfigError, SpecError
+from autotune.facade.bundlegen import BundleGen as PlainBundleGen
 from autotune.stages import load_specs
 
 # the estimate strategy plans from fake tensors: no probe child, seconds not minutes

@@ -156,8 +156,8 @@ def test_tuned_values_land_in_the_templates_own_keys(bundles: dict[str, Path]) -
 def test_bundlegen_takes_monais_argument_name_and_tells_monais_templates_apart(tmp_path: Path, monai_work: Path) -> None:
     from autotune import BundleGen
     from autotune.auto3dseg import is_monai_templates
-    from autotune.bundles.bundlegen import BundleGen as OwnBundleGen
     from autotune.bundles.templates import default_templates_path
+    from autotune.facade.bundlegen import BundleGen as OwnBundleGen
 
     (tmp_path / "segresnet" / "scripts").mkdir(parents=True)
     (tmp_path / "segresnet" / "scripts" / "algo.py").write_text("")

@@ -148,9 +148,9 @@ def test_default_range_is_capped_and_explicit_range_warns(bundles: dict[str, Pat
 
 
 def test_overridden_learning_rate_is_the_new_reference(demo_data: Path, tmp_path: Path) -> None:
-    from autotune.bundles.bundlegen import BundleGen
     from autotune.bundles.templates import load_overrides
     from autotune.data.analyze import analyze
+    from autotune.facade.bundlegen import BundleGen
 
     res = analyze(demo_data, tmp_path, num_fold=2, progress=False)
     overrides = {**load_overrides("tiny"), "learning_rate": 0.003}

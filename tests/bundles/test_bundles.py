@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from autotune.bundles.bundlegen import BundleGen
 from autotune.bundles.config import load_bundle_config
 from autotune.bundles.templates import list_templates, load_overrides, load_template
 from autotune.cli import main
 from autotune.data.analyze import analyze
 from autotune.errors import ConfigError
+from autotune.facade.bundlegen import BundleGen
 
 ALGOS = ("segresnet", "dints", "unet")
 

@@ -48,8 +48,8 @@ def test_generate_takes_overrides_as_the_cli_does(analysed, tmp_path: Path) -> N
 
 
 def test_train_and_predict_params_are_checked(analysed, tmp_path: Path) -> None:
-    from autotune.bundles.algo import ensemble_passed_keys
-    from autotune.bundles.algo_params import PredictOptions, parse_predict_params, parse_train_params
+    from autotune.facade.algo import ensemble_passed_keys
+    from autotune.facade.algo_params import PredictOptions, parse_predict_params, parse_train_params
 
     gen = _gen(analysed, "segresnet,unet")
     gen.generate(tmp_path, num_fold=1, overrides="tiny")

@@ -129,10 +129,10 @@ def tuned_study(tmp_path_factory: pytest.TempPathFactory) -> TunedStudy:
     if make_tiny_bundles is not None:
         bundle = make_tiny_bundles(root, algos=("unet",))["unet"]
     else:
-        from autotune.bundles.bundlegen import BundleGen
         from autotune.bundles.templates import load_overrides
         from autotune.data.analyze import analyze
         from autotune.data.synthetic import make_demo_dataset
+        from autotune.facade.bundlegen import BundleGen
 
         demo = make_demo_dataset(root / "data", cases=2, size=32, classes=2, seed=0)
         work = root / "work"

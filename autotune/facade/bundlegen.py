@@ -7,7 +7,7 @@ Shaped like MONAI's ``monai.apps.auto3dseg.BundleGen``:
     gen.get_bundles()
 
 ``gpu_customization`` calls the generator's tuner; this package has none of its own
-(``autotune.search`` imports this package, not the other way round): ``autotune.BundleGen``
+(``autotune.pipeline`` imports this package, not the other way round): ``autotune.BundleGen``
 is this class with ``autotune.tune`` as its tuner.
 
 A bundle is a folder ``<algo>_<fold>/`` holding ``configs/hyper_parameters.yaml``
@@ -17,7 +17,7 @@ two lines that import autotune's). Training outputs inside an existing bundle ar
 when it is regenerated; the generated files are replaced atomically.
 
 ``get_history()`` gives MONAI-shaped items whose ``algo_instance`` trains, scores and
-predicts (``autotune.bundles.algo.AutotuneAlgo``), so MONAI's ``AlgoEnsembleBuilder``
+predicts (``autotune.facade.algo.AutotuneAlgo``), so MONAI's ``AlgoEnsembleBuilder``
 and ``AlgoEnsembleBestN`` work on them.
 """
 
@@ -55,7 +55,7 @@ _INFER_SCRIPT_TEXT = '''"""Inference entry of this bundle for MONAI Auto3DSeg (`
 Written by ``autotune generate``; the work is done by autotune (as ``autotune infer`` does).
 """
 
-from autotune.bundles.algo import InferClass
+from autotune.facade.algo import InferClass
 
 __all__ = ["InferClass"]
 '''
@@ -105,7 +105,7 @@ class BundleGen:
         data_src_cfg_name: the data source config (``data_src.yaml`` from ``analyze``, or an
             Auto3DSeg ``input.yaml``).
         tuner: what ``generate(gpu_customization=True)`` calls with the bundle folders, the specs
-            and the extra keyword arguments. This package does not tune (``autotune.search``
+            and the extra keyword arguments. This package does not tune (``autotune.pipeline``
             imports it): ``autotune.BundleGen`` is this class with ``autotune.tune`` as its tuner.
 
     Raises:
@@ -266,12 +266,12 @@ class BundleGen:
         """The bundles of the last ``generate`` as MONAI's ``BundleGen.get_history()`` gives them.
 
         Each item has MONAI's ``AlgoKeys``: ``identifier``, ``algo_instance`` (an
-        ``autotune.bundles.algo.AutotuneAlgo`` with MONAI's ``Algo`` interface: ``train``,
+        ``autotune.facade.algo.AutotuneAlgo`` with MONAI's ``Algo`` interface: ``train``,
         ``get_score``, ``predict``, ``get_output_path``), ``is_trained`` and ``best_metric``
         (kept current by ``algo_instance.train()`` and re-read at each call). The same
         list is returned each time, as MONAI does. Imports torch and MONAI.
         """
-        from autotune.bundles.algo import AutotuneAlgo
+        from autotune.facade.algo import AutotuneAlgo
 
         paths = [b["path"] for b in self._bundles]
         if [str(h["algo_instance"].get_output_path()) for h in self._history] != paths:

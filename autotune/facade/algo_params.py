@@ -52,7 +52,7 @@ TUNED_KEYS = (
 )
 PREDICT_KEYS = ("device", "checkpoint", "output")
 # MONAI's AlgoEnsemble and EnsembleRunner hand these to every algo's predict; they concern the ensemble
-# (EnsembleRunner also passes on its SaveImage arguments: see ``autotune.bundles.algo``).
+# (EnsembleRunner also passes on its SaveImage arguments: see ``autotune.facade.algo``).
 ENSEMBLE_PASSED_KEYS = ("rank", "image_save_func", "n_best")
 OUTPUTS = ("prob", "label")
 

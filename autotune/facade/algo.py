@@ -29,12 +29,6 @@ from typing import Any
 import torch
 from monai.auto3dseg.algo_gen import Algo
 
-from autotune.bundles.algo_params import (
-    ENSEMBLE_PASSED_KEYS,
-    PredictOptions,
-    parse_predict_params,
-    parse_train_params,
-)
 from autotune.bundles.config import (
     CONFIG_RELPATH,
     bundle_config_path,
@@ -43,6 +37,12 @@ from autotune.bundles.config import (
 )
 from autotune.bundles.plan import plan_of
 from autotune.errors import ConfigError, InputError
+from autotune.facade.algo_params import (
+    ENSEMBLE_PASSED_KEYS,
+    PredictOptions,
+    parse_predict_params,
+    parse_train_params,
+)
 from autotune.files import atomic_write_yaml
 from autotune.utils import expand_path, read_json, read_yaml
 
