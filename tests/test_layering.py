@@ -234,3 +234,39 @@ def test_public_names_are_not_shadowed_by_subpackages() -> None:
         importlib.import_module(name)
     shadowed = [n for n in autotune.__all__ if isinstance(getattr(autotune, n), types.ModuleType)]
     assert shadowed == []
+
+
+# the template families (``autotune.families``) sit above the bundles' config model (``autotune.bundles.schema``,
+# ``autotune.build``, ``autotune.step``, ``autotune.probe.workload``) and MONAI's templates (``autotune.auto3dseg``),
+# and below every stage that asks them (``autotune.bundles.config``, the probe, the search, training)
+ABOVE_FAMILIES = ("autotune.search", "autotune.trainer", "autotune.stages", "autotune.pipeline", "autotune.commands",
+                  "autotune.cli", "autotune.bundles.config")
+# the modules that may use MONAI's templates' package directly: the families, the package itself, and the
+# MONAI-shaped entries (``autotune.BundleGen`` over MONAI's templates, ``python -m autotune.launch``)
+AUTO3DSEG_USERS = ("autotune.families", "autotune.auto3dseg", "autotune.pipeline", "autotune.launch")
+
+
+def test_the_families_import_no_stage_that_asks_them() -> None:
+    offenders = {m: sorted(t for t in targets if _within(t, ABOVE_FAMILIES))
+                 for m, targets in import_graph().items() if _within(m, "autotune.families")}
+    assert {m: t for m, t in offenders.items() if t} == {}
+
+
+def test_only_the_families_reach_monais_templates() -> None:
+    """The probe, the estimator, the search, the hand-off, training and the bundles ask a bundle's family
+    (``autotune.families``), never ``autotune.auto3dseg`` itself."""
+    offenders = {m: sorted(t for t in targets if _within(t, "autotune.auto3dseg"))
+                 for m, targets in import_graph().items() if not _within(m, AUTO3DSEG_USERS)}
+    assert {m: t for m, t in offenders.items() if t} == {}
+
+
+def test_no_module_outside_the_families_tests_a_format_or_a_template_name() -> None:
+    """``cfg.get("format") == "monai"``, ``is_monai_bundle`` and a template's name compared: the families' job."""
+    import re
+
+    pattern = re.compile(r'"monai"\)?\s*[!=]=|[!=]=\s*"monai"|is_monai_bundle|[!=]=\s*"(segresnet|dints|unet|swinunetr|'
+                         r'segresnet2d)"|"(segresnet|dints|unet|swinunetr|segresnet2d)"\s*[!=]=')
+    found = [f"{path.relative_to(PACKAGE.parent)}:{number}" for path in sorted(PACKAGE.rglob("*.py"))
+             if not _within(module_name(path), ("autotune.families", "autotune.auto3dseg"))
+             for number, line in enumerate(path.read_text().splitlines(), 1) if pattern.search(line)]
+    assert found == []
