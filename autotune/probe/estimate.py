@@ -69,34 +69,13 @@ def _no_gc() -> Iterator[None]:
             gc.enable()
 
 
-def _fake_model(cfg: Mapping[str, Any], device: str) -> torch.nn.Module:
-    """Build the network on the meta device (no memory), then give it fake parameters on ``device``.
-
-    Must be called inside ``fake_session``.
-    """
-    import torch
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-
-    from autotune.build import build_network
-
-    with unset_fake_temporarily(), torch.device("meta"):
-        model = build_network(cfg)
-    return model._apply(lambda t: torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device))
-
-
 def _build(cfg: Mapping[str, Any], target: _Target) -> tuple[torch.nn.Module, Any, torch.optim.Optimizer, Any]:
     """The bundle's network with fake parameters on the target's compute device, its loss, its optimizer
-    and the workload they run (``autotune.probe.workload``; for a bundle MONAI's BundleGen wrote, the
-    template's own, ``autotune.auto3dseg``), as the probe builds them. Must be called inside ``fake_session``."""
-    from autotune.build import build_loss, build_optimizer
-    from autotune.probe import workload
+    and the workload they run (``autotune.probe.workload``, or the template's own), as the bundle's template
+    family builds them for the probe (``autotune.families``). Must be called inside ``fake_session``."""
+    from autotune.families import family_for
 
-    if cfg.get("format") == "monai":
-        from autotune import auto3dseg
-
-        return auto3dseg.fake_parts(cfg, target.compute, target.emulate)
-    model = _fake_model(cfg, target.compute)
-    return model, build_loss(cfg), build_optimizer(cfg, model.parameters()), workload
+    return family_for(cfg).fake_parts(cfg, target.compute, target.emulate)
 
 
 @dataclass(frozen=True)

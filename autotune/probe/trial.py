@@ -209,36 +209,16 @@ def _prepare_device(req: Mapping[str, Any]) -> torch.device:
     return device
 
 
-def _build(cfg: Mapping[str, Any], device: torch.device) -> tuple[torch.nn.Module, Any, torch.optim.Optimizer]:
-    """The bundle's network on ``device`` (seeded), its loss and its optimizer (``autotune.build``)."""
-    import torch
-
-    from autotune.build import build_loss, build_network, build_optimizer
-
-    torch.manual_seed(int(cfg.get("seed", 0)))
-    model = build_network(cfg).to(device)
-    return model, build_loss(cfg), build_optimizer(cfg, model.parameters())
-
-
 def _parts(req: Mapping[str, Any]) -> dict[str, Any]:
-    """What the phases run with: device, model, loss, optimizer, autocast dtype and grad scaler (and, for a
-    bundle MONAI's BundleGen wrote, the template's own loop: ``autotune.auto3dseg``)."""
+    """What the phases run with: device, model (seeded), loss, optimizer, autocast dtype and grad scaler (and,
+    for a template with its own loop, its ``workload``), as the bundle's template family builds them
+    (``autotune.families``)."""
     from autotune.build import amp_dtype
-    from autotune.step import make_grad_scaler
+    from autotune.families import family_for
 
     cfg = req["config"]
     device = _prepare_device(req)
-    dtype = amp_dtype(cfg, device, req.get("precision"))
-    if cfg.get("format") == "monai":  # MONAI's own network, loss, optimizer and loop
-        import torch
-
-        from autotune import auto3dseg
-
-        torch.manual_seed(int(cfg.get("seed", 0)))
-        return auto3dseg.probe_parts(cfg, device, dtype)
-    model, loss_fn, optimizer = _build(cfg, device)
-    return {"device": device, "model": model, "loss_fn": loss_fn, "optimizer": optimizer, "amp_dtype": dtype,
-            "scaler": make_grad_scaler(device, dtype)}
+    return family_for(cfg).probe_parts(cfg, device, amp_dtype(cfg, device, req.get("precision")))
 
 
 def base_result(req: Mapping[str, Any]) -> dict[str, Any]:

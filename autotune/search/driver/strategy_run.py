@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from autotune.families import family_for
 from autotune.search.curves.bound import PROBE_EDGE_ENV, edge_bound, probe_edge_forced
 from autotune.search.driver.session import Session
 from autotune.search.handoff import apply_handoff
@@ -55,9 +56,10 @@ def _run_fast(study: Any, evaluator: Any, prober: Any, cfg: Mapping[str, Any], s
     from autotune.search.strategies.fast import run_fast
 
     curves = search_curves(study, prober, spec.patches_range, spec.sw_range, devices[0])
-    # a calibration's bound was measured on autotune's own templates: MONAI's are probed at N+1
-    monai = cfg.get("format") == "monai"
-    stated = None if monai else edge_bound(session.budget.info.get("device_name"), prober.measured, cfg["algo"])
+    # the template a calibration's stated bound covers, if any (``autotune.families``): else N+1 is probed
+    family = family_for(cfg)
+    covered = family.calibrated_as(cfg)
+    stated = edge_bound(session.budget.info.get("device_name"), prober.measured, covered) if covered else None
     bounded: dict[str, list[int]] = {}
     outcome = run_fast(evaluator, spec, devices, curves.train, curves.infer_for, session.objective,
                        stated["bound"] if stated else None, bounded)
@@ -66,8 +68,8 @@ def _run_fast(study: Any, evaluator: Any, prober: Any, cfg: Mapping[str, Any], s
             session.say(f"[{cfg['algo']}] {phase}: {ns[0]} not probed: its estimate exceeds the budget by more "
                         f"than the bound {stated['bound']:.3%} ({stated['scope']}) stated by {stated['calibration']}")
     check = _edge_check(prober, stated, bounded)
-    if monai and prober.measured:
-        check["reason"] = "no calibration covers MONAI's own templates: N+1 probed"
+    if family.uncalibrated_reason and covered is None and prober.measured:
+        check["reason"] = family.uncalibrated_reason
     return outcome, curves.train, {"estimator_passes": curves.passes(), "edge_check": check}
 
 
