@@ -18,6 +18,7 @@ from autotune.bundles.plan import plan_of
 from autotune.checks import Flag, Integer, Items, Number, Triple, refuse_expressions, refuse_non_finite
 from autotune.errors import ConfigError
 from autotune.files import atomic_write_yaml
+from autotune.tunables import TUNABLES
 from autotune.utils import expand_path, read_yaml
 
 __all__ = [
@@ -42,10 +43,9 @@ _REQUIRED: dict[str, Any] = {
     "output_classes": Integer(1, 1024),
     "num_images_per_batch": Integer(1, MAX_BATCH),
     "num_crops_per_image": Integer(1, MAX_BATCH),
-    "num_patches_per_iter": Integer(1, MAX_BATCH),
-    "num_sw_batch_size": Integer(1, MAX_BATCH),
+    # each tunable's key in a view (``autotune.tunables``): a whole number of patches or windows, or a flag
+    **{t.bundle_key or t.name: Flag() if t.kind == "choice" else Integer(1, MAX_BATCH) for t in TUNABLES},
     "num_epochs": Integer(1, 1_000_000),
-    "sw_input_on_cpu": Flag(),
     "amp": Flag(),
     "roi_size": Triple(Integer(1, 4096)),
     "resample_resolution": Triple(Number(0.0, 1000.0, low_open=True)),

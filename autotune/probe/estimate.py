@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.errors import ProbeError
 from autotune.probe.memory_model import MemoryModel
+from autotune.tunables import sized_by
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -45,14 +46,13 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["estimate", "fit_memory_model"]
 
 
-def _resolve(bundle: str | Path | Mapping[str, Any], num_patches_per_iter: int | None, num_sw_batch_size: int | None,
-             validation_device: str, device: str, phases: Any, precision: str | None = None) -> dict[str, Any]:
-    """Check the arguments the way ``run_probe`` does; returns a request dict."""
+def _resolve(bundle: str | Path | Mapping[str, Any], device: str, phases: Any, precision: str | None,
+             tuned: Mapping[str, Any]) -> dict[str, Any]:
+    """Check the arguments the way ``run_probe`` does (``tuned``: each tunable by name); returns a request dict."""
     from autotune.probe.runner import resolve_request
 
-    return resolve_request(bundle, num_patches_per_iter=num_patches_per_iter, num_sw_batch_size=num_sw_batch_size,
-                           validation_device=validation_device, device=device, memory_limit=None, phases=phases,
-                           warmup_steps=1, measure_steps=1, check_device=False, precision=precision)
+    return resolve_request(bundle, device=device, memory_limit=None, phases=phases, warmup_steps=1, measure_steps=1,
+                           check_device=False, precision=precision, **tuned)
 
 
 @contextlib.contextmanager
@@ -154,7 +154,8 @@ def _trace_validation(req: Mapping[str, Any], parts: tuple[Any, Any, Any, Any], 
 
 def estimate(bundle: str | Path | Mapping[str, Any], *, num_patches_per_iter: int | None = None,
              num_sw_batch_size: int | None = None, validation_device: str = "device", device: str = "cpu",
-             phases: Any = ("train", "infer"), precision: str | None = None, record: bool = False) -> dict[str, Any]:
+             phases: Any = ("train", "infer"), precision: str | None = None, record: bool = False,
+             **tuned: Any) -> dict[str, Any]:
     """Estimate the peak tensor memory of a probe of ``bundle``, in this process, with fake tensors.
 
     Returns the probe's result keys where they apply (timings are None), with
@@ -174,7 +175,9 @@ def estimate(bundle: str | Path | Mapping[str, Any], *, num_patches_per_iter: in
     from autotune.probe.trial import base_result
 
     start = time.perf_counter()
-    req = _resolve(bundle, num_patches_per_iter, num_sw_batch_size, validation_device, device, phases, precision)
+    req = _resolve(bundle, device, phases, precision, {**tuned, "num_patches_per_iter": num_patches_per_iter,
+                                                       "num_sw_batch_size": num_sw_batch_size,
+                                                       "validation_device": validation_device})
     cfg = req["config"]
     result = base_result(req)
     result.update(measured=False, status="ok", device_name=None, device_total_memory=None)
@@ -219,7 +222,7 @@ def fit_memory_model(bundle: str | Path | Mapping[str, Any], *, phase: str = "tr
     n1, n2 = (int(v) for v in n_values)
     if n1 < 1 or n2 < 1 or n1 == n2:
         raise ProbeError(f"n_values must be two different positive integers, got {n_values!r}")
-    key = "num_patches_per_iter" if phase == "train" else "num_sw_batch_size"
+    key = sized_by(phase).name
     peaks = []
     for n in (n1, n2):
         res = estimate(bundle, device=device, validation_device=validation_device, phases=(phase,), **{key: n}, **kw)

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from autotune.device import device_name, device_total_memory, nvml_used_bytes
 from autotune.probe import workload
 from autotune.probe.faults import FAULT_ENV, inject_fault, parse_fault_rules
+from autotune.tunables import TUNABLES
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -226,8 +227,8 @@ def base_result(req: Mapping[str, Any]) -> dict[str, Any]:
     cfg = req["config"]
     return {
         "status": None, "phase_failed": None,
-        "num_patches_per_iter": int(req["num_patches_per_iter"]), "num_sw_batch_size": int(req["num_sw_batch_size"]),
-        "validation_device": req["validation_device"], "device": req["device"], "device_name": None,
+        **{t.name: int(req[t.name]) if t.kind == "int" else req[t.name] for t in TUNABLES},
+        "device": req["device"], "device_name": None,
         "device_total_memory": None, "memory_limit": req.get("memory_limit"),
         "train_peak_bytes": None, "infer_peak_bytes": None, "peak_bytes": None,
         "step_seconds_median": None, "samples_per_s": None, "sw_seconds_per_volume": None,
@@ -246,7 +247,7 @@ def run_trial(req: Mapping[str, Any]) -> dict[str, Any]:
     if req.get("launched_at") is not None:  # interpreter start and autotune import, before run_trial
         timings["interpreter_start"] = max(0.0, time.time() - float(req["launched_at"]))
     state_path = req.get("state_path")
-    context = {k: req[k] for k in ("num_patches_per_iter", "num_sw_batch_size", "validation_device", "device")}
+    context = {k: req[k] for k in (*(t.name for t in TUNABLES), "device")}
     phase = req["phases"][0]
     _write_state(state_path, {**result, "phase": phase})
     mark = time.perf_counter()

@@ -17,6 +17,7 @@ from autotune.search.curves.bound import PROBE_EDGE_ENV, edge_bound, probe_edge_
 from autotune.search.driver.session import Session
 from autotune.search.handoff import apply_handoff
 from autotune.search.strategies.space import AlgoSpec
+from autotune.tunables import TUNABLES
 
 __all__ = ["search_key"]
 
@@ -90,10 +91,8 @@ def _answer(outcome: Any, device: str) -> dict[str, Any]:
     infer_res = outcome.infer.result if outcome.infer else {}
     return {
         "status": "tuned",
-        "num_patches_per_iter": outcome.num_patches_per_iter,
+        **{t.name: getattr(outcome, t.name) for t in TUNABLES},  # each tunable's answer (autotune.tunables)
         "max_num_patches_per_iter": outcome.max_num_patches_per_iter,
-        "num_sw_batch_size": outcome.num_sw_batch_size,
-        "validation_device": outcome.validation_device,
         "sw_input_on_cpu": bool(device.startswith("cuda") and outcome.validation_device == "cpu"),
         "train_trial": outcome.train.trial_number if outcome.train else None,
         "infer_trial": outcome.infer.trial_number if outcome.infer else None,
