@@ -62,7 +62,8 @@ class TemplateFamily(ABC):
     @abstractmethod
     def probe_parts(self, cfg: Mapping[str, Any], device: Any, amp_dtype: Any) -> dict[str, Any]:
         """What the probe's child runs with on ``device`` (seeded): ``device``, ``model``, ``loss_fn``,
-        ``optimizer``, ``amp_dtype``, ``scaler`` and, where the template has its own loop, ``workload``."""
+        ``optimizer``, ``amp_dtype``, ``scaler`` and the ``workload`` whose steps it runs (the functions of
+        ``autotune.probe.workload``: ``make_loader_batches``, ``train_loader_batch``, ``make_volume``, ...)."""
 
     @abstractmethod
     def fake_parts(self, cfg: Mapping[str, Any], compute: str, emulate: bool) -> tuple[Any, Any, Any, Any]:

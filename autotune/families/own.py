@@ -51,13 +51,14 @@ class OwnTemplates(TemplateFamily):
         import torch
 
         from autotune.build import build_loss, build_network, build_optimizer
+        from autotune.probe import workload
         from autotune.step import make_grad_scaler
 
         torch.manual_seed(int(cfg.get("seed", 0)))
         model = build_network(cfg).to(device)
         return {"device": device, "model": model, "loss_fn": build_loss(cfg),
                 "optimizer": build_optimizer(cfg, model.parameters()), "amp_dtype": amp_dtype,
-                "scaler": make_grad_scaler(device, amp_dtype)}
+                "scaler": make_grad_scaler(device, amp_dtype), "workload": workload}
 
     def fake_parts(self, cfg: Mapping[str, Any], compute: str, emulate: bool) -> tuple[Any, Any, Any, Any]:
         import torch

@@ -7,8 +7,9 @@ is written as JSON to ``request["result_path"]`` and the exit code says how it w
 doing (device facts, current phase) to ``request["state_path"]`` so the parent can say
 which phase a killed or timed-out child was in.
 
-The inputs, the training state and the steps come from ``autotune.probe.workload``,
-shared with the estimator, so a probe and an estimate allocate the same tensors; faults
+The network, loss and optimizer come from the bundle's template family (``autotune.families``),
+the inputs, the training state and the steps from its workload (``autotune.probe.workload`` for autotune's
+own templates), shared with the estimator, so a probe and an estimate allocate the same tensors; faults
 injected for tests from ``autotune.probe.faults``. torch is imported inside the functions.
 """
 
@@ -25,7 +26,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune.device import device_name, device_total_memory, nvml_used_bytes
-from autotune.probe import workload
 from autotune.probe.faults import FAULT_ENV, inject_fault, parse_fault_rules
 from autotune.tunables import TUNABLES
 
@@ -78,7 +78,7 @@ def _sync(device: torch.device) -> None:
 
 def _train_phase(req: Mapping[str, Any], parts: dict[str, Any], result: dict[str, Any]) -> None:
     cfg, device, n = req["config"], parts["device"], int(req["num_patches_per_iter"])
-    steps = parts.get("workload", workload)  # a MONAI bundle's own loop (autotune.auto3dseg), else autotune's
+    steps = parts["workload"]  # the template family's training step (autotune.probe.workload, or the template's own)
     batch, prefetched = steps.make_loader_batches(cfg, n, device)
     parts["model"].train()
     losses: list[float] = []  # each loader batch's last loss, as a number (no tensor kept alive)
@@ -122,7 +122,7 @@ def _infer_phase(req: Mapping[str, Any], parts: dict[str, Any], result: dict[str
 
     cfg, device = req["config"], parts["device"]
     model, optimizer = parts["model"], parts["optimizer"]
-    steps = parts.get("workload", workload)  # a MONAI bundle's own validation (autotune.auto3dseg), else autotune's
+    steps = parts["workload"]  # the template family's validation (autotune.probe.workload, or the template's own)
     steps.ensure_training_state(model, optimizer)
     model.eval()
     volume_device = "cpu" if req["validation_device"] == "cpu" else device
@@ -211,9 +211,8 @@ def _prepare_device(req: Mapping[str, Any]) -> torch.device:
 
 
 def _parts(req: Mapping[str, Any]) -> dict[str, Any]:
-    """What the phases run with: device, model (seeded), loss, optimizer, autocast dtype and grad scaler (and,
-    for a template with its own loop, its ``workload``), as the bundle's template family builds them
-    (``autotune.families``)."""
+    """What the phases run with: device, model (seeded), loss, optimizer, autocast dtype, grad scaler and the
+    ``workload`` that steps them, as the bundle's template family builds them (``autotune.families``)."""
     from autotune.build import amp_dtype
     from autotune.families import family_for
 
