@@ -242,8 +242,8 @@ def test_public_names_are_not_shadowed_by_subpackages() -> None:
 ABOVE_FAMILIES = ("autotune.search", "autotune.trainer", "autotune.stages", "autotune.pipeline", "autotune.commands",
                   "autotune.cli", "autotune.bundles.config")
 # the modules that may use MONAI's templates' package directly: the families, the package itself, and the
-# MONAI-shaped entries (``autotune.BundleGen`` over MONAI's templates, ``python -m autotune.launch``)
-AUTO3DSEG_USERS = ("autotune.families", "autotune.auto3dseg", "autotune.pipeline", "autotune.launch")
+# entry ``python -m autotune.launch`` (MONAI's ``train.py`` under a limit, AutoRunner's command prefix)
+AUTO3DSEG_USERS = ("autotune.families", "autotune.auto3dseg", "autotune.launch")
 
 
 def test_the_families_import_no_stage_that_asks_them() -> None:

@@ -5,9 +5,9 @@ YAML, built by ``autotune.build``) or MONAI's official Auto3DSeg templates (``mo
 ``BundleGen`` writes, through ``autotune.auto3dseg``). Each implements ``TemplateFamily`` (``interface``):
 recognise a bundle, read its view, build the network and the steps for the probe and the estimator, list
 its tunables with their config keys, write tuned values back with provenance, give the training command,
-and the hooks the search and the hand-off need. ``family_of`` (a bundle folder) and ``family_for`` (a
-loaded view) in ``registry`` are the only place that tells the families apart; nothing outside a family
-tests a format or a template's name.
+generate bundles from its templates, and the hooks the search and the hand-off need. ``family_of`` (a bundle
+folder), ``family_for`` (a loaded view) and ``family_of_templates`` (``BundleGen``'s templates) in ``registry``
+are the only place that tells the families apart; nothing outside a family tests a format or a template's name.
 
 Names load lazily: importing this package imports neither torch nor MONAI.
 """
@@ -22,6 +22,7 @@ _EXPORTS: dict[str, str] = {
     "FAMILIES": "autotune.families.registry",
     "family_of": "autotune.families.registry",
     "family_for": "autotune.families.registry",
+    "family_of_templates": "autotune.families.registry",
 }
 
 __all__ = list(_EXPORTS)

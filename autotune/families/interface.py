@@ -11,6 +11,7 @@ template's name. A family answers for the bundles it recognises:
 - its tunables: ``tunable_keys``, each tunable (``autotune.tunables``) to the config keys it is written to;
 - the write-back: ``write_back``, tuned values into those keys, the ``tuning:`` record kept as provenance;
 - training: ``trained_by_autotune`` and ``training_command``;
+- generation: ``generates`` (a ``BundleGen`` templates argument) and ``bundle_generator``;
 - the search's and the hand-off's hooks: ``calibrated_as`` (the template a calibration's stated edge bound
   was measured on, None: no calibration covers it), ``handoff_reference``, ``keeps_learning_rate_largest``
   and ``no_reference_reason``.
@@ -78,6 +79,15 @@ class TemplateFamily(ABC):
     @abstractmethod
     def training_command(self, bundle: str | os.PathLike[str], memory_limit: str | None = None) -> list[str]:
         """The command line that trains ``bundle`` under ``memory_limit`` (a size such as ``8GiB``)."""
+
+    def generates(self, templates: Any) -> bool:
+        """True when ``templates`` (``BundleGen``'s ``templates_path_or_url``; None: autotune's) are this family's."""
+        return False
+
+    def bundle_generator(self, args: tuple[Any, ...], kwargs: Mapping[str, Any], tuner: Any) -> Any:
+        """The family's own ``BundleGen`` over its templates, built from ``BundleGen``'s arguments and tuning with
+        ``tuner`` (None: autotune's ``BundleGen`` generates them)."""
+        return None
 
     def calibrated_as(self, cfg: Mapping[str, Any]) -> str | None:
         """The template whose calibrations' stated edge bound covers this bundle (None: none does: N+1 is

@@ -57,6 +57,16 @@ class MonaiTemplates(TemplateFamily):
 
         return is_monai_view(cfg)
 
+    def generates(self, templates: Any) -> bool:
+        from autotune.auto3dseg.bundlegen import is_monai_templates
+
+        return is_monai_templates(templates)
+
+    def bundle_generator(self, args: tuple[Any, ...], kwargs: Mapping[str, Any], tuner: Any) -> Any:
+        from autotune.auto3dseg.bundlegen import MonaiBundleGen
+
+        return MonaiBundleGen(*args, tuner=tuner, **kwargs)
+
     def load_config(self, bundle: str | os.PathLike[str]) -> dict[str, Any]:
         from autotune.auto3dseg.view import load_view
         from autotune.bundles.schema import check_bundle_config

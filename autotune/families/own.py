@@ -37,6 +37,9 @@ class OwnTemplates(TemplateFamily):
     def reads(self, cfg: Mapping[str, Any]) -> bool:
         return True
 
+    def generates(self, templates: Any) -> bool:
+        return True  # autotune's BundleGen: its own templates, or a folder of them it checks when it reads them
+
     def load_config(self, bundle: str | os.PathLike[str]) -> dict[str, Any]:
         from autotune.bundles.schema import read_own_config
 
