@@ -66,11 +66,12 @@ class BundleGen(_BundleGen):
         return super().generate(*args, **kwargs)
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
-        from autotune import auto3dseg
+        from autotune.families import family_of_templates
 
         templates = kwargs.get("templates_path_or_url") or kwargs.get("templates_path") or (args[2:3] or [None])[0]
-        if auto3dseg.is_monai_templates(templates):  # MONAI's templates: MONAI's BundleGen, tuned by autotune
-            return auto3dseg.MonaiBundleGen(*args, tuner=tune, **kwargs)
+        generator = family_of_templates(templates).bundle_generator(args, kwargs, tune)
+        if generator is not None:  # another family's own BundleGen (MONAI's templates: MONAI's), tuned by autotune
+            return generator
         return super().__new__(cls)
 
 

@@ -114,3 +114,15 @@ def test_slug_matches_github() -> None:
     assert _slug("Tuning options (`tune`, `run`, `worker`)") == "tuning-options-tune-run-worker"
     assert _slug("Batch, learning rate and schedule: what training gets") == \
         "batch-learning-rate-and-schedule-what-training-gets"
+
+
+def test_no_file_keeps_a_merge_conflict() -> None:
+    """A merge's conflict markers left in a doc or a module (docs/cli.md once carried three)."""
+    import re
+
+    marker = re.compile(r"^(<{7} |>{7} |={7}$)", re.M)
+    files = [p for folder in ("autotune", "docs", "tests", "benchmarks", "algorithm_templates", ".ci")
+             for p in (REPO / folder).rglob("*") if p.is_file() and p.suffix in (".py", ".md", ".yaml", ".json", "")]
+    files += [REPO / "README.md", REPO / "BENCHMARKS.md"]
+    found = [str(p.relative_to(REPO)) for p in files if marker.search(p.read_text(encoding="utf-8", errors="replace"))]
+    assert found == []

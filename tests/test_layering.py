@@ -4,6 +4,7 @@ functions), so a cycle cannot hide behind a lazy import."""
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -238,18 +239,21 @@ def test_public_names_are_not_shadowed_by_subpackages() -> None:
 
 # the bundle model (config, plan, render, templates, scaling, network) sits on these alone
 BUNDLE_MODEL_BASE = ("autotune.bundles", "autotune.errors", "autotune.utils", "autotune.checks", "autotune.files",
-                     "autotune.version")
-# bundles/config.py asks autotune.auto3dseg whether a bundle is MONAI's: the template-family interface replaces it
-BUNDLE_MODEL_CLIMBS_LEFT = ("autotune.auto3dseg",)
+                     "autotune.version", "autotune.tunables")
+# bundles/config.py is where the stages load a bundle: it asks the bundle's family (``autotune.families``), which
+# sits above the model (``autotune.bundles.schema`` and the rest) and below every stage
+BUNDLE_MODEL_CLIMBS_LEFT = {"autotune.bundles.config": ("autotune.families",),
+                            # the old inference entry of bundles generated before the facade moved up
+                            "autotune.bundles.algo": ("autotune.facade",)}
 # MONAI's shapes over the bundles (BundleGen, Algo): only the stages above them and the public names import them
-FACADE_IMPORTERS = ("autotune", "autotune.facade", "autotune.pipeline", "autotune.stages")
+FACADE_IMPORTERS = ("autotune", "autotune.facade", "autotune.pipeline", "autotune.stages", "autotune.bundles.algo")
 
 
 def test_the_bundle_model_imports_nothing_above_it() -> None:
     """``autotune.bundles`` is the low-level config model: the builders, the trainer and the facade import it,
     never the other way round (no import climbs back up a level)."""
-    allowed = (*BUNDLE_MODEL_BASE, *BUNDLE_MODEL_CLIMBS_LEFT)
-    offenders = {m: sorted(t for t in targets if t.startswith("autotune.") and not _within(t, allowed))
+    offenders = {m: sorted(t for t in targets if t.startswith("autotune.")
+                           and not _within(t, (*BUNDLE_MODEL_BASE, *BUNDLE_MODEL_CLIMBS_LEFT.get(m, ()))))
                  for m, targets in import_graph().items() if _within(m, "autotune.bundles")}
     assert {m: t for m, t in offenders.items() if t} == {}
 
@@ -258,3 +262,57 @@ def test_only_the_stages_import_the_facade() -> None:
     offenders = {m: sorted(t for t in targets if _within(t, "autotune.facade"))
                  for m, targets in import_graph().items() if m not in FACADE_IMPORTERS and not _within(m, "autotune.facade")}
     assert {m: t for m, t in offenders.items() if t} == {}
+
+
+# the template families (``autotune.families``) sit above the bundles' config model (``autotune.bundles.schema``,
+# ``autotune.build``, ``autotune.step``, ``autotune.probe.workload``) and MONAI's templates (``autotune.auto3dseg``),
+# and below every stage that asks them (``autotune.bundles.config``, the probe, the search, training)
+ABOVE_FAMILIES = ("autotune.search", "autotune.trainer", "autotune.stages", "autotune.pipeline", "autotune.commands",
+                  "autotune.cli", "autotune.bundles.config")
+# the modules that may use MONAI's templates' package directly: the families, the package itself, and the
+# entry ``python -m autotune.launch`` (MONAI's ``train.py`` under a limit, AutoRunner's command prefix)
+AUTO3DSEG_USERS = ("autotune.families", "autotune.auto3dseg", "autotune.launch")
+
+
+def test_the_families_import_no_stage_that_asks_them() -> None:
+    offenders = {m: sorted(t for t in targets if _within(t, ABOVE_FAMILIES))
+                 for m, targets in import_graph().items() if _within(m, "autotune.families")}
+    assert {m: t for m, t in offenders.items() if t} == {}
+
+
+def test_only_the_families_reach_monais_templates() -> None:
+    """The probe, the estimator, the search, the hand-off, training and the bundles ask a bundle's family
+    (``autotune.families``), never ``autotune.auto3dseg`` itself."""
+    offenders = {m: sorted(t for t in targets if _within(t, "autotune.auto3dseg"))
+                 for m, targets in import_graph().items() if not _within(m, AUTO3DSEG_USERS)}
+    assert {m: t for m, t in offenders.items() if t} == {}
+
+
+# a format or a template's name compared, or a MONAI bundle told apart by hand
+_NAMES = "monai|segresnet|dints|unet|swinunetr|segresnet2d"
+NAME_TEST = re.compile(rf'[!=]=\s*"({_NAMES})"|"({_NAMES})"\s*[!=]=|\bin\s*\(\s*"({_NAMES})"|is_monai_bundle')
+
+
+def test_the_name_test_finds_what_the_families_replaced() -> None:
+    for line in ('if cfg.get("format") == "monai":', "if auto3dseg.is_monai_bundle(bundle):",
+                 'if view["monai_template"] == "segresnet":', 'monai = "dints" != template',
+                 'if algo in ("swinunetr", "segresnet2d"):'):
+        assert NAME_TEST.search(line), line
+    assert not NAME_TEST.search('return {"monai": monai_version(), "analyzer": ANALYZER}')
+
+
+def test_no_module_outside_the_families_tests_a_format_or_a_template_name() -> None:
+    """``cfg.get("format") == "monai"``, ``is_monai_bundle`` and a template's name compared: the families' job."""
+    found = [f"{path.relative_to(PACKAGE.parent)}:{number}" for path in sorted(PACKAGE.rglob("*.py"))
+             if not _within(module_name(path), ("autotune.families", "autotune.auto3dseg"))
+             for number, line in enumerate(path.read_text().splitlines(), 1) if NAME_TEST.search(line)]
+    assert found == []
+
+
+def test_bundles_generated_before_the_facade_moved_still_find_their_inferer() -> None:
+    """An older bundle's ``scripts/infer.py`` imports ``autotune.bundles.algo.InferClass``; MONAI loads it."""
+    import importlib
+
+    from autotune.facade.algo import InferClass
+
+    assert importlib.import_module("autotune.bundles.algo").InferClass is InferClass

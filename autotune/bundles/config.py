@@ -1,9 +1,11 @@
-"""Read, check and write a bundle's ``configs/hyper_parameters.yaml``.
+"""Read, check and write a bundle's config, whichever template family wrote the bundle.
 
 This file is the hand-off between generation, tuning and training: a person can read and
 edit it, and every stage reads it through ``load_bundle`` (a ``Bundle``: the folder, the
 checked config and its typed ``tuning:`` plan) or ``load_bundle_config`` (the config alone),
-which check the values the stages rely on and name the key at fault.
+which check the values the stages rely on and name the key at fault. The bundle's template family
+(``autotune.families``: autotune's own templates, MONAI's) reads and writes it; the key table every
+family's view is checked against is ``autotune.bundles.schema``.
 """
 
 from __future__ import annotations
@@ -15,10 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from autotune.bundles.plan import TuningPlan, plan_of
-from autotune.checks import Flag, Integer, Items, Number, Triple, refuse_expressions, refuse_non_finite
-from autotune.errors import ConfigError
-from autotune.files import atomic_write_yaml
-from autotune.utils import expand_path, read_yaml
+from autotune.bundles.schema import (
+    CONFIG_RELPATH,
+    MAX_BATCH,
+    bundle_config_path,
+    check_bundle_config,
+    check_config_values,
+    save_bundle_config,
+)
 
 __all__ = [
     "CONFIG_RELPATH",
@@ -33,116 +39,17 @@ __all__ = [
     "MAX_BATCH",
 ]
 
-CONFIG_RELPATH = Path("configs") / "hyper_parameters.yaml"
-
-MAX_BATCH = 65_536  # patches or windows per pass: beyond any device
-# What each key the stages read must hold: the required keys first, then those a bundle may leave out
-# (``None`` allowed where a key's absence has a meaning). Every number anywhere in the file must also be
-# finite (``refuse_non_finite``).
-_REQUIRED: dict[str, Any] = {
-    "input_channels": Integer(1, 256),
-    "output_classes": Integer(1, 1024),
-    "num_images_per_batch": Integer(1, MAX_BATCH),
-    "num_crops_per_image": Integer(1, MAX_BATCH),
-    "num_patches_per_iter": Integer(1, MAX_BATCH),
-    "num_sw_batch_size": Integer(1, MAX_BATCH),
-    "num_epochs": Integer(1, 1_000_000),
-    "sw_input_on_cpu": Flag(),
-    "amp": Flag(),
-    "roi_size": Triple(Integer(1, 4096)),
-    "resample_resolution": Triple(Number(0.0, 1000.0, low_open=True)),
-}
-_OPTIONAL: dict[str, Any] = {
-    "learning_rate": Number(0.0, 1000.0, low_open=True),
-    "cache_rate": Number(0.0, 1.0),
-    "sw_overlap": Number(0.0, 1.0, high_open=True),
-    "num_epochs_per_validation": Integer(1, 1_000_000),
-    "num_workers": Integer(0, 1024),
-    "seed": Integer(0, 2**32 - 1),
-    "fold": Integer(0, 99),
-    "num_fold": Integer(1, 100),
-    "infer_volume_shape": Triple(Integer(1, 65_536)),
-    "pos_neg_ratio": Items(Number(0.0, 1e6), 2, "positive to negative crops"),
-    "early_stop_patience": Integer(0, 1_000_000),
-    **{key: Flag() for key in ("crop_foreground", "cache_on_device", "persistent_cache", "sigmoid", "cpu_bf16")},
-}
-_NULLABLE = ("early_stop_patience",)  # null: no early stop
-
-
-def bundle_config_path(bundle: str | os.PathLike[str]) -> Path:
-    """The config file of ``bundle`` (a bundle folder, or the YAML file itself)."""
-    path = expand_path(bundle)
-    if path.is_dir():
-        return path / CONFIG_RELPATH
-    if path.suffix in (".yaml", ".yml"):
-        return path
-    if not path.exists():
-        raise ConfigError(f"{path}: no such bundle; give a folder made by 'autotune generate'")
-    raise ConfigError(f"{path}: not a bundle folder or a .yaml config")
-
-
-def check_bundle_config(cfg: Any, where: str) -> dict[str, Any]:
-    """Check the keys probe, estimate and train rely on, each against its type and range; return ``cfg``.
-
-    Raises:
-        ConfigError: naming ``where``, the key, the value and what is allowed (one line).
-    """
-    if not isinstance(cfg, dict):
-        raise ConfigError(f"{where}: the top level must be a mapping; regenerate the bundle with 'autotune generate'")
-    refuse_expressions(cfg, where)
-    for key in ("algo", "network", "loss", "optimizer", *_REQUIRED):
-        if key not in cfg:
-            raise ConfigError(f"{where}: key {key!r} is missing; regenerate the bundle with 'autotune generate'")
-    for key, check in _REQUIRED.items():
-        check(cfg[key], f"{where}: key {key!r}", ConfigError)
-    for key, check in _OPTIONAL.items():
-        if key in cfg and not (cfg[key] is None and key in _NULLABLE):
-            check(cfg[key], f"{where}: key {key!r}", ConfigError)
-    refuse_non_finite(cfg, where)  # and everywhere else: a NaN weight decay is as wrong
-    for section in ("network", "loss", "optimizer"):
-        if not isinstance(cfg[section], Mapping) or not isinstance(cfg[section].get("name"), str):
-            raise ConfigError(f"{where}: key {section!r} must be a mapping with a 'name'")
-    plan_of(cfg, where)  # a malformed tuning block is named here, not where a stage reads it
-    return cfg
-
-
-def check_config_values(values: Mapping[str, Any], where: str, scopes: tuple[str, ...] = ()) -> None:
-    """Check the values ``values`` gives for the keys a bundle config holds, with the same checker per key as a
-    loaded config (and, under a key of ``scopes``, an algorithm's name, the values scoped to it): overrides are
-    refused when they are read, before any analysis, not when the bundle is written.
-
-    Raises:
-        ConfigError: naming ``where``, the key, the value and what is allowed.
-    """
-    refuse_expressions(values, where)
-    refuse_non_finite(values, where)
-    for key, value in values.items():
-        if key in scopes and isinstance(value, Mapping):
-            check_config_values(value, f"{where}: {key}", ())
-            continue
-        check = _REQUIRED.get(key) or _OPTIONAL.get(key)
-        if check is not None and not (value is None and key in _NULLABLE):
-            check(value, f"{where}: key {key!r}", ConfigError)
-        elif key in ("network", "loss", "optimizer") and not isinstance(value, Mapping):
-            raise ConfigError(f"{where}: key {key!r} must be a mapping (its 'name' and 'args')")
-
 
 def load_bundle_config(bundle: str | os.PathLike[str]) -> dict[str, Any]:
-    """Load and check a bundle config; ``bundle_root`` is set to the bundle folder.
+    """Load and check a bundle config as its template family reads it; ``bundle_root`` is set to the bundle
+    folder.
 
     Raises:
         ConfigError: missing file, bad YAML, or an invalid value (the key is named).
     """
-    from autotune import auto3dseg
+    from autotune.families import family_of
 
-    if auto3dseg.is_monai_bundle(bundle):  # generated by MONAI's BundleGen: read as its train.py reads it
-        return check_bundle_config(auto3dseg.load_view(bundle), str(bundle))
-    path = bundle_config_path(bundle)
-    if not path.is_file():
-        raise ConfigError(f"{path}: bundle config not found; run 'autotune generate' first")
-    cfg = check_bundle_config(read_yaml(path, ConfigError), str(path))
-    cfg["bundle_root"] = str(path.resolve().parent.parent) if path.parent.name == "configs" else str(path.parent)
-    return cfg
+    return family_of(bundle).load_config(bundle)
 
 
 @dataclass(frozen=True)
@@ -172,20 +79,9 @@ def load_bundle(bundle: str | os.PathLike[str]) -> Bundle:
     return Bundle(Path(cfg["bundle_root"]), bundle_config_path(bundle), cfg, plan_of(cfg))
 
 
-def save_bundle_config(bundle: str | os.PathLike[str], cfg: Mapping[str, Any]) -> Path:
-    """Write ``cfg`` atomically to the bundle's config file."""
-    path = bundle_config_path(bundle)
-    return atomic_write_yaml(path, dict(cfg))
-
-
 def update_bundle_config(bundle: str | os.PathLike[str], updates: Mapping[str, Any]) -> dict[str, Any]:
-    """Merge ``updates`` (top-level keys) into the bundle config and write it atomically."""
-    from autotune import auto3dseg
+    """Write ``updates`` (plain top-level keys: tuned values, the loader batch, the learning rate, ``tuning``)
+    into the bundle, where its template family keeps them, atomically; returns the config read back."""
+    from autotune.families import family_of
 
-    if auto3dseg.is_monai_bundle(bundle):  # into the template's own keys; provenance outside configs/
-        return auto3dseg.update_bundle(bundle, updates)
-    cfg = load_bundle_config(bundle)
-    cfg.update(updates)
-    check_bundle_config(cfg, str(bundle_config_path(bundle)))
-    save_bundle_config(bundle, cfg)
-    return cfg
+    return family_of(bundle).write_back(bundle, updates)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.errors import ConfigError
+from autotune.tunables import TUNABLES
 
 __all__ = ["PLAN_VERSION", "TuningPlan", "plan_of"]
 
@@ -168,19 +169,21 @@ class TuningPlan:
 
 
 _TYPES: dict[str, tuple[type, ...]] = {
-    **{name: _INT for name in ("num_patches_per_iter", "num_sw_batch_size", "memory_limit", "max_num_patches_per_iter",
+    **{t.name: _STR if t.kind == "choice" else _INT for t in TUNABLES},  # the tuned values (autotune.tunables)
+    **{name: _INT for name in ("memory_limit", "max_num_patches_per_iter",
                                "device_total_memory", "budget_bytes", "peak_bytes", "train_peak_bytes",
                                "infer_peak_bytes", "probes", "reused_points", "train_trial", "infer_trial", "version")},
     **{name: _FLOAT for name in ("margin", "samples_per_s", "sw_seconds_per_volume", "wall_seconds")},
-    **{name: _STR for name in ("device", "method", "algo", "objective", "strategy", "status", "validation_device",
-                               "device_name", "precision", "study_name", "infer_study_name", "storage", "date")},
+    **{name: _STR for name in ("device", "method", "algo", "objective", "strategy", "status", "device_name",
+                               "precision", "study_name", "infer_study_name", "storage", "date")},
     **{name: _BOOL for name in ("sw_input_on_cpu", "allowances_validated_on_gpu")},
     **{name: _LIST for name in ("trials", "infer_trials")},
     **{name: _MAP for name in ("estimator_passes", "edge_check", "handoff", "batch", "key", "recipe", "allowances",
                                "target", "verified")},
 }
-_POSITIVE = ("num_patches_per_iter", "num_sw_batch_size", "memory_limit")
-_CHOICES = {"method": METHODS, "validation_device": ("device", "cpu"), "precision": ("fp32", "bf16", "fp16")}
+_POSITIVE = (*(t.name for t in TUNABLES if t.kind == "int"), "memory_limit")
+_CHOICES = {"method": METHODS, **{t.name: t.choices for t in TUNABLES if t.kind == "choice"},
+            "precision": ("fp32", "bf16", "fp16")}
 
 
 def _checked(name: str, value: Any, where: str) -> Any:

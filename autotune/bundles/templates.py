@@ -15,6 +15,7 @@ from typing import Any
 from autotune.bundles.config import check_config_values
 from autotune.checks.tree import refuse_expressions, refuse_non_finite
 from autotune.errors import ConfigError
+from autotune.tunables import TUNABLES
 from autotune.utils import expand_path, look_up_option, read_yaml
 
 __all__ = [
@@ -36,9 +37,7 @@ REQUIRED_TRAINING_KEYS = (
     "intensity_normalization",
     "num_images_per_batch",
     "num_crops_per_image",
-    "num_patches_per_iter",
-    "num_sw_batch_size",
-    "sw_input_on_cpu",
+    *(t.bundle_key or t.name for t in TUNABLES),  # each tunable's starting value (autotune.tunables)
     "amp",
     "learning_rate",
     "num_epochs",

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.errors import ProbeError
 from autotune.probe.memory_model import MemoryModel
+from autotune.tunables import sized_by
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -45,14 +46,13 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["estimate", "fit_memory_model"]
 
 
-def _resolve(bundle: str | Path | Mapping[str, Any], num_patches_per_iter: int | None, num_sw_batch_size: int | None,
-             validation_device: str, device: str, phases: Any, precision: str | None = None) -> dict[str, Any]:
-    """Check the arguments the way ``run_probe`` does; returns a request dict."""
+def _resolve(bundle: str | Path | Mapping[str, Any], device: str, phases: Any, precision: str | None,
+             tuned: Mapping[str, Any]) -> dict[str, Any]:
+    """Check the arguments the way ``run_probe`` does (``tuned``: each tunable by name); returns a request dict."""
     from autotune.probe.runner import resolve_request
 
-    return resolve_request(bundle, num_patches_per_iter=num_patches_per_iter, num_sw_batch_size=num_sw_batch_size,
-                           validation_device=validation_device, device=device, memory_limit=None, phases=phases,
-                           warmup_steps=1, measure_steps=1, check_device=False, precision=precision)
+    return resolve_request(bundle, device=device, memory_limit=None, phases=phases, warmup_steps=1, measure_steps=1,
+                           check_device=False, precision=precision, **tuned)
 
 
 @contextlib.contextmanager
@@ -69,34 +69,13 @@ def _no_gc() -> Iterator[None]:
             gc.enable()
 
 
-def _fake_model(cfg: Mapping[str, Any], device: str) -> torch.nn.Module:
-    """Build the network on the meta device (no memory), then give it fake parameters on ``device``.
-
-    Must be called inside ``fake_session``.
-    """
-    import torch
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-
-    from autotune.build import build_network
-
-    with unset_fake_temporarily(), torch.device("meta"):
-        model = build_network(cfg)
-    return model._apply(lambda t: torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device))
-
-
 def _build(cfg: Mapping[str, Any], target: _Target) -> tuple[torch.nn.Module, Any, torch.optim.Optimizer, Any]:
     """The bundle's network with fake parameters on the target's compute device, its loss, its optimizer
-    and the workload they run (``autotune.probe.workload``; for a bundle MONAI's BundleGen wrote, the
-    template's own, ``autotune.auto3dseg``), as the probe builds them. Must be called inside ``fake_session``."""
-    from autotune.build import build_loss, build_optimizer
-    from autotune.probe import workload
+    and the workload they run (``autotune.probe.workload``, or the template's own), as the bundle's template
+    family builds them for the probe (``autotune.families``). Must be called inside ``fake_session``."""
+    from autotune.families import family_for
 
-    if cfg.get("format") == "monai":
-        from autotune import auto3dseg
-
-        return auto3dseg.fake_parts(cfg, target.compute, target.emulate)
-    model = _fake_model(cfg, target.compute)
-    return model, build_loss(cfg), build_optimizer(cfg, model.parameters()), workload
+    return family_for(cfg).fake_parts(cfg, target.compute, target.emulate)
 
 
 @dataclass(frozen=True)
@@ -175,7 +154,8 @@ def _trace_validation(req: Mapping[str, Any], parts: tuple[Any, Any, Any, Any], 
 
 def estimate(bundle: str | Path | Mapping[str, Any], *, num_patches_per_iter: int | None = None,
              num_sw_batch_size: int | None = None, validation_device: str = "device", device: str = "cpu",
-             phases: Any = ("train", "infer"), precision: str | None = None, record: bool = False) -> dict[str, Any]:
+             phases: Any = ("train", "infer"), precision: str | None = None, record: bool = False,
+             **tuned: Any) -> dict[str, Any]:
     """Estimate the peak tensor memory of a probe of ``bundle``, in this process, with fake tensors.
 
     Returns the probe's result keys where they apply (timings are None), with
@@ -195,7 +175,9 @@ def estimate(bundle: str | Path | Mapping[str, Any], *, num_patches_per_iter: in
     from autotune.probe.trial import base_result
 
     start = time.perf_counter()
-    req = _resolve(bundle, num_patches_per_iter, num_sw_batch_size, validation_device, device, phases, precision)
+    req = _resolve(bundle, device, phases, precision, {**tuned, "num_patches_per_iter": num_patches_per_iter,
+                                                       "num_sw_batch_size": num_sw_batch_size,
+                                                       "validation_device": validation_device})
     cfg = req["config"]
     result = base_result(req)
     result.update(measured=False, status="ok", device_name=None, device_total_memory=None)
@@ -240,7 +222,7 @@ def fit_memory_model(bundle: str | Path | Mapping[str, Any], *, phase: str = "tr
     n1, n2 = (int(v) for v in n_values)
     if n1 < 1 or n2 < 1 or n1 == n2:
         raise ProbeError(f"n_values must be two different positive integers, got {n_values!r}")
-    key = "num_patches_per_iter" if phase == "train" else "num_sw_batch_size"
+    key = sized_by(phase).name
     peaks = []
     for n in (n1, n2):
         res = estimate(bundle, device=device, validation_device=validation_device, phases=(phase,), **{key: n}, **kw)

@@ -13,8 +13,9 @@ __all__ = ["estimate_report", "default_validation_device"]
 def default_validation_device(bundle: str | os.PathLike[str]) -> str:
     """``cpu`` when the bundle keeps the validation volume on the host (``sw_input_on_cpu``), else ``device``."""
     from autotune.bundles.config import load_bundle_config
+    from autotune.tunables import VALIDATION_DEVICE
 
-    return "cpu" if load_bundle_config(bundle).get("sw_input_on_cpu") else "device"
+    return str(VALIDATION_DEVICE.bundle_value(load_bundle_config(bundle)))
 
 
 def estimate_report(

@@ -54,12 +54,13 @@ from typing import Any
 from autotune.errors import ProbeError
 from autotune.files import atomic_write_json
 from autotune.probe.isolation import isolation_mode
+from autotune.tunables import TUNABLES, VALIDATION_DEVICE, Tunable
 from autotune.utils import look_up_option, parse_bytes
 
 __all__ = ["PHASES", "VALIDATION_DEVICES", "resolve_request", "run_probe"]
 
 PHASES = ("train", "infer")
-VALIDATION_DEVICES = ("device", "cpu")
+VALIDATION_DEVICES = VALIDATION_DEVICE.choices
 _DEVICE_RE = re.compile(r"cpu|cuda(?::\d+)?")
 _TAIL_LINES = 15
 
@@ -68,6 +69,13 @@ def _positive_int(value: Any, name: str, minimum: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ProbeError(f"{name} must be an integer >= {minimum}, got {value!r}")
     return value
+
+
+def _tuned_value(item: Tunable, value: Any, cfg: Mapping[str, Any]) -> Any:
+    """The checked value of tunable ``item`` for a trial: ``value``, or the bundle's when None (or empty)."""
+    if item.kind == "choice":
+        return look_up_option(value or item.bundle_value(cfg), item.choices, item.name, ProbeError)
+    return _positive_int(item.bundle_value(cfg) if value is None else value, item.name)
 
 
 def _phases(phases: str | Sequence[str]) -> list[str]:
@@ -96,8 +104,11 @@ def resolve_request(bundle: str | Path | Mapping[str, Any], *, num_patches_per_i
                     num_sw_batch_size: int | None = None, validation_device: str | None = None, device: str = "cpu",
                     memory_limit: int | str | None = None, phases: str | Sequence[str] = PHASES,
                     warmup_steps: int = 1, measure_steps: int = 2, check_device: bool = True,
-                    precision: str | None = None) -> dict[str, Any]:
+                    precision: str | None = None, **tuned: Any) -> dict[str, Any]:
     """Load the bundle config and check every argument; returns the request a trial runs from.
+
+    Each tunable (``autotune.tunables``) is given by its name, ``num_patches_per_iter`` and the others as
+    keywords; None (or left out) means the bundle's value.
 
     ``precision`` (``fp32``, ``bf16``, ``fp16``) is what the trial computes in; None decides it
     here (``autotune.precision.for_config``), so the child never decides on its own.
@@ -121,14 +132,14 @@ def resolve_request(bundle: str | Path | Mapping[str, Any], *, num_patches_per_i
 
     if precision is None:
         precision = for_config(cfg, device).name
+    unknown = sorted(set(tuned) - {t.name for t in TUNABLES})
+    if unknown:
+        raise ProbeError(f"unknown tunable {unknown[0]!r}; known: {', '.join(t.name for t in TUNABLES)}")
+    given = {**tuned, "num_patches_per_iter": num_patches_per_iter, "num_sw_batch_size": num_sw_batch_size,
+             "validation_device": validation_device}
     return {
         "config": cfg,
-        "num_patches_per_iter": _positive_int(
-            cfg["num_patches_per_iter"] if num_patches_per_iter is None else num_patches_per_iter, "num_patches_per_iter"),
-        "num_sw_batch_size": _positive_int(
-            cfg["num_sw_batch_size"] if num_sw_batch_size is None else num_sw_batch_size, "num_sw_batch_size"),
-        "validation_device": look_up_option(validation_device or ("cpu" if cfg.get("sw_input_on_cpu") else "device"),
-                                            VALIDATION_DEVICES, "validation_device", ProbeError),
+        **{t.name: _tuned_value(t, given.get(t.name), cfg) for t in TUNABLES},
         "device": device,
         "memory_limit": limit,
         "phases": _phases(phases),
@@ -295,7 +306,7 @@ def _classify(result: dict[str, Any], run: _ChildRun, first_phase: str) -> None:
 def run_probe(bundle: str | Path | dict, *, num_patches_per_iter: int | None = None, num_sw_batch_size: int | None = None,
               validation_device: str | None = None, device: str = "auto", memory_limit: int | str | None = None,
               timeout: float = 300.0, phases: tuple[str, ...] = PHASES, warmup_steps: int = 1, measure_steps: int = 2,
-              env: Mapping[str, str] | None = None, precision: str | None = None) -> dict[str, Any]:
+              env: Mapping[str, str] | None = None, precision: str | None = None, **tuned: Any) -> dict[str, Any]:
     """Run one measured trial of ``bundle`` in an isolated child; returns the result dict.
 
     A dict ``bundle`` is the config itself; a path is a bundle folder or its YAML. None for
@@ -303,8 +314,8 @@ def run_probe(bundle: str | Path | dict, *, num_patches_per_iter: int | None = N
     volume (``cpu`` when it sets ``sw_input_on_cpu``). ``device`` ``auto`` is the first GPU, else the
     CPU. ``memory_limit`` is bytes or a size such as ``"8GiB"`` (CPU: the tracked tensor peak may
     not pass it; CUDA: the caching allocator is capped at it). ``env`` adds to
-    the child's environment. ``precision`` as in ``resolve_request``. See the module docstring
-    for the statuses.
+    the child's environment. ``precision`` and any other tunable (``tuned``) as in ``resolve_request``. See
+    the module docstring for the statuses.
 
     Raises:
         ConfigError: the bundle is missing or invalid.
@@ -319,7 +330,7 @@ def run_probe(bundle: str | Path | dict, *, num_patches_per_iter: int | None = N
     req = resolve_request(bundle, num_patches_per_iter=num_patches_per_iter, num_sw_batch_size=num_sw_batch_size,
                           validation_device=validation_device, device=device, memory_limit=memory_limit,
                           phases=phases, warmup_steps=warmup_steps, measure_steps=measure_steps,
-                          precision=precision)
+                          precision=precision, **tuned)
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
         raise ProbeError(f"timeout must be a positive number of seconds, got {timeout!r}")
     child_env = _child_env(env)

@@ -7,8 +7,9 @@ is written as JSON to ``request["result_path"]`` and the exit code says how it w
 doing (device facts, current phase) to ``request["state_path"]`` so the parent can say
 which phase a killed or timed-out child was in.
 
-The inputs, the training state and the steps come from ``autotune.probe.workload``,
-shared with the estimator, so a probe and an estimate allocate the same tensors; faults
+The network, loss and optimizer come from the bundle's template family (``autotune.families``),
+the inputs, the training state and the steps from its workload (``autotune.probe.workload`` for autotune's
+own templates), shared with the estimator, so a probe and an estimate allocate the same tensors; faults
 injected for tests from ``autotune.probe.faults``. torch is imported inside the functions.
 """
 
@@ -25,8 +26,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune.device import device_name, device_total_memory, nvml_used_bytes
-from autotune.probe import workload
 from autotune.probe.faults import FAULT_ENV, inject_fault, parse_fault_rules
+from autotune.tunables import TUNABLES
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -77,7 +78,7 @@ def _sync(device: torch.device) -> None:
 
 def _train_phase(req: Mapping[str, Any], parts: dict[str, Any], result: dict[str, Any]) -> None:
     cfg, device, n = req["config"], parts["device"], int(req["num_patches_per_iter"])
-    steps = parts.get("workload", workload)  # a MONAI bundle's own loop (autotune.auto3dseg), else autotune's
+    steps = parts["workload"]  # the template family's training step (autotune.probe.workload, or the template's own)
     batch, prefetched = steps.make_loader_batches(cfg, n, device)
     parts["model"].train()
     losses: list[float] = []  # each loader batch's last loss, as a number (no tensor kept alive)
@@ -121,7 +122,7 @@ def _infer_phase(req: Mapping[str, Any], parts: dict[str, Any], result: dict[str
 
     cfg, device = req["config"], parts["device"]
     model, optimizer = parts["model"], parts["optimizer"]
-    steps = parts.get("workload", workload)  # a MONAI bundle's own validation (autotune.auto3dseg), else autotune's
+    steps = parts["workload"]  # the template family's validation (autotune.probe.workload, or the template's own)
     steps.ensure_training_state(model, optimizer)
     model.eval()
     volume_device = "cpu" if req["validation_device"] == "cpu" else device
@@ -209,36 +210,15 @@ def _prepare_device(req: Mapping[str, Any]) -> torch.device:
     return device
 
 
-def _build(cfg: Mapping[str, Any], device: torch.device) -> tuple[torch.nn.Module, Any, torch.optim.Optimizer]:
-    """The bundle's network on ``device`` (seeded), its loss and its optimizer (``autotune.build``)."""
-    import torch
-
-    from autotune.build import build_loss, build_network, build_optimizer
-
-    torch.manual_seed(int(cfg.get("seed", 0)))
-    model = build_network(cfg).to(device)
-    return model, build_loss(cfg), build_optimizer(cfg, model.parameters())
-
-
 def _parts(req: Mapping[str, Any]) -> dict[str, Any]:
-    """What the phases run with: device, model, loss, optimizer, autocast dtype and grad scaler (and, for a
-    bundle MONAI's BundleGen wrote, the template's own loop: ``autotune.auto3dseg``)."""
+    """What the phases run with: device, model (seeded), loss, optimizer, autocast dtype, grad scaler and the
+    ``workload`` that steps them, as the bundle's template family builds them (``autotune.families``)."""
     from autotune.build import amp_dtype
-    from autotune.step import make_grad_scaler
+    from autotune.families import family_for
 
     cfg = req["config"]
     device = _prepare_device(req)
-    dtype = amp_dtype(cfg, device, req.get("precision"))
-    if cfg.get("format") == "monai":  # MONAI's own network, loss, optimizer and loop
-        import torch
-
-        from autotune import auto3dseg
-
-        torch.manual_seed(int(cfg.get("seed", 0)))
-        return auto3dseg.probe_parts(cfg, device, dtype)
-    model, loss_fn, optimizer = _build(cfg, device)
-    return {"device": device, "model": model, "loss_fn": loss_fn, "optimizer": optimizer, "amp_dtype": dtype,
-            "scaler": make_grad_scaler(device, dtype)}
+    return family_for(cfg).probe_parts(cfg, device, amp_dtype(cfg, device, req.get("precision")))
 
 
 def base_result(req: Mapping[str, Any]) -> dict[str, Any]:
@@ -246,8 +226,8 @@ def base_result(req: Mapping[str, Any]) -> dict[str, Any]:
     cfg = req["config"]
     return {
         "status": None, "phase_failed": None,
-        "num_patches_per_iter": int(req["num_patches_per_iter"]), "num_sw_batch_size": int(req["num_sw_batch_size"]),
-        "validation_device": req["validation_device"], "device": req["device"], "device_name": None,
+        **{t.name: int(req[t.name]) if t.kind == "int" else req[t.name] for t in TUNABLES},
+        "device": req["device"], "device_name": None,
         "device_total_memory": None, "memory_limit": req.get("memory_limit"),
         "train_peak_bytes": None, "infer_peak_bytes": None, "peak_bytes": None,
         "step_seconds_median": None, "samples_per_s": None, "sw_seconds_per_volume": None,
@@ -266,7 +246,7 @@ def run_trial(req: Mapping[str, Any]) -> dict[str, Any]:
     if req.get("launched_at") is not None:  # interpreter start and autotune import, before run_trial
         timings["interpreter_start"] = max(0.0, time.time() - float(req["launched_at"]))
     state_path = req.get("state_path")
-    context = {k: req[k] for k in ("num_patches_per_iter", "num_sw_batch_size", "validation_device", "device")}
+    context = {k: req[k] for k in (*(t.name for t in TUNABLES), "device")}
     phase = req["phases"][0]
     _write_state(state_path, {**result, "phase": phase})
     mark = time.perf_counter()

@@ -52,6 +52,7 @@ from typing import Any
 
 from autotune.bundles.scaling import batch_scaling_of, coverage_cap, scaled_learning_rate, steps_per_epoch
 from autotune.errors import AutotuneError
+from autotune.families import family_for
 
 __all__ = ["DEFAULT_NOISE", "HANDOFFS", "DEFAULT_HANDOFF", "Verdict", "per_sample_efficiency", "decide",
            "training_set", "cap_range", "batch_report", "apply_handoff", "handoff_updates", "loader_settings"]
@@ -191,11 +192,7 @@ def training_set(cfg: Mapping[str, Any]) -> tuple[int, list[float]]:
 
 def _no_block(cfg: Mapping[str, Any]) -> str:
     """Why a bundle has no ``batch_scaling`` block, and what follows."""
-    if cfg.get("format") == "monai":
-        return ("MONAI bundle tuned before autotune recorded its template's batch (autotune/tuning.yaml has no "
-                "recipe.reference), so its configs no longer state it: the largest fit is handed over and the "
-                "learning rate stays; regenerate the bundle to hand over by the goodput rule")
-    return "bundle has no batch_scaling block (no reference batch); regenerate it"
+    return family_for(cfg).no_reference_reason(cfg)
 
 
 def _block_for(cfg: Mapping[str, Any], handoff: str) -> tuple[dict[str, Any] | None, str | None]:
@@ -205,7 +202,7 @@ def _block_for(cfg: Mapping[str, Any], handoff: str) -> tuple[dict[str, Any] | N
     ``auto_scale_*`` does when it changes the batch: the learning-rate rule is taken as ``none``.
     """
     block = batch_scaling_of(cfg)
-    if block is None or handoff != "largest" or cfg.get("format") != "monai":
+    if block is None or handoff != "largest" or not family_for(cfg).keeps_learning_rate_largest(cfg):
         return block, None
     return {**block, "lr_scaling": "none"}, ("--handoff largest on MONAI's template: the largest fit with the "
                                              "template's learning rate, as MONAI's auto_scale_* hands its batch over")
@@ -374,8 +371,9 @@ def handoff_updates(cfg: Mapping[str, Any], batch: int, handoff: str = DEFAULT_H
     }
     if note:
         record["reason"] = note
-    if cfg.get("format") == "monai":
-        record["reference"] = dict(cfg["batch_scaling"])
+    reference = family_for(cfg).handoff_reference(cfg)
+    if reference is not None:
+        record["reference"] = reference
     if cases is not None:
         def steps(n: int) -> int:
             return steps_per_epoch(cases, loader_settings(n, crops)["num_images_per_batch"], crops, n)

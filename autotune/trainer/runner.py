@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import asdict
 from typing import Any
 
@@ -110,6 +111,7 @@ def train(
     device = resolve_device(device)
     _check_args(epochs, max_time, val_every, nproc)
     cfg = load_bundle_config(bundle)  # fail here, in one process, on a bad bundle
+    _check_trained_here(bundle, cfg, memory_limit)
     resolve_options(cfg, mode, "cpu")
     _check_device(device, nproc)
     limit = training_limit(cfg, device, memory_limit)
@@ -124,6 +126,25 @@ def train(
         spawn(run_worker, nproc, kwargs)
         return read_json(summary, ConfigError)
     return run_worker(**kwargs)
+
+
+def _check_trained_here(bundle: str | os.PathLike[str], cfg: Mapping[str, Any], memory_limit: Any) -> None:
+    """Refuse a bundle its template family trains with its own command (``autotune.families``), naming it.
+
+    Raises:
+        ConfigError: one line with the command that trains the bundle.
+    """
+    import shlex
+
+    from autotune.families import family_for
+
+    family = family_for(cfg)
+    if not family.trained_by_autotune:
+        from autotune.utils import parse_bytes
+
+        limit = str(parse_bytes(memory_limit)) if memory_limit else None
+        command = shlex.join(family.training_command(bundle, limit))
+        raise ConfigError(f"{bundle}: a bundle of {family.name}'s templates trains with its own script: {command}")
 
 
 def run_worker(**kwargs: Any) -> dict[str, Any]:

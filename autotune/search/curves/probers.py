@@ -13,6 +13,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
+from autotune.tunables import TUNABLES
+
 __all__ = ["Prober", "ProbeProber", "EstimateProber", "loader_bytes_fn"]
 
 log = logging.getLogger(__name__)
@@ -40,7 +42,7 @@ class Prober(Protocol):
 
 def _point_kwargs(point: Mapping[str, Any]) -> dict[str, Any]:
     kwargs: dict[str, Any] = {}
-    for key in ("num_patches_per_iter", "num_sw_batch_size", "validation_device"):
+    for key in (t.name for t in TUNABLES):
         if point.get(key) is not None:
             kwargs[key] = point[key]
     return kwargs

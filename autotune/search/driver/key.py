@@ -15,6 +15,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from autotune.families import family_for
 from autotune.search.driver.session import Session
 from autotune.search.driver.strategy_run import search_key
 from autotune.search.handoff import batch_report, cap_range
@@ -134,7 +135,7 @@ def answer_key(session: Session, key: TuningKey, cfg: Mapping[str, Any], n_bundl
         return {"algo": algo, "status": "unsupported", "reason": "template does not support tuning"}
     spec, batch_cap = cap_range(spec_for(session.explicit[algo], cfg), cfg, session.say)
     devices = validation_devices(spec, session.budget.device)
-    reference = cfg.get("batch_scaling") if cfg.get("format") == "monai" else None
+    reference = family_for(cfg).handoff_reference(cfg)
     tag = result_tag(session.strategy.search, session.budget.margin, spec, devices, session.strategy.estimates_only,
                      session.handoff, reference)
     sampler = _sampler(session, cfg, spec)

@@ -6,17 +6,26 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from autotune.tunables import BATCH, TUNABLES, Tunable
 from autotune.utils import format_bytes
 
 __all__ = ["format_results"]
+
+#: the tunables shown after the batch and the loader batch that follows it, each in a column of its label
+_OTHERS = tuple(t for t in TUNABLES if t is not BATCH)
+
+
+def _width(tunable: Tunable) -> int:
+    return max(len(tunable.label), 6)
 
 
 def format_results(results: Sequence[Mapping[str, Any]]) -> str:
     """One row per bundle: tuned values, measured peak against the limit, throughput, source; then, per
     algorithm, why the batch handed to training differs from the largest that fits, and the new rate."""
     header = (
-        f"{'bundle':<14} {'status':<10} {'patches/iter':>12} {'fits':>5} {'lr':>8} {'images x crops':>14} {'sw batch':>8} "
-        f"{'val on':>6} {'peak':>10} {'limit':>10} {'samples/s':>9} {'method':<9} {'probes':>6} source"
+        f"{'bundle':<14} {'status':<10} {BATCH.label:>12} {'fits':>5} {'lr':>8} {'images x crops':>14} "
+        f"{' '.join(f'{t.label:>{_width(t)}}' for t in _OTHERS)} "
+        f"{'peak':>10} {'limit':>10} {'samples/s':>9} {'method':<9} {'probes':>6} source"
     )
     lines = [header, "-" * len(header)]
     notes: dict[str, str] = {}
@@ -45,9 +54,9 @@ def format_results(results: Sequence[Mapping[str, Any]]) -> str:
                 f"lr {rate.get('before', '-')} -> {rate.get('after', '-')} ({recipe.get('lr_scaling', 'none')}), "
                 f"steps/epoch {steps.get('before', '-')} -> {steps.get('after', '-')}")
         lines.append(
-            f"{name:<14} {'tuned':<10} {r['num_patches_per_iter']:>12} {fits:>5} "
-            f"{(f'{lr:.3g}' if isinstance(lr, (int, float)) else '-'):>8} {loader:>14} {r['num_sw_batch_size']:>8} "
-            f"{('cpu' if r.get('sw_input_on_cpu') else 'device'):>6} {format_bytes(r.get('peak_bytes')):>10} "
+            f"{name:<14} {'tuned':<10} {r[BATCH.name]:>12} {fits:>5} "
+            f"{(f'{lr:.3g}' if isinstance(lr, (int, float)) else '-'):>8} {loader:>14} "
+            f"{' '.join(f'{t.bundle_value(r)!s:>{_width(t)}}' for t in _OTHERS)} {format_bytes(r.get('peak_bytes')):>10} "
             f"{format_bytes(r.get('memory_limit')):>10} {(f'{sps:.2f}' if sps else '-'):>9} {method:<9} "
             f"{r.get('probes', 0):>6} {source}"
         )

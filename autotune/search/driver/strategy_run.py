@@ -12,10 +12,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from autotune.families import family_for
 from autotune.search.curves.bound import edge_bound
 from autotune.search.driver.session import Session
 from autotune.search.handoff import apply_handoff
 from autotune.search.strategies.space import AlgoSpec
+from autotune.tunables import TUNABLES
 
 __all__ = ["search_key"]
 
@@ -37,10 +39,11 @@ def _prober(cfg: Mapping[str, Any], session: Session) -> Any:
 
 def _edge(cfg: Mapping[str, Any], session: Session, prober: Any) -> tuple[dict[str, Any] | None, str | None]:
     """The calibration's stated bound on N+1 (or None), and why N+1 is probed whatever a calibration says."""
-    # a calibration's bound was measured on autotune's own templates: MONAI's are probed at N+1
-    monai = cfg.get("format") == "monai"
-    stated = None if monai else edge_bound(session.budget.info.get("device_name"), prober.measured, cfg["algo"])
-    return stated, ("no calibration covers MONAI's own templates: N+1 probed" if monai else None)
+    # the template a calibration's stated bound covers, if any (``autotune.families``): else N+1 is probed
+    family = family_for(cfg)
+    covered = family.calibrated_as(cfg)
+    stated = edge_bound(session.budget.info.get("device_name"), prober.measured, covered) if covered else None
+    return stated, (family.uncalibrated_reason if covered is None else None)
 
 
 def _infeasible(outcome: Any, spec: AlgoSpec) -> str | None:
@@ -60,10 +63,8 @@ def _answer(outcome: Any, device: str) -> dict[str, Any]:
     infer_res = outcome.infer.result if outcome.infer else {}
     return {
         "status": "tuned",
-        "num_patches_per_iter": outcome.num_patches_per_iter,
+        **{t.name: getattr(outcome, t.name) for t in TUNABLES},  # each tunable's answer (autotune.tunables)
         "max_num_patches_per_iter": outcome.max_num_patches_per_iter,
-        "num_sw_batch_size": outcome.num_sw_batch_size,
-        "validation_device": outcome.validation_device,
         "sw_input_on_cpu": bool(device.startswith("cuda") and outcome.validation_device == "cpu"),
         "train_trial": outcome.train.trial_number if outcome.train else None,
         "infer_trial": outcome.infer.trial_number if outcome.infer else None,

@@ -9,7 +9,8 @@ from typing import Any
 
 from autotune.bundles.config import Bundle, update_bundle_config
 from autotune.bundles.plan import TuningPlan
-from autotune.search.handoff import handoff_updates, loader_settings
+from autotune.search.handoff import handoff_updates
+from autotune.tunables import written_values
 
 __all__ = ["check_writable", "write_bundle"]
 
@@ -45,9 +46,7 @@ def write_bundle(path: str, bundle: Bundle, record: Mapping[str, Any], write: bo
     if record.get("status") != "tuned":
         say(f"[{record.get('algo')}] {bundle.path.name}: not tuned: {record.get('reason', record.get('status'))}")
         return result
-    updates: dict[str, Any] = loader_settings(record["num_patches_per_iter"], cfg.get("num_crops_per_image", 1))
-    updates["num_sw_batch_size"] = int(record["num_sw_batch_size"])
-    updates["sw_input_on_cpu"] = bool(record["sw_input_on_cpu"])
+    updates: dict[str, Any] = written_values(record, cfg)  # each tunable's plain keys (autotune.tunables)
     rule = str((record.get("handoff") or {}).get("rule") or "goodput")
     handed = handoff_updates(cfg, int(record["num_patches_per_iter"]), rule)  # lr and schedule follow the batch
     recipe = handed.pop("record")

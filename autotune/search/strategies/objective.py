@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from autotune.tunables import sized_by
+
 __all__ = ["OBJECTIVES", "DEFAULT_OBJECTIVE", "TIE_TOLERANCE", "NO_FIT", "SW_SCALE", "size_param", "metric_name",
            "trial_value", "choose"]
 
@@ -31,7 +33,7 @@ SW_SCALE = 10_000
 
 def size_param(phase: str) -> str:
     """The batch parameter a phase sizes: ``num_patches_per_iter`` (train, joint) or ``num_sw_batch_size`` (infer)."""
-    return "num_sw_batch_size" if phase == "infer" else "num_patches_per_iter"
+    return sized_by(phase).name
 
 
 def metric_name(objective: str, phase: str = "train") -> str:

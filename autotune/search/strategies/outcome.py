@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.search.strategies.evaluate import Evaluation
+from autotune.tunables import TUNABLES
 
 __all__ = ["SearchOutcome", "distributions"]
 
@@ -29,8 +30,5 @@ def distributions(spec: Any, validation_devices: tuple[str, ...]) -> Mapping[str
     """Optuna distributions of the search space (for trials and the dashboard)."""
     from optuna.distributions import CategoricalDistribution, IntDistribution
 
-    return {
-        "num_patches_per_iter": IntDistribution(*spec.patches_range),
-        "num_sw_batch_size": IntDistribution(*spec.sw_range),
-        "validation_device": CategoricalDistribution(list(validation_devices)),
-    }
+    return {t.name: CategoricalDistribution(list(validation_devices)) if t.kind == "choice"
+            else IntDistribution(*spec.space_of(t)) for t in TUNABLES}

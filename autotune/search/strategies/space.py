@@ -23,17 +23,14 @@ from typing import Any
 from autotune.errors import SpecError
 from autotune.probe import VALIDATION_DEVICES
 from autotune.search.strategies.objective import SW_SCALE
+from autotune.tunables import BATCH, SW_BATCH, TUNABLES, VALIDATION_DEVICE, Tunable, spec_key_names
 from autotune.utils import look_up_option
 
 __all__ = ["AlgoSpec", "SPEC_KEYS", "VALIDATION_DEVICES", "parse_specs", "spec_for"]
 
-SPEC_KEYS = (
-    "num_trials",
-    "range_num_images_per_batch",
-    "range_num_patches_per_iter",
-    "range_num_sw_batch_size",
-    "validation_devices",
-)
+SPEC_KEYS = ("num_trials", *sorted(spec_key_names()))  # each tunable's (``autotune.tunables``)
+#: the ``AlgoSpec`` field that holds each tunable's range or choices
+_FIELDS = {BATCH.name: "patches_range", SW_BATCH.name: "sw_range", VALIDATION_DEVICE.name: "validation_devices"}
 
 
 @dataclass(frozen=True)
@@ -45,14 +42,17 @@ class AlgoSpec:
     sw_range: tuple[int, int] = (1, 64)
     validation_devices: tuple[str, ...] = VALIDATION_DEVICES
     given: frozenset[str] = field(default_factory=frozenset)
+    #: (name, range or choices) of each tunable with no field of its own above (``autotune.tunables``)
+    others: tuple[tuple[str, tuple[Any, ...]], ...] = ()
+
+    def space_of(self, tunable: Tunable) -> tuple[Any, ...]:
+        """The searched range (``[min, max]``) or choices of ``tunable``."""
+        if tunable.name in _FIELDS:
+            return tuple(getattr(self, _FIELDS[tunable.name]))
+        return dict(self.others)[tunable.name]
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "num_trials": self.num_trials,
-            "range_num_patches_per_iter": list(self.patches_range),
-            "range_num_sw_batch_size": list(self.sw_range),
-            "validation_devices": list(self.validation_devices),
-        }
+        return {"num_trials": self.num_trials, **{t.spec_key: list(self.space_of(t)) for t in TUNABLES}}
 
 
 def _int_range(value: Any, where: str) -> tuple[int, int]:
@@ -81,22 +81,24 @@ def _check_entry(entry: Any, where: str) -> dict[str, Any]:
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise SpecError(f"{where}.num_trials must be a positive integer, got {value!r}")
             out[key] = int(value)
-        elif key == "validation_devices":
-            if isinstance(value, str):
-                value = [value]
-            if not isinstance(value, Sequence) or not value:
-                raise SpecError(f"{where}.validation_devices must be a list from {', '.join(VALIDATION_DEVICES)}")
-            out[key] = tuple(
-                dict.fromkeys(look_up_option(str(v), VALIDATION_DEVICES, "validation device", SpecError) for v in value)
-            )
-        else:
-            name = "range_num_patches_per_iter" if key == "range_num_images_per_batch" else key
-            if name in out:
-                raise SpecError(f"{where}: give range_num_patches_per_iter or range_num_images_per_batch, not both")
-            out[name] = _int_range(value, f"{where}.{key}")
-            if name == "range_num_sw_batch_size" and out[name][1] >= SW_SCALE:
-                raise SpecError(f"{where}.{key}: maximum must be below {SW_SCALE}, got {out[name][1]}")
+            continue
+        item = next(t for t in TUNABLES if key in t.spec_names)
+        if item.spec_key in out:
+            raise SpecError(f"{where}: give {' or '.join(item.spec_names)}, not both")
+        out[item.spec_key] = _choices(item, value, where) if item.kind == "choice" else _int_range(value, f"{where}.{key}")
+        if item is SW_BATCH and out[item.spec_key][1] >= SW_SCALE:  # the joint objective's order (objective.py)
+            raise SpecError(f"{where}.{key}: maximum must be below {SW_SCALE}, got {out[item.spec_key][1]}")
     return out
+
+
+def _choices(item: Tunable, value: Any, where: str) -> tuple[str, ...]:
+    """The choices a spec gives for a ``choice`` tunable (one name, or a list of them), each checked."""
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, Sequence) or not value:
+        raise SpecError(f"{where}.{item.spec_key} must be a list from {', '.join(item.choices)}")
+    what = item.name.replace("_", " ")
+    return tuple(dict.fromkeys(look_up_option(str(v), item.choices, what, SpecError) for v in value))
 
 
 def parse_specs(specs: Mapping[str, Any] | None, algos: Sequence[str]) -> dict[str, dict[str, Any]]:
@@ -126,19 +128,15 @@ def parse_specs(specs: Mapping[str, Any] | None, algos: Sequence[str]) -> dict[s
 def spec_for(explicit: Mapping[str, Any], bundle_cfg: Mapping[str, Any]) -> AlgoSpec:
     """Combine explicit specs with the bundle's default ranges (``tuning_ranges``)."""
     ranges = bundle_cfg.get("tuning_ranges") or {}
-    patches = explicit.get("range_num_patches_per_iter") or _int_range(
-        ranges.get("num_patches_per_iter", [1, 64]), "bundle tuning_ranges.num_patches_per_iter"
-    )
-    sw = explicit.get("range_num_sw_batch_size") or _int_range(
-        ranges.get("num_sw_batch_size", [1, 64]), "bundle tuning_ranges.num_sw_batch_size"
-    )
-    devices = explicit.get("validation_devices") or tuple(
-        bundle_cfg.get("tuning_validation_devices") or VALIDATION_DEVICES
-    )
-    return AlgoSpec(
-        num_trials=int(explicit.get("num_trials", 20)),
-        patches_range=tuple(patches),  # type: ignore[arg-type]
-        sw_range=tuple(sw),  # type: ignore[arg-type]
-        validation_devices=tuple(devices),
-        given=frozenset(explicit),
-    )
+    space: dict[str, tuple[Any, ...]] = {}
+    for item in TUNABLES:
+        if item.spec_key in explicit:
+            space[item.name] = tuple(explicit[item.spec_key])
+        elif item.kind == "choice":  # the bundle's ``tuning_<spec key>`` (``tuning_validation_devices``)
+            space[item.name] = tuple(bundle_cfg.get(f"tuning_{item.spec_key}") or item.choices)
+        else:
+            space[item.name] = _int_range(ranges.get(item.name, list(item.default_range or (1, 64))),
+                                          f"bundle tuning_ranges.{item.name}")
+    fields = {_FIELDS[name]: value for name, value in space.items() if name in _FIELDS}
+    others = tuple((name, value) for name, value in space.items() if name not in _FIELDS)
+    return AlgoSpec(num_trials=int(explicit.get("num_trials", 20)), given=frozenset(explicit), others=others, **fields)

@@ -11,10 +11,11 @@ from __future__ import annotations
 from autotune.search.strategies.evaluate import Evaluation, Evaluator
 from autotune.search.strategies.objective import DEFAULT_OBJECTIVE, choose
 from autotune.search.strategies.outcome import SearchOutcome
+from autotune.tunables import TUNABLES
 
 __all__ = ["run_tpe"]
 
-_POINT = ("num_patches_per_iter", "num_sw_batch_size", "validation_device")
+_POINT = tuple(t.name for t in TUNABLES)
 
 
 def _ask_until_budget(evaluator: Evaluator, num_trials: int) -> list[Evaluation]:

@@ -1,0 +1,120 @@
+"""MONAI's official Auto3DSeg templates: the bundles MONAI's ``BundleGen`` writes (``autotune.auto3dseg``).
+
+A bundle is recognised by its ``scripts/algo.py`` and its template and version by its scripts' hashes; its
+view is read through MONAI's ``ConfigParser`` as its ``train.py`` reads it; the probe and the estimator run
+the template's own network, loss, optimizer, loop and validation; tuned values go into the template's own
+keys (``KEYS``) with its ``auto_scale_*`` off, the ``tuning:`` record in ``autotune/tuning.yaml``; MONAI's
+``train.py`` trains it through ``python -m autotune.launch``. Each of these dispatches per template inside
+``autotune.auto3dseg``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from autotune.families.interface import TemplateFamily
+
+__all__ = ["MonaiTemplates", "KEYS"]
+
+#: template -> tunable (``autotune.tunables``) -> the keys of ``configs/hyper_parameters.yaml`` it is written
+#: to (``autotune.auto3dseg.writeback``); a template with no entry is recognised and left as generated
+KEYS: dict[str, dict[str, tuple[str, ...]]] = {
+    "segresnet": {
+        "num_patches_per_iter": ("batch_size", "num_crops_per_image", "num_steps_per_image", "auto_scale_allowed"),
+        "num_sw_batch_size": ("sliding_inferrer#sw_batch_size",),
+        "validation_device": ("sliding_inferrer#device",),
+    },
+    "dints": {
+        "num_patches_per_iter": ("training#num_patches_per_iter", "training#num_images_per_batch",
+                                 "training#num_crops_per_image", "training#auto_scale_allowed"),
+        "num_sw_batch_size": ("training#num_sw_batch_size",),
+        "validation_device": ("training#sw_input_on_cpu",),
+    },
+}
+
+_NO_REFERENCE = ("MONAI bundle tuned before autotune recorded its template's batch (autotune/tuning.yaml has no "
+                 "recipe.reference), so its configs no longer state it: the largest fit is handed over and the "
+                 "learning rate stays; regenerate the bundle to hand over by the goodput rule")
+
+
+class MonaiTemplates(TemplateFamily):
+    """The family of the bundles MONAI's ``BundleGen`` wrote from MONAI's templates (see the module docstring)."""
+
+    name: ClassVar[str] = "monai"
+    trained_by_autotune: ClassVar[bool] = False
+    uncalibrated_reason: ClassVar[str | None] = "no calibration covers MONAI's own templates: N+1 probed"
+
+    def recognises(self, bundle: str | os.PathLike[str]) -> bool:
+        from autotune.auto3dseg.recognise import is_monai_bundle
+
+        return is_monai_bundle(bundle)
+
+    def reads(self, cfg: Mapping[str, Any]) -> bool:
+        from autotune.auto3dseg.view import is_monai_view
+
+        return is_monai_view(cfg)
+
+    def generates(self, templates: Any) -> bool:
+        from autotune.auto3dseg.bundlegen import is_monai_templates
+
+        return is_monai_templates(templates)
+
+    def bundle_generator(self, args: tuple[Any, ...], kwargs: Mapping[str, Any], tuner: Any) -> Any:
+        from autotune.auto3dseg.bundlegen import MonaiBundleGen
+
+        return MonaiBundleGen(*args, tuner=tuner, **kwargs)
+
+    def load_config(self, bundle: str | os.PathLike[str]) -> dict[str, Any]:
+        from autotune.auto3dseg.view import load_view
+        from autotune.bundles.schema import check_bundle_config
+
+        return check_bundle_config(load_view(bundle), str(bundle))
+
+    def write_back(self, bundle: str | os.PathLike[str], updates: Mapping[str, Any]) -> dict[str, Any]:
+        from autotune.auto3dseg.writeback import update_bundle
+
+        return update_bundle(bundle, updates)
+
+    def probe_parts(self, cfg: Mapping[str, Any], device: Any, amp_dtype: Any) -> dict[str, Any]:
+        import torch
+
+        from autotune.auto3dseg.build import probe_parts
+
+        torch.manual_seed(int(cfg.get("seed", 0)))
+        return probe_parts(cfg, device, amp_dtype)
+
+    def fake_parts(self, cfg: Mapping[str, Any], compute: str, emulate: bool) -> tuple[Any, Any, Any, Any]:
+        from autotune.auto3dseg.build import fake_parts
+
+        return fake_parts(cfg, compute, emulate)
+
+    def tunable_keys(self, cfg: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
+        from autotune.auto3dseg.view import template_of
+
+        return dict(KEYS.get(template_of(cfg), {}))
+
+    def training_command(self, bundle: str | os.PathLike[str], memory_limit: str | None = None) -> list[str]:
+        from pathlib import Path
+
+        from autotune.auto3dseg.recognise import monai_bundle_root
+
+        root = monai_bundle_root(bundle) or Path(bundle)
+        limit = [f"--memory-limit={memory_limit}"] if memory_limit else []
+        return [sys.executable, "-m", "autotune.launch", *limit, "--", str(root / "scripts" / "train.py"), "run",
+                f"--config_file={root / 'configs' / 'hyper_parameters.yaml'}"]
+
+    def calibrated_as(self, cfg: Mapping[str, Any]) -> str | None:
+        return None  # a calibration's bound was measured on autotune's own templates: MONAI's are probed at N+1
+
+    def handoff_reference(self, cfg: Mapping[str, Any]) -> dict[str, Any] | None:
+        block = cfg.get("batch_scaling")
+        return dict(block) if isinstance(block, Mapping) else None
+
+    def keeps_learning_rate_largest(self, cfg: Mapping[str, Any]) -> bool:
+        return True
+
+    def no_reference_reason(self, cfg: Mapping[str, Any]) -> str:
+        return _NO_REFERENCE

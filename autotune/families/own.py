@@ -1,0 +1,83 @@
+"""autotune's own templates (segresnet, dints, unet: ``algorithm_templates/*/template.yaml``).
+
+Their bundles hold one plain ``configs/hyper_parameters.yaml`` (``autotune.bundles.schema``), are built by
+``autotune.build`` and stepped by ``autotune.step`` through ``autotune.probe.workload``, and are trained by
+``autotune train`` (``autotune.trainer``). The tuned values are written to the same top-level keys the view
+reads, the ``tuning:`` plan beside them in the same file.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from autotune.families.interface import TemplateFamily
+
+__all__ = ["OwnTemplates", "KEYS"]
+
+#: tunable (``autotune.tunables``) -> the keys of ``configs/hyper_parameters.yaml`` it is written to: the same
+#: for the three templates (the loader batch that yields N patches per pass goes with N)
+KEYS: dict[str, tuple[str, ...]] = {
+    "num_patches_per_iter": ("num_patches_per_iter", "num_images_per_batch", "num_crops_per_image"),
+    "num_sw_batch_size": ("num_sw_batch_size",),
+    "validation_device": ("sw_input_on_cpu",),
+}
+
+
+class OwnTemplates(TemplateFamily):
+    """The family of every bundle no other family recognises: autotune's own (see the module docstring)."""
+
+    name: ClassVar[str] = "autotune"
+
+    def recognises(self, bundle: str | os.PathLike[str]) -> bool:
+        return True  # the last family asked: a folder that is not a bundle is refused when it is read
+
+    def reads(self, cfg: Mapping[str, Any]) -> bool:
+        return True
+
+    def generates(self, templates: Any) -> bool:
+        return True  # autotune's BundleGen: its own templates, or a folder of them it checks when it reads them
+
+    def load_config(self, bundle: str | os.PathLike[str]) -> dict[str, Any]:
+        from autotune.bundles.schema import read_own_config
+
+        return read_own_config(bundle)
+
+    def write_back(self, bundle: str | os.PathLike[str], updates: Mapping[str, Any]) -> dict[str, Any]:
+        from autotune.bundles.schema import write_own_config
+
+        return write_own_config(bundle, updates)
+
+    def probe_parts(self, cfg: Mapping[str, Any], device: Any, amp_dtype: Any) -> dict[str, Any]:
+        import torch
+
+        from autotune.build import build_loss, build_network, build_optimizer
+        from autotune.probe import workload
+        from autotune.step import make_grad_scaler
+
+        torch.manual_seed(int(cfg.get("seed", 0)))
+        model = build_network(cfg).to(device)
+        return {"device": device, "model": model, "loss_fn": build_loss(cfg),
+                "optimizer": build_optimizer(cfg, model.parameters()), "amp_dtype": amp_dtype,
+                "scaler": make_grad_scaler(device, amp_dtype), "workload": workload}
+
+    def fake_parts(self, cfg: Mapping[str, Any], compute: str, emulate: bool) -> tuple[Any, Any, Any, Any]:
+        import torch
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        from autotune.build import build_loss, build_network, build_optimizer
+        from autotune.probe import workload
+
+        with unset_fake_temporarily(), torch.device("meta"):  # no memory, then fake parameters on ``compute``
+            model = build_network(cfg)
+        model = model._apply(lambda t: torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=compute))
+        return model, build_loss(cfg), build_optimizer(cfg, model.parameters()), workload
+
+    def tunable_keys(self, cfg: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
+        return dict(KEYS)
+
+    def training_command(self, bundle: str | os.PathLike[str], memory_limit: str | None = None) -> list[str]:
+        limit = [f"--memory-limit={memory_limit}"] if memory_limit else []
+        return [sys.executable, "-m", "autotune", "train", str(bundle), *limit]

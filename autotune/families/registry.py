@@ -1,0 +1,32 @@
+"""Which family a bundle or a view belongs to: the only place that tells the template families apart."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from autotune.families.interface import TemplateFamily
+from autotune.families.monai import MonaiTemplates
+from autotune.families.own import OwnTemplates
+
+__all__ = ["FAMILIES", "family_of", "family_for", "family_of_templates"]
+
+#: asked in order: the first that recognises a bundle is its family; autotune's own templates last (they take
+#: any other folder and refuse it when it is read)
+FAMILIES: tuple[TemplateFamily, ...] = (MonaiTemplates(), OwnTemplates())
+
+
+def family_of(bundle: str | os.PathLike[str]) -> TemplateFamily:
+    """The family of the bundle folder (or config file) ``bundle``."""
+    return next(family for family in FAMILIES if family.recognises(bundle))
+
+
+def family_of_templates(templates: Any) -> TemplateFamily:
+    """The family whose templates ``templates`` (``BundleGen``'s ``templates_path_or_url``) are."""
+    return next(family for family in FAMILIES if family.generates(templates))
+
+
+def family_for(cfg: Mapping[str, Any]) -> TemplateFamily:
+    """The family whose ``load_config`` made the view ``cfg``."""
+    return next(family for family in FAMILIES if family.reads(cfg))

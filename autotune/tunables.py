@@ -1,0 +1,129 @@
+"""The values autotune tunes, each defined once: ``Tunable`` and the table ``TUNABLES``.
+
+A tunable is what the search chooses and the write-back hands to training: the patches per forward pass
+(``num_patches_per_iter``), the sliding-window batch (``num_sw_batch_size``) and where the validation volume
+lives (``validation_device``). Its definition holds its name (the plain key of a view, a probe request and
+result, a trial's point and the ``tuning:`` plan), its type and range or choices, the spec keys that set its
+range (MONAI's ``gpu_customization_specs`` names kept), the probe phase that measures it and how it is shown.
+Where each template keeps it is the template families' key tables (``autotune.families``).
+
+The places that enumerate tunables read this table: the specs' keys and ranges
+(``autotune.search.strategies.space``), the probe's request and result (``autotune.probe.runner``,
+``autotune.probe.trial``), a point's keywords (``autotune.search.curves.probers``), the search space
+(``autotune.search.strategies.outcome``, ``tpe``), the plan's checks (``autotune.bundles.plan``) and the
+write-back (``autotune.search.driver.writeback``). docs/architecture.md, "Adding a tunable", lists what
+else a new one touches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Tunable", "TUNABLES", "BATCH", "SW_BATCH", "VALIDATION_DEVICE", "tunable", "of_phase", "sized_by", "spec_key_names",
+           "bundle_values", "written_values"]
+
+
+@dataclass(frozen=True)
+class Tunable:
+    """One tuned value (see the module docstring).
+
+    Attributes:
+        name: its plain key (view, probe request and result, a trial's point, the ``tuning:`` plan).
+        kind: ``int`` (searched in a range) or ``choice`` (one of ``choices``).
+        phase: the probe phase that measures it: ``train`` or ``infer``.
+        spec_key: the spec key that sets its range or its choices for a search.
+        spec_aliases: other names the specs accept for ``spec_key`` (MONAI's ``range_num_images_per_batch``).
+        default_range: the range searched when neither the specs nor the bundle's ``tuning_ranges`` give one.
+        choices: the values of a ``choice`` tunable, in order.
+        bundle_key: the key of a view that holds the value (``sw_input_on_cpu`` for the validation device).
+        label: its column heading in the tables autotune prints; ``unit`` what one step of it counts.
+        probed: how the probe measures it (docs and help text).
+    """
+
+    name: str
+    kind: str
+    phase: str
+    spec_key: str
+    label: str
+    unit: str
+    probed: str
+    spec_aliases: tuple[str, ...] = ()
+    default_range: tuple[int, int] | None = None
+    choices: tuple[str, ...] = ()
+    bundle_key: str | None = None
+
+    @property
+    def spec_names(self) -> tuple[str, ...]:
+        """Every spec key that sets this tunable: ``spec_key`` and its aliases."""
+        return (self.spec_key, *self.spec_aliases)
+
+    def bundle_value(self, cfg: Mapping[str, Any]) -> Any:
+        """The value a loaded view holds (what training gets when nothing is tuned)."""
+        if self.kind == "choice":  # a flag in the view: the second choice when it is set
+            return self.choices[1] if cfg.get(self.bundle_key or self.name) else self.choices[0]
+        return int(cfg[self.bundle_key or self.name])
+
+
+BATCH = Tunable(
+    name="num_patches_per_iter", kind="int", phase="train", spec_key="range_num_patches_per_iter",
+    spec_aliases=("range_num_images_per_batch",), default_range=(1, 64), label="patches/iter", unit="patches",
+    probed="training steps of N patches per forward pass (the loader batch that splits into whole passes of N)")
+SW_BATCH = Tunable(
+    name="num_sw_batch_size", kind="int", phase="infer", spec_key="range_num_sw_batch_size", default_range=(1, 64),
+    label="sw batch", unit="windows",
+    probed="sliding-window validation of one volume of the 99.5th-percentile size, M windows per pass")
+VALIDATION_DEVICE = Tunable(
+    name="validation_device", kind="choice", phase="infer", spec_key="validation_devices", choices=("device", "cpu"),
+    bundle_key="sw_input_on_cpu", label="val on", unit="",
+    probed="the same validation pass with the volume on the compute device or on the CPU (windows on the device)")
+
+#: every tunable, in the order the search decides them and the tables show them
+TUNABLES: tuple[Tunable, ...] = (BATCH, SW_BATCH, VALIDATION_DEVICE)
+
+
+def tunable(name: str) -> Tunable:
+    """The tunable called ``name``.
+
+    Raises:
+        KeyError: no tunable has that name.
+    """
+    for item in TUNABLES:
+        if item.name == name:
+            return item
+    raise KeyError(f"no tunable {name!r}; known: {', '.join(t.name for t in TUNABLES)}")
+
+
+def of_phase(phase: str) -> tuple[Tunable, ...]:
+    """The tunables the probe phase ``phase`` (``train``, ``infer``) measures."""
+    return tuple(t for t in TUNABLES if t.phase == phase)
+
+
+def sized_by(phase: str) -> Tunable:
+    """The whole-number tunable a probe phase's memory grows with: the batch (``train``, and a joint trial) or
+    the sliding-window batch (``infer``)."""
+    return next(t for t in TUNABLES if t.phase == ("infer" if phase == "infer" else "train") and t.kind == "int")
+
+
+def spec_key_names() -> tuple[str, ...]:
+    """Every spec key a tunable answers to (aliases included), in the table's order."""
+    return tuple(name for t in TUNABLES for name in t.spec_names)
+
+
+def bundle_values(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """Each tunable's value in the loaded view ``cfg``."""
+    return {t.name: t.bundle_value(cfg) for t in TUNABLES}
+
+
+def written_values(record: Mapping[str, Any], cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """The plain keys a tuned ``record`` writes into a view (a template family puts them in its own keys):
+    the batch with the loader batch that yields it (``autotune.step.loader_batch_patches``), the sliding-window
+    batch, and ``sw_input_on_cpu`` for the validation device (the volume on the CPU while windows run on a GPU,
+    as the search recorded it)."""
+    from autotune.step import loader_batch_patches
+
+    n, crops = int(record[BATCH.name]), max(1, int(cfg.get("num_crops_per_image", 1)))
+    return {BATCH.name: n, "num_images_per_batch": loader_batch_patches(n, crops) // crops,
+            "num_crops_per_image": crops, SW_BATCH.name: int(record[SW_BATCH.name]),
+            VALIDATION_DEVICE.bundle_key or VALIDATION_DEVICE.name: bool(record["sw_input_on_cpu"])}
