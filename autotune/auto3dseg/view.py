@@ -243,7 +243,7 @@ def _swinunetr_values(parser: ConfigParser, where: Path) -> dict[str, Any]:
 
 
 def _unsupported_values(parser: ConfigParser, where: Path) -> dict[str, Any]:
-    """Enough of a template autotune does not tune (swinunetr, segresnet2d) to list and skip it."""
+    """Enough of a template autotune does not tune (segresnet2d) to list and skip it."""
     def get(key: str, default: Any) -> Any:
         for name in (key, f"training#{key}"):
             if name in parser:
