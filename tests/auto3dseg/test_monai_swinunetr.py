@@ -114,15 +114,17 @@ def test_generation_memory_follows_the_target_the_limit_then_the_device() -> Non
 
 
 @pytest.mark.slow
-def test_the_estimate_equals_the_cpu_probe_of_its_train_step(generated: Path) -> None:
+def test_the_estimate_equals_the_cpu_probe_of_its_train_step(bundle: Path) -> None:
     """The probe runs train.py's step (SwinUNETR, DiceCELoss, AdamW, uint8 labels) for real; the estimator the same
     with fake tensors: on the CPU both count the same tracked bytes, training and validation."""
+    from autotune.auto3dseg import update_bundle
     from autotune.probe.estimate import estimate
     from autotune.probe.runner import run_probe
 
-    probed = run_probe(generated, num_patches_per_iter=1, num_sw_batch_size=2, device="cpu", timeout=300)
+    update_bundle(bundle, {"num_patches_per_iter": 1, "num_images_per_batch": 1, "num_crops_per_image": 1})
+    probed = run_probe(bundle, num_patches_per_iter=1, num_sw_batch_size=2, device="cpu", timeout=300)
     assert probed["status"] == "ok", probed.get("error_tail")
-    est = estimate(generated, num_patches_per_iter=1, num_sw_batch_size=2, device="cpu")
+    est = estimate(bundle, num_patches_per_iter=1, num_sw_batch_size=2, device="cpu")
     assert est["train_peak_bytes"] == probed["train_peak_bytes"]
     assert est["infer_peak_bytes"] == probed["infer_peak_bytes"]
 
