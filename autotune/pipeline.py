@@ -69,10 +69,18 @@ class BundleGen(_BundleGen):
         from autotune.families import family_of_templates
 
         templates = kwargs.get("templates_path_or_url") or kwargs.get("templates_path") or (args[2:3] or [None])[0]
-        generator = family_of_templates(templates).bundle_generator(args, kwargs, tune)
+        generator = family_of_templates(templates).bundle_generator(
+            args, {**kwargs, "target_gpu_memory": _target_gpu_memory}, tune)
         if generator is not None:  # another family's own BundleGen (MONAI's templates: MONAI's), tuned by autotune
             return generator
         return super().__new__(cls)
+
+
+def _target_gpu_memory(name: str) -> int:
+    """A catalogue GPU's memory (``target_gpu``), for MONAI's templates that size their batch when generated."""
+    from autotune.search import resolve_target
+
+    return int((resolve_target("estimate", name, None, "cpu") or {})["memory"])
 
 
 def generate(

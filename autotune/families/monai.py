@@ -33,6 +33,12 @@ KEYS: dict[str, dict[str, tuple[str, ...]]] = {
         "num_sw_batch_size": ("training#num_sw_batch_size",),
         "validation_device": ("training#sw_input_on_cpu",),
     },
+    "swinunetr": {
+        "num_patches_per_iter": ("num_patches_per_iter", "num_images_per_batch", "num_crops_per_image",
+                                 "auto_scale_allowed"),
+        "num_sw_batch_size": ("num_sw_batch_size",),
+        "validation_device": ("sw_input_on_cpu",),
+    },
 }
 
 _NO_REFERENCE = ("MONAI bundle tuned before autotune recorded its template's batch (autotune/tuning.yaml has no "
