@@ -40,6 +40,11 @@ class Tunable:
         bundle_key: the key of a view that holds the value (``sw_input_on_cpu`` for the validation device).
         label: its column heading in the tables autotune prints; ``unit`` what one step of it counts.
         probed: how the probe measures it (docs and help text).
+        flag_help: the help of its flag on ``autotune probe`` and ``autotune estimate`` (the flag is its name with
+            dashes: ``--num-patches-per-iter``); empty: ``probed`` and that the bundle's value is the default.
+        metavar: the flag's value in the help (``N``); a choice tunable lists its choices instead.
+        spec_help: the help of its range flag on ``autotune tune``, ``run`` and ``worker`` (the flag is its last
+            spec name with dashes: ``--range-num-images-per-batch``); empty: one generated from ``unit``.
     """
 
     name: str
@@ -53,6 +58,33 @@ class Tunable:
     default_range: tuple[int, int] | None = None
     choices: tuple[str, ...] = ()
     bundle_key: str | None = None
+    flag_help: str = ""
+    metavar: str = "N"
+    spec_help: str = ""
+
+    @property
+    def flag(self) -> str:
+        """Its command-line flag: ``--`` and its name with dashes."""
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def help(self) -> str:
+        """The help of its flag (``flag_help``, else how it is probed and the bundle's value as the default)."""
+        return self.flag_help or f"{self.probed} (default: the bundle's value)"
+
+    @property
+    def spec_flag(self) -> str:
+        """The flag of its range (its choices) in a search: its last spec name with dashes."""
+        return "--" + self.spec_names[-1].replace("_", "-")
+
+    @property
+    def spec_flag_help(self) -> str:
+        """The help of ``spec_flag`` (``spec_help``, else one from ``unit`` or the choices)."""
+        if self.spec_help:
+            return self.spec_help
+        if self.kind == "choice":
+            return f"comma-separated from {','.join(self.choices)} (default all)"
+        return f"range of {self.unit or self.name} to search"
 
     @property
     def spec_names(self) -> tuple[str, ...]:
@@ -69,15 +101,22 @@ class Tunable:
 BATCH = Tunable(
     name="num_patches_per_iter", kind="int", phase="train", spec_key="range_num_patches_per_iter",
     spec_aliases=("range_num_images_per_batch",), default_range=(1, 64), label="patches/iter", unit="patches",
-    probed="training steps of N patches per forward pass (the loader batch that splits into whole passes of N)")
+    probed="training steps of N patches per forward pass (the loader batch that splits into whole passes of N)",
+    flag_help="patches per forward pass in training (default: the bundle's value)",
+    spec_help="range of patches per forward pass to search")
 SW_BATCH = Tunable(
     name="num_sw_batch_size", kind="int", phase="infer", spec_key="range_num_sw_batch_size", default_range=(1, 64),
     label="sw batch", unit="windows",
-    probed="sliding-window validation of one volume of the 99.5th-percentile size, M windows per pass")
+    probed="sliding-window validation of one volume of the 99.5th-percentile size, M windows per pass",
+    flag_help="sliding-window batch size in validation (default: the bundle's value)", metavar="M",
+    spec_help="range of sliding-window batch sizes to search")
 VALIDATION_DEVICE = Tunable(
     name="validation_device", kind="choice", phase="infer", spec_key="validation_devices", choices=("device", "cpu"),
     bundle_key="sw_input_on_cpu", label="val on", unit="",
-    probed="the same validation pass with the volume on the compute device or on the CPU (windows on the device)")
+    probed="the same validation pass with the volume on the compute device or on the CPU (windows on the device)",
+    flag_help="where the validation volume and stitched output are held "
+              "(default: cpu if the bundle sets sw_input_on_cpu, else device)",
+    spec_help="comma-separated from device,cpu (default both)")
 
 #: every tunable, in the order the search decides them and the tables show them
 TUNABLES: tuple[Tunable, ...] = (BATCH, SW_BATCH, VALIDATION_DEVICE)
