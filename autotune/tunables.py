@@ -157,12 +157,20 @@ def bundle_values(cfg: Mapping[str, Any]) -> dict[str, Any]:
 
 def written_values(record: Mapping[str, Any], cfg: Mapping[str, Any]) -> dict[str, Any]:
     """The plain keys a tuned ``record`` writes into a view (a template family puts them in its own keys):
-    the batch with the loader batch that yields it (``autotune.step.loader_batch_patches``), the sliding-window
-    batch, and ``sw_input_on_cpu`` for the validation device (the volume on the CPU while windows run on a GPU,
-    as the search recorded it)."""
+    the batch with the loader batch that yields it (``autotune.step.loader_batch_patches``),
+    ``sw_input_on_cpu`` for the validation device (the volume on the CPU while windows run on a GPU, as the
+    search recorded it), and any other tunable's value under its view key (``bundle_key`` or its name) where
+    the record holds one (a strategy that does not decide it leaves the bundle's value)."""
     from autotune.step import loader_batch_patches
 
-    n, crops = int(record[BATCH.name]), max(1, int(cfg.get("num_crops_per_image", 1)))
-    return {BATCH.name: n, "num_images_per_batch": loader_batch_patches(n, crops) // crops,
-            "num_crops_per_image": crops, SW_BATCH.name: int(record[SW_BATCH.name]),
-            VALIDATION_DEVICE.bundle_key or VALIDATION_DEVICE.name: bool(record["sw_input_on_cpu"])}
+    out: dict[str, Any] = {}
+    for t in TUNABLES:
+        if t is BATCH:
+            n, crops = int(record[BATCH.name]), max(1, int(cfg.get("num_crops_per_image", 1)))
+            out.update({BATCH.name: n, "num_images_per_batch": loader_batch_patches(n, crops) // crops,
+                        "num_crops_per_image": crops})
+        elif t is VALIDATION_DEVICE:
+            out[VALIDATION_DEVICE.bundle_key or VALIDATION_DEVICE.name] = bool(record["sw_input_on_cpu"])
+        elif record.get(t.name) is not None:
+            out[t.bundle_key or t.name] = int(record[t.name]) if t.kind == "int" else record[t.name]
+    return out

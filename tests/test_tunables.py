@@ -116,13 +116,15 @@ out["plan"] = [list(block), plan.value("num_workers"), TuningPlan.from_dict(bloc
 from autotune.search.strategies.evaluate import Evaluation
 from autotune.search.strategies.outcome import SearchOutcome, distributions
 from autotune.search.driver.strategy_run import _answer
+from autotune.tunables import written_values
 common = {"status": "ok", "feasible": True, "peak_bytes": 1, "value": 1.0, "trial_number": 0, "reused": False}
 train = Evaluation(point={"num_patches_per_iter": 2, "num_workers": 3}, phases=("train",), **common)
 infer = Evaluation(point={"num_patches_per_iter": 2, "num_sw_batch_size": 4, "validation_device": "cpu"},
                    phases=("infer",), **common)
 outcome = SearchOutcome.of_points(5, train, infer, [train, infer])
-out["outcome"] = [outcome.value("num_workers"), _answer(outcome, "cpu")["num_workers"],
-                  sorted(distributions(spec, ("device",)))]
+answer = _answer(outcome, "cpu")
+out["outcome"] = [outcome.value("num_workers"), answer["num_workers"], sorted(distributions(spec, ("device",))),
+                  written_values(answer, {})["num_workers"]]
 
 from autotune.cli import build_parser
 from autotune.commands.probe import tunable_args
@@ -137,8 +139,8 @@ print(json.dumps(out))
 
 def test_a_fourth_tunable_needs_its_definition_and_a_family_key_only(demo_bundles: dict, tmp_path: Path) -> None:
     """Registered in the table and one family's key table, a train-phase whole-number tunable is in the specs'
-    keys and ranges, the probe's request, the plan's block, a strategy's outcome and the record, and the
-    command line's flags: no other file edited."""
+    keys and ranges, the probe's request, the plan's block, a strategy's outcome, the record and the write-back's
+    plain keys, and the command line's flags: no other file edited."""
     import json
     import os
     import subprocess
@@ -159,7 +161,8 @@ def test_a_fourth_tunable_needs_its_definition_and_a_family_key_only(demo_bundle
     assert keys[:4] == ["version", "num_patches_per_iter", "num_sw_batch_size", "num_workers"] and value == 3
     assert round_trip and bad == "tuning.num_workers: must be a positive integer, got 0; run 'autotune tune' again"
     assert old is None  # a block written before the tunable existed still loads
-    assert out["outcome"] == [3, 3, ["num_patches_per_iter", "num_sw_batch_size", "num_workers", "validation_device"]]
+    assert out["outcome"] == [3, 3, ["num_patches_per_iter", "num_sw_batch_size", "num_workers", "validation_device"],
+                              3]  # the write-back's plain key
     flag, universal, help_text = out["cli"]
     assert flag == 3 and universal == {"range_num_workers": [1, 6]}
     assert "--num-workers W training steps with W loader workers (default: the bundle's value)" in help_text
