@@ -97,6 +97,12 @@ class Tunable:
             return self.choices[1] if cfg.get(self.bundle_key or self.name) else self.choices[0]
         return int(cfg[self.bundle_key or self.name])
 
+    def view_entry(self, value: Any) -> tuple[str, Any]:
+        """The key of a view and what it holds for ``value`` (the inverse of ``bundle_value``)."""
+        if self.kind == "choice":
+            return self.bundle_key or self.name, value == self.choices[1]
+        return self.bundle_key or self.name, int(value)
+
 
 BATCH = Tunable(
     name="num_patches_per_iter", kind="int", phase="train", spec_key="range_num_patches_per_iter",

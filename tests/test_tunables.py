@@ -95,7 +95,8 @@ out["spec"] = [list(spec.space_of(NEW)), list(spec_for({}, {}).space_of(NEW)), "
 from autotune.probe.runner import resolve_request
 from autotune.tunables import bundle_values
 from autotune.bundles.config import load_bundle_config
-out["request"] = [resolve_request(bundle, num_workers=3, check_device=False)["num_workers"],
+request = resolve_request(bundle, num_workers=3, check_device=False)
+out["request"] = [request["num_workers"], request["config"]["num_workers"],
                   resolve_request(bundle, check_device=False)["num_workers"], bundle_values(load_bundle_config(bundle))]
 
 from autotune.bundles.plan import TuningPlan
@@ -156,7 +157,8 @@ def test_a_fourth_tunable_needs_its_definition_and_a_family_key_only(demo_bundle
     assert run.returncode == 0, run.stderr[-3000:]
     out = json.loads(run.stdout.strip().splitlines()[-1])
     assert out["spec"] == [[2, 4], [1, 8], True]
-    assert out["request"][:2] == [3, 2] and out["request"][2]["num_workers"] == 2
+    # the step (autotune.probe.workload) reads it from the request's view, as training reads its config
+    assert out["request"][:3] == [3, 3, 2] and out["request"][3]["num_workers"] == 2
     keys, value, round_trip, bad, old = out["plan"]
     assert keys[:4] == ["version", "num_patches_per_iter", "num_sw_batch_size", "num_workers"] and value == 3
     assert round_trip and bad == "tuning.num_workers: must be a positive integer, got 0; run 'autotune tune' again"
