@@ -8,11 +8,12 @@ range (MONAI's ``gpu_customization_specs`` names kept), the probe phase that mea
 Where each template keeps it is the template families' key tables (``autotune.families``).
 
 The places that enumerate tunables read this table: the specs' keys and ranges
-(``autotune.search.strategies.space``), the probe's request and result (``autotune.probe.runner``,
-``autotune.probe.trial``), a point's keywords (``autotune.search.curves.probers``), the search space
-(``autotune.search.strategies.outcome``, ``tpe``), the plan's checks (``autotune.bundles.plan``) and the
-write-back (``autotune.search.driver.writeback``). docs/architecture.md, "Adding a tunable", lists what
-else a new one touches.
+(``autotune.search.strategies.space``), the command line's flags (``autotune.commands.probe``,
+``autotune.commands.search``), the probe's request and result (``autotune.probe.runner``,
+``autotune.probe.trial``), a point's keywords (``autotune.search.curves.probers``), the search space and the
+outcome (``autotune.search.strategies.outcome``, ``tpe``), the plan (``autotune.bundles.plan``), the
+write-back (``written_values`` here, ``autotune.search.driver.writeback``) and the dashboard's note.
+docs/architecture.md, "Adding a tunable", lists what else a new one touches.
 """
 
 from __future__ import annotations

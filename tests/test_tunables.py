@@ -81,58 +81,58 @@ _FOURTH = r'''
 import json, sys
 import autotune.tunables as T
 
-NEW = T.Tunable(name="num_workers", kind="int", phase="train", spec_key="range_num_workers", default_range=(1, 8),
-                label="workers", unit="loader workers", probed="training steps with W loader workers", metavar="W")
+NEW = T.Tunable(name="num_prefetch", kind="int", phase="train", spec_key="range_num_prefetch", default_range=(1, 8),
+                label="prefetch", unit="batches", probed="training steps with P batches prefetched", metavar="P")
 T.TUNABLES = (*T.TUNABLES, NEW)
 from autotune.families import own
-own.KEYS["num_workers"] = ("num_workers",)
+own.KEYS["num_prefetch"] = ("num_prefetch",)
 
 bundle, out = sys.argv[1], {}
 from autotune.search.strategies.space import SPEC_KEYS, parse_specs, spec_for
-spec = spec_for(parse_specs({"unet": {"range_num_workers": [2, 4]}}, ["unet"])["unet"], {})
-out["spec"] = [list(spec.space_of(NEW)), list(spec_for({}, {}).space_of(NEW)), "range_num_workers" in SPEC_KEYS]
+spec = spec_for(parse_specs({"unet": {"range_num_prefetch": [2, 4]}}, ["unet"])["unet"], {})
+out["spec"] = [list(spec.space_of(NEW)), list(spec_for({}, {}).space_of(NEW)), "range_num_prefetch" in SPEC_KEYS]
 
 from autotune.probe.runner import resolve_request
 from autotune.tunables import bundle_values
 from autotune.bundles.config import load_bundle_config
-request = resolve_request(bundle, num_workers=3, check_device=False)
-out["request"] = [request["num_workers"], request["config"]["num_workers"],
-                  resolve_request(bundle, check_device=False)["num_workers"], bundle_values(load_bundle_config(bundle))]
+request = resolve_request(bundle, num_prefetch=3, check_device=False)
+out["request"] = [request["num_prefetch"], request["config"]["num_prefetch"],
+                  resolve_request(bundle, check_device=False)["num_prefetch"], bundle_values(load_bundle_config(bundle))]
 
 from autotune.bundles.plan import TuningPlan
 from autotune.errors import ConfigError
-record = {"num_patches_per_iter": 2, "num_sw_batch_size": 4, "validation_device": "cpu", "num_workers": 3,
+record = {"num_patches_per_iter": 2, "num_sw_batch_size": 4, "validation_device": "cpu", "num_prefetch": 3,
           "memory_limit": 1 << 26, "device": "cpu", "max_num_patches_per_iter": 5}
 plan = TuningPlan.from_record(record)
 block = plan.as_dict()
 try:
-    TuningPlan.from_dict({**block, "num_workers": 0}, "tuning")
+    TuningPlan.from_dict({**block, "num_prefetch": 0}, "tuning")
     bad = None
 except ConfigError as exc:
     bad = str(exc)
-old = TuningPlan.from_dict({k: v for k, v in block.items() if k != "num_workers"}, "tuning")
-out["plan"] = [list(block), plan.value("num_workers"), TuningPlan.from_dict(block, "tuning") == plan, bad,
-               old.value("num_workers")]
+old = TuningPlan.from_dict({k: v for k, v in block.items() if k != "num_prefetch"}, "tuning")
+out["plan"] = [list(block), plan.value("num_prefetch"), TuningPlan.from_dict(block, "tuning") == plan, bad,
+               old.value("num_prefetch")]
 
 from autotune.search.strategies.evaluate import Evaluation
 from autotune.search.strategies.outcome import SearchOutcome, distributions
 from autotune.search.driver.strategy_run import _answer
 from autotune.tunables import written_values
 common = {"status": "ok", "feasible": True, "peak_bytes": 1, "value": 1.0, "trial_number": 0, "reused": False}
-train = Evaluation(point={"num_patches_per_iter": 2, "num_workers": 3}, phases=("train",), **common)
+train = Evaluation(point={"num_patches_per_iter": 2, "num_prefetch": 3}, phases=("train",), **common)
 infer = Evaluation(point={"num_patches_per_iter": 2, "num_sw_batch_size": 4, "validation_device": "cpu"},
                    phases=("infer",), **common)
 outcome = SearchOutcome.of_points(5, train, infer, [train, infer])
 answer = _answer(outcome, "cpu")
-out["outcome"] = [outcome.value("num_workers"), answer["num_workers"], sorted(distributions(spec, ("device",))),
-                  written_values(answer, {})["num_workers"]]
+out["outcome"] = [outcome.value("num_prefetch"), answer["num_prefetch"], sorted(distributions(spec, ("device",))),
+                  written_values(answer, {})["num_prefetch"]]
 
 from autotune.cli import build_parser
 from autotune.commands.probe import tunable_args
 from autotune.commands.search import specs_from_args
 parser = build_parser()
-out["cli"] = [tunable_args(parser.parse_args(["probe", bundle, "--num-workers", "3"]))["num_workers"],
-              specs_from_args(parser.parse_args(["tune", bundle, "--range-num-workers", "1", "6"]))["universal"],
+out["cli"] = [tunable_args(parser.parse_args(["probe", bundle, "--num-prefetch", "3"]))["num_prefetch"],
+              specs_from_args(parser.parse_args(["tune", bundle, "--range-num-prefetch", "1", "6"]))["universal"],
               " ".join(parser._subparsers._group_actions[0].choices["estimate"].format_help().split())]
 print(json.dumps(out))
 '''
@@ -151,20 +151,20 @@ def test_a_fourth_tunable_needs_its_definition_and_a_family_key_only(demo_bundle
 
     bundle = copy_bundle(demo_bundles["unet_0"], tmp_path / "unet_0")
     hyper = bundle / "configs" / "hyper_parameters.yaml"  # the template's starting value (the family's side)
-    hyper.write_text(hyper.read_text(encoding="utf-8") + "num_workers: 2\n", encoding="utf-8")
+    hyper.write_text(hyper.read_text(encoding="utf-8") + "num_prefetch: 2\n", encoding="utf-8")
     run = subprocess.run([sys.executable, "-c", _FOURTH, str(bundle)], capture_output=True, text=True, timeout=120,
                          env={**os.environ, "OMP_NUM_THREADS": "1"}, check=False)
     assert run.returncode == 0, run.stderr[-3000:]
     out = json.loads(run.stdout.strip().splitlines()[-1])
     assert out["spec"] == [[2, 4], [1, 8], True]
     # the step (autotune.probe.workload) reads it from the request's view, as training reads its config
-    assert out["request"][:3] == [3, 3, 2] and out["request"][3]["num_workers"] == 2
+    assert out["request"][:3] == [3, 3, 2] and out["request"][3]["num_prefetch"] == 2
     keys, value, round_trip, bad, old = out["plan"]
-    assert keys[:4] == ["version", "num_patches_per_iter", "num_sw_batch_size", "num_workers"] and value == 3
-    assert round_trip and bad == "tuning.num_workers: must be a positive integer, got 0; run 'autotune tune' again"
+    assert keys[:4] == ["version", "num_patches_per_iter", "num_sw_batch_size", "num_prefetch"] and value == 3
+    assert round_trip and bad == "tuning.num_prefetch: must be a positive integer, got 0; run 'autotune tune' again"
     assert old is None  # a block written before the tunable existed still loads
-    assert out["outcome"] == [3, 3, ["num_patches_per_iter", "num_sw_batch_size", "num_workers", "validation_device"],
+    assert out["outcome"] == [3, 3, ["num_patches_per_iter", "num_sw_batch_size", "num_prefetch", "validation_device"],
                               3]  # the write-back's plain key
     flag, universal, help_text = out["cli"]
-    assert flag == 3 and universal == {"range_num_workers": [1, 6]}
-    assert "--num-workers W training steps with W loader workers (default: the bundle's value)" in help_text
+    assert flag == 3 and universal == {"range_num_prefetch": [1, 6]}
+    assert "--num-prefetch P training steps with P batches prefetched (default: the bundle's value)" in help_text
