@@ -163,7 +163,7 @@ def test_a_fourth_tunable_needs_its_definition_and_a_family_key_only(demo_bundle
     assert keys[:4] == ["version", "num_patches_per_iter", "num_sw_batch_size", "num_prefetch"] and value == 3
     assert round_trip and bad == "tuning.num_prefetch: must be a positive integer, got 0; run 'autotune tune' again"
     assert old is None  # a block written before the tunable existed still loads
-    assert out["outcome"] == [3, 3, ["num_patches_per_iter", "num_sw_batch_size", "num_prefetch", "validation_device"],
+    assert out["outcome"] == [3, 3, ["num_patches_per_iter", "num_prefetch", "num_sw_batch_size", "validation_device"],
                               3]  # the write-back's plain key
     flag, universal, help_text = out["cli"]
     assert flag == 3 and universal == {"range_num_prefetch": [1, 6]}
