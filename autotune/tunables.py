@@ -8,11 +8,12 @@ range (MONAI's ``gpu_customization_specs`` names kept), the probe phase that mea
 Where each template keeps it is the template families' key tables (``autotune.families``).
 
 The places that enumerate tunables read this table: the specs' keys and ranges
-(``autotune.search.strategies.space``), the probe's request and result (``autotune.probe.runner``,
-``autotune.probe.trial``), a point's keywords (``autotune.search.curves.probers``), the search space
-(``autotune.search.strategies.outcome``, ``tpe``), the plan's checks (``autotune.bundles.plan``) and the
-write-back (``autotune.search.driver.writeback``). docs/architecture.md, "Adding a tunable", lists what
-else a new one touches.
+(``autotune.search.strategies.space``), the command line's flags (``autotune.commands.probe``,
+``autotune.commands.search``), the probe's request and result (``autotune.probe.runner``,
+``autotune.probe.trial``), a point's keywords (``autotune.search.curves.probers``), the search space and the
+outcome (``autotune.search.strategies.outcome``, ``tpe``), the plan (``autotune.bundles.plan``), the
+write-back (``written_values`` here, ``autotune.search.driver.writeback``) and the dashboard's note.
+docs/architecture.md, "Adding a tunable", lists what else a new one touches.
 """
 
 from __future__ import annotations
@@ -40,6 +41,11 @@ class Tunable:
         bundle_key: the key of a view that holds the value (``sw_input_on_cpu`` for the validation device).
         label: its column heading in the tables autotune prints; ``unit`` what one step of it counts.
         probed: how the probe measures it (docs and help text).
+        flag_help: the help of its flag on ``autotune probe`` and ``autotune estimate`` (the flag is its name with
+            dashes: ``--num-patches-per-iter``); empty: ``probed`` and that the bundle's value is the default.
+        metavar: the flag's value in the help (``N``); a choice tunable lists its choices instead.
+        spec_help: the help of its range flag on ``autotune tune``, ``run`` and ``worker`` (the flag is its last
+            spec name with dashes: ``--range-num-images-per-batch``); empty: one generated from ``unit``.
     """
 
     name: str
@@ -53,6 +59,33 @@ class Tunable:
     default_range: tuple[int, int] | None = None
     choices: tuple[str, ...] = ()
     bundle_key: str | None = None
+    flag_help: str = ""
+    metavar: str = "N"
+    spec_help: str = ""
+
+    @property
+    def flag(self) -> str:
+        """Its command-line flag: ``--`` and its name with dashes."""
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def help(self) -> str:
+        """The help of its flag (``flag_help``, else how it is probed and the bundle's value as the default)."""
+        return self.flag_help or f"{self.probed} (default: the bundle's value)"
+
+    @property
+    def spec_flag(self) -> str:
+        """The flag of its range (its choices) in a search: its last spec name with dashes."""
+        return "--" + self.spec_names[-1].replace("_", "-")
+
+    @property
+    def spec_flag_help(self) -> str:
+        """The help of ``spec_flag`` (``spec_help``, else one from ``unit`` or the choices)."""
+        if self.spec_help:
+            return self.spec_help
+        if self.kind == "choice":
+            return f"comma-separated from {','.join(self.choices)} (default all)"
+        return f"range of {self.unit or self.name} to search"
 
     @property
     def spec_names(self) -> tuple[str, ...]:
@@ -65,19 +98,32 @@ class Tunable:
             return self.choices[1] if cfg.get(self.bundle_key or self.name) else self.choices[0]
         return int(cfg[self.bundle_key or self.name])
 
+    def view_entry(self, value: Any) -> tuple[str, Any]:
+        """The key of a view and what it holds for ``value`` (the inverse of ``bundle_value``)."""
+        if self.kind == "choice":
+            return self.bundle_key or self.name, value == self.choices[1]
+        return self.bundle_key or self.name, int(value)
+
 
 BATCH = Tunable(
     name="num_patches_per_iter", kind="int", phase="train", spec_key="range_num_patches_per_iter",
     spec_aliases=("range_num_images_per_batch",), default_range=(1, 64), label="patches/iter", unit="patches",
-    probed="training steps of N patches per forward pass (the loader batch that splits into whole passes of N)")
+    probed="training steps of N patches per forward pass (the loader batch that splits into whole passes of N)",
+    flag_help="patches per forward pass in training (default: the bundle's value)",
+    spec_help="range of patches per forward pass to search")
 SW_BATCH = Tunable(
     name="num_sw_batch_size", kind="int", phase="infer", spec_key="range_num_sw_batch_size", default_range=(1, 64),
     label="sw batch", unit="windows",
-    probed="sliding-window validation of one volume of the 99.5th-percentile size, M windows per pass")
+    probed="sliding-window validation of one volume of the 99.5th-percentile size, M windows per pass",
+    flag_help="sliding-window batch size in validation (default: the bundle's value)", metavar="M",
+    spec_help="range of sliding-window batch sizes to search")
 VALIDATION_DEVICE = Tunable(
     name="validation_device", kind="choice", phase="infer", spec_key="validation_devices", choices=("device", "cpu"),
     bundle_key="sw_input_on_cpu", label="val on", unit="",
-    probed="the same validation pass with the volume on the compute device or on the CPU (windows on the device)")
+    probed="the same validation pass with the volume on the compute device or on the CPU (windows on the device)",
+    flag_help="where the validation volume and stitched output are held "
+              "(default: cpu if the bundle sets sw_input_on_cpu, else device)",
+    spec_help="comma-separated from device,cpu (default both)")
 
 #: every tunable, in the order the search decides them and the tables show them
 TUNABLES: tuple[Tunable, ...] = (BATCH, SW_BATCH, VALIDATION_DEVICE)
@@ -118,12 +164,20 @@ def bundle_values(cfg: Mapping[str, Any]) -> dict[str, Any]:
 
 def written_values(record: Mapping[str, Any], cfg: Mapping[str, Any]) -> dict[str, Any]:
     """The plain keys a tuned ``record`` writes into a view (a template family puts them in its own keys):
-    the batch with the loader batch that yields it (``autotune.step.loader_batch_patches``), the sliding-window
-    batch, and ``sw_input_on_cpu`` for the validation device (the volume on the CPU while windows run on a GPU,
-    as the search recorded it)."""
+    the batch with the loader batch that yields it (``autotune.step.loader_batch_patches``),
+    ``sw_input_on_cpu`` for the validation device (the volume on the CPU while windows run on a GPU, as the
+    search recorded it), and any other tunable's value under its view key (``bundle_key`` or its name) where
+    the record holds one (a strategy that does not decide it leaves the bundle's value)."""
     from autotune.step import loader_batch_patches
 
-    n, crops = int(record[BATCH.name]), max(1, int(cfg.get("num_crops_per_image", 1)))
-    return {BATCH.name: n, "num_images_per_batch": loader_batch_patches(n, crops) // crops,
-            "num_crops_per_image": crops, SW_BATCH.name: int(record[SW_BATCH.name]),
-            VALIDATION_DEVICE.bundle_key or VALIDATION_DEVICE.name: bool(record["sw_input_on_cpu"])}
+    out: dict[str, Any] = {}
+    for t in TUNABLES:
+        if t is BATCH:
+            n, crops = int(record[BATCH.name]), max(1, int(cfg.get("num_crops_per_image", 1)))
+            out.update({BATCH.name: n, "num_images_per_batch": loader_batch_patches(n, crops) // crops,
+                        "num_crops_per_image": crops})
+        elif t is VALIDATION_DEVICE:
+            out[VALIDATION_DEVICE.bundle_key or VALIDATION_DEVICE.name] = bool(record["sw_input_on_cpu"])
+        elif record.get(t.name) is not None:
+            out[t.bundle_key or t.name] = int(record[t.name]) if t.kind == "int" else record[t.name]
+    return out

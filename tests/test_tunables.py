@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from autotune.errors import ProbeError, SpecError
@@ -70,3 +72,99 @@ def test_the_probe_request_holds_every_tunable_and_refuses_an_unknown_one(demo_b
     with pytest.raises(ProbeError, match="unknown tunable 'num_workers'"):
         resolve_request(bundle, num_workers=2, check_device=False)
     assert set(distributions(AlgoSpec(), ("device",))) == {t.name for t in TUNABLES}
+
+
+# A fourth tunable, registered as docs/architecture.md ("Adding a tunable") says: its definition in TUNABLES and
+# its key in a family's table, nothing else edited. It runs in a fresh interpreter where the table is patched
+# before any other module is imported, as an edit of autotune/tunables.py would be seen.
+_FOURTH = r'''
+import json, sys
+import autotune.tunables as T
+
+NEW = T.Tunable(name="num_prefetch", kind="int", phase="train", spec_key="range_num_prefetch", default_range=(1, 8),
+                label="prefetch", unit="batches", probed="training steps with P batches prefetched", metavar="P")
+T.TUNABLES = (*T.TUNABLES, NEW)
+from autotune.families import own
+own.KEYS["num_prefetch"] = ("num_prefetch",)
+
+bundle, out = sys.argv[1], {}
+from autotune.search.strategies.space import SPEC_KEYS, parse_specs, spec_for
+spec = spec_for(parse_specs({"unet": {"range_num_prefetch": [2, 4]}}, ["unet"])["unet"], {})
+out["spec"] = [list(spec.space_of(NEW)), list(spec_for({}, {}).space_of(NEW)), "range_num_prefetch" in SPEC_KEYS]
+
+from autotune.probe.runner import resolve_request
+from autotune.tunables import bundle_values
+from autotune.bundles.config import load_bundle_config
+request = resolve_request(bundle, num_prefetch=3, check_device=False)
+out["request"] = [request["num_prefetch"], request["config"]["num_prefetch"],
+                  resolve_request(bundle, check_device=False)["num_prefetch"], bundle_values(load_bundle_config(bundle))]
+
+from autotune.bundles.plan import TuningPlan
+from autotune.errors import ConfigError
+record = {"num_patches_per_iter": 2, "num_sw_batch_size": 4, "validation_device": "cpu", "num_prefetch": 3,
+          "memory_limit": 1 << 26, "device": "cpu", "max_num_patches_per_iter": 5}
+plan = TuningPlan.from_record(record)
+block = plan.as_dict()
+try:
+    TuningPlan.from_dict({**block, "num_prefetch": 0}, "tuning")
+    bad = None
+except ConfigError as exc:
+    bad = str(exc)
+old = TuningPlan.from_dict({k: v for k, v in block.items() if k != "num_prefetch"}, "tuning")
+out["plan"] = [list(block), plan.value("num_prefetch"), TuningPlan.from_dict(block, "tuning") == plan, bad,
+               old.value("num_prefetch")]
+
+from autotune.search.strategies.evaluate import Evaluation
+from autotune.search.strategies.outcome import SearchOutcome, distributions
+from autotune.search.driver.strategy_run import _answer
+from autotune.tunables import written_values
+common = {"status": "ok", "feasible": True, "peak_bytes": 1, "value": 1.0, "trial_number": 0, "reused": False}
+train = Evaluation(point={"num_patches_per_iter": 2, "num_prefetch": 3}, phases=("train",), **common)
+infer = Evaluation(point={"num_patches_per_iter": 2, "num_sw_batch_size": 4, "validation_device": "cpu"},
+                   phases=("infer",), **common)
+outcome = SearchOutcome.of_points(5, train, infer, [train, infer])
+answer = _answer(outcome, "cpu")
+out["outcome"] = [outcome.value("num_prefetch"), answer["num_prefetch"], sorted(distributions(spec, ("device",))),
+                  written_values(answer, {})["num_prefetch"]]
+
+from autotune.cli import build_parser
+from autotune.commands.probe import tunable_args
+from autotune.commands.search import specs_from_args
+parser = build_parser()
+out["cli"] = [tunable_args(parser.parse_args(["probe", bundle, "--num-prefetch", "3"]))["num_prefetch"],
+              specs_from_args(parser.parse_args(["tune", bundle, "--range-num-prefetch", "1", "6"]))["universal"],
+              " ".join(parser._subparsers._group_actions[0].choices["estimate"].format_help().split())]
+print(json.dumps(out))
+'''
+
+
+def test_a_fourth_tunable_needs_its_definition_and_a_family_key_only(demo_bundles: dict, tmp_path: Path) -> None:
+    """Registered in the table and one family's key table, a train-phase whole-number tunable is in the specs'
+    keys and ranges, the probe's request, the plan's block, a strategy's outcome, the record and the write-back's
+    plain keys, and the command line's flags: no other file edited."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from bundle_fixtures import copy_bundle
+
+    bundle = copy_bundle(demo_bundles["unet_0"], tmp_path / "unet_0")
+    hyper = bundle / "configs" / "hyper_parameters.yaml"  # the template's starting value (the family's side)
+    hyper.write_text(hyper.read_text(encoding="utf-8") + "num_prefetch: 2\n", encoding="utf-8")
+    run = subprocess.run([sys.executable, "-c", _FOURTH, str(bundle)], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"}, check=False)
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    assert out["spec"] == [[2, 4], [1, 8], True]
+    # the step (autotune.probe.workload) reads it from the request's view, as training reads its config
+    assert out["request"][:3] == [3, 3, 2] and out["request"][3]["num_prefetch"] == 2
+    keys, value, round_trip, bad, old = out["plan"]
+    assert keys[:4] == ["version", "num_patches_per_iter", "num_sw_batch_size", "num_prefetch"] and value == 3
+    assert round_trip and bad == "tuning.num_prefetch: must be a positive integer, got 0; run 'autotune tune' again"
+    assert old is None  # a block written before the tunable existed still loads
+    assert out["outcome"] == [3, 3, ["num_patches_per_iter", "num_prefetch", "num_sw_batch_size", "validation_device"],
+                              3]  # the write-back's plain key
+    flag, universal, help_text = out["cli"]
+    assert flag == 3 and universal == {"range_num_prefetch": [1, 6]}
+    assert "--num-prefetch P training steps with P batches prefetched (default: the bundle's value)" in help_text

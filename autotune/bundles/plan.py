@@ -7,7 +7,12 @@ a malformed block is one line naming the key, not a ``KeyError`` later. A block 
 ``version``; a block without one (written before the field existed) holds the same fields and
 loads as version 1, and a newer version than this autotune reads is refused.
 
-The answer and the figures a program reads are typed fields; the reports a person reads
+The tuned values are one mapping, ``tuned``, keyed by the tunables' names and driven by the table
+(``autotune.tunables.TUNABLES``): the block writes each at the top level under its name (the whole-number
+tunables first, the choices after the largest fit), reads and checks each from there, and today's three keep
+typed properties (``plan.num_patches_per_iter``); ``plan.value(name)`` reads any. A tunable added after a
+block was written is simply absent from it (``value`` gives None): only the batch and the sliding-window
+batch are required. The answer and the figures a program reads are typed fields; the reports a person reads
 (``key``, ``batch``, ``handoff``, ``recipe``, ``edge_check``, ...) are plain mappings whose
 content is documented in docs/tuning.md.
 """
@@ -20,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.errors import ConfigError
-from autotune.tunables import TUNABLES
+from autotune.tunables import BATCH, SW_BATCH, TUNABLES
 
 __all__ = ["PLAN_VERSION", "TuningPlan", "plan_of"]
 
@@ -36,10 +41,10 @@ class TuningPlan:
     """What a tuned bundle was tuned for, its answer, and how the answer was found.
 
     Attributes:
-        num_patches_per_iter: patches per forward pass handed to training.
-        max_num_patches_per_iter: the largest that fits (the hand-off may give training less).
-        num_sw_batch_size: the sliding-window batch.
-        validation_device: where the validation volume lives (``device`` or ``cpu``).
+        tuned: each tunable's value by name (``autotune.tunables``): ``num_patches_per_iter`` the patches per
+            forward pass handed to training, ``num_sw_batch_size`` the sliding-window batch,
+            ``validation_device`` where the validation volume lives (``device`` or ``cpu``).
+        max_num_patches_per_iter: the largest batch that fits (the hand-off may give training less).
         sw_input_on_cpu: the volume is kept on the CPU while windows run on the GPU.
         memory_limit: the limit tuned for (bytes); ``margin`` the share kept free; ``budget_bytes``
             what a point could use.
@@ -49,8 +54,7 @@ class TuningPlan:
         peak_bytes, train_peak_bytes, infer_peak_bytes: measured (or estimated) peaks of the answer.
     """
 
-    num_patches_per_iter: int
-    num_sw_batch_size: int
+    tuned: Mapping[str, Any]
     memory_limit: int
     device: str
     method: str = "measured"
@@ -59,7 +63,6 @@ class TuningPlan:
     strategy: str | None = None
     status: str = "tuned"
     max_num_patches_per_iter: int | None = None
-    validation_device: str | None = None
     sw_input_on_cpu: bool = False
     device_name: str | None = None
     device_total_memory: int | None = None
@@ -95,6 +98,25 @@ class TuningPlan:
     verified: Mapping[str, Any] | None = None
     version: int = PLAN_VERSION
 
+    def value(self, name: str) -> Any:
+        """The tuned value of the tunable ``name`` (None when the block does not hold it)."""
+        return self.tuned.get(name)
+
+    @property
+    def num_patches_per_iter(self) -> int:
+        """Patches per forward pass handed to training."""
+        return int(self.tuned[BATCH.name])
+
+    @property
+    def num_sw_batch_size(self) -> int:
+        """The sliding-window batch."""
+        return int(self.tuned[SW_BATCH.name])
+
+    @property
+    def validation_device(self) -> str | None:
+        """Where the validation volume lives (``device`` or ``cpu``; None in a block without it)."""
+        return self.value("validation_device")
+
     @property
     def largest_fit(self) -> int:
         """The largest batch that fit: the edge ``verify`` checks one above."""
@@ -120,7 +142,8 @@ class TuningPlan:
         from autotune.utils import plain_data
 
         out = {"version": self.version}
-        out.update((f.name, getattr(self, f.name)) for f in dataclasses.fields(self) if f.name != "version")
+        for name in _ORDER:
+            out[name] = self.tuned.get(name) if name in _TUNED else getattr(self, name)
         return plain_data({k: v for k, v in out.items() if v is not None})
 
     def replace(self, **changes: Any) -> TuningPlan:
@@ -155,17 +178,18 @@ class TuningPlan:
         if version > PLAN_VERSION:
             raise ConfigError(f"{where}.version: {version} was written by a newer autotune (this one reads up to "
                               f"{PLAN_VERSION}); upgrade autotune, or run 'autotune tune' again")
-        names = [f.name for f in dataclasses.fields(cls)]
+        names = ["version", *_ORDER]
         unknown = sorted(set(block) - set(names))
         if unknown:
             from autotune.utils import look_up_option
 
             look_up_option(str(unknown[0]), names, f"key in {where}", ConfigError)
-        for name in ("num_patches_per_iter", "num_sw_batch_size", "memory_limit", "device"):
+        for name in _REQUIRED:
             if block.get(name) is None:
                 raise ConfigError(f"{where}: key {name!r} is missing; run 'autotune tune' again")
         values = {name: _checked(name, block[name], where) for name in names if block.get(name) is not None}
-        return cls(**values)
+        tuned = {name: values.pop(name) for name in _TUNED if name in values}
+        return cls(tuned=tuned, **values)
 
 
 _TYPES: dict[str, tuple[type, ...]] = {
@@ -181,6 +205,23 @@ _TYPES: dict[str, tuple[type, ...]] = {
     **{name: _MAP for name in ("estimator_passes", "edge_check", "handoff", "batch", "key", "recipe", "allowances",
                                "target", "verified")},
 }
+_TUNED = tuple(t.name for t in TUNABLES)
+_REQUIRED = (BATCH.name, SW_BATCH.name, "memory_limit", "device")  # a tunable added later may be absent
+
+
+def _order() -> tuple[str, ...]:
+    """The keys of a block in the order it is written (after ``version``): the whole-number tunables, the plan's
+    fields up to the largest fit, the choice tunables, then the rest: today's three in their places."""
+    fields = [f.name for f in dataclasses.fields(TuningPlan) if f.name not in ("tuned", "version")]
+    cut = fields.index("max_num_patches_per_iter") + 1
+
+    def of_kind(kind: str) -> list[str]:
+        return [t.name for t in TUNABLES if (t.kind == "choice") == (kind == "choice")]
+
+    return (*of_kind("int"), *fields[:cut], *of_kind("choice"), *fields[cut:])
+
+
+_ORDER = _order()
 _POSITIVE = (*(t.name for t in TUNABLES if t.kind == "int"), "memory_limit")
 _CHOICES = {"method": METHODS, **{t.name: t.choices for t in TUNABLES if t.kind == "choice"},
             "precision": ("fp32", "bf16", "fp16")}

@@ -14,7 +14,7 @@ from autotune.checks import options as types
 from autotune.commands import add_precision_arg
 from autotune.commands.search import MAX_BATCH
 
-__all__ = ["register", "EXIT_OK", "EXIT_FAILED", "EXIT_OOM", "EXIT_NONFINITE"]
+__all__ = ["register", "add_tunable_args", "tunable_args", "EXIT_OK", "EXIT_FAILED", "EXIT_OOM", "EXIT_NONFINITE"]
 
 EXIT_OK, EXIT_FAILED, EXIT_OOM, EXIT_NONFINITE = 0, 1, 3, 5
 
@@ -28,15 +28,28 @@ exit codes:
 """
 
 
+def add_tunable_args(p: argparse.ArgumentParser) -> None:
+    """One flag per tunable (``autotune.tunables.TUNABLES``): flag, checker, value name and help from its
+    definition; None (not given) means the bundle's value."""
+    from autotune.tunables import TUNABLES
+
+    for t in TUNABLES:
+        if t.kind == "choice":
+            p.add_argument(t.flag, choices=t.choices, default=None, help=t.help)
+        else:
+            p.add_argument(t.flag, type=types.positive_int(MAX_BATCH), default=None, metavar=t.metavar, help=t.help)
+
+
+def tunable_args(args: argparse.Namespace) -> dict[str, Any]:
+    """Each tunable's flag value by its name (None: not given)."""
+    from autotune.tunables import TUNABLES
+
+    return {t.name: getattr(args, t.name) for t in TUNABLES}
+
+
 def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("bundle", metavar="BUNDLE", type=types.path_text, help="a bundle folder (made by 'autotune generate') or its YAML config")
-    p.add_argument("--num-patches-per-iter", type=types.positive_int(MAX_BATCH), default=None, metavar="N",
-                   help="patches per forward pass in training (default: the bundle's value)")
-    p.add_argument("--num-sw-batch-size", type=types.positive_int(MAX_BATCH), default=None, metavar="M",
-                   help="sliding-window batch size in validation (default: the bundle's value)")
-    p.add_argument("--validation-device", choices=("device", "cpu"), default=None,
-                   help="where the validation volume and stitched output are held "
-                        "(default: cpu if the bundle sets sw_input_on_cpu, else device)")
+    add_tunable_args(p)
     p.add_argument("--device", default=None, metavar="DEV", type=types.device,
                    help="cpu, cuda or cuda:N (default: the first visible CUDA device, else cpu)")
     p.add_argument("--memory-limit", default=None, metavar="SIZE", type=types.size, help="memory limit, e.g. 8GiB or 512MiB")
@@ -149,9 +162,8 @@ def probe_command(args: argparse.Namespace) -> int:
     from autotune.probe.runner import run_probe
 
     device, validation_device, limit = _resolve_defaults(args)
-    result = run_probe(args.bundle, num_patches_per_iter=args.num_patches_per_iter,
-                       num_sw_batch_size=args.num_sw_batch_size, validation_device=validation_device,
-                       device=device, memory_limit=limit, timeout=args.timeout, phases=args.phases,
+    tuned = {**tunable_args(args), "validation_device": validation_device}
+    result = run_probe(args.bundle, **tuned, device=device, memory_limit=limit, timeout=args.timeout, phases=args.phases,
                        warmup_steps=args.warmup_steps, measure_steps=args.measure_steps)
     if args.json:
         print(json.dumps(result, indent=2))
@@ -164,11 +176,12 @@ def probe_command(args: argparse.Namespace) -> int:
 def estimate_command(args: argparse.Namespace) -> int:
     """Handler of ``autotune estimate``: prints the estimate, both fits and what fits a limit."""
     from autotune.probe.report import estimate_report
+    from autotune.tunables import sized_by
     from autotune.utils import format_bytes
 
     device, validation_device, limit = _resolve_defaults(args)
-    report = estimate_report(args.bundle, device=device, validation_device=validation_device, memory_limit=limit,
-                             num_patches_per_iter=args.num_patches_per_iter, num_sw_batch_size=args.num_sw_batch_size)
+    tuned = {**tunable_args(args), "validation_device": validation_device}
+    report = estimate_report(args.bundle, device=device, memory_limit=limit, **tuned)
     result = report["estimate"]
     cuda = device.startswith("cuda")
     if args.json:
@@ -179,7 +192,8 @@ def estimate_command(args: argparse.Namespace) -> int:
     print(f"  estimated in {result['seconds']:.2f} s, raw tensor bytes"
           + (" (no GPU here: CPU tensors with CUDA's fp16 autocast rules)" if semantics == "cpu-emulating-cuda" else ""))
     for phase, entry in report["fits"].items():
-        knob = "N (num_patches_per_iter)" if phase == "train" else "M (num_sw_batch_size)"
+        size = sized_by(phase)  # the tunable the phase's memory grows with (autotune.tunables)
+        knob = f"{size.metavar} ({size.name})"
         line = (f"  fit {phase}: peak = {format_bytes(entry['intercept'])} + {format_bytes(entry['slope'])} x {knob}")
         if entry["n_cap"] is not None:
             line += f", flat beyond {entry['n_cap']} windows"

@@ -12,6 +12,7 @@ from autotune.commands import add_command, add_precision_arg, progress_printer
 from autotune.commands.bundles import add_generate_args, generation_options
 from autotune.commands.data import MAX_FOLDS
 from autotune.search.driver.options import TuningOptions, add_option_args
+from autotune.tunables import TUNABLES
 
 __all__ = ["register", "add_tuning_args", "specs_from_args", "tuning_options", "MAX_BATCH", "MAX_EPOCHS"]
 
@@ -26,12 +27,13 @@ def add_tuning_args(p: argparse.ArgumentParser) -> None:
     add_option_args(g, ("device", "memory_limit", "storage", "strategy", "objective", "handoff", "margin"))
     g.add_argument("--specs", default=None, type=types.path_text, help="YAML of Auto3DSeg gpu_customization_specs")
     g.add_argument("--num-trials", type=types.positive_int(10_000), default=None, help="trial budget of the tpe strategy (default 20)")
-    g.add_argument("--range-num-images-per-batch", type=types.positive_int(MAX_BATCH), nargs=2, metavar=("MIN", "MAX"), default=None,
-                   help="range of patches per forward pass to search")
-    g.add_argument("--range-num-sw-batch-size", type=types.positive_int(MAX_BATCH), nargs=2, metavar=("MIN", "MAX"), default=None,
-                   help="range of sliding-window batch sizes to search")
-    g.add_argument("--validation-devices", default=None, type=types.names(("device", "cpu"), "validation device"),
-                   help="comma-separated from device,cpu (default both)")
+    for t in TUNABLES:  # each tunable's range (its choices), from its definition (autotune.tunables)
+        if t.kind == "choice":
+            g.add_argument(t.spec_flag, default=None, type=types.names(t.choices, t.name.replace("_", " ")),
+                           help=t.spec_flag_help)
+        else:
+            g.add_argument(t.spec_flag, type=types.positive_int(MAX_BATCH), nargs=2, metavar=("MIN", "MAX"),
+                           default=None, help=t.spec_flag_help)
     add_option_args(g, ("timeout", "target_gpu", "target_memory"))
     add_precision_arg(g)  # every command's (through AUTOTUNE_PRECISION), not a tuning option here
 
@@ -44,12 +46,12 @@ def specs_from_args(args: argparse.Namespace) -> dict[str, Any]:
     universal = dict(specs.get("universal") or {})
     if args.num_trials is not None:
         universal["num_trials"] = args.num_trials
-    if args.range_num_images_per_batch is not None:
-        universal["range_num_images_per_batch"] = list(args.range_num_images_per_batch)
-    if args.range_num_sw_batch_size is not None:
-        universal["range_num_sw_batch_size"] = list(args.range_num_sw_batch_size)
-    if args.validation_devices:
-        universal["validation_devices"] = [v.strip() for v in args.validation_devices.split(",") if v.strip()]
+    for t in TUNABLES:
+        given = getattr(args, t.spec_names[-1])
+        if given and t.kind == "choice":
+            universal[t.spec_names[-1]] = [v.strip() for v in given.split(",") if v.strip()]
+        elif given is not None and t.kind != "choice":
+            universal[t.spec_names[-1]] = list(given)
     if universal:
         specs["universal"] = universal
     return specs

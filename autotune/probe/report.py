@@ -26,8 +26,10 @@ def estimate_report(
     memory_limit: int | str | None = None,
     num_patches_per_iter: int | None = None,
     num_sw_batch_size: int | None = None,
+    **tuned: Any,
 ) -> dict[str, Any]:
-    """Estimate ``bundle`` at one point and fit its memory model per phase.
+    """Estimate ``bundle`` at one point and fit its memory model per phase (any other tunable, ``tuned``, by
+    its name as in ``autotune.probe.estimate.estimate``).
 
     Returns:
         ``{"estimate": ..., "fits": {"train"|"infer": {"intercept", "slope", "points", "n_cap",
@@ -46,13 +48,13 @@ def estimate_report(
     validation_device = validation_device or default_validation_device(bundle)
     limit = None if memory_limit is None else parse_bytes(memory_limit, "memory limit")
     result = estimate(bundle, num_patches_per_iter=num_patches_per_iter, num_sw_batch_size=num_sw_batch_size,
-                      validation_device=validation_device, device=device)
+                      validation_device=validation_device, device=device, **tuned)
     result["memory_limit"] = limit
     allowance = allowance_for(device)
     cuda = device.startswith("cuda")
     report: dict[str, Any] = {"estimate": result, "fits": {}, "allowance": allowance.__dict__ if cuda else None}
     for phase in ("train", "infer"):
-        model = fit_memory_model(bundle, phase=phase, device=device, validation_device=validation_device)
+        model = fit_memory_model(bundle, phase=phase, device=device, validation_device=validation_device, **tuned)
         entry: dict[str, Any] = {"intercept": model.intercept, "slope": model.slope, "points": model.points,
                                  "n_cap": model.cap}
         if limit is not None:

@@ -137,9 +137,12 @@ def resolve_request(bundle: str | Path | Mapping[str, Any], *, num_patches_per_i
         raise ProbeError(f"unknown tunable {unknown[0]!r}; known: {', '.join(t.name for t in TUNABLES)}")
     given = {**tuned, "num_patches_per_iter": num_patches_per_iter, "num_sw_batch_size": num_sw_batch_size,
              "validation_device": validation_device}
+    values = {t.name: _tuned_value(t, given.get(t.name), cfg) for t in TUNABLES}
+    # the step reads a tunable from the view as training reads it from its config: the requested values there
+    cfg = {**cfg, **dict(t.view_entry(values[t.name]) for t in TUNABLES)}
     return {
         "config": cfg,
-        **{t.name: _tuned_value(t, given.get(t.name), cfg) for t in TUNABLES},
+        **values,
         "device": device,
         "memory_limit": limit,
         "phases": _phases(phases),

@@ -15,6 +15,7 @@ from typing import Any
 
 from autotune.search.curves.key_curves import estimates_attr, stored_estimates
 from autotune.search.strategies.objective import metric_name, size_param
+from autotune.tunables import BATCH, SW_BATCH, TUNABLES, VALIDATION_DEVICE
 
 __all__ = ["story_note", "tell_story"]
 
@@ -24,6 +25,22 @@ _WHAT = {
              "trial is an inference-only probe",
     "joint": "training batch and inference point together (tpe): each trial probes both phases",
 }
+
+
+#: the tunables the "Written back" sentence names in its own words; any other is listed after it by its label
+_IN_PROSE = (BATCH.name, SW_BATCH.name, VALIDATION_DEVICE.name)
+
+
+def _written_back(record: Mapping[str, Any]) -> str:
+    """The values written back: today's three in a sentence, any other tunable (``autotune.tunables``) by its
+    label and value."""
+    from autotune.utils import format_bytes
+
+    others = "".join(f"; {t.label} {record.get(t.name)}" for t in TUNABLES if t.name not in _IN_PROSE)
+    return (f"Written back: **{record[BATCH.name]} patches per iteration** (largest that fits: "
+            f"{record.get('max_num_patches_per_iter')}), **sw batch {record[SW_BATCH.name]}** with the "
+            f"volume on the {record.get(VALIDATION_DEVICE.name)}{others}; "
+            f"peak {format_bytes(record.get('peak_bytes'))}.")
 
 
 def _best_line(record: Mapping[str, Any], phase: str) -> str:
@@ -97,10 +114,7 @@ def story_note(study: Any, record: dict[str, Any], trials_study: Any = None) -> 
         f"{format_bytes(record.get('budget_bytes'))} (margin {float(record.get('margin') or 0):.0%}).",
     ]
     if record.get("status") == "tuned":
-        lines.append(
-            f"Written back: **{record['num_patches_per_iter']} patches per iteration** (largest that fits: "
-            f"{record.get('max_num_patches_per_iter')}), **sw batch {record['num_sw_batch_size']}** with the "
-            f"volume on the {record.get('validation_device')}; peak {format_bytes(record.get('peak_bytes'))}.")
+        lines.append(_written_back(record))
         handoff = _handoff_line(record) if phase != "infer" else None
         if handoff:
             lines.append(handoff)

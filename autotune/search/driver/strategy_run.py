@@ -63,7 +63,7 @@ def _answer(outcome: Any, device: str) -> dict[str, Any]:
     infer_res = outcome.infer.result if outcome.infer else {}
     return {
         "status": "tuned",
-        **{t.name: getattr(outcome, t.name) for t in TUNABLES},  # each tunable's answer (autotune.tunables)
+        **{t.name: outcome.value(t.name) for t in TUNABLES},  # each tunable's answer (autotune.tunables)
         "max_num_patches_per_iter": outcome.max_num_patches_per_iter,
         "sw_input_on_cpu": bool(device.startswith("cuda") and outcome.validation_device == "cpu"),
         "train_trial": outcome.train.trial_number if outcome.train else None,

@@ -76,7 +76,7 @@ def run_fast(
     best_train = None if n_max is None else _largest_or_raced(
         train_evals, n_max, lo, objective, "num_patches_per_iter", measured.train)
     if best_train is None:
-        return SearchOutcome(None, None, None, None, None, None, measured.evaluations)
+        return SearchOutcome.nothing(measured.evaluations)
     n = int(best_train.point["num_patches_per_iter"])
     sw_lo, sw_hi = spec.sw_range
     for device in validation_devices:
@@ -91,9 +91,8 @@ def run_fast(
         best_sw = None if m_max is None else _largest_or_raced(
             sw_evals, m_max, sw_lo, objective, "num_sw_batch_size", evaluate_sw)
         if best_sw is not None:
-            return SearchOutcome(n, n_max, int(best_sw.point["num_sw_batch_size"]), device, best_train, best_sw,
-                                 measured.evaluations)
-    return SearchOutcome(n, n_max, None, None, best_train, None, measured.evaluations)
+            return SearchOutcome.of_points(n_max, best_train, best_sw, measured.evaluations)
+    return SearchOutcome.of_points(n_max, best_train, None, measured.evaluations)
 
 
 def edge_check(measured: bool, stated: Mapping[str, Any] | None, bounded: Mapping[str, list[int]]) -> dict[str, Any]:

@@ -43,9 +43,8 @@ def run_tpe(evaluator: Evaluator, spec: object, validation_devices: tuple[str, .
     feasible = [e for e in (Evaluation.from_trial(t, {k: t.params[k] for k in _POINT}, ("train", "infer"))
                             for t in trials if "num_sw_batch_size" in t.params) if e.feasible]
     if not feasible:
-        return SearchOutcome(None, None, None, None, None, None, evaluations)
+        return SearchOutcome.nothing(evaluations)
     best = choose(feasible, lambda e: (e.point["num_patches_per_iter"], e.point["num_sw_batch_size"]), objective,
                   lambda e: evaluator.evaluate(e.point, ("train", "infer"), repeat=1))
     n_max = max(e.point["num_patches_per_iter"] for e in feasible)
-    return SearchOutcome(int(best.point["num_patches_per_iter"]), int(n_max), int(best.point["num_sw_batch_size"]),
-                         str(best.point["validation_device"]), best, best, evaluations)
+    return SearchOutcome.of_points(int(n_max), best, best, evaluations)  # every tunable from the chosen point
