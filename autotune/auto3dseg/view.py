@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from autotune.auto3dseg import segresnet2d
 from autotune.auto3dseg.recognise import file_sha256, identify, monai_bundle_root
 from autotune.auto3dseg.reference import reference_block
 from autotune.auto3dseg.versions import SUPPORTED
@@ -235,8 +236,14 @@ def _dints_values(parser: ConfigParser, where: Path) -> dict[str, Any]:
     }
 
 
+def _segresnet2d_values(parser: ConfigParser, where: Path) -> dict[str, Any]:
+    """SegResNet2D's Segmenter2D (``autotune.auto3dseg.segresnet2d``)."""
+    return segresnet2d.view_values(lambda key, default: _parsed(parser, key, where, default),
+                                   lambda key: _section(parser, key, where), where)
+
+
 def _unsupported_values(parser: ConfigParser, where: Path) -> dict[str, Any]:
-    """Enough of a template autotune does not tune (swinunetr, segresnet2d) to list and skip it."""
+    """Enough of a template autotune does not tune (swinunetr) to list and skip it."""
     def get(key: str, default: Any) -> Any:
         for name in (key, f"training#{key}"):
             if name in parser:
@@ -264,7 +271,7 @@ def load_view(bundle: str | os.PathLike[str]) -> dict[str, Any]:
     assert root is not None  # identify refused anything else
     parser = read_parser(root, version.name)
     where = root / "configs"
-    readers = {"segresnet": _segresnet_values, "dints": _dints_values}
+    readers = {"segresnet": _segresnet_values, "dints": _dints_values, segresnet2d.NAME: _segresnet2d_values}
     values = readers.get(version.name, _unsupported_values)(parser, where)
     supported = version.name in SUPPORTED
     tag = f"monai {version.label}"
