@@ -65,7 +65,7 @@ def view_values(get: Getter, section: Callable[[str], dict[str, Any]], where: Pa
     crops = int(get("num_crops_per_image", 1))
     steps = int(get("num_steps_per_image", None) or 1)
     sw_batch, overlap, sw_cpu = 1, list(SW_OVERLAP), False
-    if isinstance(get("sliding_inferrer", None), Mapping):
+    if get("sliding_inferrer#_target_", None) is not None:  # the bundle names its inferrer (a tuned one does)
         sw_batch = int(get("sliding_inferrer#sw_batch_size", 1))
         overlap = _overlap(get("sliding_inferrer#overlap", SW_OVERLAP), where)
         sw_cpu = str(get("sliding_inferrer#device", "") or "") == "cpu"
