@@ -77,6 +77,15 @@ def test_segresnet2d_is_recognised_and_read_as_its_train_py_reads_it(generated_2
     assert cfg["batch_scaling"]["reference_batch"] == 1 and cfg["batch_scaling"]["lr_scaling"] == "sqrt"
 
 
+def test_specs_under_any_templates_name_and_an_unknown_one_refused_before_anything_runs(generated_2d: Path) -> None:
+    from autotune import tune
+    from autotune.errors import SpecError
+
+    with pytest.raises(SpecError, match="unknown specs key 'segresnet3d'"):
+        tune([generated_2d], {"swinunetr": {"num_trials": 2}, "segresnet3d": {"num_trials": 2}}, device="cpu",
+             progress=None)
+
+
 def test_the_probes_loop_allocates_what_monais_segmenter_2d_allocates(small_2d: Path) -> None:
     """MONAI's Segmenter.train_epoch over the bundle's own WrappedModel2D against autotune's loop (the
     epoch's running averages aside), and the estimator equal to the CPU probe, training and validation."""

@@ -4,7 +4,6 @@ warning naming the right key), and an unknown key refused in one line."""
 from __future__ import annotations
 
 import warnings
-from pathlib import Path
 
 import pytest
 
@@ -51,9 +50,3 @@ def test_an_unknown_specs_key_is_refused_in_one_line_with_the_valid_ones() -> No
     assert "\n" not in message and "'swinunet'" in message and "did you mean 'swinunetr'" in message
     assert "segresnet2d" in message and "unet" in message
 
-
-def test_tune_refuses_an_unknown_key_before_anything_runs(demo_bundles: dict[str, Path]) -> None:
-    from autotune import tune
-
-    with pytest.raises(SpecError, match="unknown specs key 'segresnet3d'"):
-        tune([demo_bundles["unet_0"]], {"segresnet3d": {"num_trials": 2}}, device="cpu", progress=None)
