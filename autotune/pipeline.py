@@ -53,8 +53,15 @@ class BundleGen(_BundleGen):
 
         templates = kwargs.get("templates_path_or_url") or kwargs.get("templates_path") or (args[2:3] or [None])[0]
         if auto3dseg.is_monai_templates(templates):  # MONAI's templates: MONAI's BundleGen, tuned by autotune
-            return auto3dseg.MonaiBundleGen(*args, tuner=tune, **kwargs)
+            return auto3dseg.MonaiBundleGen(*args, tuner=tune, target_gpu_memory=_target_gpu_memory, **kwargs)
         return super().__new__(cls)
+
+
+def _target_gpu_memory(name: str) -> int:
+    """A catalogue GPU's memory (``target_gpu``), for MONAI's templates that size their batch when generated."""
+    from autotune.search import resolve_target
+
+    return int((resolve_target("estimate", name, None, "cpu") or {})["memory"])
 
 
 def generate(

@@ -80,6 +80,21 @@ def _dints(parser: Any) -> tuple[Any, Any, Any, Any]:
     return model, loss, optimizer, None
 
 
+#: template -> "module:function" building (network, loss, optimizer section, accuracy) from its parser
+_BUILDERS = {"swinunetr": "autotune.auto3dseg.swinunetr:build"}
+
+
+def _builder(template: str) -> Any:
+    """The builder of ``template`` (``_BUILDERS``); DiNTS's ``_dints`` for the rest."""
+    import importlib
+
+    target = _BUILDERS.get(template)
+    if target is None:
+        return _dints
+    module, name = target.split(":")
+    return getattr(importlib.import_module(module), name)
+
+
 def static_topology_target() -> str:
     """The ``_target_`` of ``StaticTopologyInstance`` (for ``training_network#dints_space``)."""
     return f"{__name__}.StaticTopologyInstance"
@@ -104,7 +119,7 @@ def build_model_loss_optimizer(cfg: Mapping[str, Any], device: str, *, static_to
         elif template_of(cfg) == segresnet2d.NAME:  # Segmenter2D.setup_model: wrapped, no 3D channels-last
             model, loss, optimizer_part, accuracy = segresnet2d.build_parts(parser, cfg)
         else:
-            model, loss, optimizer_part, accuracy = _dints(parser)
+            model, loss, optimizer_part, accuracy = _builder(template_of(cfg))(parser)
         if not on_meta:
             model = model.to(device)
         if template_of(cfg) == "segresnet" and cfg.get("channels_last", True):  # setup_model, after the move

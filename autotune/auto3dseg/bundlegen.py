@@ -5,13 +5,17 @@ it generates MONAI's bundles through ``monai.apps.auto3dseg.BundleGen`` (the tem
 ``fill_template_config``, MONAI's layout, its ``get_history()`` of ``BundleAlgo`` objects for MONAI's
 ensembles), and ``generate(..., gpu_customization=True, gpu_customization_specs=...)`` tunes them with
 autotune's tuner instead of the templates' search (``num_trials`` is an upper bound, as for autotune's
-own templates). Every other attribute is MONAI's ``BundleGen``'s.
+own templates). Every other attribute is MONAI's ``BundleGen``'s. A template that sizes its batch from the
+visible GPUs while it is generated (SwinUNETR's ``auto_scale``) is given the memory of the device autotune tunes
+for (``generate``'s ``memory_limit``, ``device``, or the target GPU when planning), so it generates on a host
+without a GPU too; the template's files stay as MONAI ships them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +33,28 @@ def is_monai_templates(templates: str | os.PathLike[str] | None) -> bool:
     return folder.is_dir() and any(p.is_file() for p in folder.glob("*/scripts/algo.py"))
 
 
+#: template -> "module:function" (algos, memory) -> context manager, around MONAI's generation: a template whose
+#: ``fill_template_config`` reads the GPUs is given the memory of the device autotune tunes for
+_GENERATION_HOOKS = {"swinunetr": ("autotune.auto3dseg.swinunetr:generation_memory",
+                                   "autotune.auto3dseg.swinunetr:visible_gpu_memory")}
+
+
+@contextlib.contextmanager
+def _generation_hooks(algos: Any, tune_kwargs: Mapping[str, Any],
+                      target_gpu_memory: Callable[[str], int] | None) -> Iterator[None]:
+    """Every registered template's generation context (``_GENERATION_HOOKS``) for the algos being generated."""
+    import importlib
+
+    names = {getattr(algo, "name", None) for algo in algos or []}
+    with contextlib.ExitStack() as stack:
+        for template, targets in _GENERATION_HOOKS.items():
+            if template not in names:
+                continue
+            memory_of, context = (getattr(importlib.import_module(t.split(":")[0]), t.split(":")[1]) for t in targets)
+            stack.enter_context(context(algos, memory_of(tune_kwargs, target_gpu_memory)))
+        yield
+
+
 class MonaiBundleGen:
     """MONAI's ``BundleGen`` whose ``gpu_customization`` is autotune's tuner (see the module docstring).
 
@@ -37,6 +63,8 @@ class MonaiBundleGen:
             (``templates_path`` is taken for ``templates_path_or_url``, as autotune's own BundleGen names it).
         tuner: called with the generated bundle folders, the specs and ``generate``'s extra keyword arguments
             (``autotune.tune``: device, memory_limit, storage, strategy, ...).
+        target_gpu_memory: a catalogue GPU's name (``target_gpu``) -> its memory in bytes, for the templates that
+            size their batch while they are generated (SwinUNETR's ``auto_scale``).
         **monai_kwargs: MONAI's other arguments (``mlflow_tracking_uri``, ``mlflow_experiment_name``).
     """
 
@@ -45,7 +73,7 @@ class MonaiBundleGen:
                  data_stats_filename: str | os.PathLike[str] | None = None,
                  data_src_cfg_name: str | os.PathLike[str] | None = None, *,
                  templates_path: str | os.PathLike[str] | None = None, tuner: Callable[..., Any] | None = None,
-                 **monai_kwargs: Any) -> None:
+                 target_gpu_memory: Callable[[str], int] | None = None, **monai_kwargs: Any) -> None:
         from monai.apps.auto3dseg import BundleGen
 
         if isinstance(algos, str) and "," in algos:  # autotune's comma-separated form
@@ -57,6 +85,7 @@ class MonaiBundleGen:
                               data_src_cfg_name=None if data_src_cfg_name is None else str(data_src_cfg_name),
                               **monai_kwargs)
         self.tuner = tuner
+        self.target_gpu_memory = target_gpu_memory
 
     def generate(self, output_folder: str | os.PathLike[str] = ".", num_fold: int = 5, gpu_customization: bool = False,
                  gpu_customization_specs: Mapping[str, Any] | None = None, allow_skip: bool = True,
@@ -73,7 +102,8 @@ class MonaiBundleGen:
 
         if gpu_customization and self.tuner is None:
             raise ConfigError("this BundleGen has no tuner for gpu_customization; use autotune.BundleGen")
-        self._gen.generate(str(output_folder), num_fold=num_fold, gpu_customization=False, allow_skip=allow_skip)
+        with _generation_hooks(self._gen.algos, tune_kwargs, self.target_gpu_memory):
+            self._gen.generate(str(output_folder), num_fold=num_fold, gpu_customization=False, allow_skip=allow_skip)
         bundles = self.bundle_paths()
         if gpu_customization:
             self.tuner(bundles, gpu_customization_specs, **tune_kwargs)

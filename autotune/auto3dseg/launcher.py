@@ -15,6 +15,10 @@ on ``sys.path``), a child of its own session (``autotune.auto3dseg.supervise``),
   peak RSS beside them. Worker processes
   forked by the script are not tracked (their memory is host memory on a GPU, too).
 
+A template whose ``train.py`` hard-codes ``cuda`` (SwinUNETR) runs on the CPU in its CPU context
+(``autotune.auto3dseg.swinunetr.cuda_on_cpu``: ``cuda`` tensors on the CPU, one device counted), named in the
+record as ``cpu_context``.
+
 The JSON record (``--peak-json``, default ``<bundle>/autotune/launch.json``) holds the limit, the peaks and the
 exit status; the exit code is the script's (3 when it ran out of memory under the limit). Stopped by SIGTERM,
 SIGINT or SIGUSR1, the launcher writes the record (``status: stopped``, the signal, the peaks so far, the
@@ -109,6 +113,31 @@ def _phases(tracker: Any) -> Iterator[None]:
         torch.nn.Module.train = original  # type: ignore[method-assign]
 
 
+#: template -> "module:function": the context its script runs in on the CPU (a train.py that hard-codes cuda)
+_CPU_CONTEXTS = {"swinunetr": "autotune.auto3dseg.swinunetr:cuda_on_cpu"}
+
+
+def _script_context(script: Path, device: str) -> tuple[str | None, Any]:
+    """(template, context) for ``script`` on ``device``: a registered template's CPU context (``_CPU_CONTEXTS``)
+    when the script is a recognised bundle's and the device the CPU; else (None, a context doing nothing)."""
+    import importlib
+
+    from autotune.auto3dseg.recognise import identify, monai_bundle_root
+    from autotune.errors import ConfigError
+
+    root = monai_bundle_root(script.parent.parent) if script.parent.name == "scripts" else None
+    if root is None or device.startswith("cuda"):
+        return None, contextlib.nullcontext()
+    try:
+        template = identify(root).name
+    except ConfigError:  # not a version autotune knows: run as it is
+        return None, contextlib.nullcontext()
+    if template not in _CPU_CONTEXTS:
+        return None, contextlib.nullcontext()
+    module, name = _CPU_CONTEXTS[template].split(":")
+    return template, getattr(importlib.import_module(module), name)()
+
+
 def _run_script(script: Path, args: Sequence[str]) -> int:
     """``python SCRIPT ARGS`` in this process; returns its exit code."""
     saved_argv, saved_path = list(sys.argv), list(sys.path)
@@ -200,9 +229,12 @@ def launch(script: str | os.PathLike[str], args: Sequence[str], memory_limit: in
     tracker = _prepare(device, memory_limit, record, shared)
     if target is not None:
         atomic_write_json(target, {**record, "status": "running"})
+    template, script_context = _script_context(path, device)
+    if template is not None:
+        record["cpu_context"] = f"{template}: cuda devices on the CPU"
     status = "ok"
     try:
-        with (tracker if tracker is not None else contextlib.nullcontext()), _phases(tracker):
+        with script_context, (tracker if tracker is not None else contextlib.nullcontext()), _phases(tracker):
             code = _run_script(path, args)
     except Exception as exc:  # the script's own failure: recorded, then its traceback as Python shows it
         status, code = ("oom", EXIT_OOM) if memory.is_oom_error(exc) else ("error", 1)

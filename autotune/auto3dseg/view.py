@@ -242,8 +242,15 @@ def _segresnet2d_values(parser: ConfigParser, where: Path) -> dict[str, Any]:
                                    lambda key: _section(parser, key, where), where)
 
 
+def _swinunetr_values(parser: ConfigParser, where: Path) -> dict[str, Any]:
+    """SwinUNETR's ``train.py`` (``autotune.auto3dseg.swinunetr``)."""
+    from autotune.auto3dseg.swinunetr import view_values
+
+    return view_values(parser, where, _parsed, _section, _xyz)
+
+
 def _unsupported_values(parser: ConfigParser, where: Path) -> dict[str, Any]:
-    """Enough of a template autotune does not tune (swinunetr) to list and skip it."""
+    """Enough of a template autotune does not tune to list and skip it."""
     def get(key: str, default: Any) -> Any:
         for name in (key, f"training#{key}"):
             if name in parser:
@@ -271,7 +278,8 @@ def load_view(bundle: str | os.PathLike[str]) -> dict[str, Any]:
     assert root is not None  # identify refused anything else
     parser = read_parser(root, version.name)
     where = root / "configs"
-    readers = {"segresnet": _segresnet_values, "dints": _dints_values, segresnet2d.NAME: _segresnet2d_values}
+    readers = {"segresnet": _segresnet_values, "dints": _dints_values, segresnet2d.NAME: _segresnet2d_values,
+               "swinunetr": _swinunetr_values}
     values = readers.get(version.name, _unsupported_values)(parser, where)
     supported = version.name in SUPPORTED
     tag = f"monai {version.label}"

@@ -4,7 +4,8 @@
 estimator call them the same way), with the template's behaviour:
 
 - **the loader batch** is on the host, as MONAI's ``DataLoader`` gives it: images float32 and labels
-  float32 (one channel of class indices; MONAI's random spatial transforms return float32), of
+  float32 (one channel of class indices; MONAI's random spatial transforms return float32; a view's
+  ``loader_label_dtype`` names another, as SwinUNETR's uint8), of
   ``images x crops`` patches; no batch is prefetched on the device (MONAI's workers prefetch on the host).
 - **SegResNet** (``Segmenter.train_epoch``): the batch moved to the device channels-last, gradients set to
   None, the forward under ``autocast`` (fp16, CUDA only), ``DeepSupervisionLoss`` outside it, the
@@ -32,6 +33,9 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 __all__ = ["MonaiWorkload"]
+
+#: template -> "module:function" validating one case (``validate_dints``'s arguments); SegResNet and DiNTS below
+_VALIDATORS = {"swinunetr": "autotune.auto3dseg.swinunetr:validate"}
 
 
 def _is_fake(tensor: Any) -> bool:
@@ -159,7 +163,11 @@ class MonaiWorkload:
         total = loader_batch_patches(num_patches_per_iter, int(cfg.get("num_crops_per_image", 1) or 1))
         roi = [int(v) for v in cfg["roi_size"]]
         images = torch.randn(total, int(cfg["input_channels"]), *roi, device=host)
-        labels = torch.randint(0, int(cfg["output_classes"]), (total, 1, *roi), device=host).float()
+        if cfg.get("loader_label_dtype"):  # as the template's transforms leave them (SwinUNETR: uint8)
+            labels = torch.randint(0, int(cfg["output_classes"]), (total, 1, *roi), device=host,
+                                   dtype=getattr(torch, str(cfg["loader_label_dtype"])))
+        else:
+            labels = torch.randint(0, int(cfg["output_classes"]), (total, 1, *roi), device=host).float()
         self._pending = (images, labels)
         return self._pending, None
 
@@ -218,6 +226,12 @@ class MonaiWorkload:
         if self.template == segresnet2d.NAME:
             return segresnet2d.validate(model, volume, label, cfg, sw_batch_size, device, amp_dtype, self.accuracy,
                                         score=metric is not None)
+        if self.template in _VALIDATORS:
+            import importlib
+
+            module, name = _VALIDATORS[self.template].split(":")
+            validate = getattr(importlib.import_module(module), name)
+            return validate(model, volume, label, cfg, sw_batch_size, device, amp_dtype, score=metric is not None)
         if self.template == "segresnet":
             return validate_segresnet(model, volume, label, cfg, sw_batch_size, device, amp_dtype, self.accuracy,
                                       score=metric is not None)

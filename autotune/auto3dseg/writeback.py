@@ -8,6 +8,8 @@
   ``training#num_crops_per_image``, ``training#num_sw_batch_size``, ``training#sw_input_on_cpu``, and
   ``training#learning_rate`` where it changed; ``training#auto_scale_allowed: false`` so that
   ``train.py``'s ``pre_operation`` does not overwrite them from its memory formula.
+- SwinUNETR (``autotune.auto3dseg.swinunetr``): the same keys at the top level, ``num_sw_batch_size`` as a
+  plain value in place of the template's ``$@num_patches_per_iter``, and ``auto_scale_allowed: false``.
 - SegResNet: the step batch as the template's own auto-scaling lays it out (crop mode ``ratio``:
   ``num_crops_per_image`` crops of one image, ``batch_size: 1``; else ``batch_size`` images of one crop),
   a ``sliding_inferrer`` (``SlidingWindowInfererAdapt``, the tuned ``sw_batch_size``, stitched on the
@@ -36,6 +38,8 @@ from autotune.utils import read_yaml
 __all__ = ["update_bundle", "template_updates", "HYPER_PARAMETERS"]
 
 HYPER_PARAMETERS = Path("configs") / "hyper_parameters.yaml"
+#: template -> "module:function" giving its ``hyper_parameters.yaml`` keys for autotune's updates
+_UPDATERS = {"swinunetr": "autotune.auto3dseg.swinunetr:updates"}
 
 
 def _set(data: dict[str, Any], dotted: str, value: Any, where: Path) -> None:
@@ -99,6 +103,11 @@ def template_updates(view: Mapping[str, Any], updates: Mapping[str, Any], raw: M
         return _dints_updates(view, updates)
     if view["monai_template"] == segresnet2d.NAME:
         return segresnet2d.template_updates(view, updates, raw)
+    if view["monai_template"] in _UPDATERS:
+        import importlib
+
+        module, name = _UPDATERS[view["monai_template"]].split(":")
+        return dict(getattr(importlib.import_module(module), name)(view, updates))
     raise ConfigError(f"{view['bundle_root']}: autotune does not tune MONAI's {view['monai_template']} template")
 
 
