@@ -4,12 +4,12 @@ and a highly anisotropic one (SegResNet2D generated too).
 
 AutoRunner generates every default template from MONAI's templates (``algos`` left out; inside
 ``autotune.auto3dseg.monai_generation``, which gives SwinUNETR's generation the memory autotune tunes for:
-MONAI's own reads the GPUs, and there are none); autotune tunes every
-bundle of both work folders in one call; then MONAI trains through autotune's launcher (the command prefix)
-the bundles whose ``train.py`` runs on a CPU (SegResNet, SegResNet2D: DiNTS's and SwinUNETR's insist on CUDA),
-each with ``BundleAlgo.train``, what AutoRunner's training step calls for each of its bundles, and AutoRunner
-ensembles what was trained. The networks are shrunk for the CPU as plain values in the generated configs
-(the scripts stay MONAI's).
+MONAI's own reads the GPUs, and there are none); autotune tunes every bundle of both work folders; then MONAI
+trains through autotune's launcher (the command prefix) one bundle of each set, each with ``BundleAlgo.train``,
+what AutoRunner's training step calls for each of its bundles (that step itself would stop at DiNTS, whose
+``train.py`` needs CUDA; SwinUNETR's training through the launcher is ``test_monai_swinunetr.py``'s), and
+AutoRunner ensembles what was trained. The networks are shrunk for the CPU as plain values in the generated
+configs (the scripts stay MONAI's).
 """
 
 from __future__ import annotations
