@@ -145,3 +145,27 @@ def test_autorunner_with_its_default_algorithms_and_autotune_in_between(tmp_path
     ensemble.set_num_fold(1)
     ensemble.run()
     assert list((works["anisotropic"] / "ensemble_output").rglob("*.nii.gz")), "MONAI's ensemble wrote no prediction"
+
+
+def test_monai_generation_lets_monais_own_bundlegen_generate_swinunetr_without_a_gpu(
+        monai_work: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """MONAI's own BundleGen (what AutoRunner builds) inside ``monai_generation``: SwinUNETR generated, sized for
+    the memory given; MONAI's ``generate`` put back on the way out."""
+    import shutil
+
+    from monai.apps.auto3dseg.bundle_gen import BundleGen
+
+    from autotune.auto3dseg import monai_generation
+
+    for name in ("datastats.yaml", "data_src.yaml", "datalist.json"):
+        shutil.copy(monai_work / name, tmp_path / name)
+    monkeypatch.chdir(tmp_path)
+    original = BundleGen.generate
+    gen = BundleGen(algo_path=str(tmp_path), algos=["swinunetr"], templates_path_or_url=str(shared_templates()),
+                    data_stats_filename=str(tmp_path / "datastats.yaml"), data_src_cfg_name=str(tmp_path / "data_src.yaml"))
+    with monai_generation(memory_limit="16GiB"):
+        assert BundleGen.generate is not original
+        gen.generate(str(tmp_path), num_fold=1)
+    assert BundleGen.generate is original
+    hyper = yaml.safe_load((tmp_path / "swinunetr_0" / "configs" / "hyper_parameters.yaml").read_text())
+    assert hyper["num_patches_per_iter"] >= 1 and hyper["roi_size"] == [64, 64, 64]
