@@ -143,5 +143,6 @@ def num_windows(cfg: Any) -> int:
 
     roi = tuple(int(v) for v in cfg["roi_size"])
     shape = tuple(max(int(s), r) for s, r in zip(cfg.get("infer_volume_shape") or roi, roi, strict=True))
-    overlap = (float(cfg.get("sw_overlap", 0.5)),) * len(roi)
+    overlap = (tuple(float(v) for v in cfg["sw_overlap_axes"]) if cfg.get("sw_overlap_axes")  # per axis (SegResNet2D)
+               else (float(cfg.get("sw_overlap", 0.5)),) * len(roi))
     return len(dense_patch_slices(shape, roi, _get_scan_interval(shape, roi, len(roi), overlap)))

@@ -1,6 +1,6 @@
 """Does the probe allocate what MONAI's training allocates? The template's own code against autotune's loop.
 
-    python benchmarks/monai_parity.py WORK/segresnet_0 WORK/dints_0 [--patches 2] [--json out.json]
+    python benchmarks/monai_parity.py WORK/segresnet_0 WORK/dints_0 WORK/segresnet2d_0 [--patches 2] [--json out.json]
 
 For each MONAI bundle (hash-checked first: the code run here is the known version's), on the CPU in fp32,
 with the same network, loss, optimizer and loader batch (built by ``autotune.auto3dseg``), the tracked peak
@@ -8,6 +8,8 @@ with the same network, loss, optimizer and loader batch (built by ``autotune.aut
 
 - SegResNet: MONAI's ``Segmenter.train_epoch`` itself, imported from the bundle's ``scripts/segmenter.py``,
   over a loader of the same batch, against ``autotune.auto3dseg``'s loop (what the probe and the estimator run);
+- SegResNet2D: the same ``Segmenter.train_epoch`` (its bundle's copy) over the 2D network wrapped in the bundle's
+  own ``segmenter_2d.WrappedModel2D``, against autotune's loop and wrapper;
 - DiNTS: ``train.py``'s training loop, its own source lines (from ``inputs_l = (`` to ``idx_iter += 1``,
   lines 574-621 of version 21ed8e5) executed as they are on the CPU (the script itself insists on CUDA),
   against the same.
@@ -94,11 +96,16 @@ def _bundle_scripts(bundle: Path, module: str) -> Any:
 
 
 def segresnet_train_epoch_peak(bundle: Path, patches: int) -> int:
-    """The tracked peak of MONAI's ``Segmenter.train_epoch`` over three loader batches of ``patches``."""
+    """The tracked peak of MONAI's ``Segmenter.train_epoch`` over three loader batches of ``patches``; for
+    SegResNet2D, over the same 2D network wrapped in the bundle's own ``segmenter_2d.WrappedModel2D``."""
     import torch
 
     segmenter = _bundle_scripts(bundle, "segmenter").Segmenter
     cfg, model, loss, optimizer, accuracy = _parts(bundle)
+    if cfg["monai_template"] == "segresnet2d":  # MONAI's wrapper around the same network (same parameters)
+        wrapper = _bundle_scripts(bundle, "segmenter_2d").WrappedModel2D
+        with contextlib.redirect_stdout(io.StringIO()):
+            model = wrapper(model.net, memory_format=model.memory_format)
     batch = _batch(cfg, patches)
     loader = [{"image": batch[0], "label": batch[1]}] * 3
 
@@ -146,7 +153,7 @@ def compare(bundle: Path, patches: int) -> dict[str, Any]:
     from autotune.bundles.config import load_bundle_config
 
     template = load_bundle_config(bundle)["monai_template"]
-    monai_peak = (segresnet_train_epoch_peak if template == "segresnet" else dints_train_loop_peak)(bundle, patches)
+    monai_peak = (dints_train_loop_peak if template == "dints" else segresnet_train_epoch_peak)(bundle, patches)
     ours = autotune_loop_peak(bundle, patches)
     return {"bundle": str(bundle), "template": template, "patches": patches, "monai_code_peak_bytes": monai_peak,
             "autotune_loop_peak_bytes": ours, "difference_bytes": ours - monai_peak,

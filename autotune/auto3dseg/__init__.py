@@ -10,7 +10,8 @@ What it offers (names load lazily, so importing this package does not import tor
   training loop and validation, for the probe's child and for the estimator.
 - ``update_bundle``: tuned values into the template's own keys, provenance in ``autotune/tuning.yaml``.
 - ``MonaiBundleGen``: MONAI's ``BundleGen`` on MONAI's templates, tuned by autotune (``autotune.BundleGen``
-  with ``templates_path_or_url`` pointing at them).
+  with ``templates_path_or_url`` pointing at them); ``monai_generation``: MONAI's own ``BundleGen`` (AutoRunner's
+  generation step) given the memory autotune tunes for, so that SwinUNETR generates without a GPU too.
 - ``launch`` (``python -m autotune.launch``): runs a template's ``scripts/train.py`` under a memory limit,
   recording the peak.
 """
@@ -33,6 +34,7 @@ _EXPORTS: dict[str, str] = {
     "update_bundle": "autotune.auto3dseg.writeback",
     "MonaiBundleGen": "autotune.auto3dseg.bundlegen",
     "is_monai_templates": "autotune.auto3dseg.bundlegen",
+    "monai_generation": "autotune.auto3dseg.bundlegen",
     "launch": "autotune.auto3dseg.launcher",
 }
 

@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from autotune.auto3dseg import segresnet2d
 from autotune.auto3dseg.view import read_parser, template_of
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -115,6 +116,8 @@ def build_model_loss_optimizer(cfg: Mapping[str, Any], device: str, *, static_to
         if template_of(cfg) == "segresnet":
             model, loss, optimizer_part, accuracy = _segresnet(parser, cfg)
             optimizer_part = optimizer_part.get_parsed_content(instantiate=False)
+        elif template_of(cfg) == segresnet2d.NAME:  # Segmenter2D.setup_model: wrapped, no 3D channels-last
+            model, loss, optimizer_part, accuracy = segresnet2d.build_parts(parser, cfg)
         else:
             model, loss, optimizer_part, accuracy = _builder(template_of(cfg))(parser)
         if not on_meta:

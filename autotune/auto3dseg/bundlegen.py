@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MonaiBundleGen", "is_monai_templates"]
+__all__ = ["MonaiBundleGen", "is_monai_templates", "monai_generation"]
 
 
 def is_monai_templates(templates: str | os.PathLike[str] | None) -> bool:
@@ -53,6 +53,35 @@ def _generation_hooks(algos: Any, tune_kwargs: Mapping[str, Any],
             memory_of, context = (getattr(importlib.import_module(t.split(":")[0]), t.split(":")[1]) for t in targets)
             stack.enter_context(context(algos, memory_of(tune_kwargs, target_gpu_memory)))
         yield
+
+
+@contextlib.contextmanager
+def monai_generation(**tune_kwargs: Any) -> Iterator[None]:
+    """While inside, MONAI's own ``BundleGen`` (the one AutoRunner's generation step builds) gives the templates
+    that size their batch from the visible GPUs while they are generated (SwinUNETR's ``auto_scale``) the memory
+    of the device autotune tunes for, as ``MonaiBundleGen.generate`` does: ``memory_limit``, ``target_memory``,
+    a ``cuda`` ``device``'s memory (``autotune.tune``'s arguments), else 16 GiB on a host without a GPU.
+    Restored on the way out; the templates' files stay as MONAI ships them::
+
+        with autotune.auto3dseg.monai_generation(memory_limit="16GiB"):
+            AutoRunner(analyze=False, algo_gen=True, train=False, ensemble=False, **kw).run()
+
+    Raises:
+        SpecError: a bad size (``memory_limit``, ``target_memory``), when MONAI generates.
+    """
+    from monai.apps.auto3dseg.bundle_gen import BundleGen
+
+    original = BundleGen.generate
+
+    def generate(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with _generation_hooks(self.algos, tune_kwargs, None):
+            return original(self, *args, **kwargs)
+
+    BundleGen.generate = generate  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        BundleGen.generate = original  # type: ignore[method-assign]
 
 
 class MonaiBundleGen:

@@ -17,7 +17,7 @@ __all__ = ["TemplateVersion", "KNOWN_VERSIONS", "SUPPORTED", "MONAI_DEFAULT_VERS
 
 #: ``MONAI_ALGO_HASH`` of MONAI 1.6.1 (``monai/utils/misc.py``): the templates it downloads by default
 MONAI_DEFAULT_VERSION = "21ed8e5"
-SUPPORTED = ("segresnet", "dints", "swinunetr")
+SUPPORTED = ("segresnet", "dints", "segresnet2d", "swinunetr")
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from autotune.auto3dseg import segresnet2d
 from autotune.auto3dseg.recognise import file_sha256, identify, monai_bundle_root
 from autotune.auto3dseg.reference import reference_block
 from autotune.auto3dseg.versions import SUPPORTED
@@ -235,6 +236,12 @@ def _dints_values(parser: ConfigParser, where: Path) -> dict[str, Any]:
     }
 
 
+def _segresnet2d_values(parser: ConfigParser, where: Path) -> dict[str, Any]:
+    """SegResNet2D's Segmenter2D (``autotune.auto3dseg.segresnet2d``)."""
+    return segresnet2d.view_values(lambda key, default: _parsed(parser, key, where, default),
+                                   lambda key: _section(parser, key, where), where)
+
+
 def _swinunetr_values(parser: ConfigParser, where: Path) -> dict[str, Any]:
     """SwinUNETR's ``train.py`` (``autotune.auto3dseg.swinunetr``)."""
     from autotune.auto3dseg.swinunetr import view_values
@@ -243,7 +250,7 @@ def _swinunetr_values(parser: ConfigParser, where: Path) -> dict[str, Any]:
 
 
 def _unsupported_values(parser: ConfigParser, where: Path) -> dict[str, Any]:
-    """Enough of a template autotune does not tune (segresnet2d) to list and skip it."""
+    """Enough of a template autotune does not tune to list and skip it."""
     def get(key: str, default: Any) -> Any:
         for name in (key, f"training#{key}"):
             if name in parser:
@@ -271,7 +278,8 @@ def load_view(bundle: str | os.PathLike[str]) -> dict[str, Any]:
     assert root is not None  # identify refused anything else
     parser = read_parser(root, version.name)
     where = root / "configs"
-    readers = {"segresnet": _segresnet_values, "dints": _dints_values, "swinunetr": _swinunetr_values}
+    readers = {"segresnet": _segresnet_values, "dints": _dints_values, segresnet2d.NAME: _segresnet2d_values,
+               "swinunetr": _swinunetr_values}
     values = readers.get(version.name, _unsupported_values)(parser, where)
     supported = version.name in SUPPORTED
     tag = f"monai {version.label}"

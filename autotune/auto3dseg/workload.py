@@ -177,7 +177,7 @@ class MonaiWorkload:
         self._pending = None
         if self._loop is None or self._loop_batch is not batch:
             self._loop_batch = batch
-            if self.template == "segresnet":
+            if self.template in ("segresnet", "segresnet2d"):  # SegResNet2D: Segmenter.train_epoch too
                 self._loop = _segresnet_loop(model, loss_fn, optimizer, self.accuracy, batch, amp_dtype, self.cfg)
             else:
                 self._loop = _dints_loop(model, loss_fn, optimizer, batch, num_patches_per_iter, amp_dtype)
@@ -198,7 +198,7 @@ class MonaiWorkload:
             batch, _ = self.make_loader_batches(self.cfg, 1, device)
             self.train_loader_batch(model, self.loss_fn, optimizer, batch, 1, None)
             self._loop = self._loop_batch = None
-        if self.template == "segresnet":
+        if self.template in ("segresnet", "segresnet2d"):
             for param in model.parameters():
                 param.grad = None
 
@@ -220,8 +220,12 @@ class MonaiWorkload:
                         device: Any, amp_dtype: Any, metric: Any) -> Any:
         """Validation of one case as the template runs it; ``metric`` None: the estimator's volume on the meta
         device, scored off the GPU (not counted): the sliding window alone."""
+        from autotune.auto3dseg import segresnet2d
         from autotune.auto3dseg.validation import validate_dints, validate_segresnet
 
+        if self.template == segresnet2d.NAME:
+            return segresnet2d.validate(model, volume, label, cfg, sw_batch_size, device, amp_dtype, self.accuracy,
+                                        score=metric is not None)
         if self.template in _VALIDATORS:
             import importlib
 

@@ -28,6 +28,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from autotune.auto3dseg import segresnet2d
 from autotune.auto3dseg.recognise import identify, monai_bundle_root
 from autotune.auto3dseg.view import TUNING_RELPATH, load_view
 from autotune.errors import ConfigError
@@ -100,6 +101,8 @@ def template_updates(view: Mapping[str, Any], updates: Mapping[str, Any], raw: M
         return _segresnet_updates(view, updates, raw)
     if view["monai_template"] == "dints":
         return _dints_updates(view, updates)
+    if view["monai_template"] == segresnet2d.NAME:
+        return segresnet2d.template_updates(view, updates, raw)
     if view["monai_template"] in _UPDATERS:
         import importlib
 

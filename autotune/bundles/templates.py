@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from autotune.bundles.config import check_config_values
+from autotune.bundles.schema import check_config_values
 from autotune.checks.tree import refuse_expressions, refuse_non_finite
 from autotune.errors import ConfigError
 from autotune.tunables import TUNABLES

@@ -23,6 +23,7 @@ _EXPORTS: dict[str, str] = {
     "family_of": "autotune.families.registry",
     "family_for": "autotune.families.registry",
     "family_of_templates": "autotune.families.registry",
+    "template_names": "autotune.families.registry",
 }
 
 __all__ = list(_EXPORTS)

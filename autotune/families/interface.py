@@ -80,6 +80,10 @@ class TemplateFamily(ABC):
     def training_command(self, bundle: str | os.PathLike[str], memory_limit: str | None = None) -> list[str]:
         """The command line that trains ``bundle`` under ``memory_limit`` (a size such as ``8GiB``)."""
 
+    @abstractmethod
+    def template_names(self) -> tuple[str, ...]:
+        """The names of the templates this family holds (the keys ``gpu_customization_specs`` may give)."""
+
     def generates(self, templates: Any) -> bool:
         """True when ``templates`` (``BundleGen``'s ``templates_path_or_url``; None: autotune's) are this family's."""
         return False

@@ -33,6 +33,11 @@ KEYS: dict[str, dict[str, tuple[str, ...]]] = {
         "num_sw_batch_size": ("training#num_sw_batch_size",),
         "validation_device": ("training#sw_input_on_cpu",),
     },
+    "segresnet2d": {  # SegResNet's keys: Segmenter2D reads them as Segmenter does
+        "num_patches_per_iter": ("batch_size", "num_crops_per_image", "num_steps_per_image", "auto_scale_allowed"),
+        "num_sw_batch_size": ("sliding_inferrer#sw_batch_size",),
+        "validation_device": ("sliding_inferrer#device",),
+    },
     "swinunetr": {
         "num_patches_per_iter": ("num_patches_per_iter", "num_images_per_batch", "num_crops_per_image",
                                  "auto_scale_allowed"),
@@ -62,6 +67,11 @@ class MonaiTemplates(TemplateFamily):
         from autotune.auto3dseg.view import is_monai_view
 
         return is_monai_view(cfg)
+
+    def template_names(self) -> tuple[str, ...]:
+        from autotune.auto3dseg.versions import KNOWN_VERSIONS
+
+        return tuple(dict.fromkeys(version.name for version in KNOWN_VERSIONS.values()))
 
     def generates(self, templates: Any) -> bool:
         from autotune.auto3dseg.bundlegen import is_monai_templates

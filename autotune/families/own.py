@@ -37,6 +37,11 @@ class OwnTemplates(TemplateFamily):
     def reads(self, cfg: Mapping[str, Any]) -> bool:
         return True
 
+    def template_names(self) -> tuple[str, ...]:
+        from autotune.bundles.templates import list_templates
+
+        return tuple(list_templates())
+
     def generates(self, templates: Any) -> bool:
         return True  # autotune's BundleGen: its own templates, or a folder of them it checks when it reads them
 

@@ -10,7 +10,7 @@ from autotune.families.interface import TemplateFamily
 from autotune.families.monai import MonaiTemplates
 from autotune.families.own import OwnTemplates
 
-__all__ = ["FAMILIES", "family_of", "family_for", "family_of_templates"]
+__all__ = ["FAMILIES", "family_of", "family_for", "family_of_templates", "template_names"]
 
 #: asked in order: the first that recognises a bundle is its family; autotune's own templates last (they take
 #: any other folder and refuse it when it is read)
@@ -30,3 +30,8 @@ def family_of_templates(templates: Any) -> TemplateFamily:
 def family_for(cfg: Mapping[str, Any]) -> TemplateFamily:
     """The family whose ``load_config`` made the view ``cfg``."""
     return next(family for family in FAMILIES if family.reads(cfg))
+
+
+def template_names() -> list[str]:
+    """Every template name the families know (a specs key may give any of them), sorted."""
+    return sorted({name for family in FAMILIES for name in family.template_names()})

@@ -112,6 +112,22 @@ def write_dints(work: Path, name: str = "dints_0") -> Path:
     return root
 
 
+def make_anisotropic_dataset(out: Path, cases: int = 8, size: int = 32, step: int = 4) -> Path:
+    """The demo dataset with every ``step``-th slice kept and the slices ``step`` mm apart (1 x 1 x ``step`` mm):
+    highly anisotropic by MONAI's rule (``spacing[2] >= 3 (spacing[0] + spacing[1]) / 2``), so MONAI's
+    BundleGen generates SegResNet2D for it."""
+    import nibabel as nib
+    import numpy as np
+
+    from autotune.data.synthetic import make_demo_dataset
+
+    data = make_demo_dataset(out, cases=cases, size=size, classes=2, seed=0)
+    for path in sorted((data / "imagesTr").glob("*.nii.gz")) + sorted((data / "labelsTr").glob("*.nii.gz")):
+        array = np.asarray(nib.load(path).dataobj)[:, :, ::step].copy()
+        nib.save(nib.Nifti1Image(array, np.diag([1.0, 1.0, float(step), 1.0])), path)
+    return data
+
+
 def register_versions(monkeypatch: Any, *bundles: Path) -> None:
     """Add each bundle's script hashes as the known version ``TEST_VERSION`` of its template."""
     from autotune.auto3dseg import recognise, versions

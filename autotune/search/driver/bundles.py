@@ -27,7 +27,7 @@ from autotune.search.strategies.registry import Strategy, strategy_named
 from autotune.search.strategies.space import parse_specs
 from autotune.utils import look_up_option
 
-__all__ = ["STRATEGIES", "SearchSettings", "search_bundles"]
+__all__ = ["STRATEGIES", "SearchSettings", "known_templates", "search_bundles"]
 
 STRATEGIES = tuple(_REGISTRY)
 
@@ -100,6 +100,13 @@ def _answer_all(session: Session, bundles: Mapping[str, Bundle], groups: Mapping
     return records
 
 
+def known_templates() -> list[str]:
+    """Every template name a specs key may give: autotune's own templates and MONAI's (its known versions)."""
+    from autotune.families import template_names
+
+    return template_names()
+
+
 def search_bundles(bundles: Sequence[str | Path], specs: Mapping[str, Any] | None, settings: SearchSettings,
                    say: Callable[[str], None], summary_path: str | Path | None = None) -> list[dict[str, Any]]:
     """Tune ``bundles`` with ``settings``; write the tuned values (with the ``tuning:`` plan) into each.
@@ -120,7 +127,7 @@ def search_bundles(bundles: Sequence[str | Path], specs: Mapping[str, Any] | Non
     loaded = {str(Path(b)): load_bundle(b) for b in bundles}
     check_writable([b.config_path.parent for b in loaded.values()] if settings.write_back else [])
     check_writable([Path(summary_path).parent] if summary_path else [])
-    explicit = parse_specs(specs, sorted({b.config["algo"] for b in loaded.values()}))
+    explicit = parse_specs(specs, sorted({b.config["algo"] for b in loaded.values()}), known_templates())
     budget = make_budget(options.device, options.memory_limit, options.margin, settings.target)
     session = Session(budget, open_store(options.storage, settings.workers_share, options.timeout), strategy,
                       options, explicit, say)

@@ -1,11 +1,18 @@
 """Tuning specs, compatible with MONAI Auto3DSeg's ``gpu_customization_specs``.
 
-Specs map ``universal`` or an algorithm name to a mapping with:
+Specs map ``universal`` or a template name to a mapping with:
     num_trials                  trials for the ``tpe`` strategy (Auto3DSeg's budget)
     range_num_images_per_batch  [min, max] patches per forward pass (see below)
     range_num_sw_batch_size     [min, max] sliding-window batch size
     validation_devices          which places to try for the validation volume: device, cpu
-An algorithm's own entry overrides ``universal`` key by key.
+An algorithm's own entry overrides ``universal`` key by key. A key may name any template autotune
+knows (its own ``segresnet``, ``dints``, ``unet``; MONAI's ``segresnet``, ``dints``, ``swinunetr``,
+``segresnet2d``), tuned in this run or not, so one specs file serves every run; MONAI's SwinUNETR
+template reads its specs under ``swunetr`` (sic), which autotune takes for ``swinunetr`` with a
+warning naming the right key. Any other key is refused in one line listing the valid ones.
+These are the keys MONAI's own ``customize_param_for_gpu`` reads (DiNTS's and SwinUNETR's
+``num_trials``, ``range_num_images_per_batch``, ``range_num_sw_batch_size``); MONAI takes a
+template's entry instead of ``universal`` as a whole, autotune key by key.
 
 Auto3DSeg's DiNTS tunes ``num_images_per_batch``, but training splits each loader batch
 into chunks of ``num_patches_per_iter``, so memory per forward pass is set by the
@@ -16,6 +23,7 @@ loader settings that produce the tuned value are written back with it.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,11 +34,18 @@ from autotune.search.strategies.objective import SW_SCALE
 from autotune.tunables import BATCH, SW_BATCH, TUNABLES, VALIDATION_DEVICE, Tunable, spec_key_names
 from autotune.utils import look_up_option
 
-__all__ = ["AlgoSpec", "SPEC_KEYS", "VALIDATION_DEVICES", "parse_specs", "spec_for"]
+__all__ = ["AlgoSpec", "SPEC_KEYS", "SPEC_ALIASES", "SpecKeyWarning", "VALIDATION_DEVICES", "parse_specs", "spec_for"]
 
 SPEC_KEYS = ("num_trials", *sorted(spec_key_names()))  # each tunable's (``autotune.tunables``)
 #: the ``AlgoSpec`` field that holds each tunable's range or choices
 _FIELDS = {BATCH.name: "patches_range", SW_BATCH.name: "sw_range", VALIDATION_DEVICE.name: "validation_devices"}
+
+#: a template's specs key as MONAI's own template spells it -> the template's name
+SPEC_ALIASES = {"swunetr": "swinunetr"}  # MONAI's swinunetr/scripts/algo.py, customize_param_for_gpu
+
+
+class SpecKeyWarning(UserWarning):
+    """A specs key autotune reads under another name (MONAI's spelling of a template's name)."""
 
 
 @dataclass(frozen=True)
@@ -101,22 +116,43 @@ def _choices(item: Tunable, value: Any, where: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(look_up_option(str(v), item.choices, what, SpecError) for v in value))
 
 
-def parse_specs(specs: Mapping[str, Any] | None, algos: Sequence[str]) -> dict[str, dict[str, Any]]:
-    """Check specs and return the explicit values per algorithm (``universal`` merged in).
+def _top_key(key: Any, valid: Sequence[str]) -> str:
+    """The template (or ``universal``) a top-level specs key names; MONAI's spelling with a warning."""
+    name = look_up_option(str(key), (*valid, *SPEC_ALIASES), "specs key", SpecError)
+    if name in SPEC_ALIASES:
+        right = SPEC_ALIASES[name]
+        warnings.warn(f"specs key {name!r} is MONAI's spelling in its {right} template; autotune reads it as "
+                      f"{right!r}: write {right!r}", SpecKeyWarning, stacklevel=3)
+        return right
+    return name
+
+
+def parse_specs(specs: Mapping[str, Any] | None, algos: Sequence[str],
+                known: Sequence[str] = ()) -> dict[str, dict[str, Any]]:
+    """Check specs and return the explicit values per algorithm of ``algos`` (``universal`` merged in).
+
+    ``known``: the other template names a key may give (not tuned in this run: accepted, unused).
 
     Raises:
-        SpecError: unknown top-level or inner keys (valid ones listed), non-integer or
-            empty ranges, min > max, values below 1, bad validation devices.
+        SpecError: unknown top-level or inner keys (valid ones listed), a template given under both its
+            name and MONAI's spelling, non-integer or empty ranges, min > max, values below 1, bad
+            validation devices.
+
+    Warns:
+        SpecKeyWarning: a key in MONAI's spelling (``swunetr``), read as the template's name.
     """
     if specs is None:
         specs = {}
     if not isinstance(specs, Mapping):
         raise SpecError(f"gpu_customization_specs must be a mapping of 'universal' or algorithm names, got {specs!r}")
-    valid_top = ("universal", *algos)
+    valid_top = tuple(dict.fromkeys(("universal", *algos, *known)))
     universal: dict[str, Any] = {}
     per_algo: dict[str, dict[str, Any]] = {}
     for key, entry in specs.items():
-        name = look_up_option(str(key), valid_top, "specs key", SpecError)
+        name = _top_key(key, valid_top)
+        if name in per_algo:
+            spelled = next(k for k, v in SPEC_ALIASES.items() if v == name)
+            raise SpecError(f"specs: give {name!r} or MONAI's spelling {spelled!r}, not both")
         checked = _check_entry(entry, f"specs.{name}")
         if name == "universal":
             universal = checked
