@@ -53,8 +53,7 @@ def _resolved(root: Path) -> Any:
 def _get(parser: Any, *keys: str) -> Any:
     for key in keys:
         if key in parser:
-            return parser.get_parsed_content(key, instantiate=False) if key.endswith("inferrer") else \
-                parser.get_parsed_content(key)
+            return parser.get_parsed_content(key)
     return None
 
 
@@ -67,19 +66,20 @@ def _check(root: Path) -> dict[str, Any]:
     parser = _resolved(root)
     view = family_of(root).load_config(root)
     keys = family_of(root).tunable_keys(view)
-    raw = yaml.safe_load((root / "configs" / "hyper_parameters.yaml").read_text())
-    flat = json.dumps(raw)
     resolved = {"num_patches_per_iter": view["num_patches_per_iter"], "num_sw_batch_size": view["num_sw_batch_size"],
                 "sw_input_on_cpu": view["sw_input_on_cpu"]}
     scale = _get(parser, "auto_scale_allowed", "training#auto_scale_allowed")
     status = (tuning or {}).get("status")
+    sw_key = keys["num_sw_batch_size"][0]  # the key table's key, resolved by MONAI's ConfigParser itself
+    sw_resolved = _get(parser, sw_key)
     ok = (status == "tuned" and scale is False
           and resolved["num_patches_per_iter"] == tuning.get("num_patches_per_iter")
-          and resolved["num_sw_batch_size"] == tuning.get("num_sw_batch_size")
-          and all(any(k.split("#")[-1] in flat for k in where) for where in keys.values()))
+          and resolved["num_sw_batch_size"] == tuning.get("num_sw_batch_size") == sw_resolved
+          and resolved["sw_input_on_cpu"] == (tuning.get("validation_device") == "cpu"))
     return {"bundle": root.name, "status": status, "reason": (tuning or {}).get("reason"), "keys": keys,
             "tuned": {k: tuning.get(k) for k in ("num_patches_per_iter", "num_sw_batch_size", "validation_device")},
-            "read_back_by_monai": resolved, "auto_scale_allowed": scale, "ok": bool(ok)}
+            "read_back_by_monai": resolved, "sw_batch_by_its_key": sw_resolved, "auto_scale_allowed": scale,
+            "ok": bool(ok)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,9 +90,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--strategy", default="fast")
     parser.add_argument("--anisotropic", action="store_true")
     parser.add_argument("--out", default=None)
+    parser.add_argument("--check-only", action="store_true",
+                        help="run the checks on the bundles already in --work/run (tuned by an earlier run)")
     args = parser.parse_args(argv)
-
-    import torch
 
     import autotune
 
@@ -100,6 +100,9 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(args.work).resolve()
     work.mkdir(parents=True, exist_ok=True)
     os.chdir(work)  # MONAI's SegResNet algo writes runner.log into the working folder
+    if args.check_only:
+        return _report(args, out, [str(p.parent.parent) for p in sorted((work / "run").glob("*/scripts/algo.py"))],
+                       None)
     data = _dataset(work / "data", args.anisotropic)
     analysed = autotune.analyze(data, work / "run", num_fold=2, progress=False)
     started = time.perf_counter()
@@ -111,7 +114,12 @@ def main(argv: list[str] | None = None) -> int:
                                                                   "range_num_images_per_batch": [1, 4],
                                                                   "range_num_sw_batch_size": [1, 8]}},
                            device="cpu", memory_limit=args.memory_limit, strategy=args.strategy)
-    seconds = time.perf_counter() - started
+    return _report(args, out, bundles, time.perf_counter() - started)
+
+
+def _report(args: argparse.Namespace, out: Path | None, bundles: list[str], seconds: float | None) -> int:
+    import torch
+
     rows = [_check(Path(b)) for b in bundles]
     native = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     print(f"{'bundle':16} {'status':11} {'patches':>7} {'sw':>4} {'monai reads':>14} {'auto_scale':>10}  ok")
@@ -120,11 +128,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{row['bundle']:16} {str(row['status']):11} {str(row['tuned']['num_patches_per_iter']):>7} "
               f"{str(row['tuned']['num_sw_batch_size']):>4} {back['num_patches_per_iter']:>7}/{back['num_sw_batch_size']:<6} "
               f"{str(row['auto_scale_allowed']):>10}  {row['ok']}")
-    result = {"command": "python " + " ".join([sys.argv[0], *(argv or sys.argv[1:])]),
+    command = "python " + " ".join(sys.argv)
+    result = {"command": command,
               "machine": f"{os.cpu_count()} CPU cores, {platform.processor() or platform.machine()}, native bf16 "
                          f"{native}; torch {torch.__version__}", "anisotropic": args.anisotropic,
-              "memory_limit": args.memory_limit, "strategy": args.strategy, "generate_and_tune_seconds": round(seconds, 1),
+              "memory_limit": args.memory_limit, "strategy": args.strategy,
+              "generate_and_tune_seconds": None if seconds is None else round(seconds, 1),
               "bundles": rows, "all_ok": all(r["ok"] for r in rows)}
+    if seconds is None and out is not None and out.is_file():  # checks rerun: the run's own command and time kept
+        earlier = json.loads(out.read_text())
+        result.update(command=earlier.get("command"), checks_rerun_by=command,
+                      generate_and_tune_seconds=earlier.get("generate_and_tune_seconds"))
     if out is not None:
         from autotune.files import atomic_write_json
 
