@@ -16,7 +16,7 @@ over the slices of each 3D patch, and this module follows it:
 - **validation**: ``Segmenter2D``'s ``SlidingWindowInfererAdapt`` over 3D windows of the roi (overlap
   ``[0.625, 0.625, 0]``, Gaussian, no cached weight map: computed on the device for each case), or the
   one the bundle's ``sliding_inferrer`` names; ``val_epoch``'s Dice on the device.
-- **the write-back**: SegResNet's keys (crops of one image in crop mode ``ratio``, else images of one
+- **the write-back** (``autotune.auto3dseg.writeback``): SegResNet's keys (crops of one image in crop mode ``ratio``, else images of one
   crop; ``auto_scale_allowed: false``), and a ``sliding_inferrer`` as ``Segmenter2D`` makes its own,
   with the tuned ``sw_batch_size`` (stitched on the CPU when validation was tuned there).
 
@@ -32,8 +32,7 @@ from typing import Any
 
 from autotune.errors import ConfigError
 
-__all__ = ["NAME", "SW_OVERLAP", "view_values", "build_parts", "wrapped_model_2d", "validate", "inferrer",
-           "template_updates"]
+__all__ = ["NAME", "SW_OVERLAP", "view_values", "build_parts", "wrapped_model_2d", "validate", "inferrer"]
 
 NAME = "segresnet2d"
 #: Segmenter2D.__init__'s default SlidingWindowInfererAdapt: no overlap along the slices
@@ -160,50 +159,9 @@ def inferrer(cfg: Mapping[str, Any], sw_batch_size: int, output_device: Any, sw_
 
 def validate(model: Any, volume: Any, label: Any, cfg: Mapping[str, Any], sw_batch_size: int, device: Any,
              amp_dtype: Any, accuracy: Any, score: bool = True) -> Any:
-    """One case of ``Segmenter.val_epoch`` with SegResNet2D's inferrer (no post-transforms, no loss)."""
-    import torch
+    """One case of ``Segmenter.val_epoch`` with SegResNet2D's inferrer (no post-transforms, no loss); the view's
+    ``channels_last`` is off, as after ``setup_model``."""
+    from autotune.auto3dseg.validation import validate_segresnet
 
-    device = torch.device(device)
-    on_cpu = volume.device.type != device.type  # validation on the CPU: stitched there
-    sliding = inferrer(cfg, sw_batch_size, volume.device if on_cpu else None, device)
-    with torch.no_grad():
-        data = volume.as_subclass(torch.Tensor).to(device=device)  # channels_last is off after setup_model
-        with torch.autocast(device.type, dtype=torch.float16, enabled=amp_dtype is torch.float16):
-            logits = sliding(inputs=data, network=model)
-        data = None
-        if not score:
-            return logits
-        pred = logits[0] if isinstance(logits, (list, tuple)) else logits
-        if cfg.get("sigmoid"):
-            pred = torch.sigmoid(pred)
-        acc = accuracy(pred.to(device=device), label.as_subclass(torch.Tensor).to(device=device))
-        if isinstance(acc, (list, tuple)):
-            acc = acc[0]
-        acc = acc.detach().clone()
-    return acc
-
-
-def template_updates(view: Mapping[str, Any], updates: Mapping[str, Any], raw: Mapping[str, Any]) -> dict[str, Any]:
-    """``hyper_parameters.yaml`` key -> plain value for autotune's ``updates`` (see the module docstring)."""
-    out: dict[str, Any] = {}
-    if "num_images_per_batch" in updates or "num_patches_per_iter" in updates:
-        crops = int(updates.get("num_crops_per_image", view["num_crops_per_image"]))
-        patches = int(updates.get("num_images_per_batch") or updates["num_patches_per_iter"]) * crops
-        ratio = str(raw.get("crop_mode", "ratio")) == "ratio"  # Segmenter.train()'s layout of its own batch
-        out.update(num_crops_per_image=patches if ratio else 1, batch_size=1 if ratio else patches,
-                   auto_scale_allowed=False)
-        if raw.get("num_steps_per_image") not in (None, 1):
-            out["num_steps_per_image"] = 1
-    if "num_sw_batch_size" in updates or "sw_input_on_cpu" in updates:
-        sliding: dict[str, Any] = {
-            "_target_": "SlidingWindowInfererAdapt", "roi_size": list(view["roi_size_valid"]),
-            "sw_batch_size": int(updates.get("num_sw_batch_size", view["num_sw_batch_size"])),
-            "overlap": [float(v) for v in view["sw_overlap_axes"]], "mode": "gaussian", "cache_roi_weight_map": False,
-            "progress": False,
-        }
-        if updates.get("sw_input_on_cpu", view["sw_input_on_cpu"]):
-            sliding["device"] = "cpu"
-        out["sliding_inferrer"] = sliding
-    if "learning_rate" in updates and float(updates["learning_rate"]) != float(view["learning_rate"]):
-        out["learning_rate"] = float(updates["learning_rate"])
-    return out
+    return validate_segresnet(model, volume, label, cfg, sw_batch_size, device, amp_dtype, accuracy, score,
+                              make_inferrer=lambda output_device: inferrer(cfg, sw_batch_size, output_device, device))

@@ -22,7 +22,7 @@ dispatch tables (``view``'s readers, ``build``'s builders, ``workload``'s valida
 - **Validation** of one case (``validate``): ``sliding_window_inference`` (Gaussian, ``overlap_ratio``) with the
   input and output on the device, or on the CPU (``sw_input_on_cpu``), then ``post_pred`` (argmax, or sigmoid
   and threshold) and ``compute_dice`` as ``train.py`` runs them.
-- **Write-back** (``updates``): ``num_patches_per_iter``, ``num_images_per_batch``, ``num_crops_per_image``,
+- **Write-back** (``autotune.auto3dseg.writeback``): ``num_patches_per_iter``, ``num_images_per_batch``, ``num_crops_per_image``,
   ``num_sw_batch_size`` (a plain value in place of the template's expression), ``sw_input_on_cpu``,
   ``learning_rate`` where it changed, and ``auto_scale_allowed: false`` (``train.py``'s ``pre_operation`` would
   otherwise recompute the batch from the GPU's free memory).
@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["NAME", "DEFAULT_GENERATION_MEMORY", "generation_memory", "visible_gpu_memory", "view_values", "build",
-           "validate", "updates", "cuda_on_cpu", "LABEL_DTYPE"]
+           "validate", "cuda_on_cpu", "LABEL_DTYPE"]
 
 NAME = "swinunetr"
 #: what ``auto_scale`` is given where no device, limit or target says otherwise and no GPU is visible
@@ -205,25 +205,6 @@ def validate(model: Any, volume: Any, label: Any, cfg: Mapping[str, Any], sw_bat
         val_outputs = val_outputs[None, ...]
         return compute_dice(y_pred=val_outputs, y=label.to(val_outputs.device), include_background=not softmax,
                             num_classes=int(cfg["output_classes"])).to(device)
-
-
-# --------------------------------------------------------------------------------------------------- write-back
-
-def updates(view: Mapping[str, Any], tuned: Mapping[str, Any]) -> dict[str, Any]:
-    """``hyper_parameters.yaml`` key -> plain value for autotune's tuned values (see the module docstring)."""
-    out: dict[str, Any] = {}
-    for key in ("num_patches_per_iter", "num_images_per_batch", "num_crops_per_image"):
-        if key in tuned:
-            out[key] = int(tuned[key])
-    if "num_sw_batch_size" in tuned or out:  # the template's expression ties it to num_patches_per_iter
-        out["num_sw_batch_size"] = int(tuned.get("num_sw_batch_size", view["num_sw_batch_size"]))
-    if "sw_input_on_cpu" in tuned:
-        out["sw_input_on_cpu"] = bool(tuned["sw_input_on_cpu"])
-    if "learning_rate" in tuned and float(tuned["learning_rate"]) != float(view["learning_rate"]):
-        out["learning_rate"] = float(tuned["learning_rate"])
-    if out:
-        out["auto_scale_allowed"] = False
-    return out
 
 
 # ---------------------------------------------------------------------------------------------------- launcher

@@ -9,7 +9,7 @@ DiNTS keeps input and output on the CPU (``sw_input_on_cpu``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 __all__ = ["segresnet_inferrer", "validate_segresnet", "validate_dints"]
@@ -32,14 +32,20 @@ def segresnet_inferrer(cfg: Mapping[str, Any], sw_batch_size: int, output_device
 
 
 def validate_segresnet(model: Any, volume: Any, label: Any, cfg: Mapping[str, Any], sw_batch_size: int, device: Any,
-                       amp_dtype: Any, accuracy: Any, score: bool = True) -> Any:
-    """One case of ``Segmenter.val_epoch`` (no post-transforms, no validation loss, as during training)."""
+                       amp_dtype: Any, accuracy: Any, score: bool = True,
+                       make_inferrer: Callable[[Any], Any] | None = None) -> Any:
+    """One case of ``Segmenter.val_epoch`` (no post-transforms, no validation loss, as during training).
+
+    ``make_inferrer``: the output device (None: the compute device) -> the inferrer, for a Segmenter that makes
+    its own (``Segmenter2D``); default ``segresnet_inferrer``."""
     import torch
 
     device = torch.device(device)
     memory_format = torch.channels_last_3d if cfg.get("channels_last", True) else torch.preserve_format
     on_cpu = volume.device.type != device.type  # validation on the CPU: stitched there
-    inferrer = segresnet_inferrer(cfg, sw_batch_size, volume.device if on_cpu else None)
+    output_device = volume.device if on_cpu else None
+    inferrer = (make_inferrer(output_device) if make_inferrer is not None
+                else segresnet_inferrer(cfg, sw_batch_size, output_device))
     with torch.no_grad():  # val_epoch is decorated with torch.no_grad()
         data = volume.as_subclass(torch.Tensor).to(memory_format=memory_format, device=device)
         with torch.autocast(device.type, dtype=torch.float16, enabled=amp_dtype is torch.float16):

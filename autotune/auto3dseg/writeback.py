@@ -15,6 +15,8 @@
   a ``sliding_inferrer`` (``SlidingWindowInfererAdapt``, the tuned ``sw_batch_size``, stitched on the
   CPU when validation was tuned there), ``learning_rate`` where it changed, and ``auto_scale_allowed:
   false`` so that ``auto_adjust_network_settings`` (batch from GPU GiB / 16) and ``train()`` leave them.
+- SegResNet2D: SegResNet's keys, the inferrer as ``Segmenter2D`` makes it (overlap per axis, no cached
+  weight map).
 
 Only plain values are written; MONAI's ``$``/``@`` expressions stay as they are (the file is read with
 ``yaml.safe_load`` and written back in MONAI's own layout, atomically). The ``tuning:`` record goes to
@@ -24,11 +26,10 @@ Only plain values are written; MONAI's ``$``/``@`` expressions stay as they are 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from autotune.auto3dseg import segresnet2d
 from autotune.auto3dseg.recognise import identify, monai_bundle_root
 from autotune.auto3dseg.view import TUNING_RELPATH, load_view
 from autotune.errors import ConfigError
@@ -38,8 +39,6 @@ from autotune.utils import read_yaml
 __all__ = ["update_bundle", "template_updates", "HYPER_PARAMETERS"]
 
 HYPER_PARAMETERS = Path("configs") / "hyper_parameters.yaml"
-#: template -> "module:function" giving its ``hyper_parameters.yaml`` keys for autotune's updates
-_UPDATERS = {"swinunetr": "autotune.auto3dseg.swinunetr:updates"}
 
 
 def _set(data: dict[str, Any], dotted: str, value: Any, where: Path) -> None:
@@ -53,7 +52,10 @@ def _set(data: dict[str, Any], dotted: str, value: Any, where: Path) -> None:
     node[leaf] = value
 
 
-def _segresnet_updates(view: Mapping[str, Any], updates: Mapping[str, Any], raw: Mapping[str, Any]) -> dict[str, Any]:
+def _segmenter_updates(view: Mapping[str, Any], updates: Mapping[str, Any], raw: Mapping[str, Any], overlap: Any,
+                       cache_weights: bool) -> dict[str, Any]:
+    """SegResNet's Segmenter (and Segmenter2D): the step batch laid out as ``train()`` lays out its own, and the
+    sliding inferrer it makes with ``overlap`` (per axis for the 2D one) and ``cache_weights``."""
     out: dict[str, Any] = {}
     if "num_images_per_batch" in updates or "num_patches_per_iter" in updates:
         crops = int(updates.get("num_crops_per_image", view["num_crops_per_image"]))
@@ -68,7 +70,7 @@ def _segresnet_updates(view: Mapping[str, Any], updates: Mapping[str, Any], raw:
         inferrer: dict[str, Any] = {
             "_target_": "SlidingWindowInfererAdapt", "roi_size": list(view["roi_size_valid"]),
             "sw_batch_size": int(updates.get("num_sw_batch_size", view["num_sw_batch_size"])),
-            "overlap": float(view["sw_overlap"]), "mode": "gaussian", "cache_roi_weight_map": True, "progress": False,
+            "overlap": overlap, "mode": "gaussian", "cache_roi_weight_map": cache_weights, "progress": False,
         }
         if updates.get("sw_input_on_cpu", view["sw_input_on_cpu"]):
             inferrer["device"] = "cpu"
@@ -78,18 +80,33 @@ def _segresnet_updates(view: Mapping[str, Any], updates: Mapping[str, Any], raw:
     return out
 
 
-def _dints_updates(view: Mapping[str, Any], updates: Mapping[str, Any]) -> dict[str, Any]:
+def _train_py_updates(view: Mapping[str, Any], updates: Mapping[str, Any], prefix: str, tie_sw: bool) -> dict[str, Any]:
+    """DiNTS's and SwinUNETR's ``train.py``: its loader and pass keys as they are, under ``prefix``; ``tie_sw``: the
+    template ties ``num_sw_batch_size`` to ``num_patches_per_iter`` by expression, so it is written with the batch."""
     out: dict[str, Any] = {}
-    for key in ("num_patches_per_iter", "num_images_per_batch", "num_crops_per_image", "num_sw_batch_size"):
+    for key in ("num_patches_per_iter", "num_images_per_batch", "num_crops_per_image"):
         if key in updates:
-            out[f"training#{key}"] = int(updates[key])
+            out[prefix + key] = int(updates[key])
+    if "num_sw_batch_size" in updates or (tie_sw and out):
+        out[prefix + "num_sw_batch_size"] = int(updates.get("num_sw_batch_size", view["num_sw_batch_size"]))
     if "sw_input_on_cpu" in updates:
-        out["training#sw_input_on_cpu"] = bool(updates["sw_input_on_cpu"])
+        out[prefix + "sw_input_on_cpu"] = bool(updates["sw_input_on_cpu"])
     if "learning_rate" in updates and float(updates["learning_rate"]) != float(view["learning_rate"]):
-        out["training#learning_rate"] = float(updates["learning_rate"])
+        out[prefix + "learning_rate"] = float(updates["learning_rate"])
     if out:
-        out["training#auto_scale_allowed"] = False
+        out[prefix + "auto_scale_allowed"] = False
     return out
+
+
+Updater = Callable[[Mapping[str, Any], Mapping[str, Any], Mapping[str, Any]], dict[str, Any]]
+#: template -> its ``hyper_parameters.yaml`` keys (``a#b``) for autotune's updates
+_UPDATERS: dict[str, Updater] = {
+    "segresnet": lambda view, updates, raw: _segmenter_updates(view, updates, raw, float(view["sw_overlap"]), True),
+    "segresnet2d": lambda view, updates, raw: _segmenter_updates(  # Segmenter2D's: overlap per axis, no cache
+        view, updates, raw, [float(v) for v in view["sw_overlap_axes"]], False),
+    "dints": lambda view, updates, raw: _train_py_updates(view, updates, "training#", tie_sw=False),
+    "swinunetr": lambda view, updates, raw: _train_py_updates(view, updates, "", tie_sw=True),
+}
 
 
 def template_updates(view: Mapping[str, Any], updates: Mapping[str, Any], raw: Mapping[str, Any]) -> dict[str, Any]:
@@ -97,18 +114,10 @@ def template_updates(view: Mapping[str, Any], updates: Mapping[str, Any], raw: M
 
     Warm-up keys (``lr_warmup_*``) have no key in MONAI's templates; they stay in the ``tuning:`` record.
     """
-    if view["monai_template"] == "segresnet":
-        return _segresnet_updates(view, updates, raw)
-    if view["monai_template"] == "dints":
-        return _dints_updates(view, updates)
-    if view["monai_template"] == segresnet2d.NAME:
-        return segresnet2d.template_updates(view, updates, raw)
-    if view["monai_template"] in _UPDATERS:
-        import importlib
-
-        module, name = _UPDATERS[view["monai_template"]].split(":")
-        return dict(getattr(importlib.import_module(module), name)(view, updates))
-    raise ConfigError(f"{view['bundle_root']}: autotune does not tune MONAI's {view['monai_template']} template")
+    updater = _UPDATERS.get(view["monai_template"])
+    if updater is None:
+        raise ConfigError(f"{view['bundle_root']}: autotune does not tune MONAI's {view['monai_template']} template")
+    return updater(view, updates, raw)
 
 
 def update_bundle(bundle: str | os.PathLike[str], updates: Mapping[str, Any]) -> dict[str, Any]:

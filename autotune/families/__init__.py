@@ -9,34 +9,12 @@ generate bundles from its templates, and the hooks the search and the hand-off n
 folder), ``family_for`` (a loaded view) and ``family_of_templates`` (``BundleGen``'s templates) in ``registry``
 are the only place that tells the families apart; nothing outside a family tests a format or a template's name.
 
-Names load lazily: importing this package imports neither torch nor MONAI.
+The modules import neither torch nor MONAI at import time (each family imports its code when asked).
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from autotune.families.interface import TemplateFamily
+from autotune.families.registry import FAMILIES, family_for, family_of, family_of_templates, template_names
 
-_EXPORTS: dict[str, str] = {
-    "TemplateFamily": "autotune.families.interface",
-    "FAMILIES": "autotune.families.registry",
-    "family_of": "autotune.families.registry",
-    "family_for": "autotune.families.registry",
-    "family_of_templates": "autotune.families.registry",
-    "template_names": "autotune.families.registry",
-}
-
-__all__ = list(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'autotune.families' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__all__ = ["TemplateFamily", "FAMILIES", "family_of", "family_for", "family_of_templates", "template_names"]
