@@ -192,31 +192,23 @@ def build_lr_scheduler(
 ) -> torch.optim.lr_scheduler.LRScheduler | None:
     """Build the schedule in ``cfg['lr_scheduler']``, stepped ``total_steps`` times in all.
 
-    With ``warmup_steps`` and ``warmup_start_factor < 1`` (a learning rate scaled up for a
-    larger batch, see ``autotune.bundles.scaling``) the rate ramps from that share of
-    itself to all of it first, and the template's schedule multiplies on top.
+    Every schedule is the closed form of ``autotune.schedule`` in a ``LambdaLR`` (step for step MONAI's
+    ``WarmupCosineSchedule`` and PyTorch's ``PolynomialLR`` and ``CosineAnnealingLR``), so a run trained
+    to a time budget can re-plan its length. With ``warmup_steps`` and ``warmup_start_factor < 1`` (a
+    learning rate scaled up for a larger batch, see ``autotune.bundles.scaling``) the rate ramps from
+    that share of itself to all of it first, and the template's schedule multiplies on top. None for
+    ``none`` without a ramp.
     """
-    import torch
+    from autotune.schedule import build_scaled_scheduler
 
     section = cfg.get("lr_scheduler") or {"name": "none"}
     name = look_up_option(str(section.get("name", "none")), SCHEDULERS, "lr_scheduler")
     args = dict(section.get("args") or {})
-    total_steps = max(1, int(total_steps))
-    if warmup_steps > 0 and warmup_start_factor < 1.0:
-        from autotune.schedule import build_scaled_scheduler
-
-        return build_scaled_scheduler({"name": name, "args": args}, optimizer, total_steps, warmup_steps,
-                                      warmup_start_factor)
-    if name == "none":
+    ramp = warmup_steps > 0 and warmup_start_factor < 1.0
+    if name == "none" and not ramp:
         return None
-    if name == "WarmupCosineSchedule":
-        from monai.optimizers import WarmupCosineSchedule
-
-        warmup = int(round(float(args.pop("warmup_fraction", 0.03)) * total_steps))
-        return WarmupCosineSchedule(optimizer, warmup_steps=warmup, t_total=total_steps, **args)
-    if name == "PolynomialLR":
-        return torch.optim.lr_scheduler.PolynomialLR(optimizer, total_iters=total_steps, **args)
-    return torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=total_steps, **args)
+    return build_scaled_scheduler({"name": name, "args": args}, optimizer, max(1, int(total_steps)),
+                                  warmup_steps if ramp else 0, warmup_start_factor if ramp else 1.0)
 
 
 def amp_dtype(cfg: Mapping[str, Any], device: str | torch.device, precision: str | None = None) -> torch.dtype | None:

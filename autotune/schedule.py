@@ -7,6 +7,11 @@ not chained schedulers: PyTorch's ``PolynomialLR`` and ``CosineAnnealingLR`` upd
 rate recursively and would compound with a second scheduler on the same optimizer.
 The closed forms equal MONAI's ``WarmupCosineSchedule`` and PyTorch's schedulers step
 for step (``tests/bundles/test_batch_scaling.py``).
+
+``FittedSchedule`` is that factor as an object whose length can change during the run: a run
+trained to a wall-clock budget (``autotune train --max-time``) re-plans its total steps from the
+measured time per step, and the warm-up and the decay follow (``refit``). Its state is plain data
+(``LambdaLR.state_dict`` keeps it), so a checkpoint holds the length the run had planned.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-__all__ = ["base_factor", "lr_factor", "build_scaled_scheduler"]
+__all__ = ["base_factor", "lr_factor", "FittedSchedule", "build_scaled_scheduler", "fitted_schedule_of"]
 
 
 def base_factor(name: str, args: Mapping[str, Any], total_steps: int) -> Callable[[int], float]:
@@ -56,6 +61,31 @@ def lr_factor(base: Callable[[int], float], warmup_steps: int, start_factor: flo
     return factor
 
 
+class FittedSchedule:
+    """The learning-rate factor at optimizer step ``s``: the template schedule ``name`` (with ``args``) over
+    ``total_steps``, times the batch-scaling ramp of ``warmup_steps`` from ``start_factor``.
+
+    Attributes are plain data only (names, numbers, a dict), because ``LambdaLR.state_dict`` saves them into
+    checkpoints that load with ``weights_only=True``.
+    """
+
+    def __init__(self, name: str, args: Mapping[str, Any], total_steps: int, warmup_steps: int = 0,
+                 start_factor: float = 1.0) -> None:
+        self.name = str(name)
+        self.args = dict(args)
+        self.total_steps = max(1, int(total_steps))
+        self.warmup_steps = max(0, int(warmup_steps))
+        self.start_factor = float(start_factor)
+
+    def __call__(self, step: int) -> float:
+        return lr_factor(base_factor(self.name, self.args, self.total_steps), self.warmup_steps,
+                         self.start_factor)(step)
+
+    def refit(self, total_steps: int) -> None:
+        """Plan the schedule for ``total_steps`` steps in all (its warm-up and decay follow)."""
+        self.total_steps = max(1, int(total_steps))
+
+
 def build_scaled_scheduler(
     section: Mapping[str, Any], optimizer: torch.optim.Optimizer, total_steps: int, warmup_steps: int,
     start_factor: float,
@@ -64,7 +94,13 @@ def build_scaled_scheduler(
     import torch
 
     name = str(section.get("name", "none"))
-    base = base_factor(name, dict(section.get("args") or {}), total_steps)
-    # a plain function (not an object) so state_dict() keeps only the step count, and a
-    # resumed run rebuilds the factor for its own length
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(base, warmup_steps, start_factor))
+    factor = FittedSchedule(name, dict(section.get("args") or {}), total_steps, warmup_steps, start_factor)
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def fitted_schedule_of(scheduler: Any) -> FittedSchedule | None:
+    """The ``FittedSchedule`` inside ``scheduler`` (a ``LambdaLR`` made here), or None."""
+    for factor in getattr(scheduler, "lr_lambdas", None) or ():
+        if isinstance(factor, FittedSchedule):
+            return factor
+    return None

@@ -94,14 +94,30 @@ def set_rng_state(state: dict[str, Any], device: str | None = None) -> None:
 
 def fit_schedule(scheduler: Any, total_steps: int) -> None:
     """After loading a schedule's state, stretch it to this run's length (``--epochs`` may differ)."""
+    from autotune.schedule import fitted_schedule_of
+
+    factor = fitted_schedule_of(scheduler)
+    if factor is not None:
+        factor.refit(total_steps)
     for attr in ("t_total", "T_max", "total_iters"):
         if hasattr(scheduler, attr):
             setattr(scheduler, attr, total_steps)
 
 
+def _schedule_state(scheduler: Any, saved: dict[str, Any]) -> dict[str, Any]:
+    """``saved`` as ``scheduler`` loads it: a checkpoint written when the schedule was MONAI's or PyTorch's own
+    object (no ``lr_lambdas``) keeps its step count, and the closed form takes over from there."""
+    if hasattr(scheduler, "lr_lambdas") and "lr_lambdas" not in saved:
+        return {"last_epoch": saved.get("last_epoch", 0), "base_lrs": saved.get("base_lrs", scheduler.base_lrs),
+                "_step_count": saved.get("_step_count", 1), "_last_lr": saved.get("_last_lr", scheduler.get_last_lr()),
+                "lr_lambdas": [None] * len(scheduler.lr_lambdas)}
+    return saved
+
+
 def restore(path: Path, mode: str, model: Any, optimizer: Any, scaler: Any, scheduler: Any,
-            total_steps: int) -> dict[str, Any]:
+            total_steps: int | None) -> dict[str, Any]:
     """Load ``path`` into the model, optimizer, scaler and schedule; set the RNG states; return the checkpoint.
+    The schedule is stretched to ``total_steps``; None keeps the length the checkpoint planned.
 
     Raises:
         ConfigError: unreadable, from the other mode, or not this bundle's network/optimizer.
@@ -115,8 +131,9 @@ def restore(path: Path, mode: str, model: Any, optimizer: Any, scaler: Any, sche
         if scaler is not None and state.get("scaler"):
             scaler.load_state_dict(state["scaler"])
         if scheduler is not None and state.get("scheduler"):
-            scheduler.load_state_dict(state["scheduler"])
-            fit_schedule(scheduler, total_steps)
+            scheduler.load_state_dict(_schedule_state(scheduler, dict(state["scheduler"])))
+            if total_steps is not None:
+                fit_schedule(scheduler, total_steps)
     except (RuntimeError, KeyError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ConfigError(f"{path} does not match this bundle's network or optimizer ({first}); "
@@ -141,7 +158,7 @@ def checkpoint_state(parts: Mapping[str, Any], state: RunState, epoch: int, *, m
     }
 
 
-def resume(path: Path, mode: str, parts: Mapping[str, Any], total_steps: int,
+def resume(path: Path, mode: str, parts: Mapping[str, Any], total_steps: int | None,
            say: Callable[[str], None]) -> RunState:
     """The ``RunState`` saved in ``path`` with ``parts`` loaded from it (see ``restore``); a fresh one,
     said in a line, when there is no checkpoint.

@@ -12,6 +12,7 @@ into its metrics row; ``validate`` adds the validation Dice and peaks to it. All
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -25,6 +26,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from autotune.trainer.ddp import DistContext
     from autotune.trainer.memory import PhaseMemory
     from autotune.trainer.setup import ModelSetup
+    from autotune.trainer.timing import PhaseClock
 
 __all__ = ["EpochParts", "EpochProgress", "train_epoch", "epoch_row", "validate"]
 
@@ -42,6 +44,7 @@ class EpochParts:
         train_loader, val_loader: the loaders; ``train_transforms``: reseeded every epoch.
         seed: the run's seed; ``total_epochs``: for the progress bar; ``progress``: show bars.
         guard: keeps non-finite steps from the weights (``autotune.finite``); None: every step applied.
+        clock: times host-to-device copies and the training passes on the device's clock (None: untimed).
     """
 
     ctx: DistContext
@@ -55,13 +58,15 @@ class EpochParts:
     total_epochs: int
     progress: bool
     guard: StepGuard | None = None
+    clock: PhaseClock | None = None
 
 
 @dataclass
 class EpochProgress:
     """How far the training part of ``epoch`` got on this rank: loader batches done, the sums of
     its metrics row, and (when stopped inside it) the RNG states at the stop. ``passes`` counts every
-    training pass, ``skipped`` those the guard kept from the weights (their loss is not in ``loss_sum``)."""
+    training pass, ``skipped`` those the guard kept from the weights (their loss is not in ``loss_sum``);
+    ``h2d_s`` and ``compute_s`` are the seconds of host-to-device copies and of training passes."""
 
     epoch: int
     batches: int = 0
@@ -71,6 +76,8 @@ class EpochProgress:
     samples: int = 0
     data_wait_s: float = 0.0
     train_s: float = 0.0
+    h2d_s: float = 0.0
+    compute_s: float = 0.0
     rng: dict[str, Any] | None = None
     complete: bool = False
 
@@ -102,9 +109,10 @@ def _train_batch(parts: EpochParts, batch: Mapping[str, Any], tracker: Any, loss
     from autotune.step import split_patches, train_step
     from autotune.trainer.infer import plain_tensor
 
-    device = parts.ctx.device
-    images = plain_tensor(batch["image"]).to(device, non_blocking=True)
-    labels = plain_tensor(batch["label"]).to(device, non_blocking=True)
+    device, clock = parts.ctx.device, parts.clock
+    with clock.phase("h2d") if clock is not None else contextlib.nullcontext():
+        images = plain_tensor(batch["image"]).to(device, non_blocking=True)
+        labels = plain_tensor(batch["label"]).to(device, non_blocking=True)
     if tracker is not None:  # this batch, and the next one the thread loader holds (as the probe counts)
         tracker.track([images, labels])
         tracker.set_reserved(images.untyped_storage().nbytes() + labels.untyped_storage().nbytes())
@@ -113,8 +121,9 @@ def _train_batch(parts: EpochParts, batch: Mapping[str, Any], tracker: Any, loss
         for image, label in split_patches(images, labels, int(parts.cfg["num_patches_per_iter"])):
             progress.passes += 1  # counted first: a guard that stops the run names this pass
             try:
-                loss = train_step(recipe.net, recipe.loss_fn, recipe.optimizer, image, label, recipe.amp_dtype,
-                                  recipe.scaler, guard)
+                with clock.phase("compute") if clock is not None else contextlib.nullcontext():
+                    loss = train_step(recipe.net, recipe.loss_fn, recipe.optimizer, image, label, recipe.amp_dtype,
+                                      recipe.scaler, guard)
             except NonFiniteSteps as exc:  # where this pass first went non-finite, for the run's last line
                 try:
                     exc.first = trace_nonfinite(recipe.model, recipe.loss_fn, image, label, recipe.amp_dtype)
@@ -130,9 +139,11 @@ def _train_batch(parts: EpochParts, batch: Mapping[str, Any], tracker: Any, loss
             progress.samples += int(image.shape[0])
 
 
-def train_epoch(parts: EpochParts, progress: EpochProgress, should_stop: Callable[[], int]) -> EpochProgress:
+def train_epoch(parts: EpochParts, progress: EpochProgress, should_stop: Callable[[], int],
+                on_batch: Callable[[EpochProgress], None] | None = None) -> EpochProgress:
     """Train from where ``progress`` stands to the end of its epoch, or to the first batch boundary
-    where ``should_stop()`` (asked on every rank at every boundary) is non-zero; returns the progress."""
+    where ``should_stop()`` (asked on every rank at every boundary) is non-zero; returns the progress.
+    ``on_batch(progress)`` is called after every batch trained (on every rank)."""
     import torch
     from tqdm import tqdm
 
@@ -167,6 +178,8 @@ def train_epoch(parts: EpochParts, progress: EpochProgress, should_stop: Callabl
             bar.close()
             raise
         progress.batches += 1
+        if on_batch is not None:
+            on_batch(progress)
         bar.update(1)
         if bar.n % 10 == 0 and parts.progress:
             bar.set_postfix(loss=f"{loss_sum.item() / max(progress.passes - progress.skipped, 1):.4f}")
@@ -175,6 +188,10 @@ def train_epoch(parts: EpochParts, progress: EpochProgress, should_stop: Callabl
         torch.cuda.synchronize(ctx.device)
     progress.train_s += time.perf_counter() - t0
     progress.data_wait_s += wait
+    if parts.clock is not None:
+        phases = parts.clock.take()
+        progress.h2d_s += phases["h2d"]
+        progress.compute_s += phases["compute"]
     progress.loss_sum = float(loss_sum.item())
     bar.close()
     return progress
@@ -194,7 +211,8 @@ def epoch_row(parts: EpochParts, progress: EpochProgress) -> dict[str, Any]:
         **peak_row,
         "epoch": progress.epoch, "loss": total_loss / total_passes if total_passes else float("nan"),  # nan: all skipped
         "train_s": train_s, "data_wait_s": wait,
-        "data_wait_share": wait / train_s if train_s > 0 else 0.0, "samples": sum(rank_samples),
+        "data_wait_share": wait / train_s if train_s > 0 else 0.0,
+        "h2d_s": progress.h2d_s, "compute_s": progress.compute_s, "samples": sum(rank_samples),
         "steps": progress.passes, "nonfinite_steps": progress.skipped,
         "samples_per_s": sum(rank_samples) / train_s if train_s > 0 else 0.0,
         "lr": float(parts.recipe.optimizer.param_groups[0]["lr"]), "world_size": ctx.world_size,

@@ -8,6 +8,7 @@ refused (``HostWriteError``, exit 4) both name ``last.pt`` and what it holds, an
 
 from __future__ import annotations
 
+import math
 import os
 import shlex
 import signal
@@ -24,10 +25,14 @@ __all__ = ["continue_command", "holds", "stop_error", "write_refusal", "kept_fil
            "overflowed", "diverged_error"]
 
 
-def continue_command(bundle_root: str, total_epochs: int, mode: str, world_size: int, resume: bool = True) -> str:
+def continue_command(bundle_root: str, total_epochs: int, mode: str, world_size: int, resume: bool = True,
+                     max_time_left: float | None = None) -> str:
     """The ``autotune train`` command that continues (``resume``) or restarts a run (under torchrun, the
-    torchrun command with its own options left as ``...``)."""
-    options = [*(["--resume"] if resume else []), "--epochs", str(total_epochs), *(["--mode", mode] if mode != "fast" else [])]
+    torchrun command with its own options left as ``...``); a run whose schedule its time budget sets
+    continues with the time it had left (``max_time_left`` seconds), else to its epoch count."""
+    length = (["--max-time", f"{max(1, math.ceil(max_time_left))}s"] if max_time_left is not None
+              else ["--epochs", str(total_epochs)])
+    options = [*(["--resume"] if resume else []), *length, *(["--mode", mode] if mode != "fast" else [])]
     if "TORCHELASTIC_RUN_ID" in os.environ:
         launcher = os.environ.get("AUTOTUNE_LAUNCHER") or "torchrun"  # set by autotune.trainer.torchrun
         return f"{launcher} ... -m autotune.trainer {shlex.join([str(bundle_root), *options])}"

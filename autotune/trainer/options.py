@@ -20,9 +20,12 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="auto", type=types.device,
                         help="cpu, cuda or cuda:N (default: the first GPU if there is one, else cpu)")
     parser.add_argument("--epochs", type=types.positive_int(), default=None, metavar="N",
-                        help="train to epoch N (default: num_epochs of the bundle)")
+                        help="train to epoch N; sets the schedule's length (default: num_epochs of the bundle, "
+                             "or --max-time when only that is given)")
     parser.add_argument("--max-time", default=None, metavar="DURATION", type=types.duration,
-                        help="stop at the first epoch end after this long, e.g. 90s, 30m, 2h")
+                        help="time budget, e.g. 90s, 30m, 2h: without --epochs the schedule (warm-up, decay, "
+                             "validation cadence) is fitted to it and the run ends inside it; with --epochs "
+                             "the run stops at the first epoch end after it")
     parser.add_argument("--val-every", type=types.positive_int(), default=None, metavar="K",
                         help="validate every K epochs (default: num_epochs_per_validation)")
     parser.add_argument("--resume", action="store_true", help="continue from model_fold<k>/last.pt")

@@ -92,8 +92,10 @@ def train(
         bundle: the bundle folder (or its ``hyper_parameters.yaml``).
         device: ``auto`` (the first GPU, else the CPU), ``cpu``, ``cuda`` or ``cuda:N`` (with several
             processes, one GPU per rank).
-        epochs: last epoch to train to (default ``num_epochs`` of the config).
-        max_time: seconds; the run stops at the first epoch end past it.
+        epochs: last epoch to train to (default ``num_epochs`` of the config); sets the schedule's length.
+        max_time: seconds. Without ``epochs``, the schedule (warm-up, decay, validation cadence) is fitted
+            to this budget from measured time and the run ends within it (``autotune.trainer.budget``);
+            with ``epochs`` it is only a stop, checked at epoch ends.
         val_every: validate every K epochs (default ``num_epochs_per_validation``).
         resume: continue from ``last.pt`` (starts fresh, with a warning, when there is none).
         mode: ``fast`` (cache, thread loader, AMP, template recipe) or ``regular`` (the seed's baseline).
@@ -166,19 +168,26 @@ class TrainingRun:
     checkpoint that ``--resume`` continues from exactly; see ``autotune.trainer.stop``).
     """
 
+    # The clock of the time budget and of the run's elapsed seconds (a test may give the run its own).
+    clock = staticmethod(time.monotonic)
+
     def __init__(self, *, ctx: Any, bundle: str, epochs: int | None, max_time: float | None,
                  val_every: int | None, resume: bool, mode: str, progress: bool,
                  memory_limit: int | None = None) -> None:
         from autotune.bundles.config import load_bundle_config
+        from autotune.trainer.budget import schedule_set_by
         from autotune.trainer.infer import class_labels, model_dir
         from autotune.trainer.monitor import MetricsLog
 
-        self.t_start = time.monotonic()
+        self.t_start = self.clock()
         self.ctx, self.mode, self.resume, self.max_time = ctx, mode, resume, max_time
         self.cfg = load_bundle_config(bundle)
         self.progress = progress and ctx.is_main
-        self.total_epochs = int(epochs or self.cfg["num_epochs"])
+        self.total_epochs = int(epochs or self.cfg["num_epochs"])  # with a fitted schedule: the plan so far
         self.val_every = int(val_every or self.cfg.get("num_epochs_per_validation", 1) or 1)
+        self.set_by = schedule_set_by(epochs, max_time)
+        self.fixed_val_every = val_every is not None
+        self.fit: Any = None  # the TimeFit of a run whose schedule its --max-time sets
         self.patience = int(self.cfg.get("early_stop_patience") or 0)
         self.out = model_dir(self.cfg)
         if ctx.is_main:
@@ -214,6 +223,9 @@ class TrainingRun:
 
     def _setup(self) -> None:
         """Data, model and recipe, joined into the ``EpochParts`` every epoch works with."""
+        from autotune.trainer.budget import TimeFit
+        from autotune.trainer.timing import PhaseClock
+
         self.data = setup_data(self.cfg, self.ctx, self.mode, self.total_epochs, self._device_room(), self.progress)
         self.recipe = setup_model(self.cfg, self.ctx, self.mode, self.data.opts, self.data.plan)
         self.steps_per_epoch = self.data.plan.steps_per_epoch
@@ -222,7 +234,12 @@ class TrainingRun:
         self.parts = EpochParts(
             ctx=ctx, cfg=self.cfg, recipe=self.recipe, memory=self.memory, train_loader=self.data.train_loader,
             val_loader=self.data.val_loader, train_transforms=self.data.train_transforms,
-            seed=int(self.cfg.get("seed", 0)), total_epochs=self.total_epochs, progress=self.progress, guard=guard)
+            seed=int(self.cfg.get("seed", 0)), total_epochs=self.total_epochs, progress=self.progress, guard=guard,
+            clock=PhaseClock(ctx.device))
+        if self.set_by == "max_time":
+            self.fit = TimeFit(budget_s=float(self.max_time), batches_per_epoch=len(self.data.train_loader),
+                               planned_epochs=self.total_epochs, val_every=self.val_every,
+                               fixed_val_every=self.fixed_val_every)
 
     def state_parts(self) -> dict[str, Any]:
         """What a checkpoint holds state dicts of (scaler and scheduler may be None)."""
@@ -237,10 +254,14 @@ class TrainingRun:
 
     def continue_command(self, resume: bool = True) -> str:
         """The command that continues this run."""
-        return continue_command(self.cfg["bundle_root"], self.total_epochs, self.mode, self.ctx.world_size, resume)
+        left = None
+        if self.fit is not None:  # a fresh run gets the whole budget again; a resumed one what was left
+            left = self.fit.budget_s - (self.clock() - self.t_start) if resume else self.fit.budget_s
+        return continue_command(self.cfg["bundle_root"], self.total_epochs, self.mode, self.ctx.world_size, resume,
+                                left)
 
     def elapsed(self) -> float:
-        return self.state.elapsed_before + time.monotonic() - self.t_start
+        return self.state.elapsed_before + self.clock() - self.t_start
 
     def memory_report(self) -> dict[str, Any]:
         """The run's peaks so far next to the tuned prediction and the limit."""
@@ -265,8 +286,10 @@ class TrainingRun:
 
         self.memory.apply_limit()
         self._setup()
+        # a fitted schedule keeps the length its checkpoint planned until this run has timed its first batches
         self.state = (resume(self.out / "last.pt", self.mode, self.state_parts(),
-                             self.total_epochs * self.steps_per_epoch, self.say) if self.resume else RunState())
+                             None if self.fit else self.total_epochs * self.steps_per_epoch, self.say)
+                      if self.resume else RunState())
         if self.state.epoch or self.state.partial:
             self.metrics.load(self.state.epoch)
             self.kept = holds(self.state.epoch, self.state.partial, len(self.parts.train_loader))
@@ -274,7 +297,7 @@ class TrainingRun:
             self.say(f"resuming after {self.kept} (best mean Dice {self.state.best})")
         group = self.recipe.optimizer.param_groups[0]
         self.say(start_line(self.mode, self.ctx, self.data, self.recipe.precision.line(),
-                            float(group.get("initial_lr", group["lr"]))))
+                            float(group.get("initial_lr", group["lr"])), self.schedule_note()))
         self._check_room()
         opts = self.data.opts
         monitor = GpuMonitor(self.out / "gpu_monitor.csv", self.ctx.device, opts.gpu_monitor_interval_s)
@@ -294,18 +317,60 @@ class TrainingRun:
             self.recipe.nvtx.detach()
         return self._finish(stopped, epoch, time.monotonic() - t_loop, monitor)
 
+    def schedule_note(self) -> str:
+        """How the schedule's length is set, for the start line."""
+        if self.fit is not None:
+            return (f"schedule fitted to --max-time {self.max_time:g}s (planned after the first "
+                    f"{self.fit_batches()} batches)")
+        return f"schedule over {self.total_epochs} epochs ({'--epochs' if self.set_by == 'epochs' else 'num_epochs'})"
+
+    @staticmethod
+    def fit_batches() -> int:
+        from autotune.trainer.budget import FIRST_FIT_BATCHES
+
+        return FIRST_FIT_BATCHES + 1
+
+    def _apply_plan(self, planned: int) -> None:
+        """Plan ``planned`` epochs (agreed over the ranks): the schedule's length, the cadence, the bar."""
+        from autotune.schedule import fitted_schedule_of
+
+        planned, cadence = all_ranks_max(self.ctx, [planned, self.fit.val_every])
+        self.fit.planned_epochs, self.fit.val_every = planned, cadence
+        self.total_epochs = self.parts.total_epochs = planned
+        self.val_every = cadence
+        factor = fitted_schedule_of(self.recipe.scheduler)
+        if factor is not None:
+            factor.refit(planned * self.steps_per_epoch)
+
+    def _on_batch(self, progress: Any) -> None:
+        """The first plan of a fitted schedule, once the first batches are timed."""
+        now = self.clock()
+        planned = self.fit.batch_done(now, now - self.t_start, progress.epoch, progress.batches)
+        if planned is not None:
+            self._apply_plan(planned)
+
     def _epochs(self) -> tuple[str, int]:
         """Train epochs until the last, the time limit or an early stop: (why it stopped, last epoch)."""
         epoch = self.state.epoch
-        for epoch in range(self.state.epoch + 1, self.total_epochs + 1):
-            self.epoch = epoch
+        while epoch < self.total_epochs:
+            epoch = self.epoch = epoch + 1
+            started = self.clock()
             row = self._train(epoch)
-            over = self.max_time is not None and time.monotonic() - self.t_start >= self.max_time
-            time_up = broadcast_flag(self.ctx, over)
-            row.update(val_s=0.0, mean_dice=None, val_peak_bytes=None, val_peak_allocated_bytes=None)
+            if self.fit is not None:  # plan again: the last epoch is the one after which no other fits
+                now = self.clock()
+                self._apply_plan(self.fit.epoch_done(epoch, now - started, now - self.t_start))
+                time_up = epoch >= self.total_epochs
+            else:
+                over = self.max_time is not None and self.clock() - self.t_start >= self.max_time
+                time_up = broadcast_flag(self.ctx, over)
+            row.update(val_s=0.0, mean_dice=None, val_peak_bytes=None, val_peak_allocated_bytes=None,
+                       planned_epochs=self.total_epochs)
             new_best = False
-            if epoch % self.val_every == 0 or epoch == self.total_epochs or time_up:
+            if epoch % self.val_every == 0 or epoch >= self.total_epochs or time_up:
+                started = self.clock()
                 new_best = self.state.validated(validate(self.parts, row, self.metrics.dice_columns), epoch)
+                if self.fit is not None:
+                    self.fit.validated(self.clock() - started)
             row["epoch_s"] = row["train_s"] + row["val_s"]
             row["elapsed_s"] = self.elapsed()
             self._end_epoch(row, new_best)
@@ -327,7 +392,8 @@ class TrainingRun:
             partial = None
         progress = (EpochProgress.from_dict(partial) if partial and int(partial["epoch"]) == epoch
                     else EpochProgress(epoch))
-        progress = train_epoch(self.parts, progress, self.stop.requested_everywhere)
+        on_batch = self._on_batch if self.fit is not None and not self.fit.refits else None
+        progress = train_epoch(self.parts, progress, self.stop.requested_everywhere, on_batch)
         if not progress.complete:
             raise self._stopped_inside(progress)
         broken = nonfinite_parameters(self.recipe.model)  # an applied step can still overflow the weights
@@ -424,6 +490,8 @@ class TrainingRun:
             "epochs_run": epoch - self.state.epoch, "stopped": stopped, "best_metric": self.state.best,
             "best_epoch": self.state.best_epoch, "precision": self.recipe.precision.name,
             "precision_reason": self.recipe.precision.reason, "seconds": seconds, "split": self.data.split_note,
+            "schedule": self.fit.record() if self.fit is not None else {
+                "set_by": self.set_by, "planned_epochs": self.total_epochs, "val_every": self.val_every},
             "train_cases_per_rank": self.data.num_train_cases, "model_dir": str(out),
             **{k: str(out / f) for k, f in (("best_checkpoint", "best.pt"), ("last_checkpoint", "last.pt"),
                                              ("metrics_csv", "metrics.csv"), ("metrics_json", "metrics.json"),

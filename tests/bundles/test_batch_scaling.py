@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 from bundle_fixtures import copy_bundle
@@ -63,6 +64,20 @@ def test_steps_per_epoch_counts_forward_passes() -> None:
     assert steps_per_epoch(10, 2, 1, 1) == 10  # DiNTS: each image its own step
 
 
+def _builtin_scheduler(name: str, args: dict, optimizer: Any, total: int) -> Any:
+    """MONAI's or PyTorch's own object for the schedule ``name``: what the closed form must equal."""
+    import torch
+    from monai.optimizers import WarmupCosineSchedule
+
+    if name == "WarmupCosineSchedule":
+        return WarmupCosineSchedule(optimizer, warmup_steps=int(round(args["warmup_fraction"] * total)), t_total=total)
+    if name == "PolynomialLR":
+        return torch.optim.lr_scheduler.PolynomialLR(optimizer, total_iters=total, **args)
+    if name == "CosineAnnealingLR":
+        return torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=total, **args)
+    return None
+
+
 @pytest.mark.parametrize("name,args", [("WarmupCosineSchedule", {"warmup_fraction": 0.1}),
                                        ("PolynomialLR", {"power": 0.9}), ("CosineAnnealingLR", {}),
                                        ("none", {})])
@@ -73,20 +88,43 @@ def test_closed_form_schedule_equals_the_builtin(name: str, args: dict) -> None:
 
     cfg = {"lr_scheduler": {"name": name, "args": args}}
     lrs: dict[str, list[float]] = {}
-    for variant, ramp in (("builtin", (0, 1.0)), ("ramped", (10, 0.25))):
+    for variant, ramp in (("builtin", None), ("closed", (0, 1.0)), ("ramped", (10, 0.25))):
         opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.4)
-        sched = build_lr_scheduler(cfg, opt, 50, *ramp)
+        sched = _builtin_scheduler(name, args, opt, 50) if ramp is None else build_lr_scheduler(cfg, opt, 50, *ramp)
         lrs[variant] = []
         for _ in range(50):
             lrs[variant].append(opt.param_groups[0]["lr"])
             opt.step()
             if sched is not None:
                 sched.step()
+    assert lrs["closed"] == pytest.approx(lrs["builtin"], rel=1e-6, abs=1e-12)
     # past the ramp the scaled schedule is the template's, step for step
     assert lrs["ramped"][10:] == pytest.approx(lrs["builtin"][10:], rel=1e-6, abs=1e-12)
     if name in ("PolynomialLR", "none"):  # no warm-up of its own: the ramp starts at a quarter of the rate
         assert lrs["ramped"][0] == pytest.approx(0.25 * 0.4)
         assert lrs["ramped"][5] == pytest.approx(lrs["builtin"][5] * (0.25 + 0.75 * 5 / 10))
+
+
+def test_a_refitted_schedule_follows_its_new_length() -> None:
+    """A run re-planned to a time budget: the decay ends at the new total, the warm-up follows it, and the
+    state a checkpoint keeps is plain data that puts the planned length back."""
+    import torch
+
+    from autotune.build import build_lr_scheduler
+    from autotune.schedule import fitted_schedule_of
+
+    cfg = {"lr_scheduler": {"name": "WarmupCosineSchedule", "args": {"warmup_fraction": 0.1}}}
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    sched = build_lr_scheduler(cfg, opt, 1000)
+    factor = fitted_schedule_of(sched)
+    assert factor is not None and factor(50) == pytest.approx(0.5)  # half-way up a 100-step warm-up
+    factor.refit(200)
+    assert factor(10) == pytest.approx(0.5) and factor(200) == pytest.approx(0.0, abs=1e-12)
+    state = sched.state_dict()
+    assert state["lr_lambdas"][0]["total_steps"] == 200
+    again = build_lr_scheduler(cfg, torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0), 1000)
+    again.load_state_dict(state)
+    assert fitted_schedule_of(again).total_steps == 200
 
 
 def test_doubling_the_batch_scales_lr_and_halves_steps(bundles: dict[str, Path], tmp_path: Path) -> None:

@@ -1,0 +1,244 @@
+"""Time to a Dice: fast training against regular, side by side, each with its full recipe.
+
+The yardstick users care about is how soon a good Dice comes, not how many epochs it takes. Both
+modes train the same bundle (fold 0 of 5 of the dataset, the full-size template, one seed) for the
+same wall budget, at the same time, each in its own process pinned to its own core with one compute
+thread (``--serial`` runs them one after the other with every core instead):
+
+- ``fast``: ``autotune train --mode fast --max-time BUDGET``: cache, thread loader, the machine's
+  default precision, the template's recipe with its schedule fitted to the budget;
+- ``regular``: ``autotune train --mode regular --max-time BUDGET``: the seed's baseline (plain
+  Dataset, DataLoader with worker processes, fp32, Adam 1e-4, Dice loss).
+
+Both validate every epoch (``--val-every``), so each curve has a point per epoch; that validation
+is part of each run's wall time. Reported per mode: wall time (from the run's start, caching
+included) to the target mean Dice, the best Dice at fixed wall times, and where an epoch's time
+goes (data wait, host-to-device copies, forward and backward, validation). Prints tables, writes
+JSON and a PNG of Dice against wall seconds.
+
+    python benchmarks/bench_time_to_dice.py --budget 1500                 # UNet, CPU, side by side
+    python benchmarks/bench_time_to_dice.py --report-only                 # tables from the JSON
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from common import LoadSampler, cpu_name, read_json, write_json  # noqa: E402  (benchmarks/ is the script's folder)
+
+DEFAULT_DATA = "/work/shared/datasets/Task04_Hippocampus"
+DEFAULT_OUT = REPO / "benchmarks" / "results" / "time_to_dice_unet_cpu.json"
+MODES = ("fast", "regular")
+#: wall seconds at which the best Dice so far is reported (those past the budget are left out)
+CHECKPOINTS_S = (60, 120, 240, 360, 480, 600, 900, 1200, 1800)
+#: where an epoch's time goes, in the order the table shows (metrics.csv's columns)
+PHASES = (("data_wait_s", "data wait"), ("h2d_s", "host-to-device"), ("compute_s", "forward+backward"),
+          ("val_s", "validation"))
+
+
+def _args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--data", default=DEFAULT_DATA, help="dataset: Decathlon folder, input.yaml or datalist")
+    p.add_argument("--work", default="/tmp/autotune_bench_time_to_dice", help="scratch folder (replaced)")
+    p.add_argument("--algo", default="unet", choices=("unet", "segresnet", "dints"))
+    p.add_argument("--budget", type=float, default=1500, help="wall seconds per mode (--max-time; default 1500)")
+    p.add_argument("--target", type=float, default=0.80, help="validation mean Dice target (default 0.80)")
+    p.add_argument("--val-every", type=int, default=1, help="validate every K epochs in both modes (default 1)")
+    p.add_argument("--num-workers", type=int, default=1,
+                   help="regular mode's DataLoader worker processes (default 1: it shares its core with them)")
+    p.add_argument("--modes", default=",".join(MODES))
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--serial", action="store_true", help="one mode after the other, every core each")
+    p.add_argument("--report-only", action="store_true", help="print the tables of --out")
+    p.add_argument("--out", default=str(DEFAULT_OUT))
+    return p.parse_args(argv)
+
+
+def make_bundle(args: argparse.Namespace, work: Path) -> Path:
+    """Analyse the data (5 folds) and generate the full-size bundle of fold 0; nothing tuned."""
+    from autotune.data.analyze import analyze
+    from autotune.facade.bundlegen import BundleGen
+
+    result = analyze(args.data, work, num_fold=5, progress=False)
+    gen = BundleGen(work, algos=args.algo, data_stats_filename=result.datastats, data_src_cfg_name=result.data_src)
+    # neither run stops early: each curve covers the whole budget
+    bundles = gen.generate(work, num_fold=5, overrides={"early_stop_patience": 0, "num_workers": args.num_workers})
+    return Path(next(b["path"] for b in bundles if b["fold"] == 0))
+
+
+def command(copy: Path, mode: str, args: argparse.Namespace) -> list[str]:
+    return [sys.executable, "-m", "autotune.trainer", str(copy), "--mode", mode, "--device", args.device,
+            "--max-time", f"{args.budget:g}s", "--val-every", str(args.val_every)]
+
+
+def start(bundle: Path, mode: str, core: int | None, args: argparse.Namespace, work: Path) -> tuple[Any, Path]:
+    """Start ``mode`` on a private copy of ``bundle`` (pinned to ``core`` with one thread, or free)."""
+    copy = work / f"{mode}_{bundle.name}"
+    shutil.rmtree(copy, ignore_errors=True)
+    shutil.copytree(bundle, copy)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    argv = command(copy, mode, args)
+    if core is not None:
+        env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+        argv = ["taskset", "-c", str(core), *argv]
+    log = open(work / f"{mode}.log", "w")  # noqa: SIM115 - closed by finish()
+    return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env), copy
+
+
+def summarise(copy: Path, mode: str, args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
+    """One mode's measurements from its ``metrics.json`` and ``train_summary.json``."""
+    model = copy / "model_fold0"
+    rows = read_json(model / "metrics.json")["rows"]
+    summary = read_json(model / "train_summary.json")
+    validated = [r for r in rows if r.get("mean_dice") is not None]
+    reached = next((r for r in validated if r["mean_dice"] >= args.target), None)
+    steady = rows[1:] or rows  # the first epoch pays one-off set-up
+    best_at = {}
+    for seconds in CHECKPOINTS_S:
+        if seconds <= args.budget:
+            seen = [r["mean_dice"] for r in validated if r["elapsed_s"] <= seconds]
+            best_at[str(seconds)] = max(seen) if seen else None
+    return {
+        "mode": mode, "command": " ".join(argv), "precision": summary.get("precision"),
+        "schedule": summary.get("schedule"), "epochs": len(rows), "steps_per_epoch": rows[0].get("steps"),
+        "setup_s": rows[0]["elapsed_s"] - rows[0]["epoch_s"],
+        "time_to_target_s": reached["elapsed_s"] if reached else None,
+        "epoch_at_target": reached["epoch"] if reached else None,
+        "best_dice": max((r["mean_dice"] for r in validated), default=None),
+        "best_dice_at_s": best_at,
+        "samples_per_s": statistics.median(r["samples_per_s"] for r in steady),
+        "epoch_s": statistics.median(r["epoch_s"] for r in steady),
+        "phases_s": {key: statistics.median(float(r.get(key) or 0.0) for r in steady) for key, _ in PHASES},
+        "curve": [[r["epoch"], round(r["elapsed_s"], 1), round(r["mean_dice"], 4)] for r in validated],
+        "lr": [r["lr"] for r in rows],
+    }
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Train the modes (side by side unless --serial) and gather their measurements."""
+    import monai
+    import torch
+
+    from autotune.precision import cpu_bf16_native
+
+    work = Path(args.work)
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    bundle = make_bundle(args, work)
+    modes = args.modes.split(",")
+    results: dict[str, Any] = {}
+    loads: dict[str, Any] = {}
+    groups = [[m] for m in modes] if args.serial else [modes]
+    for group in groups:
+        cores = [None] * len(group) if args.serial else list(range(len(group)))
+        with LoadSampler() as load:
+            started = {mode: start(bundle, mode, core, args, work) for mode, core in zip(group, cores, strict=True)}
+            for mode, (proc, _copy) in started.items():
+                if proc.wait() != 0:
+                    raise SystemExit(f"{mode} run failed (exit {proc.returncode}); see {work / (mode + '.log')}")
+        for mode, (proc, copy) in started.items():
+            results[mode] = summarise(copy, mode, args, proc.args)
+            loads[mode] = load.summary()
+    fast, regular = results.get("fast"), results.get("regular")
+    ratio = None
+    if fast and regular and fast["time_to_target_s"] and regular["time_to_target_s"]:
+        ratio = fast["time_to_target_s"] / regular["time_to_target_s"]
+    return {
+        "benchmark": "time to Dice, fast against regular", "data": args.data, "algo": args.algo,
+        "settings": {k: v for k, v in vars(args).items() if k not in ("out", "work", "report_only")},
+        "environment": {"cpu": cpu_name(), "cores": os.cpu_count(), "native_bf16": list(cpu_bf16_native()),
+                        "torch": torch.__version__, "monai": monai.__version__,
+                        "date": time.strftime("%Y-%m-%d")},
+        "results": results, "load_during_runs": loads,
+        "fast_over_regular_time_to_target": ratio,
+    }
+
+
+def _fmt(value: Any, spec: str) -> str:
+    return "–" if value is None else format(value, spec)
+
+
+def table(report: dict[str, Any]) -> str:
+    """Time to the target and the best Dice at fixed wall times, per mode (markdown)."""
+    target = report["settings"]["target"]
+    modes = list(report["results"].values())
+    times = [s for s in modes[0]["best_dice_at_s"]] if modes else []
+    head = (f"| mode | precision | schedule | epochs | s/epoch | samples/s | time to Dice {target:.2f} | epoch | "
+            + " | ".join(f"best at {s} s" for s in times) + " | best |")
+    lines = [head, "|" + "---|" * (8 + len(times))]
+    for r in modes:
+        schedule = r.get("schedule") or {}
+        planned = (f"fitted to {report['settings']['budget']:g} s ({schedule.get('planned_epochs')} epochs)"
+                   if schedule.get("set_by") == "max_time" else "none (constant lr)")
+        cells = [r["mode"], str(r["precision"]), planned, str(r["epochs"]), _fmt(r["epoch_s"], ".1f"),
+                 _fmt(r["samples_per_s"], ".2f"), _fmt(r["time_to_target_s"], ".0f") + (" s" if r["time_to_target_s"] else ""),
+                 _fmt(r["epoch_at_target"], "d"), *(_fmt(r["best_dice_at_s"][s], ".3f") for s in times),
+                 _fmt(r["best_dice"], ".3f")]
+        lines.append("| " + " | ".join(cells) + " |")
+    ratio = report.get("fast_over_regular_time_to_target")
+    if ratio is not None:
+        lines.append("")
+        lines.append(f"fast's time to Dice {target:.2f} over regular's: **{ratio:.2f}** (goal: at most 0.5)")
+    return "\n".join(lines)
+
+
+def breakdown(report: dict[str, Any]) -> str:
+    """Where a steady epoch's time goes, per mode (medians over the epochs after the first; markdown)."""
+    lines = ["| mode | epoch s | " + " | ".join(label for _, label in PHASES) + " | rest of training |",
+             "|" + "---|" * (3 + len(PHASES))]
+    for r in report["results"].values():
+        phases = r["phases_s"]
+        rest = r["epoch_s"] - sum(phases.values())
+        cells = [r["mode"], _fmt(r["epoch_s"], ".1f"),
+                 *(f"{phases[key]:.1f} ({100 * phases[key] / r['epoch_s']:.0f} %)" for key, _ in PHASES),
+                 f"{rest:.1f} ({100 * rest / r['epoch_s']:.0f} %)"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot(report: dict[str, Any], path: Path) -> None:
+    """Validation mean Dice against wall seconds, one line per mode, the target dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for r in report["results"].values():
+        ax.plot([p[1] for p in r["curve"]], [p[2] for p in r["curve"]], marker=".", label=f"{r['mode']} ({r['precision']})")
+    ax.axhline(report["settings"]["target"], color="grey", linestyle="--", linewidth=0.8)
+    ax.set_xlabel("wall seconds (caching included)")
+    ax.set_ylabel("validation mean Dice")
+    ax.set_title(f"{report['algo']}: {report['environment']['cpu']}")
+    ax.legend()
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _args(argv)
+    out = Path(args.out)
+    report = read_json(out) if args.report_only else run(args)
+    if not args.report_only:
+        write_json(out, report)
+        plot(report, out.with_suffix(".png"))
+    print(table(report))
+    print()
+    print(breakdown(report))
+    print(f"wrote {out}" if not args.report_only else f"read {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
