@@ -181,8 +181,10 @@ def infer(
 
     Args:
         bundle: a trained bundle folder.
-        images: image files, or one datalist JSON (its ``testing`` cases, else its ``training`` images).
-        output_dir: where ``<name>_seg.nii.gz`` files go (created if needed).
+        images: image files, or one datalist JSON (its ``testing`` cases, else its ``training`` images); each
+            must fit the bundle (``autotune.data.bundle_fit``: 3D, the bundle's ``input_channels``).
+        output_dir: where ``<name>_seg.nii.gz`` files go (created if needed, said in one line), once every
+            input is checked.
         device: ``auto`` (the first GPU, else the CPU), ``cpu``, ``cuda`` or ``cuda:N``; windows run there.
         checkpoint: ``best``, ``last`` or a checkpoint path.
         progress: show a progress bar (stderr).
@@ -192,18 +194,23 @@ def infer(
 
     Raises:
         ConfigError: bad bundle or checkpoint.
-        InputError: missing images.
+        InputError: missing images, or an output path that is a file.
+        DataError: an image the bundle cannot take (its channels or axes), naming the file, the key and both values.
         SpecError: an unavailable device.
         HostWriteError: the output folder refused a write; says which predictions were written.
     """
     from tqdm import tqdm
 
-    from autotune.bundles.config import load_bundle_config
+    from autotune.bundles.config import bundle_config_path, load_bundle_config
+    from autotune.data.bundle_fit import check_images_fit
     from autotune.device import check_device, resolve_device
+    from autotune.files import check_creatable
 
     cfg = load_bundle_config(bundle)
     device = check_device(resolve_device(device))
     files = _input_files(images)
+    check_images_fit(cfg, files, bundle_config_path(bundle))  # before the model is built or a window run
+    check_creatable(output_dir, "the predictions folder (--output)", InputError)
     predict = _Predictor(cfg, load_model(cfg, resolve_checkpoint(cfg, checkpoint), device), device)
     out = _output_folder(output_dir)
     written: list[Path] = []
@@ -255,17 +262,11 @@ class _Predictor:
 
 
 def _output_folder(output_dir: str | os.PathLike[str]) -> Path:
-    """``output_dir``, created if needed (a refusal by the host is one ``HostWriteError`` line)."""
-    from autotune.files import HOST_REFUSALS, refused
+    """``output_dir``, created if needed and then said in one line (a refusal by the host is one
+    ``HostWriteError`` line)."""
+    from autotune.files import make_folder
 
-    out = Path(output_dir).expanduser()
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        if exc.errno in HOST_REFUSALS:
-            raise refused(exc, "the predictions folder", out) from exc
-        raise
-    return out
+    return make_folder(output_dir, "the predictions folder")
 
 
 def _write_prediction(path: Path, labels: Any, affine: Any) -> Path:
