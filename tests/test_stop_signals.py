@@ -238,3 +238,39 @@ def test_children_end_when_their_parent_is_killed_outright(name: str, tmp_path: 
     finally:
         tree.kill_all()
     assert tree.proc.returncode == -signal.SIGKILL
+
+
+WATCHER = '''
+import subprocess, sys, time
+from pathlib import Path
+child = subprocess.Popen([sys.executable, "-c", sys.argv[1], sys.argv[2], sys.argv[3]])
+time.sleep(600)
+'''
+WATCHED = '''
+import sys, time
+from pathlib import Path
+from autotune.stopping import watch_parent
+how = watch_parent(kernel=sys.argv[1] == "kernel", poll_s=0.05)
+Path(sys.argv[2]).write_text(how)
+time.sleep(600)
+'''
+
+
+@pytest.mark.parametrize("how", ["kernel", "poll"])
+def test_watch_parent_ends_a_child_whose_parent_is_killed(how: str, tmp_path: Path) -> None:
+    """Both ways of watching (Linux's parent-death signal; the pid poll used elsewhere), in plain interpreters."""
+    import subprocess
+    import sys
+
+    mark = tmp_path / "watching"
+    parent = subprocess.Popen([sys.executable, "-c", WATCHER, WATCHED, how, str(mark)],
+                              env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    tree = Tree(parent)  # type: ignore[arg-type]  # Popen has what Tree reads: pid, poll, args, kill
+    try:
+        tree.wait_for(lambda _tree: mark.exists(), timeout=60)
+        assert mark.read_text() == how
+        parent.kill()
+        parent.wait()
+        tree.ends_within(GONE_WITHIN_S)
+    finally:
+        tree.kill_all()

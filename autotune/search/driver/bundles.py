@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.bundles.config import Bundle, load_bundle
-from autotune.errors import SpecError
+from autotune.errors import ConfigError, SpecError
 from autotune.search.driver.key import answer_key
 from autotune.search.driver.options import TuningOptions
 from autotune.search.driver.session import Session, make_budget, open_store
@@ -152,6 +152,8 @@ def search_bundles(bundles: Sequence[str | Path], specs: Mapping[str, Any] | Non
     for bundle in loaded.values():
         check_bundle_data(bundle.config, bundle.config_path)
     check_writable([b.config_path.parent for b in loaded.values()] if settings.write_back else [])
+    if summary_path and Path(summary_path).is_dir():
+        raise ConfigError(f"{summary_path}: is a folder; give --summary a file name, e.g. {Path(summary_path) / 'summary.json'}")
     check_writable([Path(summary_path).parent] if summary_path else [])
     strategy, options, explicit, budget = check_method(specs, [b.config["algo"] for b in loaded.values()], settings)
     session = Session(budget, open_store(options.storage, settings.workers_share, options.timeout), strategy,

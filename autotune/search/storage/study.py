@@ -182,9 +182,13 @@ def check_storage(url: str | None = None, *, must_exist: bool = False) -> None:
         if must_exist and not path.is_file():
             raise StorageError(f"storage {shown}: no such database file {path}; give the --storage that tuning "
                                "wrote to (the default is studies/autotune.db in the folder tune ran from)")
-        from autotune.files import check_creatable
-
-        check_creatable(path.parent, "the storage folder", StorageError)
+        folder = path.parent
+        while not folder.exists() and folder != folder.parent:
+            folder = folder.parent
+        if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+            why = "is not a folder" if not folder.is_dir() else "may not be written"
+            raise StorageError(f"storage {shown}: cannot create the database there: {folder} {why}; give another "
+                               "--storage")
         return
     engine = sqlalchemy.create_engine(url, connect_args={"connect_timeout": 10})
     try:
