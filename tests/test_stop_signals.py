@@ -61,7 +61,7 @@ class Tree:
             self.look()
             if ready(self):
                 return
-            assert self.proc.poll() is None, self.proc.communicate()[1][-3000:]
+            assert self.proc.poll() is None, (self.proc.communicate()[1] or "")[-3000:]
             time.sleep(0.05)
         raise AssertionError(f"{self.proc.args}: never reached the point to stop it at")
 

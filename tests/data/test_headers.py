@@ -28,7 +28,7 @@ def nifti_bytes(dims: list[int], datatype: int, vox_offset: float, payload: byte
     """A NIfTI-1 single file: a 348-byte header with these fields, 4 bytes of extension flag, ``payload``."""
     header = bytearray(348)
     struct.pack_into("<i", header, 0, 348)
-    struct.pack_into("<8h", header, 40, len(dims), *dims, *[1] * (7 - len(dims)))
+    struct.pack_into("<8h", header, 40, len(dims), *dims, *[1] * (7 - len(dims)))  # dim[0]: how many follow
     bitpix = 8 * DTYPES.get(datatype, 1)
     struct.pack_into("<2h", header, 70, datatype, bitpix)
     struct.pack_into("<8f", header, 76, 1.0, pixdim, pixdim, pixdim, 1.0, 1.0, 1.0, 1.0)
@@ -45,7 +45,8 @@ def _write(path: Path, raw: bytes, zipped: bool) -> Path:
 
 
 headers = st.fixed_dictionaries({
-    "dims": st.lists(st.one_of(st.integers(1, 8), st.integers(1, 32767)), min_size=3, max_size=4),
+    "dims": st.lists(st.one_of(st.integers(1, 8), st.integers(1, 32767), st.integers(-3, 0)), min_size=1,
+                     max_size=7),
     "datatype": st.sampled_from(sorted(DTYPES)),
     "vox_offset": st.sampled_from([352.0, 0.0, 348.0, 1e6, -5.0]),
     "payload": st.one_of(st.binary(max_size=64), st.integers(0, 256).map(lambda n: bytes(range(256))[:n] * 2)),
