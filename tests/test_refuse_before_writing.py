@@ -46,7 +46,7 @@ def root(small_demo_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
     """The test's world: ``data`` (a copy of the demo data, with a datalist giving two folds), ``work`` (analysed,
     a tiny UNet per fold), ``broken`` (the data with a header declaring far more than its file holds), bundles
     that do not fit their data (``classes/unet_0``: output_classes 2 for labels 0-2; ``channels/unet_0``:
-    input_channels 2 for 1-channel images), images that fit no bundle, network weights and bad specs."""
+    input_channels 2 for 1-channel images), images that fit no bundle, network weights (this bundle's; one of 5 classes) and bad specs."""
     import torch
 
     from autotune.build import build_network
@@ -72,6 +72,7 @@ def root(small_demo_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
     nib.save(nib.Nifti1Image(np.random.default_rng(0).random((16, 16), np.float32), np.eye(4)), base / "flat.nii.gz")
     cfg = load_bundle_config(base / "work" / "unet_0")
     torch.save({"model": build_network(cfg).state_dict()}, base / "weights.pt")
+    torch.save({"model": build_network({**cfg, "output_classes": 5}).state_dict()}, base / "five_classes.pt")
     (base / "bad_specs.yaml").write_text("universal:\n  range_num_images_per_batch: [8, 2]\n")
     (base / "breaks_a_config.yaml").write_text("batch_scaling: {lr_scaling: cubic}\n")
     return base
@@ -119,6 +120,8 @@ def _cases(r: Path) -> dict[str, tuple[list[str], str]]:
         "infer-two-channels": (["infer", *infer, "--images", str(r / "two_channels.nii.gz")],
                                "the image has 2 channel(s) but the bundle's input_channels is 1"),
         "infer-2d-image": (["infer", *infer, "--images", str(r / "flat.nii.gz")], "the image has 2 axes"),
+        "infer-checkpoint-of-other-classes": (["infer", *infer, "--images", str(data / "imagesTr" / "case_000.nii.gz"),
+                                               "--checkpoint", str(r / "five_classes.pt")], "output_classes 3"),
         "infer-output-is-a-file": (["infer", bundle, "--images", str(data / "imagesTr" / "case_000.nii.gz"),
                                     "--output", str(work / "datastats.yaml"), "--checkpoint", str(r / "weights.pt")],
                                    "exists and is not a folder"),

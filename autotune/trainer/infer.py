@@ -72,11 +72,29 @@ def load_model(cfg: Mapping[str, Any], path: Path, device: str) -> torch.nn.Modu
     model = build_network(cfg)
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-        model.load_state_dict(state["model"] if "model" in state else state)
-    except (RuntimeError, KeyError, TypeError, OSError) as exc:
+        weights = state["model"] if "model" in state else state
+        _refuse_other_shapes(cfg, model, weights, path)
+        model.load_state_dict(weights)
+    except (RuntimeError, KeyError, TypeError, OSError, AttributeError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ConfigError(f"{path}: not a checkpoint of this bundle's network ({first})") from exc
     return model.to(device).eval()
+
+
+def _refuse_other_shapes(cfg: Mapping[str, Any], model: Any, weights: Mapping[str, Any], path: Path) -> None:
+    """Refuse weights of another shape than the bundle's network, naming the first tensor that differs and the
+    bundle keys its shape comes from (a checkpoint of a bundle with other channels or classes).
+
+    Raises:
+        ConfigError: naming the checkpoint, the tensor, both shapes and the bundle's input_channels and output_classes.
+    """
+    own = model.state_dict()
+    for key, tensor in weights.items():
+        if key in own and hasattr(tensor, "shape") and tuple(tensor.shape) != tuple(own[key].shape):
+            raise ConfigError(f"{path}: {key} has shape {list(tensor.shape)} in the checkpoint but "
+                              f"{list(own[key].shape)} in the network of this bundle (input_channels "
+                              f"{cfg['input_channels']}, output_classes {cfg['output_classes']} in "
+                              f"{cfg.get('bundle_root', 'its config')}); give a checkpoint trained from this bundle")
 
 
 def predict_args(cfg: Mapping[str, Any]) -> dict[str, Any]:
