@@ -150,10 +150,9 @@ def _read_label_values(path: str) -> tuple[int, ...]:
 
     from autotune.data.headers import reason
 
+    image = open_image(path)
     try:
-        data = np.asanyarray(open_image(path).dataobj)
-    except DataError:
-        raise
+        data = np.asanyarray(image.dataobj)
     except Exception as exc:  # noqa: BLE001 - nibabel raises many types for a bad file
         raise DataError(f"cannot read {path}: {reason(exc, path)}; re-export it") from exc
     if data.dtype.kind == "f":
