@@ -41,9 +41,10 @@ EXIT_CODES = {
     4: "the host refused a write: disk full, quota, read-only or permission (HostWriteError)",
     5: "training diverged: the loss or gradients stayed non-finite (TrainingDiverged); a probe's steps did",
     70: "internal error: a bug in autotune (the line names a file holding the traceback; please report it)",
-    130: "stopped by SIGINT (Ctrl-C)",
-    138: "training stopped by SIGUSR1 after writing a checkpoint",
-    143: "training stopped by SIGTERM after writing a checkpoint",
+    129: "stopped by SIGHUP (a closed terminal or SSH session); train after writing a checkpoint",
+    130: "stopped by SIGINT (Ctrl-C); train after writing a checkpoint",
+    138: "stopped by SIGUSR1; train after writing a checkpoint",
+    143: "stopped by SIGTERM; train after writing a checkpoint",
 }
 
 
@@ -97,8 +98,19 @@ def _join_negative_values(argv: list[str]) -> list[str]:
     return out
 
 
-# commands that stop on SIGTERM/SIGUSR1 with a line and 128 + the signal (autotune.stopping)
-STOPPABLE = ("tune", "run", "worker", "verify")
+# What a command stopped by SIGTERM, SIGHUP or SIGUSR1 says after "stopped by SIG...; " (autotune.stopping);
+# every command stops so, with 128 + the signal. autotune train stops inside its epochs with a checkpoint
+# (autotune.trainer.stop); this line is for a stop before them.
+_SEARCH_STOPPED = "finished trials are stored (a trial in flight was failed), run the same command to continue"
+STOPPED_LINES = {
+    "tune": _SEARCH_STOPPED, "run": _SEARCH_STOPPED, "worker": _SEARCH_STOPPED, "verify": _SEARCH_STOPPED,
+    "probe": "the trial's processes were ended; nothing was written",
+    "estimate": "nothing was written",
+    "train": "before training started (while the data was checked or cached): nothing was trained; run the same "
+             "command again",
+    "infer": "the predictions already written are whole; run the same command again to predict every image",
+}
+_STOPPED_OTHERWISE = "every file written is whole; run the same command again"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -137,13 +149,11 @@ def _run(args: argparse.Namespace, func: Callable[[argparse.Namespace], int | No
             from autotune.precision import PRECISION_ENV
 
             os.environ[PRECISION_ENV] = args.precision
-        if args.command in STOPPABLE:
-            with stop_on_signals():
-                return int(func(args) or 0)
-        return int(func(args) or 0)
+        with stop_on_signals():
+            return int(func(args) or 0)
     except Stopped as exc:
-        print(f"autotune {args.command}: {exc}; finished trials are stored (a trial in flight was failed), run the "
-              "same command to continue", file=sys.stderr)
+        print(f"autotune {args.command}: {exc}; {STOPPED_LINES.get(args.command, _STOPPED_OTHERWISE)}",
+              file=sys.stderr)
         return exc.exit_code
     except AutotuneError as exc:
         print(f"autotune {args.command}: {exc.label}: {exc}", file=sys.stderr)

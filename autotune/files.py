@@ -41,6 +41,8 @@ __all__ = [
     "refused",
     "sizes_note",
     "free_bytes",
+    "make_folder",
+    "check_creatable",
     "tensor_bytes",
     "fsync_folder",
 ]
@@ -88,6 +90,61 @@ def free_bytes(folder: str | os.PathLike[str]) -> int | None:
         return int(shutil.disk_usage(path).free)
     except OSError:
         return None
+
+
+def _missing_top(path: Path) -> Path | None:
+    """The highest folder of ``path`` that does not exist yet (``path`` itself when only it is missing); None
+    when ``path`` exists."""
+    top = None
+    while not path.exists() and path != path.parent:
+        top, path = path, path.parent
+    return top
+
+
+def check_creatable(folder: str | os.PathLike[str], what: str, error: type[Exception]) -> None:
+    """Refuse, before anything is written, a folder that can neither be used nor created: the path (or the
+    nearest part of it that exists) is a file, or the nearest existing folder may not be written.
+
+    Raises:
+        error: one line naming ``what``, the path and what to do.
+    """
+    path = Path(folder).absolute()
+    if path.exists() and not path.is_dir():
+        raise error(f"{path}: exists and is not a folder; give a folder as {what}")
+    top = _missing_top(path)
+    if top is None:
+        return
+    parent = top.parent
+    if not parent.is_dir():
+        raise error(f"{path}: cannot create {what} here: {parent} is not a folder; give another path")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise error(f"{path}: cannot create {what} here: {parent} may not be written; give another path")
+
+
+def make_folder(folder: str | os.PathLike[str], what: str, note: str = "") -> Path:
+    """``folder``, created with its missing parents when it does not exist; a folder that had to be created is
+    said in one line on stderr (``created the work folder /abs/path``), so a folder made by a typo or a path
+    read otherwise than meant (``sqlite:////x`` is the absolute ``/x``) is seen; ``note`` ends that line.
+    Returns it, absolute.
+
+    Raises:
+        HostWriteError: the host refused to create it.
+    """
+    import sys
+
+    path = Path(os.path.abspath(Path(folder).expanduser()))
+    top = _missing_top(path)
+    if top is None:
+        return path
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        if exc.errno in HOST_REFUSALS:
+            raise refused(exc, what, path) from exc
+        raise
+    parents = f" (and the folders above it from {top})" if top != path else ""
+    print(f"created {what} {path}{parents}{f' {note}' if note else ''}", file=sys.stderr, flush=True)
+    return path
 
 
 def fsync_folder(folder: str | os.PathLike[str]) -> None:

@@ -116,12 +116,28 @@ def generate(
     if not isinstance(num_fold, int) or isinstance(num_fold, bool) or num_fold < 1:
         raise SpecError(f"num_fold must be a positive integer, got {num_fold!r}")
     overrides = load_overrides(overrides)  # bad overrides fail before the analysis (and before it is imported)
-    from autotune.data.analyze import analyze
+    pending, gen = _checked_generation(input, work_dir, algos, num_fold, templates, progress)
+    from autotune.facade.bundlegen import data_src_entry
 
-    analysis = analyze(input, work_dir, num_fold=num_fold, progress=progress)
-    gen = _BundleGen(work_dir, algos=algos, templates_path=templates, data_stats_filename=analysis.datastats,
-                     data_src_cfg_name=analysis.data_src)
-    return gen.generate(work_dir, num_fold=num_fold, overrides=overrides)
+    rendered = gen.render(gen.algo_path, pending.datastats(), pending.result.content_hash,
+                          data_src_entry(pending.source, pending.result.datalist), num_fold, overrides)
+    pending.write()  # every check has passed: the analysis, then the bundles
+    return gen.write(rendered)
+
+
+def _checked_generation(input: PathLike, work_dir: PathLike, algos: str | Sequence[str] | None, num_fold: int,
+                        templates: PathLike | None, progress: bool) -> tuple[Any, _BundleGen]:
+    """The analysis checked and computed but not written, and the generator of the named algorithms; the folds
+    checked against ``num_fold`` (a fold without a case refuses, before anything is written)."""
+    from autotune.data.analyze import DATA_SRC, DATASTATS, prepare_analysis
+    from autotune.data.datalist import load_data_source
+    from autotune.data.source import check_folds
+
+    work = Path(work_dir)
+    gen = _BundleGen(work, algos=algos, templates_path=templates, data_stats_filename=work / DATASTATS,
+                     data_src_cfg_name=work / DATA_SRC)  # unknown algorithms or templates refuse here
+    check_folds(load_data_source(input, num_fold=num_fold), num_fold)  # before any case is read
+    return prepare_analysis(input, work, num_fold=num_fold, progress=progress), gen
 
 
 class GenerateOptions(TypedDict, total=False):
@@ -211,6 +227,7 @@ def run(
         device = options["device"] = resolve_device(options.get("device", TuningOptions.device))
         generation = cast(GenerateOptions, {k: options.pop(k) for k in GenerateOptions.__optional_keys__ & set(options)})
         work = Path(work_dir)
+        _check_before_generating(specs, generation, options, folds)
         say(f"[1/3] analysing {input}")
         bundles = generate(input, work, progress=progress is not None, **generation)
         say(f"[2/3] generated {len(bundles)} bundles in {work.resolve()}; tuning")
@@ -223,6 +240,23 @@ def run(
             say("[3/3] training the tuned bundles")
             _train_all(result, folds, device, epochs, seconds, progress is not None, say)
     return result
+
+
+def _check_before_generating(specs: Mapping[str, Any] | PathLike | None, generation: Mapping[str, Any],
+                             options: Mapping[str, Any], folds: Collection[int] | None) -> None:
+    """What tuning and training will refuse (specs, options, the storage, folds not generated), asked before the
+    analysis writes its first file."""
+    from autotune.bundles.templates import list_templates
+    from autotune.facade.bundlegen import parse_algos
+    from autotune.stages import check_tuning
+
+    num_fold = int(generation.get("num_fold", 5))
+    if folds and max(folds) >= num_fold:
+        shown = ",".join(map(str, sorted(folds)))
+        raise SpecError(f"--folds {shown}: fold {max(folds)} is not generated (--num-fold {num_fold} makes folds "
+                        f"0-{num_fold - 1}); give folds below {num_fold}, or a larger --num-fold")
+    algos = parse_algos(generation.get("algos"), list_templates(generation.get("templates")))
+    check_tuning(specs, algos, **options)
 
 
 def _train_all(result: RunResult, folds: Collection[int] | None, device: str, epochs: int | None,

@@ -24,7 +24,7 @@ from autotune.utils import expand_path, read_yaml
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-__all__ = ["TuneOptions", "TuningOptions", "check_tune_kwargs", "find_bundles", "load_specs", "tune", "tune_worker",
+__all__ = ["TuneOptions", "TuningOptions", "check_tune_kwargs", "check_tuning", "find_bundles", "load_specs", "tune", "tune_worker",
            "verify"]
 
 Progress = Callable[[str], None]
@@ -112,6 +112,24 @@ def tune(
         target = resolve_target(chosen.strategy, chosen.target_gpu, chosen.target_memory, chosen.device)
         settings = SearchSettings(chosen, target=target, workers_share=workers_share, write_back=write_back)
         return search_bundles(list(bundles), load_specs(specs), settings, progress or _quiet, summary_path)
+
+
+def check_tuning(specs: Mapping[str, Any] | PathLike | None, algos: Sequence[str], **options: Any) -> None:
+    """``tune``'s specs and options for bundles of ``algos`` checked, the storage as far as it can be without a
+    write, writing nothing: ``run`` asks this before its analysis writes the first file.
+
+    Raises:
+        What ``tune`` raises for them (SpecError, StorageError).
+    """
+    from autotune.device import resolve_device
+    from autotune.precision import precision_scope
+    from autotune.search import SearchSettings, check_method, resolve_target
+
+    chosen = TuningOptions.of({k: v for k, v in options.items() if k in TuningOptions.names()})
+    with precision_scope(chosen.precision):
+        chosen = chosen.replace(device=resolve_device(chosen.device))
+        target = resolve_target(chosen.strategy, chosen.target_gpu, chosen.target_memory, chosen.device)
+        check_method(load_specs(specs), algos, SearchSettings(chosen, target=target))
 
 
 def check_tune_kwargs(kwargs: Mapping[str, Any], where: str = "tune") -> TuningOptions:

@@ -6,12 +6,13 @@ subprocess) share one process group apart from the launcher's. The supervisor is
 (Linux ``PR_SET_CHILD_SUBREAPER``): a process that leaves the group and loses its parent is reparented
 to it, so it is still found and reaped.
 
-On SIGTERM, SIGINT or SIGUSR1 (or when the worker itself dies of one of them, as when a scheduler signals
+On SIGTERM, SIGINT, SIGHUP or SIGUSR1 (or when the worker itself dies of one of them, as when a scheduler signals
 every process of a job) the supervisor writes the record with ``status: stopped``, the signal, the peaks
 so far (the worker keeps them in ``SharedPeaks``, memory shared across the fork) and the script's exit
 status if it had ended; then it stops the group and every descendant (SIGTERM, SIGKILL after
 ``GRACE_S``), reaps them, and exits 128 + the signal's number. When the worker ends on its own, its
-record stands and whatever it left running is stopped the same way.
+record stands and whatever it left running is stopped the same way. The worker watches the supervisor
+(``autotune.stopping.watch_parent``): a supervisor killed outright (SIGKILL) takes the worker with it.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import Any
 
 __all__ = ["STOP_SIGNALS", "GRACE_S", "SharedPeaks", "supervise", "stop_processes"]
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)
 GRACE_S = 5.0  # how long stopped processes get to exit on SIGTERM before SIGKILL
 _PR_SET_CHILD_SUBREAPER = 36
 
@@ -178,8 +179,11 @@ def _run_child(work: Callable[[SharedPeaks], int], shared: SharedPeaks) -> None:
     import atexit
     import traceback
 
+    from autotune.stopping import watch_parent
+
     code = 1
     try:
+        watch_parent()  # a supervisor killed outright takes its worker with it
         os.setsid()
         for signum in STOP_SIGNALS:
             signal.signal(signum, signal.SIG_DFL)

@@ -195,13 +195,14 @@ def dashboard_command(args: argparse.Namespace) -> int:
     bound to 127.0.0.1 unless --host says otherwise.
     """
     from autotune.errors import AutotuneError
-    from autotune.search.storage.study import default_storage_url, open_storage, redact_url
+    from autotune.search.storage.study import check_storage, default_storage_url, open_storage, redact_url
 
     try:
         import optuna_dashboard
     except ModuleNotFoundError as exc:
         raise AutotuneError("optuna-dashboard is not installed; pip install 'autotune[dashboard]'") from exc
     url = args.storage or default_storage_url()
+    check_storage(url, must_exist=True)  # a reader: it creates no database where none was tuned
     storage = open_storage(url)
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"warning: --host {args.host} serves the dashboard beyond this machine with no login: anyone who "

@@ -43,7 +43,8 @@ from autotune.errors import AutotuneError, DataError, InputError
 from autotune.files import atomic_write_json, atomic_write_yaml
 from autotune.utils import expand_path, read_json, read_yaml
 
-__all__ = ["AnalysisResult", "analyze", "content_hash", "DATASTATS", "DATALIST", "DATA_SRC"]
+__all__ = ["AnalysisResult", "PendingAnalysis", "analyze", "prepare_analysis", "content_hash", "DATASTATS", "DATALIST",
+           "DATA_SRC"]
 
 logger = logging.getLogger(__name__)
 
@@ -115,9 +116,12 @@ def analyze(input: str | Path, work_dir: str | Path, num_fold: int = 5, force: b
             progress: bool = True) -> AnalysisResult:
     """Load, validate and analyse a dataset; write datalist.json, data_src.yaml and datastats.yaml.
 
+    Every check runs before the first write (``prepare_analysis``, then ``PendingAnalysis.write``): a refused
+    dataset leaves the work folder as it was.
+
     Args:
         input: An input.yaml, a datalist .json or a Decathlon task folder.
-        work_dir: Folder for the outputs (created if needed).
+        work_dir: Folder for the outputs (created if needed, said in one line).
         num_fold: Folds to assign when the datalist does not give them.
         force: Read and analyse every case, even when datastats.yaml is up to date.
         progress: Print what is happening and show progress bars (stderr).
@@ -130,21 +134,85 @@ def analyze(input: str | Path, work_dir: str | Path, num_fold: int = 5, force: b
         DataError: An image or label is missing, unreadable or inconsistent, a file is listed twice,
             a label holds an undeclared value, every label is empty, or the analyzer failed.
     """
+    return prepare_analysis(input, work_dir, num_fold=num_fold, force=force, progress=progress).write()
+
+
+@dataclass
+class PendingAnalysis:
+    """An analysis checked and computed, not yet written: ``write`` writes it; until then the work folder is as
+    it was. ``datastats()`` is what ``datastats.yaml`` holds (or will hold).
+
+    Attributes:
+        source: The data source, folds assigned.
+        result: What ``write`` returns (its paths are where the files go).
+        cache: The per-case results, to save (None when the statistics are up to date).
+        keys: The case digests the cache keeps.
+        statistics: ``datastats.yaml``'s content; None when up to date (read from the file).
+        by_case: The per-case statistics to write (None when up to date).
+        progress: Print what is happening.
+    """
+
+    source: DataSource
+    result: AnalysisResult
+    cache: CaseCache | None = None
+    keys: list[str | None] = field(default_factory=list)
+    statistics: dict[str, Any] | None = None
+    by_case: list[dict[str, Any]] | None = None
+    progress: bool = True
+
+    @property
+    def work(self) -> Path:
+        return self.result.datastats.parent
+
+    def datastats(self) -> dict[str, Any]:
+        """What ``datastats.yaml`` holds once written (read from the file when it is up to date)."""
+        if self.statistics is not None:
+            return self.statistics
+        data = read_yaml(self.result.datastats, error=DataError)
+        return data if isinstance(data, dict) else {}
+
+    def write(self) -> AnalysisResult:
+        """Write the files (the work folder created if needed, said in one line); returns the result."""
+        from autotune.files import make_folder
+
+        result = self.result
+        if self.statistics is None:  # up to date: only the lists, where the folds changed
+            if _lists_differ(self.source, result):
+                _write_lists(self.source, result)
+                _say(self.progress, f"{result.datalist.name} written with {self.source.num_fold} fold(s)")
+            return result
+        make_folder(self.work, "the work folder")
+        result.datastats.unlink(missing_ok=True)  # stale from here on: new datalist, statistics not yet written
+        _write_lists(self.source, result)
+        if self.cache is not None:
+            self.cache.save(self.keys)
+        atomic_write_json(self.work / DATASTATS_BY_CASE, self.by_case)
+        atomic_write_yaml(result.datastats, self.statistics)  # written last: its presence means it finished
+        _say(self.progress, f"wrote {result.datastats}")
+        return result
+
+
+def prepare_analysis(input: str | Path, work_dir: str | Path, num_fold: int = 5, force: bool = False,
+                     progress: bool = True) -> PendingAnalysis:
+    """Everything ``analyze`` does but the writes: load, check every case and the dataset, compute the
+    statistics of the cases the cache lacks. Raises what ``analyze`` raises, having written nothing."""
+    from autotune.files import check_creatable
+
     source = load_data_source(input, num_fold=num_fold)
     work = Path(os.path.abspath(expand_path(work_dir, InputError, "work dir", "an absolute path")))
-    if work.exists() and not work.is_dir():
-        raise InputError(f"{work}: exists and is not a folder; give a folder as the work dir")
+    check_creatable(work, "the work dir", InputError)
     result = AnalysisResult(datastats=work / DATASTATS, datalist=work / DATALIST, data_src=work / DATA_SRC,
                             skipped=False, content_hash=content_hash(source), n_cases=len(source.training))
+    pending = PendingAnalysis(source=source, result=result, progress=progress)
     block = None if force else _up_to_date_block(result.datastats, result.content_hash)
     if block is not None:
         _keep_statistics(source, result, block, progress)
-        return result
-    cache = CaseCache(work / CASE_CACHE, _cache_settings()) if force else \
-        CaseCache.load(work / CASE_CACHE, _cache_settings())
-    summary, by_case = _analyse(source, result, cache, progress)
-    atomic_write_json(work / DATASTATS_BY_CASE, by_case)
-    atomic_write_yaml(result.datastats, {  # written last: its presence means the analysis finished
+        return pending
+    cache = CaseCache(work / CASE_CACHE, cache_settings()) if force else \
+        CaseCache.load(work / CASE_CACHE, cache_settings())
+    pending.cache = cache
+    summary, pending.by_case, pending.keys = _analyse(source, result, cache, progress)
+    pending.statistics = {
         "stats_summary": summary,
         "autotune": {
             "content_hash": result.content_hash,
@@ -155,15 +223,14 @@ def analyze(input: str | Path, work_dir: str | Path, num_fold: int = 5, force: b
             "analyzer": ANALYZER,
             "warnings": result.warnings,
         },
-    })
-    _say(progress, f"wrote {result.datastats}")
-    return result
+    }
+    return pending
 
 
 def _analyse(source: DataSource, result: AnalysisResult, cache: CaseCache,
-             progress: bool) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Check the cases and the dataset, compute the statistics of the cases ``cache`` lacks, then write the lists;
-    returns the summary and the per-case statistics of all cases (the cache is saved)."""
+             progress: bool) -> tuple[dict[str, Any], list[dict[str, Any]], list[str | None]]:
+    """Check the cases and the dataset, compute the statistics of the cases ``cache`` lacks (writing nothing);
+    returns the summary, the per-case statistics of all cases and the case digests."""
     check_duplicates(source)  # before reading any file: a duplicate is wrong whatever the files hold
     keys = [cache.case_key(entry) for entry in source.training]
     known = {index: info for index, (key, entry) in enumerate(zip(keys, source.training, strict=True))
@@ -174,13 +241,7 @@ def _analyse(source: DataSource, result: AnalysisResult, cache: CaseCache,
     result.warnings = check_dataset(source, infos)
     log_warnings(result.warnings)
     by_case, result.cases_read = _case_statistics(source, keys, infos, cache, progress)
-    summary = summarize(by_case)
-    # nothing is written before every check and statistic has passed: a refusal leaves the work folder as it was
-    result.datastats.parent.mkdir(parents=True, exist_ok=True)
-    result.datastats.unlink(missing_ok=True)  # stale from here on: new datalist, statistics not yet written
-    _write_lists(source, result)
-    cache.save(keys)
-    return summary, by_case
+    return summarize(by_case), by_case, keys
 
 
 def _case_statistics(source: DataSource, keys: list[str | None], infos: list[CaseInfo], cache: CaseCache,
@@ -208,15 +269,12 @@ def _refuse_non_finite_stats(stats: dict[str, Any], image: str) -> None:
 
 
 def _keep_statistics(source: DataSource, result: AnalysisResult, block: dict[str, Any], progress: bool) -> None:
-    """Statistics up to date: take the warnings they were written with; write the lists if the folds changed."""
+    """Statistics up to date: take the warnings they were written with (the lists are written, where the folds
+    changed, by ``PendingAnalysis.write``)."""
     result.skipped = True
     result.warnings = [str(line) for line in block.get("warnings") or []]
-    rewrite = _lists_differ(source, result)
-    if rewrite:
-        _write_lists(source, result)
-    folds = f"; {result.datalist.name} written with {source.num_fold} fold(s)" if rewrite else ""
-    _say(progress, f"{result.datastats}: up to date ({result.n_cases} cases, hash {result.content_hash[:12]})"
-                   f"{folds}; use --force to redo")
+    _say(progress, f"{result.datastats}: up to date ({result.n_cases} cases, hash {result.content_hash[:12]}); "
+                   "use --force to redo")
     log_warnings(result.warnings)
 
 
@@ -251,7 +309,7 @@ def _up_to_date_block(path: Path, digest: str) -> dict[str, Any] | None:
     return None
 
 
-def _cache_settings() -> dict[str, Any]:
+def cache_settings() -> dict[str, Any]:
     """What the per-case results depend on besides the files."""
     return {"monai": monai_version(), "analyzer": ANALYZER, "settings": ANALYZER_SETTINGS}
 

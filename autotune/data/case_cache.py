@@ -81,6 +81,22 @@ class CaseCache:
             return None
         return hashlib.sha256(json.dumps({"image": digests, "label": label}).encode("utf-8")).hexdigest()
 
+    def recorded_key(self, entry: dict[str, Any]) -> str | None:
+        """The digest of a training entry's files where every file is recorded with its current size and
+        modification time (nothing is read); None otherwise."""
+        images = entry["image"] if isinstance(entry["image"], list) else [entry["image"]]
+        digests = []
+        for path in [*images, entry["label"]]:
+            try:
+                stat = os.stat(path)
+            except OSError:
+                return None
+            known = self.files.get(path)
+            if not (isinstance(known, list) and len(known) == 3 and known[:2] == [stat.st_size, stat.st_mtime_ns]):
+                return None
+            digests.append(str(known[2]))
+        return hashlib.sha256(json.dumps({"image": digests[:-1], "label": digests[-1]}).encode("utf-8")).hexdigest()
+
     def info(self, key: str | None, entry: dict[str, Any]) -> CaseInfo | None:
         """The checked case recorded under ``key``, with ``entry``'s paths; None if there is none."""
         record = self.cases.get(key) if key else None

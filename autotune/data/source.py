@@ -11,7 +11,7 @@ from typing import Any
 
 from autotune.errors import InputError
 
-__all__ = ["DataSource", "assign_folds"]
+__all__ = ["DataSource", "assign_folds", "check_folds"]
 
 
 @dataclass
@@ -81,3 +81,40 @@ def assign_folds(num_cases: int, num_fold: int, seed: int = 0) -> list[int]:
     folds = [index % num_fold for index in range(num_cases)]
     random.Random(seed).shuffle(folds)
     return folds
+
+
+def check_folds(source: DataSource, num_fold: int, reanalyse: str | None = None) -> None:
+    """Refuse ``num_fold`` bundles when a fold among 0..num_fold-1 holds no case (its bundle would have nothing
+    to validate on), with advice that can work for this datalist.
+
+    Args:
+        source: The data source, its folds assigned.
+        num_fold: Folds to generate bundles for (1: one bundle, validated on a held-out share: always fine).
+        reanalyse: The command that assigns new folds, where the folds came from an analysis rather than from
+            the user's datalist (None: the folds are the datalist's own, or were assigned for ``num_fold``).
+
+    Raises:
+        InputError: naming the datalist, the empty fold and the folds present.
+    """
+    if num_fold <= 1:
+        return
+    present = sorted({int(entry["fold"]) for entry in source.training})
+    missing = [fold for fold in range(num_fold) if fold not in present]
+    if not missing:
+        return
+    usable = 0
+    while usable in present:
+        usable += 1  # folds 0..usable-1 each hold a case
+    cases = len(source.training)
+    where = source.listed_in or source.source
+    fewer = f"use --num-fold {usable} or fewer" if usable > 1 else "use --num-fold 1 (a held-out share validates)"
+    if reanalyse is not None and cases >= num_fold:
+        other = f", or assign {num_fold} folds first ('{reanalyse}')"
+    elif source.folds_given and cases >= num_fold:
+        other = f", or remove the 'fold' keys from {where.name} so that autotune assigns {num_fold} folds"
+    elif source.folds_given or reanalyse is not None:
+        other = f" ({cases} case(s): at most {cases} folds in any case)"
+    else:
+        other = ""
+    raise InputError(f"{where}: fold {missing[0]} holds no training case (folds present: {present}), so "
+                     f"--num-fold {num_fold} would give a bundle with nothing to validate on; {fewer}{other}")

@@ -14,7 +14,7 @@ import numpy as np
 
 from autotune.data.datalist import normalise_modality
 from autotune.errors import InputError
-from autotune.files import atomic_write_json, atomic_write_yaml
+from autotune.files import atomic_write_json, atomic_write_yaml, check_creatable, make_folder
 from autotune.utils import expand_path
 
 __all__ = ["make_demo_dataset"]
@@ -58,6 +58,8 @@ def make_demo_dataset(out: str | Path, cases: int = 8, size: int = 48, classes: 
     out = Path(os.path.abspath(expand_path(out, InputError, "demo dataset folder", "an absolute path")))
     if out.exists() and not out.is_dir():
         raise InputError(f"{out}: exists and is not a folder; give a folder for the demo dataset")
+    check_creatable(out, "the demo dataset folder", InputError)
+    make_folder(out, "the demo dataset folder")
     (out / "imagesTr").mkdir(parents=True, exist_ok=True)
     (out / "labelsTr").mkdir(parents=True, exist_ok=True)
 

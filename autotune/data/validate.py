@@ -11,7 +11,6 @@ files that have not changed).
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from autotune.data.classes import DeclaredClasses, declared_classes, refuse_undeclared
+from autotune.data.headers import image_shape, open_image, reason
 from autotune.data.source import DataSource
 from autotune.errors import DataError
 from autotune.utils import bars_enabled
@@ -27,7 +27,6 @@ from autotune.utils import bars_enabled
 __all__ = ["CaseInfo", "check_cases", "check_case"]
 
 AFFINE_ATOL = 1e-3  # mm; scanners and converters round affines differently
-_MAX_REASON = 200
 _LOOP_VALUES = 16  # below this label maximum, one comparison per value is faster than np.unique
 
 
@@ -113,8 +112,8 @@ def check_case(entry: dict[str, Any], known_labels: list[int] | None = None,
 
     images = entry["image"] if isinstance(entry["image"], list) else [entry["image"]]
     label_path = entry["label"]
-    first, shape, channels = _check_images(nib, images)
-    label = _open(nib, label_path)
+    first, shape, channels = _check_images(images)
+    label = open_image(label_path)
     _check_label_grid(label, label_path, images[0], shape, first.affine)
     values = _check_label_values(_read(label, label_path), label_path)
     if declared is None and known_labels:
@@ -130,18 +129,18 @@ def check_case(entry: dict[str, Any], known_labels: list[int] | None = None,
                     label_values=values, orientation="".join(code or "?" for code in codes))
 
 
-def _check_images(nib: Any, images: list[str]) -> tuple[Any, tuple[int, int, int], int]:
+def _check_images(images: list[str]) -> tuple[Any, tuple[int, int, int], int]:
     """Open and read a case's image files (one per modality); all must share one grid.
 
     Returns the first image (its header and affine describe the case), the spatial shape and the
     channels in all.
     """
-    first = _open(nib, images[0])
-    shape, channels = _image_shape(first, images[0])
+    first = open_image(images[0])
+    shape, channels = image_shape(first, images[0])
     _check_image_values(_read(first, images[0]), images[0])
     for path in images[1:]:
-        image = _open(nib, path)
-        other_shape, other_channels = _image_shape(image, path)
+        image = open_image(path)
+        other_shape, other_channels = image_shape(image, path)
         if other_shape != shape:
             raise DataError(f"{path}: image shape {other_shape} differs from {images[0]} {shape}; all modality "
                             "files of a case must share one grid")
@@ -171,74 +170,12 @@ def _check_label_grid(label: Any, label_path: str, image_path: str, shape: tuple
                         f"{difference:.3g}); resample the label onto the image grid")
 
 
-def _open(nib: Any, path: str) -> Any:
-    if not os.path.isfile(path):
-        raise DataError(f"{path}: file not found; fix the path in the datalist or remove the case")
-    try:
-        image = nib.load(path)
-    except Exception as exc:  # nibabel raises many types for a bad file; all mean "cannot read"
-        raise DataError(f"cannot read {path}: {_reason(exc, path)}; re-export or remove it from the datalist") from exc
-    _check_header(image, path)
-    return image
-
-
-def _check_header(image: Any, path: str) -> None:
-    """Refuse what the header alone shows is wrong, before any voxel is read: a zero, negative or non-finite
-    voxel size (which would otherwise surface as a misalignment), and a grid too large for this machine's RAM
-    (which would otherwise end in a MemoryError)."""
-    shape = tuple(int(n) for n in image.shape)
-    try:  # the raw pixdim (nibabel's get_zooms turns a 0 into 1) and the voxel size the affine implies
-        raw = [float(z) for z in np.asarray(image.header["pixdim"])[1:4]]
-    except Exception:  # a header without pixdim: only the affine
-        raw = []
-    from_affine = [float(z) for z in np.linalg.norm(np.asarray(image.affine, dtype=float)[:3, :3], axis=0)]
-    bad = [z for z in raw + from_affine if not np.isfinite(z) or z <= 0]
-    zooms = raw if any(not np.isfinite(z) or z <= 0 for z in raw) else from_affine
-    if bad:
-        raise DataError(f"{path}: the header's voxel spacing is {'x'.join(f'{z:g}' for z in zooms)} mm (a spacing "
-                        "must be positive); fix pixdim in the header or re-export the image")
-    try:
-        itemsize = np.dtype(image.get_data_dtype()).itemsize
-    except Exception:
-        itemsize = 4
-    needed = float(np.prod([max(n, 1) for n in shape], dtype=float)) * itemsize
-    available = _available_ram()
-    if available and needed > available:
-        raise DataError(f"{path}: the header declares a {'x'.join(map(str, shape))} grid, {needed / 2**30:.1f} GiB "
-                        f"to read, more than the {available / 2**30:.1f} GiB of RAM available; check the header "
-                        "(a corrupt dim field?) or crop the image")
-
-
-def _available_ram() -> float | None:
-    """Bytes of RAM available now (MemAvailable), or None where it cannot be read."""
-    try:
-        with open("/proc/meminfo") as handle:
-            for line in handle:
-                if line.startswith("MemAvailable:"):
-                    return float(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return float(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
 def _read(image: Any, path: str) -> np.ndarray:
     """Read the voxel data (which catches truncated gzip streams), without float64 conversion."""
     try:
         return np.asanyarray(image.dataobj)
     except Exception as exc:
-        raise DataError(f"cannot read {path}: {_reason(exc, path)}; re-export or remove it from the datalist") from exc
-
-
-def _image_shape(image: Any, path: str) -> tuple[tuple[int, int, int], int]:
-    shape = tuple(int(n) for n in image.shape)
-    if len(shape) == 3:
-        return (shape[0], shape[1], shape[2]), 1
-    if len(shape) == 4:
-        return (shape[0], shape[1], shape[2]), shape[3]
-    raise DataError(f"{path}: image has shape {shape}; autotune needs a 3D volume (or 4D with the channels last)")
+        raise DataError(f"cannot read {path}: {reason(exc, path)}; re-export or remove it from the datalist") from exc
 
 
 def _check_image_values(data: np.ndarray, path: str) -> None:
@@ -284,9 +221,3 @@ def _check_label_values(data: np.ndarray, path: str) -> tuple[int, ...]:
     if high < _LOOP_VALUES:
         return tuple(value for value in range(int(high) + 1) if np.any(data == value))
     return tuple(int(value) for value in np.unique(data))
-
-
-def _reason(exc: BaseException, path: str) -> str:
-    # nibabel repeats the full path in its messages; the error already starts with it.
-    text = " ".join(str(exc).replace(path, os.path.basename(path)).split()) or type(exc).__name__
-    return text if len(text) <= _MAX_REASON else text[: _MAX_REASON - 3] + "..."

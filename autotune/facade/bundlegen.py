@@ -30,6 +30,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +43,7 @@ from autotune.files import atomic_write_json, atomic_write_text, atomic_write_ya
 from autotune.utils import expand_path, look_up_option, read_yaml
 from autotune.version import __version__
 
-__all__ = ["BundleGen", "BUNDLE_META", "Tuner", "parse_algos"]
+__all__ = ["BundleGen", "BUNDLE_META", "RenderedBundle", "Tuner", "data_src_entry", "parse_algos"]
 
 log = logging.getLogger(__name__)
 # tuner(bundle folders, gpu_customization_specs (a mapping, a YAML file or None), **options) -> one record per bundle
@@ -92,6 +93,24 @@ def _bundle_meta(name: str, algo: str, template: Mapping[str, Any], stats_hash: 
     }
 
 
+@dataclass(frozen=True)
+class RenderedBundle:
+    """A bundle filled and checked, not yet written: its name, algorithm, fold, folder, config and ``bundle.json``."""
+
+    name: str
+    algo: str
+    fold: int
+    path: Path
+    config: dict[str, Any]
+    meta: dict[str, Any]
+
+
+def data_src_entry(source: Any, datalist: Path) -> dict[str, Any]:
+    """What a config takes from the data source (``render_config``'s ``data_src``), its datalist at ``datalist``."""
+    return {"name": source.name, "modality": source.modality, "datalist": str(datalist),
+            "dataroot": str(source.dataroot), "class_names": source.class_names, "sigmoid": source.sigmoid}
+
+
 class BundleGen:
     """Generate bundles for the named algorithms from data stats.
 
@@ -135,30 +154,14 @@ class BundleGen:
         self._bundles: list[dict[str, Any]] = []
         self._history: list[dict[str, Any]] = []
 
-    def _data_src(self, num_fold: int) -> dict[str, Any]:
+    def _source(self, num_fold: int) -> Any:
+        """The data source ``data_src_cfg_name`` describes, its folds checked against ``num_fold``."""
         from autotune.data.datalist import load_data_source
+        from autotune.data.source import check_folds
 
         source = load_data_source(self.data_src_cfg_name, num_fold=num_fold)
-        folds = {int(item["fold"]) for item in source.training}
-        if num_fold < 1:
-            raise ConfigError(f"num_fold must be at least 1, got {num_fold}")
-        if num_fold > 1 and max(folds) + 1 < num_fold:
-            raise ConfigError(
-                f"{self.data_src_cfg_name}: the datalist holds {max(folds) + 1} folds but num_fold is {num_fold}; "
-                f"re-run 'autotune analyze --num-fold {num_fold} --force' or lower --num-fold"
-            )
-        # The bundles point at one resolved datalist (absolute paths, folds fixed).
-        from autotune.data.datalist import write_datalist
-
-        datalist = write_datalist(source, self.algo_path / "datalist.json")
-        return {
-            "name": source.name,
-            "modality": source.modality,
-            "datalist": str(datalist),
-            "dataroot": str(source.dataroot),
-            "class_names": source.class_names,
-            "sigmoid": source.sigmoid,
-        }
+        check_folds(source, num_fold, reanalyse=f"autotune analyze --num-fold {num_fold}")
+        return source
 
     def generate(
         self,
@@ -198,22 +201,52 @@ class BundleGen:
             )
         out = expand_path(output_folder).resolve() if output_folder else self.algo_path
         stats, stats_hash = self._read_stats()
-        data_src = self._data_src(num_fold)
+        source = self._source(num_fold)
+        # the bundles point at one resolved datalist (absolute paths, folds fixed), written with them
+        datalist = self.algo_path / "datalist.json"
+        rendered = self.render(out, stats, stats_hash, data_src_entry(source, datalist), num_fold, overrides)
+        from autotune.data.datalist import write_datalist
+
+        write_datalist(source, datalist)
+        self.write(rendered)
+        if tuner is not None:
+            tuner([b["path"] for b in self._bundles], gpu_customization_specs, **tune_kwargs)
+        return self.get_bundles()
+
+    def render(self, out: Path, stats: Mapping[str, Any], stats_hash: str, data_src: Mapping[str, Any], num_fold: int,
+               overrides: Mapping[str, Any] | str | os.PathLike[str] | None) -> list[RenderedBundle]:
+        """Every bundle's config and record, filled and checked, none written: a template that does not fit the
+        data, or overrides that break a config, refuse before the first file.
+
+        Raises:
+            ConfigError: naming the bundle and the key at fault.
+        """
         per_algo = self._overrides_per_algo(overrides)
-        self._bundles = []
+        rendered = []
         for algo in self.algos:
             template = load_template(algo, self.templates_path)
             for fold in range(num_fold):
-                cfg = render_config(
-                    template, stats, data_src, fold, num_fold, per_algo[algo], datastats_path=str(self.data_stats_filename)
-                )
+                cfg = render_config(template, stats, dict(data_src), fold, num_fold, per_algo[algo],
+                                    datastats_path=str(self.data_stats_filename))
                 name = f"{algo}_{fold}"
                 check_bundle_config(cfg, f"{name} (generated)")
-                path = self._write_bundle(out / name, cfg, _bundle_meta(name, algo, template, stats_hash, fold, num_fold))
-                self._bundles.append({"identifier": name, "algo": algo, "fold": fold, "path": str(path)})
-                log.info("generated %s", path)
-        if tuner is not None:
-            tuner([b["path"] for b in self._bundles], gpu_customization_specs, **tune_kwargs)
+                rendered.append(RenderedBundle(name, algo, fold, out / name, cfg,
+                                               _bundle_meta(name, algo, template, stats_hash, fold, num_fold)))
+        return rendered
+
+    def write(self, rendered: Sequence[RenderedBundle]) -> list[dict[str, Any]]:
+        """Write the bundles ``render`` filled (the output folder created if needed, said in one line); they
+        become ``get_bundles()``."""
+        from autotune.files import make_folder
+
+        self._bundles = []
+        if rendered:
+            make_folder(rendered[0].path.parent, "the bundles' folder")
+        for bundle in rendered:
+            path = self._write_bundle(bundle.path, bundle.config, bundle.meta)
+            self._bundles.append({"identifier": bundle.name, "algo": bundle.algo, "fold": bundle.fold,
+                                  "path": str(path)})
+            log.info("generated %s", path)
         return self.get_bundles()
 
     def _read_stats(self) -> tuple[dict[str, Any], str]:

@@ -130,9 +130,29 @@ class _ProbeProcess(context.ForkServerProcess):
         return _Popen(process_obj)
 
 
+def _release_server() -> None:
+    """Close the fork server's ``alive`` pipe that multiprocessing hands every forked child (so that it could
+    start children of its own through the same server): the server exits when that pipe has no writer left, so
+    a child holding it would keep the server alive after the process that started both is gone, and the server
+    would keep the child (which ends with the server, ``watch_parent``)."""
+    fd = getattr(forkserver._forkserver, "_forkserver_alive_fd", None)
+    if fd is not None:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+        forkserver._forkserver._forkserver_alive_fd = None
+
+
 def _child_main(target: str, argv: list[str], stdout_path: str, stderr_path: str, env: Mapping[str, str]) -> None:
     """In the forked child: own session, own output files, the asked environment, then ``target(argv)``
-    (``module:function``); its return value (or a ``SystemExit``'s code) is the exit code."""
+    (``module:function``); its return value (or a ``SystemExit``'s code) is the exit code. The child ends
+    when the server does (``watch_parent``), and the server when its starter does (its ``alive`` pipe), so a
+    process killed outright leaves no trial computing."""
+    from autotune.stopping import watch_parent
+
+    _release_server()
+    watch_parent()
     os.setsid()  # lead a process group of its own, as a subprocess started with start_new_session
     for fd, path in ((1, stdout_path), (2, stderr_path)):
         try:

@@ -115,6 +115,7 @@ def resolve_request(bundle: str | Path | Mapping[str, Any], *, num_patches_per_i
 
     Raises:
         ConfigError: the bundle is missing or invalid.
+        DataError: the bundle's data does not fit it (``autotune.data.bundle_fit.check_bundle_data``).
         ProbeError: an argument is invalid, or a CUDA device is asked for but not visible.
     """
     from autotune.bundles.config import check_bundle_config, load_bundle_config
@@ -122,7 +123,11 @@ def resolve_request(bundle: str | Path | Mapping[str, Any], *, num_patches_per_i
     if isinstance(bundle, Mapping):
         cfg = check_bundle_config(json.loads(json.dumps(dict(bundle))), "bundle config (dict)")
     else:
+        from autotune.bundles.config import bundle_config_path
+        from autotune.data.bundle_fit import check_bundle_data
+
         cfg = load_bundle_config(bundle)
+        check_bundle_data(cfg, bundle_config_path(bundle))  # the data it is made for, against it
     if not isinstance(device, str) or not _DEVICE_RE.fullmatch(device):
         raise ProbeError(f"unknown device {device!r}; give cpu, cuda or cuda:N")
     if check_device and device.startswith("cuda"):

@@ -322,6 +322,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":  # pragma: no cover
+    from autotune.stopping import watch_parent
+
+    watch_parent()  # a fresh interpreter's trial ends with the process that started it
     code = main()
     sys.stdout.flush()
     sys.stderr.flush()

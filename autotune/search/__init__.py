@@ -27,12 +27,13 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["SearchSettings", "STRATEGIES", "search_bundles", "verify_plan", "resolve_target", "format_results"]
+__all__ = ["SearchSettings", "STRATEGIES", "check_method", "search_bundles", "verify_plan", "resolve_target", "format_results"]
 
 _EXPORTS = {
     "SearchSettings": "autotune.search.driver.bundles",
     "STRATEGIES": "autotune.search.driver.bundles",
     "search_bundles": "autotune.search.driver.bundles",
+    "check_method": "autotune.search.driver.bundles",
     "verify_plan": "autotune.search.driver.verify",
     "resolve_target": "autotune.search.driver.targets",
     "format_results": "autotune.search.driver.report",

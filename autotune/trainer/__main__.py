@@ -3,7 +3,7 @@
 The same options as ``autotune train``. Under torchrun every process is one rank
 (``--nproc`` is ignored); errors print one line and exit with their code (as ``autotune train``:
 2 bad input, 3 out of memory, 4 the host refused a write, 5 diverged (non-finite loss),
-143/130/138 stopped by a signal).
+143/130/129/138 stopped by a signal).
 """
 
 from __future__ import annotations

@@ -161,9 +161,14 @@ def _free_port() -> int:
 
 
 def _spawn_entry(rank: int, nproc: int, port: int, target: Callable[..., Any], kwargs: dict,
-                 error_dir: str) -> None:
-    """What each spawned process runs: torchrun's environment, then ``target(**kwargs)``."""
+                 error_dir: str, spawner: int | None = None) -> None:
+    """What each spawned process runs: torchrun's environment, then ``target(**kwargs)``; a rank whose spawner
+    (pid ``spawner``) is gone, or goes (killed outright), ends at once."""
     import torch
+
+    from autotune.stopping import watch_parent
+
+    watch_parent(spawner)
 
     os.environ.update({
         "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(nproc),
@@ -186,7 +191,7 @@ def spawn(target: Callable[..., Any], nproc: int, kwargs: dict) -> None:
     """Run ``target(**kwargs)`` in ``nproc`` new processes that form one process group.
 
     ``target`` must be importable (a module-level function). An ``AutotuneError`` in a
-    child is raised again here with its type, message and exit code. SIGTERM, SIGINT and
+    child is raised again here with its type, message and exit code. SIGTERM, SIGINT, SIGHUP and
     SIGUSR1 sent to this process are passed on to the children (which stop together); children
     that such a signal ended before their training began make a ``TrainingStopped`` with its code.
 
@@ -201,7 +206,8 @@ def spawn(target: Callable[..., Any], nproc: int, kwargs: dict) -> None:
         raise SpecError(f"--nproc must be at least 2 to spawn processes, got {nproc}")
     with tempfile.TemporaryDirectory(prefix="autotune-ddp-") as error_dir, _forward_signals() as forwarded:
         try:
-            context = mp.start_processes(_spawn_entry, args=(nproc, _free_port(), target, kwargs, error_dir),
+            context = mp.start_processes(_spawn_entry, args=(nproc, _free_port(), target, kwargs, error_dir,
+                                                             os.getpid()),
                                          nprocs=nproc, join=False, start_method="spawn")
             forwarded.to(context.processes)
             while not context.join():

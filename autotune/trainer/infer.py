@@ -72,11 +72,29 @@ def load_model(cfg: Mapping[str, Any], path: Path, device: str) -> torch.nn.Modu
     model = build_network(cfg)
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-        model.load_state_dict(state["model"] if "model" in state else state)
-    except (RuntimeError, KeyError, TypeError, OSError) as exc:
+        weights = state["model"] if "model" in state else state
+        _refuse_other_shapes(cfg, model, weights, path)
+        model.load_state_dict(weights)
+    except (RuntimeError, KeyError, TypeError, OSError, AttributeError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ConfigError(f"{path}: not a checkpoint of this bundle's network ({first})") from exc
     return model.to(device).eval()
+
+
+def _refuse_other_shapes(cfg: Mapping[str, Any], model: Any, weights: Mapping[str, Any], path: Path) -> None:
+    """Refuse weights of another shape than the bundle's network, naming the first tensor that differs and the
+    bundle keys its shape comes from (a checkpoint of a bundle with other channels or classes).
+
+    Raises:
+        ConfigError: naming the checkpoint, the tensor, both shapes and the bundle's input_channels and output_classes.
+    """
+    own = model.state_dict()
+    for key, tensor in weights.items():
+        if key in own and hasattr(tensor, "shape") and tuple(tensor.shape) != tuple(own[key].shape):
+            raise ConfigError(f"{path}: {key} has shape {list(tensor.shape)} in the checkpoint but "
+                              f"{list(own[key].shape)} in the network of this bundle (input_channels "
+                              f"{cfg['input_channels']}, output_classes {cfg['output_classes']} in "
+                              f"{cfg.get('bundle_root', 'its config')}); give a checkpoint trained from this bundle")
 
 
 def predict_args(cfg: Mapping[str, Any]) -> dict[str, Any]:
@@ -181,8 +199,10 @@ def infer(
 
     Args:
         bundle: a trained bundle folder.
-        images: image files, or one datalist JSON (its ``testing`` cases, else its ``training`` images).
-        output_dir: where ``<name>_seg.nii.gz`` files go (created if needed).
+        images: image files, or one datalist JSON (its ``testing`` cases, else its ``training`` images); each
+            must fit the bundle (``autotune.data.bundle_fit``: 3D, the bundle's ``input_channels``).
+        output_dir: where ``<name>_seg.nii.gz`` files go (created if needed, said in one line), once every
+            input is checked.
         device: ``auto`` (the first GPU, else the CPU), ``cpu``, ``cuda`` or ``cuda:N``; windows run there.
         checkpoint: ``best``, ``last`` or a checkpoint path.
         progress: show a progress bar (stderr).
@@ -192,18 +212,23 @@ def infer(
 
     Raises:
         ConfigError: bad bundle or checkpoint.
-        InputError: missing images.
+        InputError: missing images, or an output path that is a file.
+        DataError: an image the bundle cannot take (its channels or axes), naming the file, the key and both values.
         SpecError: an unavailable device.
         HostWriteError: the output folder refused a write; says which predictions were written.
     """
     from tqdm import tqdm
 
-    from autotune.bundles.config import load_bundle_config
+    from autotune.bundles.config import bundle_config_path, load_bundle_config
+    from autotune.data.bundle_fit import check_images_fit
     from autotune.device import check_device, resolve_device
+    from autotune.files import check_creatable
 
     cfg = load_bundle_config(bundle)
     device = check_device(resolve_device(device))
     files = _input_files(images)
+    check_images_fit(cfg, files, bundle_config_path(bundle))  # before the model is built or a window run
+    check_creatable(output_dir, "the predictions folder (--output)", InputError)
     predict = _Predictor(cfg, load_model(cfg, resolve_checkpoint(cfg, checkpoint), device), device)
     out = _output_folder(output_dir)
     written: list[Path] = []
@@ -255,17 +280,11 @@ class _Predictor:
 
 
 def _output_folder(output_dir: str | os.PathLike[str]) -> Path:
-    """``output_dir``, created if needed (a refusal by the host is one ``HostWriteError`` line)."""
-    from autotune.files import HOST_REFUSALS, refused
+    """``output_dir``, created if needed and then said in one line (a refusal by the host is one
+    ``HostWriteError`` line)."""
+    from autotune.files import make_folder
 
-    out = Path(output_dir).expanduser()
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        if exc.errno in HOST_REFUSALS:
-            raise refused(exc, "the predictions folder", out) from exc
-        raise
-    return out
+    return make_folder(output_dir, "the predictions folder")
 
 
 def _write_prediction(path: Path, labels: Any, affine: Any) -> Path:

@@ -114,6 +114,7 @@ def train(
     _check_args(epochs, max_time, val_every, nproc)
     cfg = load_bundle_config(bundle)  # fail here, in one process, on a bad bundle
     _check_trained_here(bundle, cfg, memory_limit)
+    _check_data(bundle, cfg)
     resolve_options(cfg, mode, "cpu")
     _check_device(device, nproc)
     limit = training_limit(cfg, device, memory_limit)
@@ -124,10 +125,35 @@ def train(
         from autotune.trainer.infer import model_dir
 
         summary = model_dir(cfg) / "train_summary.json"
-        summary.unlink(missing_ok=True)
+        before = _stamp(summary)
         spawn(run_worker, nproc, kwargs)
+        if _stamp(summary) == before:  # rank 0 writes it last; an old one is not this run's
+            raise ConfigError(f"{summary}: the training processes ended without writing their summary")
         return read_json(summary, ConfigError)
     return run_worker(**kwargs)
+
+
+def _stamp(path: Any) -> tuple[int, int] | None:
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return None
+    return stat.st_size, stat.st_mtime_ns
+
+
+def _check_data(bundle: str | os.PathLike[str], cfg: Mapping[str, Any]) -> None:
+    """The fold's cases (training and validation) against the bundle, before anything is built or written:
+    the images' channels and axes, the labels' grid and values (``autotune.data.bundle_fit``).
+
+    Raises:
+        ConfigError / DataError: no datalist, a fold without cases, or a case the bundle cannot take.
+    """
+    from autotune.bundles.config import bundle_config_path
+    from autotune.data.bundle_fit import check_cases_fit
+    from autotune.trainer.data import split_datalist
+
+    train_cases, val_cases, _note = split_datalist(cfg)
+    check_cases_fit(cfg, [*train_cases, *val_cases], bundle_config_path(bundle))
 
 
 def _check_trained_here(bundle: str | os.PathLike[str], cfg: Mapping[str, Any], memory_limit: Any) -> None:
@@ -189,11 +215,7 @@ class TrainingRun:
         self.fixed_val_every = val_every is not None
         self.fit: Any = None  # the TimeFit of a run whose schedule its --max-time sets
         self.patience = int(self.cfg.get("early_stop_patience") or 0)
-        self.out = model_dir(self.cfg)
-        if ctx.is_main:
-            self.out.mkdir(parents=True, exist_ok=True)
-            for torn in self.out.glob(".*.pt.*.tmp"):  # left by a kill during a checkpoint write
-                torn.unlink(missing_ok=True)
+        self.out = model_dir(self.cfg)  # created in run(), once every check has passed
         self.metrics = MetricsLog(self.out, class_labels(self.cfg), enabled=ctx.is_main)
         self.memory_limit = memory_limit
         self.memory = PhaseMemory(ctx.device, memory_limit)
@@ -299,6 +321,10 @@ class TrainingRun:
         self.say(start_line(self.mode, self.ctx, self.data, self.recipe.precision.line(),
                             float(group.get("initial_lr", group["lr"])), self.schedule_note()))
         self._check_room()
+        if self.ctx.is_main:  # the first write of the run
+            self.out.mkdir(parents=True, exist_ok=True)
+            for torn in self.out.glob(".*.pt.*.tmp"):  # left by a kill during a checkpoint write
+                torn.unlink(missing_ok=True)
         opts = self.data.opts
         monitor = GpuMonitor(self.out / "gpu_monitor.csv", self.ctx.device, opts.gpu_monitor_interval_s)
         if self.ctx.is_main and opts.gpu_monitor:

@@ -1,11 +1,11 @@
-"""Stopping training on a signal: SIGTERM (a scheduler's preemption), SIGINT (Ctrl-C), SIGUSR1
-(SLURM's ``--signal=USR1@T`` warning).
+"""Stopping training on a signal: SIGTERM (a scheduler's preemption), SIGINT (Ctrl-C), SIGHUP (a closed
+terminal or SSH session), SIGUSR1 (SLURM's ``--signal=USR1@T`` warning).
 
 While a run trains, ``StopSignals`` turns the first such signal into a request; the epoch
 loop asks ``requested_everywhere`` at every batch boundary, so with several processes every
 rank stops at the same batch (the request of any rank counts, agreed by one small collective).
 The runner then writes a checkpoint that ``--resume`` continues from exactly and exits with
-128 + the signal's number (143, 130, 138). A second signal a second or more after the first
+128 + the signal's number (143, 130, 129, 138). A second signal a second or more after the first
 does not wait: it raises ``KeyboardInterrupt`` at once (the checkpoint of the last finished
 epoch stays). One sooner is the same request delivered twice (Ctrl-C reaches a spawned rank
 from the terminal and again from its parent). The previous handlers are restored on exit.
@@ -22,7 +22,7 @@ from typing import Any
 
 __all__ = ["STOP_SIGNALS", "StopSignals"]
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)
 _REPEAT_GRACE_S = 1.0  # a second signal within this many seconds is the first one delivered twice
 
 

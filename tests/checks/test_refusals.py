@@ -160,7 +160,10 @@ def test_dashboard_that_cannot_listen_is_one_line(tmp_path: Path, capsys: pytest
     def taken(*_args: object, **_kwargs: object) -> None:
         raise OSError(98, "Address already in use")
 
+    from autotune.search.storage.study import open_storage
+
     monkeypatch.setattr(optuna_dashboard, "run_server", taken)
+    open_storage(f"sqlite:///{tmp_path / 's.db'}")  # a storage tuning wrote: the dashboard creates none
     argv = ["dashboard", "--storage", f"sqlite:///{tmp_path / 's.db'}", "--port", "8765"]
     outcome = run_cli(argv, capsys)
     assert outcome.code == 2 and "--port 8765: cannot listen there (Address already in use)" in outcome.err

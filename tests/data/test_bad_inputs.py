@@ -239,6 +239,12 @@ def header_too_large_for_ram(root: Path) -> tuple[list[str], str]:
     return _analyze(root / "input.yaml"), "imagesTr/case_002.nii.gz: the header declares a 30000x30000x30000 grid"
 
 
+def header_larger_than_its_file(root: Path) -> tuple[list[str], str]:
+    path = root / "imagesTr" / "case_003.nii.gz"
+    _patch_header(path, 42, "<3h", 512, 512, 512)  # well within RAM; far beyond what a few KiB can yield
+    return _analyze(root / "input.yaml"), "imagesTr/case_003.nii.gz: the header declares a 512x512x512 grid"
+
+
 BREAKERS: list[Breaker] = [
     missing_input, bad_yaml_syntax, yaml_top_level_list, unknown_modality, datalist_missing, dataroot_not_a_folder,
     bad_json, empty_training, training_not_a_list, entry_without_label, negative_fold, path_escaping_dataroot,
@@ -246,7 +252,7 @@ BREAKERS: list[Breaker] = [
     corrupt_inside_gzip, truncated_gzip, shape_mismatch, affine_mismatch, non_integer_labels, image_2d,
     label_beyond_declared_labels, case_listed_twice, class_names_fewer_than_label_values, all_labels_empty,
     num_fold_zero, more_folds_than_cases, cases_zero, size_too_small,
-    demo_unknown_modality, zero_spacing_in_header, header_too_large_for_ram,
+    demo_unknown_modality, zero_spacing_in_header, header_too_large_for_ram, header_larger_than_its_file,
 ]
 
 

@@ -281,7 +281,8 @@ def test_warnings_reach_stderr_one_line_each_from_the_command_line(demo_data_cop
     assert run.returncode == 0, run.stderr
     assert run.stderr.splitlines() == [
         f"WARNING {LOGGER}: {root}/input.yaml: declared class(es) 2 (class2) are in none of the 6 labels; the network "
-        "still gets an output channel for each: remove them from the declaration or check the labels"]
+        "still gets an output channel for each: remove them from the declaration or check the labels",
+        f"created the work folder {root / 'work'}"]  # said even with --quiet: a folder made for the user
     assert (root / "work" / "datastats.yaml").is_file()
 
 

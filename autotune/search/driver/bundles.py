@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.bundles.config import Bundle, load_bundle
-from autotune.errors import SpecError
+from autotune.errors import ConfigError, SpecError
 from autotune.search.driver.key import answer_key
 from autotune.search.driver.options import TuningOptions
 from autotune.search.driver.session import Session, make_budget, open_store
@@ -27,7 +27,7 @@ from autotune.search.strategies.registry import Strategy, strategy_named
 from autotune.search.strategies.space import parse_specs
 from autotune.utils import look_up_option
 
-__all__ = ["STRATEGIES", "SearchSettings", "known_templates", "search_bundles"]
+__all__ = ["STRATEGIES", "SearchSettings", "check_method", "known_templates", "search_bundles"]
 
 STRATEGIES = tuple(_REGISTRY)
 
@@ -107,9 +107,31 @@ def known_templates() -> list[str]:
     return template_names()
 
 
+def check_method(specs: Mapping[str, Any] | None, algos: Sequence[str], settings: SearchSettings
+                 ) -> tuple[Strategy, TuningOptions, dict[str, dict[str, Any]], Any]:
+    """The strategy, the options, the specs per algorithm of ``algos`` and the budget, checked, and the storage
+    checked as far as it can be without writing to it (``check_storage``): ``run`` asks this before its
+    analysis writes anything.
+
+    Raises:
+        SpecError: bad specs, strategy, objective, hand-off, margin or memory limit.
+        StorageError: the storage cannot be opened.
+    """
+    from autotune.search.storage.study import check_storage
+
+    strategy, options = _checked_method(settings)
+    explicit = parse_specs(specs, sorted(set(algos)), known_templates())
+    budget = make_budget(options.device, options.memory_limit, options.margin, settings.target)
+    check_storage(options.storage)
+    return strategy, options, explicit, budget
+
+
 def search_bundles(bundles: Sequence[str | Path], specs: Mapping[str, Any] | None, settings: SearchSettings,
                    say: Callable[[str], None], summary_path: str | Path | None = None) -> list[dict[str, Any]]:
     """Tune ``bundles`` with ``settings``; write the tuned values (with the ``tuning:`` plan) into each.
+
+    Everything is checked before the storage is opened (its first write): the bundles and the data each is
+    given (``autotune.data.bundle_fit``), the folders written, the specs, the budget and the storage's URL.
 
     Returns:
         One record per bundle (``status``: ``tuned``, ``infeasible`` or ``unsupported``).
@@ -117,18 +139,23 @@ def search_bundles(bundles: Sequence[str | Path], specs: Mapping[str, Any] | Non
     Raises:
         SpecError: bad specs, strategy, objective, hand-off, margin or memory limit.
         ConfigError: a bundle is missing or malformed, or a folder cannot be written.
+        DataError: a bundle's data does not fit it (channels, spatial dimensions, classes).
         StorageError: the storage cannot be opened.
     """
+    from autotune.data.bundle_fit import check_bundle_data
     from autotune.files import atomic_write_json
 
-    strategy, options = _checked_method(settings)
+    _checked_method(settings)
     if not bundles:
         raise SpecError("no bundle to tune; run 'autotune generate' first")
     loaded = {str(Path(b)): load_bundle(b) for b in bundles}
+    for bundle in loaded.values():
+        check_bundle_data(bundle.config, bundle.config_path)
     check_writable([b.config_path.parent for b in loaded.values()] if settings.write_back else [])
+    if summary_path and Path(summary_path).is_dir():
+        raise ConfigError(f"{summary_path}: is a folder; give --summary a file name, e.g. {Path(summary_path) / 'summary.json'}")
     check_writable([Path(summary_path).parent] if summary_path else [])
-    explicit = parse_specs(specs, sorted({b.config["algo"] for b in loaded.values()}), known_templates())
-    budget = make_budget(options.device, options.memory_limit, options.margin, settings.target)
+    strategy, options, explicit, budget = check_method(specs, [b.config["algo"] for b in loaded.values()], settings)
     session = Session(budget, open_store(options.storage, settings.workers_share, options.timeout), strategy,
                       options, explicit, say)
     try:
@@ -139,5 +166,8 @@ def search_bundles(bundles: Sequence[str | Path], specs: Mapping[str, Any] | Non
     results = [write_bundle(path, loaded[path], records[name], settings.write_back, say)
                for name, paths in groups.items() for path in paths]
     if summary_path:
+        from autotune.files import make_folder
+
+        make_folder(Path(summary_path).parent, "the summary's folder")
         atomic_write_json(summary_path, {"results": results})
     return results

@@ -16,25 +16,21 @@ __all__ = ["check_writable", "write_bundle"]
 
 
 def check_writable(folders: Sequence[Path]) -> None:
-    """Fail before any trial when a folder the results go to cannot be written.
+    """Fail before any trial when a folder the results go to cannot be written (or created), writing nothing.
 
     Raises:
         ConfigError: naming the folder and what to do.
     """
-    import tempfile
+    import os
 
     from autotune.errors import ConfigError
+    from autotune.files import check_creatable
 
     for folder in sorted(set(folders)):
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryFile(dir=folder):
-                pass
-        except OSError as exc:
-            raise ConfigError(
-                f"{folder}: cannot write the tuned values here ({exc.strerror or exc}); "
-                "make it writable, or tune a copy of the bundles"
-            ) from exc
+        check_creatable(folder, "a folder for the results", ConfigError)
+        if folder.is_dir() and not os.access(folder, os.W_OK | os.X_OK):
+            raise ConfigError(f"{folder}: cannot write the tuned values here (permission denied); make it writable, "
+                              "or tune a copy of the bundles")
 
 
 def write_bundle(path: str, bundle: Bundle, record: Mapping[str, Any], write: bool,

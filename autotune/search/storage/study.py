@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
@@ -27,6 +28,7 @@ __all__ = [
     "default_storage_url",
     "redact_url",
     "open_storage",
+    "check_storage",
     "make_key",
     "open_study",
     "trial_id",
@@ -85,11 +87,16 @@ def open_storage(url: str | None = None) -> optuna.storages.BaseStorage:
     shown = redact_url(url)
     engine_kwargs: dict[str, Any] = {}
     if url.startswith("sqlite:///"):
-        path = Path(url[len("sqlite:///") :])
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise StorageError(f"storage {shown}: cannot create {path.parent} ({exc.strerror}); pass --storage") from exc
+        path = _sqlite_path(url)
+        if path is not None:
+            from autotune.errors import HostWriteError
+            from autotune.files import make_folder
+
+            try:
+                make_folder(path.parent, "the storage folder", f"(for {shown})")
+            except (OSError, HostWriteError) as exc:
+                reason = getattr(exc, "strerror", None) or str(exc)
+                raise StorageError(f"storage {shown}: cannot create {path.parent} ({reason}); pass --storage") from exc
         engine_kwargs = {"connect_args": {"timeout": 60}}
     elif url.startswith(("postgresql", "mysql")):
         engine_kwargs = {"pool_pre_ping": True, "connect_args": {"connect_timeout": 10}}
@@ -123,6 +130,75 @@ def open_storage(url: str | None = None) -> optuna.storages.BaseStorage:
         reason = " ".join(str(exc).replace(url, shown).split())[:160]
         raise StorageError(f"storage {shown}: cannot be opened ({type(exc).__name__}: {reason}); check the URL, or "
                            "give another storage") from exc
+
+
+def _sqlite_path(url: str) -> Path | None:
+    """The file of an SQLite URL, absolute (``sqlite:///rel.db`` is relative to the working folder,
+    ``sqlite:////abs.db`` absolute); None for an in-memory database."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        database = make_url(url).database
+    except Exception:  # noqa: BLE001 - open_storage names a malformed URL
+        return None
+    if not database or database == ":memory:" or database.startswith("file:"):
+        return None
+    return Path(os.path.abspath(database))
+
+
+def check_storage(url: str | None = None, *, must_exist: bool = False) -> None:
+    """What opening the storage would refuse, found before anything is written, writing nothing itself: a
+    malformed URL, a driver not installed, an SQLite file that is a folder or whose folder cannot be created;
+    a database server is connected to (nothing is written there), so that one out of reach refuses now.
+
+    Args:
+        url: The storage URL (default ``default_storage_url()``).
+        must_exist: Refuse an SQLite file that does not exist yet (a reader, such as the dashboard, creates
+            no storage).
+
+    Raises:
+        StorageError: one line naming the storage (password hidden) and what to do.
+    """
+    import sqlalchemy
+    import sqlalchemy.exc
+    from sqlalchemy.engine import make_url
+
+    url = url or default_storage_url()
+    shown = redact_url(url)
+    try:
+        parsed = make_url(url)
+        parsed.get_dialect().import_dbapi()
+    except ImportError as exc:
+        raise StorageError(f"storage {shown}: driver {getattr(exc, 'name', None) or 'of the database'!r} is not "
+                           "installed; pip install it") from exc
+    except Exception as exc:  # noqa: BLE001 - SQLAlchemy raises ArgumentError, NoSuchModuleError, ValueError
+        raise StorageError(f"storage {shown}: not a valid SQLAlchemy URL; e.g. sqlite:///studies/autotune.db") from exc
+    if parsed.get_backend_name() == "sqlite":
+        path = _sqlite_path(url)
+        if path is None:
+            return
+        if path.is_dir():
+            raise StorageError(f"storage {shown}: {path} is a folder; give the database file, e.g. {path}/autotune.db")
+        if must_exist and not path.is_file():
+            raise StorageError(f"storage {shown}: no such database file {path}; give the --storage that tuning "
+                               "wrote to (the default is studies/autotune.db in the folder tune ran from)")
+        folder = path.parent
+        while not folder.exists() and folder != folder.parent:
+            folder = folder.parent
+        if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+            why = "is not a folder" if not folder.is_dir() else "may not be written"
+            raise StorageError(f"storage {shown}: cannot create the database there: {folder} {why}; give another "
+                               "--storage")
+        return
+    engine = sqlalchemy.create_engine(url, connect_args={"connect_timeout": 10})
+    try:
+        with engine.connect():
+            pass
+    except (sqlalchemy.exc.OperationalError, sqlalchemy.exc.DBAPIError) as exc:
+        reason = " ".join(str(getattr(exc, "orig", exc)).replace(url, shown).split())[:160]
+        raise StorageError(f"storage {shown}: cannot connect ({reason}); check the server and the URL") from exc
+    finally:
+        engine.dispose()
 
 
 def _rdb_storage(url: str, shown: str, engine_kwargs: dict[str, Any]) -> optuna.storages.RDBStorage:
