@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from autotune.trainer.setup import ModelSetup
     from autotune.trainer.timing import PhaseClock
 
-__all__ = ["EpochParts", "EpochProgress", "train_epoch", "epoch_row", "validate"]
+__all__ = ["EpochParts", "EpochProgress", "train_epoch", "epoch_row", "validate", "count_scaler_skip"]
 
 
 @dataclass
@@ -66,7 +66,8 @@ class EpochProgress:
     """How far the training part of ``epoch`` got on this rank: loader batches done, the sums of
     its metrics row, and (when stopped inside it) the RNG states at the stop. ``passes`` counts every
     training pass, ``skipped`` those the guard kept from the weights (their loss is not in ``loss_sum``);
-    ``h2d_s`` and ``compute_s`` are the seconds of host-to-device copies and of training passes."""
+    ``h2d_s`` and ``compute_s`` are the seconds of host-to-device copies and of training passes;
+    ``scaler_skipped`` the steps fp16's GradScaler skipped (an overflowed gradient lowers its scale)."""
 
     epoch: int
     batches: int = 0
@@ -78,6 +79,7 @@ class EpochProgress:
     train_s: float = 0.0
     h2d_s: float = 0.0
     compute_s: float = 0.0
+    scaler_skipped: int = 0
     rng: dict[str, Any] | None = None
     complete: bool = False
 
@@ -102,9 +104,10 @@ def _skip_done(loader: Any, done: int) -> Iterator[Any]:
 
 
 def _train_batch(parts: EpochParts, batch: Mapping[str, Any], tracker: Any, loss_sum: Any,
-                 progress: EpochProgress) -> None:
+                 progress: EpochProgress, scaler_skips: Any = None) -> None:
     """One loader batch in passes of ``num_patches_per_iter``, each applied pass's loss added to ``loss_sum``
-    (a tensor, in place) and the passes, skipped passes and samples to ``progress``."""
+    (a tensor, in place) and the passes, skipped passes and samples to ``progress``; the steps the GradScaler
+    skipped to ``scaler_skips`` (a device tensor, in place: counted without a synchronisation)."""
     from autotune.finite import NonFiniteSteps, trace_nonfinite
     from autotune.step import split_patches, train_step
     from autotune.trainer.infer import plain_tensor
@@ -120,6 +123,7 @@ def _train_batch(parts: EpochParts, batch: Mapping[str, Any], tracker: Any, loss
     with parts.memory.tracking():
         for image, label in split_patches(images, labels, int(parts.cfg["num_patches_per_iter"])):
             progress.passes += 1  # counted first: a guard that stops the run names this pass
+            scale = _scale_of(recipe.scaler) if scaler_skips is not None else None
             try:
                 with clock.phase("compute") if clock is not None else contextlib.nullcontext():
                     loss = train_step(recipe.net, recipe.loss_fn, recipe.optimizer, image, label, recipe.amp_dtype,
@@ -130,6 +134,8 @@ def _train_batch(parts: EpochParts, batch: Mapping[str, Any], tracker: Any, loss
                 except Exception:  # noqa: BLE001 - the trace only adds to the line (it may hit the memory limit)
                     exc.first = ""
                 raise
+            if scale is not None:
+                count_scaler_skip(recipe.scaler, scale, scaler_skips)
             if recipe.scheduler is not None:  # a skipped step keeps the schedule's length, as fp16's scaler does
                 recipe.scheduler.step()
             if guard is None or guard.applied:
@@ -137,6 +143,20 @@ def _train_batch(parts: EpochParts, batch: Mapping[str, Any], tracker: Any, loss
             else:
                 progress.skipped += 1
             progress.samples += int(image.shape[0])
+
+
+def _scale_of(scaler: Any) -> Any:
+    """The GradScaler's current scale: a copy of its device tensor, or its initial scale (a float) before its
+    first step."""
+    scale = getattr(scaler, "_scale", None)
+    return float(getattr(scaler, "_init_scale", 2.0**16)) if scale is None else scale.clone()
+
+
+def count_scaler_skip(scaler: Any, before: Any, counter: Any) -> None:
+    """Add 1 to ``counter`` (a device tensor, in place) when the step after ``before = _scale_of(scaler)``
+    was skipped: GradScaler lowers its scale exactly when a gradient overflowed and it skipped the step.
+    Device arithmetic only, so no synchronisation per step."""
+    counter += (scaler._scale < before).int()
 
 
 def train_epoch(parts: EpochParts, progress: EpochProgress, should_stop: Callable[[], int],
@@ -160,6 +180,7 @@ def train_epoch(parts: EpochParts, progress: EpochProgress, should_stop: Callabl
     if progress.rng is not None:
         set_rng_state(progress.rng, ctx.device)  # where the stopped run stood after those batches
     loss_sum = torch.tensor(progress.loss_sum, dtype=torch.float32, device=ctx.device)
+    scaler_skips = torch.zeros((), dtype=torch.int64, device=ctx.device) if parts.recipe.scaler is not None else None
     bar = tqdm(total=len(parts.train_loader), initial=progress.batches, desc=f"epoch {epoch}/{parts.total_epochs}",
                unit="batch", leave=False, disable=not bars_enabled(parts.progress), file=sys.stderr)
     t0, wait = time.perf_counter(), 0.0
@@ -172,7 +193,7 @@ def train_epoch(parts: EpochParts, progress: EpochProgress, should_stop: Callabl
             progress.complete = True
             break
         try:
-            _train_batch(parts, batch, tracker, loss_sum, progress)
+            _train_batch(parts, batch, tracker, loss_sum, progress, scaler_skips)
         except NonFiniteSteps as exc:
             exc.epoch, exc.step = epoch, progress.passes  # where the run diverged, for its line
             bar.close()
@@ -193,6 +214,8 @@ def train_epoch(parts: EpochParts, progress: EpochProgress, should_stop: Callabl
         progress.h2d_s += phases["h2d"]
         progress.compute_s += phases["compute"]
     progress.loss_sum = float(loss_sum.item())
+    if scaler_skips is not None:
+        progress.scaler_skipped += int(scaler_skips.item())
     bar.close()
     return progress
 
@@ -212,7 +235,8 @@ def epoch_row(parts: EpochParts, progress: EpochProgress) -> dict[str, Any]:
         "epoch": progress.epoch, "loss": total_loss / total_passes if total_passes else float("nan"),  # nan: all skipped
         "train_s": train_s, "data_wait_s": wait,
         "data_wait_share": wait / train_s if train_s > 0 else 0.0,
-        "h2d_s": progress.h2d_s, "compute_s": progress.compute_s, "samples": sum(rank_samples),
+        "h2d_s": progress.h2d_s, "compute_s": progress.compute_s, "scaler_skipped_steps": progress.scaler_skipped,
+        "samples": sum(rank_samples),
         "steps": progress.passes, "nonfinite_steps": progress.skipped,
         "samples_per_s": sum(rank_samples) / train_s if train_s > 0 else 0.0,
         "lr": float(parts.recipe.optimizer.param_groups[0]["lr"]), "world_size": ctx.world_size,

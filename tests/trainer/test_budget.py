@@ -100,3 +100,24 @@ def test_a_run_to_a_time_budget_fits_its_schedule(bundle: Path, bundles: dict[st
                   progress=False)
     assert fixed["schedule"]["set_by"] == "epochs" and fixed["schedule"]["planned_epochs"] == 2
     assert fixed["epochs_run"] == 2
+
+
+def test_the_scalers_skipped_steps_are_counted_on_the_device() -> None:
+    """fp16's GradScaler skips a step whose gradient overflowed and lowers its scale: counted, the first
+    step included (before it the scaler holds no scale tensor yet), and a good step is not."""
+    import torch
+
+    from autotune.trainer.epoch import _scale_of, count_scaler_skip
+
+    weight = torch.nn.Parameter(torch.ones(3))
+    optimizer = torch.optim.SGD([weight], lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
+    counter = torch.zeros((), dtype=torch.int64)
+    for value in (float("inf"), 1.0, float("nan"), 1.0):
+        before = _scale_of(scaler)
+        optimizer.zero_grad()
+        scaler.scale((weight * value).sum()).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        count_scaler_skip(scaler, before, counter)
+    assert int(counter) == 2
