@@ -174,13 +174,17 @@ def table(report: dict[str, Any]) -> str:
     target = report["settings"]["target"]
     modes = list(report["results"].values())
     times = [s for s in modes[0]["best_dice_at_s"]] if modes else []
-    head = (f"| mode | precision | schedule | epochs | s/epoch | samples/s | time to Dice {target:.2f} | epoch | "
-            + " | ".join(f"best at {s} s" for s in times) + " | best |")
-    lines = [head, "|" + "---|" * (8 + len(times))]
+    head = " | ".join(["| mode", "precision", "schedule", "epochs", "s/epoch", "samples/s", f"time to Dice {target:.2f}",
+                       "epoch", *(f"best at {s} s" for s in times), "best |"])
+    lines = [head, "|" + "---|" * (9 + len(times))]
     for r in modes:
         schedule = r.get("schedule") or {}
-        planned = (f"fitted to {report['settings']['budget']:g} s ({schedule.get('planned_epochs')} epochs)"
-                   if schedule.get("set_by") == "max_time" else "none (constant lr)")
+        if r["mode"] == "regular":
+            planned = "constant lr (Adam 1e-4)"
+        elif schedule.get("set_by") == "max_time":
+            planned = f"fitted to {report['settings']['budget']:g} s ({schedule.get('planned_epochs')} epochs)"
+        else:
+            planned = f"{schedule.get('planned_epochs')} epochs"
         cells = [r["mode"], str(r["precision"]), planned, str(r["epochs"]), _fmt(r["epoch_s"], ".1f"),
                  _fmt(r["samples_per_s"], ".2f"), _fmt(r["time_to_target_s"], ".0f") + (" s" if r["time_to_target_s"] else ""),
                  _fmt(r["epoch_at_target"], "d"), *(_fmt(r["best_dice_at_s"][s], ".3f") for s in times),

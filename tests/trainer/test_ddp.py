@@ -22,8 +22,10 @@ def test_two_cpu_processes_share_one_epoch(unet_bundle: Path) -> None:
     from autotune.trainer.data import split_datalist
     from autotune.trainer.runner import train
 
-    summary = train(unet_bundle, epochs=1, nproc=2, progress=False)
+    # a budget too short for a second epoch: the ranks plan together (one collective) and stop together
+    summary = train(unet_bundle, max_time=0.5, nproc=2, progress=False)
     assert summary["world_size"] == 2 and summary["epochs_run"] == 1
+    assert summary["schedule"]["set_by"] == "max_time" and summary["schedule"]["planned_epochs"] == 1
     cfg = load_bundle_config(unet_bundle)
     train_cases, _, _ = split_datalist(cfg)
     # Each rank cached only its shard: half of the training cases (rounded up, padded to equal length).
