@@ -191,6 +191,12 @@ def estimate_command(args: argparse.Namespace) -> int:
     semantics = result.get("semantics")
     print(f"  estimated in {result['seconds']:.2f} s, raw tensor bytes"
           + (" (no GPU here: CPU tensors with CUDA's fp16 autocast rules)" if semantics == "cpu-emulating-cuda" else ""))
+    if cuda and result.get("device_peak_bytes") is not None:
+        how = ("the allocator simulated, cuDNN's workspace" if result.get("device_model") == "simulated"
+               else "the affine allowance")
+        phases = ", ".join(f"{p} {format_bytes(result[f'{p}_device_reserved_bytes'])}" for p in ("train", "infer")
+                           if result.get(f"{p}_device_reserved_bytes") is not None)
+        print(f"  on the GPU, reserved ({how} from {report['allowance']['source']}): {phases}")
     for phase, entry in report["fits"].items():
         size = sized_by(phase)  # the tunable the phase's memory grows with (autotune.tunables)
         knob = f"{size.metavar} ({size.name})"
