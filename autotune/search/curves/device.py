@@ -30,7 +30,7 @@ class DeviceCurve(CorrectedCurve):
     _cache: dict[int, float] = field(default_factory=dict, repr=False)
 
     def predict(self, n: int) -> float:
-        from autotune.probe.device_model import predict_reserved
+        from autotune.probe import predict_reserved
 
         n = int(n)
         if n not in self._cache:

@@ -77,7 +77,7 @@ class _ModelMixin:
         """The device model's workspace factors for this bundle (None: no device model applies)."""
         if self.allowance is None or not str(self.device).startswith("cuda"):
             return None
-        from autotune.probe.allowances import workspace_template
+        from autotune.probe import workspace_template
 
         return self.allowance.factors(workspace_template(self.config()))
 
@@ -125,7 +125,7 @@ class _ModelMixin:
 
         def raw_peak(n: int) -> float:
             if device_model:  # the same pass, recorded and simulated: the device's ratio at n
-                from autotune.probe.device_model import estimate_on_device
+                from autotune.probe import estimate_on_device
                 from autotune.search.curves.device import ratio_of
 
                 result = estimate_on_device(self.bundle, self.allowance, device=self.device, phases=(phase,),
@@ -261,7 +261,7 @@ class EstimateProber(_ModelMixin):
         from autotune.probe import estimate
 
         if self.factors() is not None:
-            from autotune.probe.device_model import estimate_on_device
+            from autotune.probe import estimate_on_device
 
             result = estimate_on_device(self.bundle, self.allowance, device=self.device, phases=tuple(phases),
                                         **_point_kwargs(point))
