@@ -55,9 +55,13 @@ def solve_factors(points: Sequence[ModelPoint], release: bool = True, expandable
         return [_solve_one(p, release, expandable) for p in points]
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
 
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return list(pool.map(_solve_one, points, [release] * len(points), [expandable] * len(points)))
+    try:
+        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+            return list(pool.map(_solve_one, points, [release] * len(points), [expandable] * len(points)))
+    except (BrokenProcessPool, OSError):  # no worker could start (a __main__ a new interpreter cannot import)
+        return [_solve_one(p, release, expandable) for p in points]
 
 
 def by_template(rows: Sequence[Mapping[str, Any]], card_bytes: float | None) -> dict[str, dict[str, Any]]:

@@ -109,7 +109,10 @@ def _announce(session: Session, key: TuningKey, spec: AlgoSpec, n_bundles: int, 
 
 
 def _provenance(session: Session, key: TuningKey, infer_study: Any, started: float) -> dict[str, Any]:
-    """Where and under what limit the key was searched: the record's provenance fields."""
+    """Where and under what limit the key was searched: the record's provenance fields (``alloc_conf``: the CUDA
+    allocator setting the probes ran under, ``autotune.cuda_alloc``)."""
+    from autotune.cuda_alloc import alloc_conf
+
     budget = session.budget
     fields = {
         "study_name": key.study_name,
@@ -117,7 +120,7 @@ def _provenance(session: Session, key: TuningKey, infer_study: Any, started: flo
         "storage": session.store.shown, "strategy": session.strategy.search, "memory_limit": budget.limit,
         "margin": budget.margin, "budget_bytes": budget.budget, "device": budget.info["device"],
         "device_name": budget.info["device_name"], "device_total_memory": budget.info["device_total_memory"],
-        "precision": key.precision, "wall_seconds": round(time.perf_counter() - started, 3),
+        "precision": key.precision, "alloc_conf": alloc_conf(), "wall_seconds": round(time.perf_counter() - started, 3),
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "key": key.as_dict(), "from_storage": False,
     }
