@@ -42,6 +42,15 @@ def _points(results: dict[str, Any]) -> list[dict[str, Any]]:
     return calibrate if calibrate else (sections.get("points", {}).get("points") or [])
 
 
+def _ct(results: dict[str, Any]) -> dict[str, Any]:
+    """The CT set a memory call measured on: the first run's ``ct_data`` section, or the calibrate section's."""
+    sections = results["sections"]
+    if sections.get("ct_data"):
+        return sections["ct_data"]
+    ct = sections["calibrate"]["ct"]
+    return {**ct, "preset": "tiny" if results.get("dry_run") else "full"}
+
+
 def reestimate(results: dict[str, Any], work: Path | None = None, record: bool = False) -> list[dict[str, Any] | None]:
     """Fill ``estimate_emulated`` of every point of a memory call's ``results``; returns each point's estimate
     (with its recorded events when ``record``).
@@ -50,7 +59,7 @@ def reestimate(results: dict[str, Any], work: Path | None = None, record: bool =
     reestimate`` does."""
     from autotune.probe.estimate import estimate
 
-    ct = results["sections"]["ct_data"]
+    ct = _ct(results)
     points = _points(results)
     estimates: list[dict[str, Any] | None] = []
     with tempfile.TemporaryDirectory(prefix="gpu_reestimate_") as tmp:

@@ -100,10 +100,12 @@ def _predicted_fits(bundle: Path, n: int, m: int, device: str, card: int | None)
 def calibrate(device: str = "cuda:0", out_dir: str | os.PathLike[str] | None = None,
               work_dir: str | os.PathLike[str] | None = None, templates: Sequence[str] = TEMPLATES,
               quick: bool = False, dry_run: bool = False, timeout: float = 120.0, max_seconds: float | None = None,
-              progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+              progress: Callable[[str], None] | None = None,
+              n_values: dict[str, Sequence[int]] | None = None) -> dict[str, Any]:
     """Measure, fit and write this GPU's calibration (see the module docstring); returns the report:
-    ``gpu``, ``points`` (each point's record), ``fit`` (``autotune.calibrate.fit.fit_model`` less its
-    rows' traces), ``file`` and ``seconds``.
+    ``gpu``, ``points`` (each point's record), ``before`` (each point predicted by the calibration in force
+    before this run, which never saw it), ``fit`` (``autotune.calibrate.fit.fit_model``), ``file`` and
+    ``seconds``. ``n_values``: the batch sizes probed per template, in place of the defaults.
 
     Raises:
         SpecError: no CUDA device (and not a dry run), an unknown template, or no point could be measured.
@@ -131,13 +133,17 @@ def calibrate(device: str = "cuda:0", out_dir: str | os.PathLike[str] | None = N
         f"{', '.join(templates)} in {work}")
     source = make_ct_dataset(work / "ct", 3, shape, CT_SPACING)
     bundles = generate(work / "bundles", source, list(templates), tiny=dry_run)
-    n_values = DRY_N_VALUES if dry_run else (QUICK_N_VALUES if quick else N_VALUES)
+    from autotune.probe.isolation import prestart
+
+    prestart()  # the probes' fork server imports torch and MONAI while the set is made
+    n_values = {**(DRY_N_VALUES if dry_run else (QUICK_N_VALUES if quick else N_VALUES)), **(n_values or {})}
+    check_fit = not dry_run and shape != shape_for_card(None)  # a smaller card than the default points were chosen on
     points, estimates, skipped = [], [], []
     for algo, bundle, n, m in _plan(bundles, n_values):
         if max_seconds is not None and time.monotonic() - start > max_seconds - _FIT_RESERVE_S:
             skipped.append({"algo": algo, "n": n, "m": m, "why": "time limit"})
             continue
-        fits, predicted = _predicted_fits(bundle, n, m, device, gpu.get("torch_total_memory"))
+        fits, predicted = _predicted_fits(bundle, n, m, device, gpu.get("torch_total_memory") if check_fit else None)
         if not fits:
             skipped.append({"algo": algo, "n": n, "m": m, "why": f"predicted {predicted} bytes, over "
                                                                f"{_CARD_SHARE:.0%} of the card"})
@@ -149,10 +155,36 @@ def calibrate(device: str = "cuda:0", out_dir: str | os.PathLike[str] | None = N
         say(f"[calibrate] {algo} N={n} M={m}: {point['probe']['status']}"
             + "".join(f", {phase} reserved {_gib(point[phase]['max_memory_reserved'] or point[phase]['tracked_peak_bytes'])}"
                       f" (estimate {_gib(point[phase]['estimate_bytes'])})" for phase in ("train", "infer")))
+    before = _before(points, estimates, device, gpu, expandable_segments(alloc_conf()))
     report = _fit_and_write(gpu, points, estimates, skipped, work, out_dir, dry_run, alloc_conf(),
                             expandable_segments(alloc_conf()), say)
+    report["before"] = before
     report["seconds"] = round(time.monotonic() - start, 1)
     return report
+
+
+def _before(points: list[dict[str, Any]], estimates: list[Any], device: str, gpu: dict[str, Any],
+            expandable: bool) -> dict[str, Any]:
+    """Each measured point predicted by the calibration in force before this run (this GPU's, else the reference
+    one: ``allowance_for``; a dry run: the reference), with its error: points it was not fitted on."""
+    from autotune.calibrate.fit import by_template, model_points
+    from autotune.probe.allowances import allowance_for, default_allowance
+    from autotune.probe.model_fit import error_summary, predict_point
+
+    prior = default_allowance() if not str(device).startswith("cuda") else allowance_for(device, gpu.get("name"))
+    rows = []
+    for point in model_points(points, estimates):
+        factors = prior.factors(point.algo)
+        if factors is None:
+            continue
+        predicted = predict_point(point, factors, release=prior.release_after_search, expandable=expandable)
+        for phase in ("train", "infer"):
+            rows.append({"algo": point.algo, "n": point.n, "m": point.m, "phase": phase,
+                         "predicted_bytes": int(round(predicted[phase])), "reserved_bytes": int(point.reserved[phase]),
+                         "error": predicted[phase] / float(point.reserved[phase]) - 1.0})
+    card = gpu.get("torch_total_memory")
+    return {"source": prior.source, "rows": rows, "summary": error_summary(rows, card),
+            "by_template": by_template(rows, card)}
 
 
 def _gib(value: Any) -> str:

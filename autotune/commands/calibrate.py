@@ -14,6 +14,21 @@ from autotune.commands import add_command, progress_printer
 __all__ = ["register"]
 
 
+def _points(text: str) -> tuple[str, tuple[int, ...]]:
+    """``TEMPLATE=N,N``: a template and its batch sizes (positive, at most 4096)."""
+    name, _, values = text.partition("=")
+    name = name.strip()
+    if name not in ("segresnet", "dints", "unet") or not values.strip():
+        raise argparse.ArgumentTypeError(f"got {text!r}; give TEMPLATE=N,N with TEMPLATE segresnet, dints or unet")
+    try:
+        sizes = tuple(int(v) for v in values.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"got {text!r}; the batch sizes must be whole numbers") from None
+    if not sizes or any(n < 1 or n > 4096 for n in sizes):
+        raise argparse.ArgumentTypeError(f"got {text!r}; each batch size must be 1-4096")
+    return name, sizes
+
+
 def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cuda:0", metavar="DEV", type=types.device,
                    help="the GPU to calibrate (default cuda:0)")
@@ -26,6 +41,9 @@ def _args(p: argparse.ArgumentParser) -> None:
                    type=types.names(("segresnet", "dints", "unet"), "template"),
                    help="comma-separated templates to calibrate (default segresnet,dints,unet)")
     p.add_argument("--quick", action="store_true", help="two points per template instead of two or three")
+    p.add_argument("--points", action="append", default=None, metavar="TEMPLATE=N,N", type=_points,
+                   help="the batch sizes to probe for a template, e.g. segresnet=1,3 (repeatable; M: the windows "
+                        "split as for the defaults)")
     p.add_argument("--timeout", type=types.seconds(), default=120.0, metavar="S",
                    help="a probe's time limit in seconds (default 120)")
     p.add_argument("--max-seconds", type=types.seconds(), default=None, metavar="S",
@@ -50,10 +68,15 @@ def calibrate_command(args: argparse.Namespace) -> int:
     templates = [t for t in str(args.templates).split(",") if t]
     report = calibrate(device=args.device, out_dir=args.out, work_dir=args.work, templates=templates,
                        quick=args.quick, dry_run=args.dry_run, timeout=args.timeout, max_seconds=args.max_seconds,
-                       progress=progress_printer(args))
+                       progress=progress_printer(args), n_values=dict(args.points or []))
     if args.report:
         atomic_write_json(args.report, json.loads(json.dumps(report, default=str)))
     print("\n".join(per_template_lines(report)))
+    before = report.get("before") or {}
+    if before.get("rows"):
+        s = before["summary"]
+        print(f"the calibration in force before ({before['source']}) on these points: {s['within']} of {s['points']} "
+              f"within 10%, worst over {100 * s['max_over']:+.1f}%, worst under {100 * s['max_under']:+.1f}%")
     loo = report["fit"]["summary"]["leave_one_out"]
     if loo.get("points"):
         print(f"leave one out: {loo['within']} of {loo['points']} within {loo['tolerance']:.0%}, worst over "

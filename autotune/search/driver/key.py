@@ -170,13 +170,26 @@ def answer_key(session: Session, key: TuningKey, cfg: Mapping[str, Any], n_bundl
 
 
 def predicted_fit(curve: Any, batch_cap: Mapping[str, Any], budget: int) -> int | None:
-    """The estimator's largest fit over the template's whole range (the cap may stop the search below it)."""
+    """The estimator's largest fit at the budget (``EXTEND_LIMIT`` at most): over the template's whole range first
+    (the cap may stop the search below it), then, when the range's top fits, past it by doubling, so that the
+    report can say what memory would hold when the range stopped the search."""
     from autotune.search.curves.edge import largest_under
+    from autotune.search.curves.sparse import bisect_fits
+    from autotune.search.handoff import EXTEND_LIMIT
 
     whole = batch_cap.get("template_range") or batch_cap.get("range")
     if curve is None or not whole:
         return None
     try:
-        return int(largest_under(curve, int(whole[0]), int(whole[1]), budget))
+        top = int(whole[1])
+        found = int(largest_under(curve, int(whole[0]), top, budget))
+        if found < top:
+            return found
+        lo = top
+        while lo < EXTEND_LIMIT and curve.predict(min(2 * lo, EXTEND_LIMIT)) <= budget:
+            lo = min(2 * lo, EXTEND_LIMIT)
+        if lo >= EXTEND_LIMIT:
+            return EXTEND_LIMIT
+        return int(bisect_fits(curve.predict, lo, min(2 * lo, EXTEND_LIMIT), budget))
     except Exception:  # noqa: BLE001 - the estimate only explains the cap; its failure costs nothing
         return None
