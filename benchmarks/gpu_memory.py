@@ -8,15 +8,16 @@ run measured (docs/gpu-check.md):
   batch sizes the first run did not probe (``CALIBRATE_POINTS``); its report holds every point measured,
   each point predicted by the calibration shipped in the package before it was measured (``before``: the
   device model fitted on the first run, now on other N and M), the new fit and its file.
-- ``edge``: ``autotune tune`` of SegResNet (the calibration's bundle) under half the card (a fixed fraction,
-  never the estimator's prediction) with the calibration just written: N and M, and N+1, M+1 where probed.
-- ``contract``: one epoch of ``autotune train`` of the handed bundle under the same limit, validated: the
-  training and validation peaks against the budget and the tuned peak.
+- ``plan``: ``autotune tune --strategy estimate`` of SegResNet (the calibration's bundle) under half the card
+  (a fixed fraction, never the estimator's prediction) with the calibration just written: no probe, the
+  device model decides every point (the first run already showed the probed edge exact).
+- ``contract``: one epoch of ``autotune train`` of the planned bundle under the same limit, validated: the
+  training and validation peaks against the budget and the plan's predicted peaks.
 - ``monai_dints``: MONAI's official DiNTS (``BundleGen`` with MONAI's templates, carried in ``.gpu_data``),
   96^3 patches, fp16, on a set shaped as MSD Task02 made here (320 x 320 x 100-140 at 1.25 x 1.25 x 1.37
   mm): real peaks and the estimate at 8 and 16 patches, the device model's largest N under 80 GB (an A100
   80GB's memory, where MONAI states 8) and a probe at that N under that limit.
-- ``expandable``: two of the first run's points again with ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``,
+- ``expandable``: one of the first run's points again with ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``,
   against the reserved peaks the first run measured without it (``FIRST_RUN``), and the device model's
   prediction for either setting.
 
@@ -37,7 +38,7 @@ from gpu_harness import ROOT, Check
 
 from autotune.utils import format_bytes
 
-__all__ = ["FULL", "DRY", "run_memory", "edge_summary", "contract_verdict", "monai_templates", "FIRST_RUN"]
+__all__ = ["FULL", "DRY", "run_memory", "contract_verdict", "monai_templates", "FIRST_RUN"]
 
 #: the first run's measured max_memory_reserved (H200, no expandable segments): train, infer
 FIRST_RUN = {("segresnet", 2, 8): (36586913792, 56480497664), ("unet", 8, 18): (9059696640, 12914262016)}
@@ -48,22 +49,22 @@ TEMPLATE_CANDIDATES = (ROOT / ".gpu_data" / "monai" / "algorithm_templates",
 FULL: dict[str, Any] = {
     "calibrate_points": {"segresnet": (1, 3), "dints": (2, 8), "unet": (4, 16)}, "calibrate_templates": None,
     "probe_timeout": 90.0, "calibrate_seconds": 170.0,
-    "edge_algo": "segresnet", "edge_card_fraction": 0.5, "edge_limit": None, "edge_range": (1, 64),
+    "plan_algo": "segresnet", "plan_card_fraction": 0.5, "plan_limit": None, "plan_range": (1, 64),
     "monai": {"cases": 3, "in_plane": 320, "depths": (100, 120, 140), "spacing": (1.25, 1.25, 1.37),
               "n_values": (8, 16), "phases": ("train", "infer"), "limit": "80GB", "shrink": None},
-    "expandable": (("segresnet", 2, 8), ("unet", 8, 18)),
-    "needs_s": {"calibrate": 120.0, "edge": 45.0, "contract": 35.0, "monai_dints": 60.0, "expandable": 20.0},
+    "expandable": (("segresnet", 2, 8),),
+    "needs_s": {"calibrate": 120.0, "plan": 20.0, "contract": 35.0, "monai_dints": 60.0, "expandable": 12.0},
 }
 DRY: dict[str, Any] = {
     "calibrate_points": {"segresnet": (1,)}, "calibrate_templates": ("segresnet",),
     "probe_timeout": 300.0, "calibrate_seconds": 600.0,
-    "edge_algo": "segresnet", "edge_card_fraction": None, "edge_limit": "48MiB", "edge_range": (1, 64),
+    "plan_algo": "segresnet", "plan_card_fraction": None, "plan_limit": "48MiB", "plan_range": (1, 64),
     # the dry run: one point, training only (MONAI's DiNTS validates slowly on a CPU)
     "monai": {"cases": 2, "in_plane": 48, "depths": (32, 40), "spacing": (1.25, 1.25, 1.37),
               "n_values": (1,), "phases": ("train",), "limit": "48MiB",
               "shrink": {"roi": [32, 32, 32], "channel_mul": 0.125}},
     "expandable": (("segresnet", 1, 8),),
-    "needs_s": {"calibrate": 30.0, "edge": 60.0, "contract": 30.0, "monai_dints": 30.0, "expandable": 10.0},
+    "needs_s": {"calibrate": 30.0, "plan": 20.0, "contract": 30.0, "monai_dints": 30.0, "expandable": 10.0},
 }
 
 
@@ -73,7 +74,7 @@ def run_memory(check: Check) -> None:
     needs = check.cfg["needs_s"]
     check.section("calibrate", lambda r: section_calibrate(check, r, state), needs["calibrate"])
     if state.get("bundles"):
-        check.section("edge", lambda r: section_edge(check, r, state), needs["edge"])
+        check.section("plan", lambda r: section_plan(check, r, state), needs["plan"])
         if state.get("tuned"):
             check.section("contract", lambda r: section_contract(check, r, state), needs["contract"])
     check.section("monai_dints", lambda r: section_monai_dints(check, r), needs["monai_dints"])
@@ -128,34 +129,36 @@ def _ct_facts(index: Path) -> dict[str, Any]:
             "cases": len(json.loads(index.read_text(encoding="utf-8"))["training"])}
 
 
-def edge_limit(check: Check) -> str:
-    """The tune's memory limit: a fixed fraction of the card (a fixed size on a dry run), never
+def plan_limit(check: Check) -> str:
+    """The plan's memory limit: a fixed fraction of the card (a fixed size on a dry run), never
     derived from the estimator's prediction."""
-    if check.cfg["edge_limit"]:
-        return str(check.cfg["edge_limit"])
+    if check.cfg["plan_limit"]:
+        return str(check.cfg["plan_limit"])
     total = int(check.results["gpu"]["torch_total_memory"])
-    return f"{int(total * float(check.cfg['edge_card_fraction'])) // 2**20}MiB"
+    return f"{int(total * float(check.cfg['plan_card_fraction'])) // 2**20}MiB"
 
 
-def section_edge(check: Check, record: dict[str, Any], state: dict[str, Any]) -> None:
-    algo = check.cfg["edge_algo"]
-    bundle = copy_bundle(state["bundles"][algo], f"{algo}_edge")
-    limit = edge_limit(check)
-    storage = f"sqlite:///{check.work / 'edge_studies.db'}"
-    (check.work / "edge_studies.db").unlink(missing_ok=True)
-    summary_path = check.work / "edge_summary.json"
+def section_plan(check: Check, record: dict[str, Any], state: dict[str, Any]) -> None:
+    """An estimate-only plan (``autotune tune --strategy estimate``: no probe, the device model with the
+    calibration just written decides every point) of SegResNet under half the card."""
+    algo = check.cfg["plan_algo"]
+    bundle = copy_bundle(state["bundles"][algo], f"{algo}_plan")
+    limit = plan_limit(check)
+    storage = f"sqlite:///{check.work / 'plan_studies.db'}"
+    (check.work / "plan_studies.db").unlink(missing_ok=True)
+    summary_path = check.work / "plan_summary.json"
     summary_path.unlink(missing_ok=True)
     env = dict(check.env, AUTOTUNE_CALIBRATION_DIR=str(state["calibration"].parent))  # the calibration just written
-    lo, hi = check.cfg["edge_range"]
+    lo, hi = check.cfg["plan_range"]
     cmd = [sys.executable, "-m", "autotune", "tune", str(bundle), "--device", check.device, "--memory-limit", limit,
-           "--storage", storage, "--handoff", "largest", "--range-num-images-per-batch", str(lo), str(hi),
-           "--validation-devices", "device", "--timeout", str(int(check.cfg["probe_timeout"])),
+           "--strategy", "estimate", "--storage", storage, "--handoff", "largest",
+           "--range-num-images-per-batch", str(lo), str(hi), "--validation-devices", "device",
            "--summary", str(summary_path)]
     record.update(algo=algo, bundle=str(bundle), limit=limit, calibration_used=str(state["calibration"]),
-                  limit_rule=(f"{check.cfg['edge_card_fraction']} of the card's memory" if not check.cfg["edge_limit"]
-                              else f"fixed {check.cfg['edge_limit']} (dry run)"))
+                  limit_rule=(f"{check.cfg['plan_card_fraction']} of the card's memory" if not check.cfg["plan_limit"]
+                              else f"fixed {check.cfg['plan_limit']} (dry run)"))
     t0 = time.monotonic()
-    proc = check.run(cmd, "edge_tune", timeout=check.left() - check.cfg["needs_s"]["contract"], env=env)
+    proc = check.run(cmd, "plan_tune", timeout=check.left() - check.cfg["needs_s"]["contract"], env=env)
     record["tune_seconds"] = round(time.monotonic() - t0, 1)
     record["tune_tail"] = ((proc.stdout or "") + (proc.stderr or ""))[-2500:]
     results = json.loads(summary_path.read_text(encoding="utf-8")).get("results") if summary_path.is_file() else None
@@ -163,85 +166,29 @@ def section_edge(check: Check, record: dict[str, Any], state: dict[str, Any]) ->
         check.fail(record, "the tune wrote no summary")
         return
     entry = results[0]
-    record.update({k: entry.get(k) for k in ("status", "memory_limit", "budget_bytes", "num_patches_per_iter",
+    record.update({k: entry.get(k) for k in ("status", "method", "memory_limit", "budget_bytes", "num_patches_per_iter",
                                              "max_num_patches_per_iter", "num_sw_batch_size", "peak_bytes",
-                                             "train_peak_bytes", "infer_peak_bytes", "edge_check", "estimator_passes",
-                                             "probes", "wall_seconds", "precision", "alloc_conf")})
-    trials = study_trials(entry)
-    record["trials"] = trials
-    from autotune.probe.runner import resolve_request
-    from autotune.step import num_windows
-
-    windows = num_windows(resolve_request(str(bundle), check_device=False)["config"])
-    record["summary"] = edge_summary(entry, trials, (lo, hi), windows)
+                                             "train_peak_bytes", "infer_peak_bytes", "estimator_passes", "probes",
+                                             "wall_seconds", "precision", "alloc_conf", "allowances", "batch")})
     if entry.get("status") == "tuned":
         state["tuned"] = bundle
-    check.say(f"   edge: {record['summary']['line']}")
-
-
-def study_trials(entry: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every trial of the tune's two studies (training and sliding window), read back from its storage."""
-    import optuna
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    out = []
-    for phase, name in (("train", entry.get("study_name")), ("infer", entry.get("infer_study_name"))):
-        if not name:
-            continue
-        study = optuna.load_study(study_name=name, storage=entry["storage"])
-        for t in study.trials:
-            attrs = t.user_attrs
-            out.append({"phase": phase, "trial": t.number, "state": t.state.name,
-                        "n": t.params.get("num_patches_per_iter"), "m": t.params.get("num_sw_batch_size"),
-                        "kind": attrs.get("kind"), "status": attrs.get("status"), "peak_bytes": attrs.get("peak_bytes"),
-                        "budget_bytes": attrs.get("budget_bytes"), "verdict": attrs.get("verdict"),
-                        "fail_reason": attrs.get("fail_reason")})
-    return out
-
-
-def edge_summary(entry: dict[str, Any], trials: list[dict[str, Any]], patches_range: tuple[int, int],
-                 windows: int | None) -> dict[str, Any]:
-    """N (the largest fit) and N+1, M and M+1, each with its probe, and whether the edge is exact:
-    the probe at N fits and the probe one above does not (OOM or over the budget). ``windows`` (the
-    sliding windows over the volume) is the top of M: a larger batch holds no more windows."""
-
-    def probe_at(phase: str, key: str, value: int | None) -> dict[str, Any] | None:
-        found = [t for t in trials if t["phase"] == phase and t["kind"] == "probe" and t[key] == value]
-        return found[-1] if found else None
-
-    def side(phase: str, key: str, value: int | None, top: int | None) -> dict[str, Any]:
-        at, above = probe_at(phase, key, value), probe_at(phase, key, None if value is None else value + 1)
-        out: dict[str, Any] = {key: value, "at": at, "above": above, "exact": None, "why": None}
-        if value is None:
-            out["why"] = "nothing fits"
-        elif top is not None and value >= top:
-            out["why"] = f"{value} is the top of the searched range: nothing above to probe"
-        elif at is None or above is None:
-            out["why"] = f"{'N' if phase == 'train' else 'M'} or the one above was not probed"
-        else:
-            out["exact"] = at["verdict"] == "fits" and above["verdict"] == "does not fit"
-        return out
-
-    n = entry.get("max_num_patches_per_iter")
-    train = side("train", "n", n, patches_range[1])
-    infer = side("infer", "m", entry.get("num_sw_batch_size"), windows)
-    line = (f"N={n}: {(train['at'] or {}).get('status')}, N+1: {(train['above'] or {}).get('status')} "
-            f"({(train['above'] or {}).get('verdict')}), exact {train['exact']}; M={infer['m']}: "
-            f"{(infer['at'] or {}).get('status')}, M+1: {(infer['above'] or {}).get('verdict')}, exact {infer['exact']}")
-    return {"train": train, "infer": infer, "line": line}
+    check.say(f"   plan: N={record.get('num_patches_per_iter')} (largest {record.get('max_num_patches_per_iter')}), "
+              f"M={record.get('num_sw_batch_size')}, predicted peak {format_bytes(record.get('peak_bytes'))} of budget "
+              f"{format_bytes(record.get('budget_bytes'))}")
 
 
 def section_contract(check: Check, record: dict[str, Any], state: dict[str, Any]) -> None:
     bundle: Path = state["tuned"]
-    edge = check.results["sections"]["edge"]
-    limit = edge["limit"]
+    plan = check.results["sections"]["plan"]
+    limit = plan["limit"]
     cmd = [sys.executable, "-m", "autotune", "train", str(bundle), "--device", check.device, "--epochs", "1",
            "--val-every", "1", "--memory-limit", limit, "--quiet"]
     t0 = time.monotonic()
     proc = check.run(cmd, "contract_train", timeout=check.left() - 5)
     record.update(bundle=str(bundle), limit=limit, rc=proc.returncode, seconds=round(time.monotonic() - t0, 1),
-                  num_patches_per_iter=edge.get("num_patches_per_iter"), num_sw_batch_size=edge.get("num_sw_batch_size"),
-                  budget_bytes=edge.get("budget_bytes"), tuned_peak_bytes=edge.get("peak_bytes"),
+                  num_patches_per_iter=plan.get("num_patches_per_iter"), num_sw_batch_size=plan.get("num_sw_batch_size"),
+                  budget_bytes=plan.get("budget_bytes"), tuned_peak_bytes=plan.get("peak_bytes"),
+                  predicted_train_bytes=plan.get("train_peak_bytes"), predicted_infer_bytes=plan.get("infer_peak_bytes"),
                   tail=((proc.stdout or "") + (proc.stderr or ""))[-1500:])
     model = bundle / "model_fold0"
     summary = json.loads((model / "train_summary.json").read_text()) if (model / "train_summary.json").is_file() else {}

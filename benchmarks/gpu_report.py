@@ -26,12 +26,11 @@ REQUIRED: dict[str, list[str]] = {
                                               "before.summary", "before.rows[].error")),
         *(f"sections.calibrate.points[].{f}" for f in ("algo", "n", "m", "probe.status", "probe.allocator_stats",
                                                        *_PHASES)),
-        *(f"sections.edge.{f}" for f in ("limit", "limit_rule", "budget_bytes", "max_num_patches_per_iter",
-                                         "num_sw_batch_size", "summary.train.n", "summary.train.at",
-                                         "summary.infer.m", "summary.line")),
+        *(f"sections.plan.{f}" for f in ("limit", "limit_rule", "budget_bytes", "max_num_patches_per_iter",
+                                         "num_patches_per_iter", "num_sw_batch_size", "peak_bytes", "method")),
         *(f"sections.contract.{f}" for f in ("num_patches_per_iter", "train_peak_bytes", "val_peak_bytes",
-                                             "budget_bytes", "tuned_peak_bytes", "peak_over_budget",
-                                             "within_budget", "full_step_seen")),
+                                             "budget_bytes", "tuned_peak_bytes", "predicted_train_bytes",
+                                             "peak_over_budget", "within_budget", "full_step_seen")),
         *(f"sections.monai_dints.{f}" for f in ("roi_size", "precision", "points[].train_peak_bytes",
                                                 "points[].infer_peak_bytes", "points[].estimate_train_bytes",
                                                 "points[].model_train_reserved_bytes", "predicted_largest_n",
@@ -105,14 +104,16 @@ def _memory_lines(sections: Mapping[str, Any]) -> list[str]:
     if cal.get("workspace"):
         lines.append(f"new fit: {cal['workspace']}; leave one out {loo.get('within')} of {loo.get('points')} within "
                      f"10%, worst over {100 * (loo.get('max_over') or 0):+.1f}%, under {100 * (loo.get('max_under') or 0):+.1f}%")
-    edge = sections.get("edge") or {}
-    if edge.get("summary"):
-        lines.append(f"edge ({edge.get('algo')}, limit {edge.get('limit')}, budget {format_bytes(edge.get('budget_bytes'))}): "
-                     f"{edge['summary']['line']}")
+    plan = sections.get("plan") or {}
+    if plan.get("num_patches_per_iter") is not None:
+        lines.append(f"plan ({plan.get('algo')}, estimated, limit {plan.get('limit')}, budget "
+                     f"{format_bytes(plan.get('budget_bytes'))}): N={plan.get('num_patches_per_iter')} "
+                     f"M={plan.get('num_sw_batch_size')}, predicted peak {format_bytes(plan.get('peak_bytes'))}")
     contract = sections.get("contract") or {}
     if contract:
-        lines.append(f"contract: N={contract.get('num_patches_per_iter')} peak {format_bytes(contract.get('peak_bytes'))} / "
-                     f"budget {format_bytes(contract.get('budget_bytes'))} -> within {contract.get('within_budget')}")
+        lines.append(f"contract: N={contract.get('num_patches_per_iter')} peak {format_bytes(contract.get('peak_bytes'))} "
+                     f"(predicted {format_bytes(contract.get('tuned_peak_bytes'))}) / budget "
+                     f"{format_bytes(contract.get('budget_bytes'))} -> within {contract.get('within_budget')}")
     monai = sections.get("monai_dints") or {}
     for p in monai.get("points") or []:
         lines.append(f"monai dints N={p['n']}: {p['status']} train {format_bytes(p.get('train_peak_bytes'))} "
