@@ -9,7 +9,6 @@ import json
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from autotune.calibrate.data import copy_bundle, generate, make_ct_dataset
 

@@ -16,9 +16,11 @@ __all__ = ["register"]
 
 def _points(text: str) -> tuple[str, tuple[int, ...]]:
     """``TEMPLATE=N,N``: a template and its batch sizes (positive, at most 4096)."""
+    from autotune.calibrate.run import TEMPLATES
+
     name, _, values = text.partition("=")
     name = name.strip()
-    if name not in ("segresnet", "dints", "unet") or not values.strip():
+    if name not in TEMPLATES or not values.strip():
         raise argparse.ArgumentTypeError(f"got {text!r}; give TEMPLATE=N,N with TEMPLATE segresnet, dints or unet")
     try:
         sizes = tuple(int(v) for v in values.split(",") if v.strip())

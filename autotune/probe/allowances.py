@@ -118,8 +118,9 @@ def default_allowance() -> CudaAllowance:
     found = find_calibration(REFERENCE_GPU, dirs=[PACKAGE_DIR])
     if found is None or not found.get("model"):
         return DEFAULT_CUDA_ALLOWANCE
-    return _from_calibration(found, f"default: the workspace factors {_describe(found)} measured, "
-                                    "not measured on this GPU")
+    when = str(found.get("measured_at") or "")[:10]
+    return _from_calibration(found, f"default: {found['gpu_name']}'s workspace factors ({Path(found['path']).name}, "
+                                    f"{when}), not measured on this GPU")
 
 
 def allowance_for(device: str, gpu_name: str | None = None) -> CudaAllowance:

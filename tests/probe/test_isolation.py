@@ -112,3 +112,19 @@ def test_the_running_python_uses_the_fork_server_where_checked(monkeypatch: pyte
     for version in CHECKED_PYTHONS:
         monkeypatch.setattr(sys, "version_info", (*version, 0, "final", 0))
         assert isolation_mode() == "forkserver"
+
+
+def test_the_server_lets_go_of_its_callers_output_at_once() -> None:
+    """A caller that started the server and exits: a reader of its output pipe sees the end at once, not after
+    the server's imports and teardown (the GPU check's tune looked hung after its summary)."""
+    import time
+
+    code = ("from autotune.probe.isolation import prestart\nprestart()\nimport time\ntime.sleep(0.5)\n"
+            "print('caller done', flush=True)\n")
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "caller done"
+    assert time.monotonic() - start < 5.0  # 0.9 s here; 16 s while the server held the pipe
+    import autotune.probe.server_output as server_output
+
+    assert not server_output.in_the_fork_server()  # imported here: this process's output stays
