@@ -90,9 +90,10 @@ def register(sub: argparse._SubParsersAction) -> None:
             "Run the training step and sliding-window pass of BUNDLE on fake tensors (shapes only, no data, "
             "no memory) and count tensor memory as the CPU probe does. Prints the estimated peaks, the "
             "affine fit peak = intercept + slope * N for both phases (two passes each), and with "
-            "--memory-limit the largest N and M that fit. Figures are raw tensor bytes; for CUDA the "
-            "allowance column adds the context, workspace and allocator slack (from the GPU's calibration file when "
-            "one exists, else defaults not validated on a GPU)."
+            "--memory-limit the largest N and M that fit. Figures are raw tensor bytes; for CUDA it also prints "
+            "what the GPU would reserve by the device model (the caching allocator and cuDNN's searches counted on "
+            "the trace, cuDNN's workspace from the GPU's calibration file when one exists, else the shipped H200 "
+            "calibration's), and the largest N and M with it."
         ),
         epilog="exit codes: 0 estimated, 2 bad input or the estimate failed",
         formatter_class=argparse.RawDescriptionHelpFormatter,
