@@ -26,7 +26,7 @@ from gpu_data import generate, make_ct_dataset
 
 from autotune.files import atomic_write_json
 
-__all__ = ["reestimate", "install", "InstallError", "fit_from_run"]
+__all__ = ["reestimate", "install", "InstallError", "fit_from_run", "points_of", "ct_of"]
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -35,14 +35,14 @@ class InstallError(ValueError):
     """A result folder that cannot be installed (the message says which file and what to do)."""
 
 
-def _points(results: dict[str, Any]) -> list[dict[str, Any]]:
+def points_of(results: dict[str, Any]) -> list[dict[str, Any]]:
     """A memory call's measured points: a run of the calibrate command's report, or the old points section."""
     sections = results["sections"]
     calibrate = (sections.get("calibrate") or {}).get("points")
     return calibrate if calibrate else (sections.get("points", {}).get("points") or [])
 
 
-def _ct(results: dict[str, Any]) -> dict[str, Any]:
+def ct_of(results: dict[str, Any]) -> dict[str, Any]:
     """The CT set a memory call measured on: the first run's ``ct_data`` section, or the calibrate section's."""
     sections = results["sections"]
     if sections.get("ct_data"):
@@ -59,8 +59,8 @@ def reestimate(results: dict[str, Any], work: Path | None = None, record: bool =
     reestimate`` does."""
     from autotune.probe.estimate import estimate
 
-    ct = _ct(results)
-    points = _points(results)
+    ct = ct_of(results)
+    points = points_of(results)
     estimates: list[dict[str, Any] | None] = []
     with tempfile.TemporaryDirectory(prefix="gpu_reestimate_") as tmp:
         base = Path(work or tmp)
@@ -91,7 +91,7 @@ def fit_from_run(memory: dict[str, Any], estimates: list[dict[str, Any] | None],
     from autotune.probe.calibration import calibration_record
     from autotune.probe.device_model import BAND
 
-    points = _points(memory)
+    points = points_of(memory)
     card = memory["gpu"].get("torch_total_memory")
     fit = fit_model(model_points(points, estimates), card)
     allowance = device_calibration.get("allowance") or {}

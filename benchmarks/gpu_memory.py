@@ -70,6 +70,9 @@ DRY: dict[str, Any] = {
 
 def run_memory(check: Check) -> None:
     """Run call A's sections in order."""
+    from autotune.probe.isolation import prestart
+
+    prestart()  # this process's probes (MONAI's DiNTS, expandable) fork from a server preloaded meanwhile
     state: dict[str, Any] = {}
     needs = check.cfg["needs_s"]
     check.section("calibrate", lambda r: section_calibrate(check, r, state), needs["calibrate"])
@@ -312,25 +315,41 @@ def _cpu() -> Any:
 
 
 def _largest_under(bundle: str, allowance: Any, device: str, budget: int, measured: tuple[int, ...]) -> int | None:
-    """The largest N whose training the device model puts under ``budget`` (bisection over its estimates,
-    searched up to four times the largest N measured)."""
-    from autotune.probe import estimate_on_device
+    """The largest N whose training the device model puts under ``budget``, searched up to four times the
+    largest N measured: over the training curve of one recorded trace (``autotune.probe.replay``) where it
+    replays, else by bisection over point estimates."""
+    from autotune.probe import (
+        ReplayError,
+        estimate,
+        estimate_on_device,
+        marker_batch,
+        replay_of,
+        resolve_request,
+    )
+    from autotune.search.curves.sparse import bisect_fits
 
-    def peak(n: int) -> int:
-        return int(estimate_on_device(bundle, allowance, device=device, num_patches_per_iter=n,
-                                      phases=("train",))["device_peak_bytes"])
+    cfg = resolve_request(bundle, check_device=False)["config"]
+    crops = int(cfg.get("num_crops_per_image", 1) or 1)
+    factors = allowance.factors(None) if str(device).startswith("cuda") else None
+    try:
+        traced = estimate(bundle, device=device, phases=("train",), num_patches_per_iter=marker_batch(crops),
+                          record=True)
+        replay = replay_of(traced, crops)
+        if factors is not None:
+            from autotune.search.curves.device import DeviceCurve
 
-    lo, hi = 0, 4 * max(measured)
+            curve: Any = DeviceCurve(replay, factors=factors, release=allowance.release_after_search)
+        else:
+            curve = replay
+        peak = curve.predict
+    except (ReplayError, ValueError):
+        def peak(n: int) -> float:
+            return float(estimate_on_device(bundle, allowance, device=device, num_patches_per_iter=n,
+                                            phases=("train",))["device_peak_bytes"])
+    top = 4 * max(measured)
     if peak(1) > budget:
         return None
-    lo = 1
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if peak(mid) <= budget:
-            lo = mid
-        else:
-            hi = mid
-    return lo
+    return top if peak(top) <= budget else int(bisect_fits(peak, 1, top, budget))
 
 
 def section_expandable(check: Check, record: dict[str, Any], state: dict[str, Any]) -> None:

@@ -36,7 +36,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import write_json  # noqa: E402
-from gpu_install import reestimate  # noqa: E402
+from gpu_install import ct_of, points_of, reestimate  # noqa: E402
 
 from autotune.utils import format_bytes  # noqa: E402
 
@@ -122,7 +122,7 @@ def run(path: Path) -> dict[str, Any]:
     memory = merged["memory"]
     card = int(memory["gpu"]["torch_total_memory"])
     estimates = reestimate(memory, record=True)
-    points = memory["sections"]["points"]["points"]
+    points = points_of(memory)
     mpoints = model_points(points, estimates)
     fit = fit_model(mpoints, card)
     rows = calibration_rows(points)
@@ -149,11 +149,11 @@ def _local_bundles(memory: dict[str, Any]) -> dict[str, str]:
 
     from autotune.calibrate.data import generate, make_ct_dataset
 
-    ct = memory["sections"]["ct_data"]
+    ct = ct_of(memory)
     work = Path(tempfile.mkdtemp(prefix="gpu_model_"))
     source = make_ct_dataset(work / "ct", 1, ct["shape"], ct["spacing"])
-    made = generate(work / "work", source, sorted({p["algo"] for p in memory["sections"]["points"]["points"]}),
-                    tiny=ct["preset"] == "tiny")
+    made = generate(work / "work", source, sorted({p["algo"] for p in points_of(memory)}),
+                    tiny=ct.get("preset") == "tiny" or bool(memory.get("dry_run")))
     return {algo: str(path) for algo, path in made.items()}
 
 
