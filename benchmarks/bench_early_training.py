@@ -129,7 +129,7 @@ def _cell(value: Any) -> str:
 
 def table(report: dict[str, Any]) -> str:
     """Mean Dice after chosen epochs per variant (markdown), each low precision against fp32 of its recipe."""
-    epochs = [e for e in SHOWN_EPOCHS if e <= report["epochs"]]
+    epochs = sorted({e for e in SHOWN_EPOCHS if e <= report["epochs"]} | {report["epochs"]})
     lines = ["| variant | precision | " + " | ".join(f"epoch {e}" for e in epochs)
              + f" | first epoch >= {ESCAPE_DICE} | best | max per-epoch distance from fp32 |",
              "|" + "---|" * (len(epochs) + 5)]

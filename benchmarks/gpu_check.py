@@ -11,9 +11,11 @@
 shipped model's prediction of each, then the new fit, written to ``OUT/calibration/``), one ``autotune
 tune`` under half the card and one epoch of training of the handed batch against the budget (the
 contract), MONAI's DiNTS at 96^3 on a Heart-shaped set, and two points with expandable segments.
-``training`` (``gpu_training.py``): fast against regular samples/s (UNet, SegResNet), the hand-off's
-two probes and a few epochs at each batch (Dice per wall second, squared gradient norms per
-step, B_simple), fp16 with a GradScaler against bf16, DDP at world size 1 against one process.
+``training`` (``gpu_training.py``): time to a Dice, every run at once on the GPU, each to a wall budget:
+fast (half the budget) against regular (UNet, SegResNet), UNet's fast run in fp16 with a GradScaler, bf16
+and fp32 (per-epoch Dice, where an epoch's time goes); the hand-off's two probes and the fast budget at
+the largest fit (Dice per wall second, squared gradient norms per step, B_simple); DDP at world size 1
+against one process.
 
 Each writes ``OUT/gpu_check_<call>.json`` (rewritten after every measurement) and one log file,
 and prints a short table. A section's status comes from what happened in it (``gpu_harness``);

@@ -40,17 +40,21 @@ REQUIRED: dict[str, list[str]] = {
     ],
     "training": [
         *_GPU,
-        *(f"sections.fast_regular.runs.{run}.{f}" for run in ("unet_fast", "unet_regular", "segresnet_fast",
-                                                             "segresnet_regular") for f in _RUN),
-        "sections.fast_regular.speedup.unet", "sections.fast_regular.speedup.segresnet",
+        *(f"sections.time_to_dice.runs.{run}.{f}" for run in ("unet_fast", "unet_regular", "segresnet_fast",
+                                                              "segresnet_regular", "unet_fast_bf16", "unet_fast_fp32")
+          for f in (*_RUN, "time_to_target_s", "best_by_s", "phases_mean_s.compute_s", "phases_mean_s.data_wait_s",
+                    "phases_mean_s.h2d_s", "phases_mean_s.val_s", "schedule.set_by", "epochs[].mean_dice")),
+        *(f"sections.time_to_dice.fast_over_regular.{algo}.{f}" for algo in ("unet", "segresnet")
+          for f in ("time_to_target", "samples_per_s")),
+        *(f"sections.time_to_dice.precision.{f}" for f in ("trained.fp16", "trained.bf16", "trained.fp32",
+                                                           "dice_distance_from_fp32.fp16",
+                                                           "dice_distance_from_fp32.bf16",
+                                                           "scaler_skipped_steps_fp16")),
         *(f"sections.handoff.{f}" for f in ("verdict.reference_samples_per_s", "verdict.samples_per_s",
                                             "verdict.handed", "largest_fit", "runs.largest.samples_per_s_median",
                                             "dice_per_wall.winner", "dice_per_wall.dice_at_common_wall",
                                             "grad_sq_norms.reference.steps[]", "grad_sq_norms.largest.steps[]",
                                             "noise_scale.all_steps.b_simple")),
-        *(f"sections.precision.{f}" for f in ("runs.bf16.samples_per_s_median", "bf16_over_fp16_samples_per_s",
-                                              "bf16_over_fp16_train_peak", "mean_dice_last.fp16",
-                                              "mean_dice_last.bf16", "dice_per_wall.winner")),
         *(f"sections.ddp.{f}" for f in ("ddp_first_epoch_train_peak_bytes", "single_first_epoch_train_peak_bytes",
                                         "ddp_over_single_peak", "world_size")),
     ],
@@ -132,12 +136,21 @@ def _memory_lines(sections: Mapping[str, Any]) -> list[str]:
 
 def _training_lines(sections: Mapping[str, Any]) -> list[str]:
     lines = []
-    fr = sections.get("fast_regular") or {}
-    for label, run in (fr.get("runs") or {}).items():
-        lines.append(f"{label:<18} rc={run.get('rc')} samples/s {run.get('samples_per_s_median')} "
-                     f"peak {format_bytes(run.get('train_peak_bytes'))} Dice {run.get('mean_dice_last')}")
-    for algo, ratio in (fr.get("speedup") or {}).items():
-        lines.append(f"fast vs regular, {algo}: {ratio:.2f}x samples/s")
+    ttd = sections.get("time_to_dice") or {}
+    for label, run in (ttd.get("runs") or {}).items():
+        phases = run.get("phases_mean_s") or {}
+        lines.append(f"{label:<18} rc={run.get('rc')} {run.get('precision')} samples/s {run.get('samples_per_s_median')} "
+                     f"peak {format_bytes(run.get('train_peak_bytes'))} Dice {run.get('mean_dice_last')} "
+                     f"to {ttd.get('target')}: {run.get('time_to_target_s')} s | epoch: wait {phases.get('data_wait_s')} "
+                     f"h2d {phases.get('h2d_s')} compute {phases.get('compute_s')} val {phases.get('val_s')} s")
+    for algo, ratios in (ttd.get("fast_over_regular") or {}).items():
+        lines.append(f"fast vs regular, {algo}: time to Dice {ttd.get('target')} x{ratios.get('time_to_target')} "
+                     f"(at most {ratios.get('time_to_target_at_most')}), samples/s x{ratios.get('samples_per_s')}")
+    precision = ttd.get("precision") or {}
+    if precision:
+        lines.append(f"precision: {precision.get('trained')}, per-epoch Dice distance from fp32 "
+                     f"{precision.get('dice_distance_from_fp32')}, GradScaler skipped "
+                     f"{precision.get('scaler_skipped_steps_fp16')}")
     handoff = sections.get("handoff") or {}
     if handoff.get("verdict"):
         lines.append(f"hand-off: {handoff['verdict'].get('line')}")
@@ -145,10 +158,6 @@ def _training_lines(sections: Mapping[str, Any]) -> list[str]:
         dpw = handoff["dice_per_wall"]
         lines.append(f"Dice at {dpw.get('common_wall_s')} s: {dpw.get('dice_at_common_wall')} -> {dpw.get('winner')}")
         lines.append(f"B_simple: {(handoff.get('noise_scale') or {}).get('all_steps', {}).get('b_simple')}")
-    precision = sections.get("precision") or {}
-    if precision.get("runs"):
-        lines.append(f"bf16/fp16: samples/s {precision.get('bf16_over_fp16_samples_per_s')}, peak "
-                     f"{precision.get('bf16_over_fp16_train_peak')}, Dice {precision.get('mean_dice_last')}")
     ddp = sections.get("ddp") or {}
     if ddp.get("run"):
         lines.append(f"ddp (world {ddp.get('world_size')}): peak {format_bytes(ddp.get('ddp_first_epoch_train_peak_bytes'))} "

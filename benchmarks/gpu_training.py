@@ -1,18 +1,22 @@
-"""Call B of the GPU check, training: fast against regular, the hand-off's two batches, fp16 against bf16, DDP.
+"""Call B of the GPU check, training: time to a Dice, fast against regular, in every precision; the hand-off; DDP.
 
 Sections, in order (each guarded by ``gpu_harness.Check.section``), on the shared hippocampus
 set with the full-size UNet and SegResNet:
 
 - ``hippocampus_data``: the bundles (the set is checked before anything runs, in gpu_check.py).
-- ``fast_regular``: ``autotune train --mode fast`` against ``--mode regular``, samples/s per epoch,
-  for UNet and SegResNet. UNet's fast run (fp16 with a GradScaler, the template's batch,
-  validated every epoch, gradient norms recorded) is the reference run the later sections
-  compare with, so it runs once.
+- ``time_to_dice``: every training run at once on the one GPU (the first run used 4 % of the
+  H200: runs this small leave it idle), each trained to a wall-clock budget and validated every
+  epoch: ``autotune train --mode regular --max-time REGULAR`` and ``--mode fast --max-time FAST``
+  (half of it, the goal's ratio; the fast schedule is fitted to its budget) for UNet and SegResNet,
+  and UNet's fast run in fp16 with a GradScaler (the reference run, gradient norms recorded), in
+  bf16 and in fp32. Per run: the wall time to mean Dice 0.80, the best Dice at fixed wall times,
+  where an epoch's time goes (data wait, host-to-device, forward and backward, validation), the
+  steps the GradScaler skipped; fast against regular (time to the target, samples/s) and each
+  low precision's per-epoch distance from fp32.
 - ``handoff``: ``autotune tune --handoff goodput`` (its two probes: samples/s at the template's
   batch and at the largest fit, and its verdict), then ``--handoff largest`` from the same
-  study (no new probe) and as many epochs at the largest fit as the reference run: Dice per
-  wall second of each, the squared gradient norms per step at both batches and B_simple.
-- ``precision``: the reference run again in bf16 (no scaler): epoch time, peak, Dice.
+  study (no new probe) and the fast budget at the largest fit: Dice per wall second against the
+  reference run, the squared gradient norms per step at both batches and B_simple.
 - ``ddp``: ``torchrun --nproc-per-node 1 -m autotune.trainer`` (NCCL, world size 1), one epoch:
   its training peak against the reference run's first epoch.
 """
@@ -24,6 +28,7 @@ import statistics
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -34,20 +39,26 @@ from gpu_harness import Check
 
 from autotune.utils import format_bytes
 
-__all__ = ["FULL", "DRY", "run_training", "run_summary", "dice_per_wall", "noise_scale_of"]
+__all__ = ["FULL", "DRY", "run_training", "run_summary", "dice_per_wall", "noise_scale_of", "time_to_target",
+           "best_by", "dice_distance"]
 
+TARGET_DICE = 0.80
 FULL: dict[str, Any] = {
-    "algos": ("unet", "segresnet"), "subset_cases": None, "epochs": 5, "fr_epochs": 3, "ddp_epochs": 1,
-    "precisions": {"fp16": "fp16", "bf16": "bf16"}, "train_limit": None, "handoff_limit": None,
-    "handoff_range": None, "probe_timeout": 120.0,
-    "needs_s": {"hippocampus_data": 20.0, "fast_regular": 40.0, "handoff": 80.0, "precision": 35.0, "ddp": 25.0},
+    # wall budgets of the first run's measured times: a training run took 35-47 s for 5 epochs, caching
+    # and start included, so regular's 120 s is about 18 epochs and fast's 60 s about 12
+    "algos": ("unet", "segresnet"), "subset_cases": None, "regular_s": 120.0, "fast_s": 60.0, "ddp_epochs": 1,
+    "checkpoints_s": (30, 45, 60, 90, 120), "precisions": {"fp16": "fp16", "bf16": "bf16", "fp32": "fp32"},
+    "train_limit": None, "handoff_limit": None, "handoff_range": None, "probe_timeout": 120.0,
+    "needs_s": {"hippocampus_data": 20.0, "time_to_dice": 135.0, "handoff": 100.0, "ddp": 25.0},
 }
 DRY: dict[str, Any] = {
-    "algos": ("unet", "segresnet"), "subset_cases": 10, "epochs": 2, "fr_epochs": 1, "ddp_epochs": 1,
-    # no native bf16 on this CPU (emulated, ~100x slower): both labels train in fp32 on a dry run
-    "precisions": {"fp16": "fp32", "bf16": "fp32"}, "train_limit": "2GiB", "handoff_limit": None,
+    # tiny bundles on the CPU: every run trains at least one epoch whatever its budget
+    "algos": ("unet", "segresnet"), "subset_cases": 10, "regular_s": 16.0, "fast_s": 8.0, "ddp_epochs": 1,
+    "checkpoints_s": (8, 16),
+    # no native bf16 on this CPU (emulated, ~100x slower): every label trains in fp32 on a dry run
+    "precisions": {"fp16": "fp32", "bf16": "fp32", "fp32": "fp32"}, "train_limit": "2GiB", "handoff_limit": None,
     "handoff_range": (1, 3), "probe_timeout": 300.0,
-    "needs_s": {"hippocampus_data": 20.0, "fast_regular": 40.0, "handoff": 60.0, "precision": 30.0, "ddp": 30.0},
+    "needs_s": {"hippocampus_data": 20.0, "time_to_dice": 60.0, "handoff": 60.0, "ddp": 30.0},
 }
 
 
@@ -58,9 +69,10 @@ def run_training(check: Check, hippocampus: Path | None) -> None:
     check.section("hippocampus_data", lambda r: section_data(check, r, state, hippocampus), needs["hippocampus_data"])
     if not state.get("bundles"):
         return
-    check.section("fast_regular", lambda r: section_fast_regular(check, r, state), needs["fast_regular"])
+    check.section("time_to_dice", lambda r: section_time_to_dice(check, r, state), needs["time_to_dice"])
+    if "reference" not in state:
+        return  # the later sections compare with the reference run
     check.section("handoff", lambda r: section_handoff(check, r, state), needs["handoff"])
-    check.section("precision", lambda r: section_precision(check, r, state), needs["precision"])
     check.section("ddp", lambda r: section_ddp(check, r, state), needs["ddp"])
 
 
@@ -119,14 +131,16 @@ class _UtilSampler:
         return statistics.fmean(self.samples) if self.samples else None
 
 
-def train_run(check: Check, bundle: Path, label: str, *, mode: str, epochs: int, val_every: int,
-              precision: str | None, record_grads: bool = False, ddp: bool = False) -> dict[str, Any]:
-    """Train a private copy of ``bundle`` (named ``label``); returns its run record (``run_summary``)."""
+def train_run(check: Check, bundle: Path, label: str, *, mode: str, precision: str | None,
+              max_time: float | None = None, epochs: int | None = None, val_every: int = 1,
+              record_grads: bool = False, ddp: bool = False) -> dict[str, Any]:
+    """Train a private copy of ``bundle`` (named ``label``) to a wall budget (``max_time``: the schedule
+    fitted to it) or for ``epochs``; returns its run record (``run_summary``)."""
     copy = copy_bundle(bundle, label)
     grads = check.work / f"grads_{label}.json"
     grads.unlink(missing_ok=True)
-    args = [str(copy), "--device", check.device, "--mode", mode, "--epochs", str(epochs), "--val-every",
-            str(val_every), "--quiet"]
+    length = ["--max-time", f"{max_time:g}s"] if max_time is not None else ["--epochs", str(epochs)]
+    args = [str(copy), "--device", check.device, "--mode", mode, *length, "--val-every", str(val_every), "--quiet"]
     args += ["--precision", precision] if precision else []
     args += ["--memory-limit", check.cfg["train_limit"]] if check.cfg["train_limit"] else []
     if ddp:
@@ -144,14 +158,23 @@ def train_run(check: Check, bundle: Path, label: str, *, mode: str, epochs: int,
     run = run_summary(_read(model / "metrics.json").get("rows") or [], _read(model / "train_summary.json"))
     text = (proc.stdout or "") + (proc.stderr or "")
     run.update(label=label, bundle=str(copy), mode=mode, precision_asked=precision, rc=proc.returncode,
-               wall_s=round(time.monotonic() - t0, 1), gpu_util_mean=util.mean(), load=load.summary(),
-               num_patches_per_iter=_config_value(copy, "num_patches_per_iter"), tail=text[-800:],
-               grads_file=str(grads) if grads.is_file() else None)
+               max_time_s=max_time, wall_s=round(time.monotonic() - t0, 1), gpu_util_mean=util.mean(),
+               load=load.summary(), num_patches_per_iter=_config_value(copy, "num_patches_per_iter"),
+               tail=text[-800:], grads_file=str(grads) if grads.is_file() else None)
+    run.update(time_to_target_s=time_to_target(run), best_by_s=best_by(run, check.cfg["checkpoints_s"]))
     if ddp:
         run["nccl_seen"] = "NCCL INFO" in text
     check.say(f"   {label}: rc={run['rc']} samples/s {run['samples_per_s_median']} peak "
-              f"{format_bytes(run['train_peak_bytes'])} Dice {run['mean_dice_last']} ({run['wall_s']} s)")
+              f"{format_bytes(run['train_peak_bytes'])} Dice {run['mean_dice_last']} to {TARGET_DICE}: "
+              f"{run['time_to_target_s']} s ({run['wall_s']} s)")
     return run
+
+
+def train_group(check: Check, runs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Train every run of ``runs`` (label -> ``train_run``'s keywords) at the same time, one thread each."""
+    with ThreadPoolExecutor(max_workers=len(runs)) as pool:
+        futures = {label: pool.submit(train_run, check, label=label, **kwargs) for label, kwargs in runs.items()}
+        return {label: future.result() for label, future in futures.items()}
 
 
 def _read(path: Path) -> dict[str, Any]:
@@ -165,51 +188,83 @@ def _config_value(bundle: Path, key: str) -> Any:
 
 
 def run_summary(rows: list[dict[str, Any]], summary: dict[str, Any]) -> dict[str, Any]:
-    """A run's epochs (time, samples/s, Dice, peaks) and what the sections compare: the median samples/s
-    after the first epoch (all epochs when there is one), the largest training peak, the last Dice."""
-    keys = ("epoch", "train_s", "samples", "steps", "samples_per_s", "data_wait_share", "val_s", "mean_dice",
-            "elapsed_s", "train_peak_bytes", "train_peak_allocated_bytes", "val_peak_bytes", "world_size")
+    """A run's epochs (time and where it went, samples/s, Dice, peaks) and what the sections compare: the
+    median samples/s after the first epoch (all epochs when there is one), the largest training peak, the
+    last Dice, the steps the GradScaler skipped and how the schedule was set."""
+    keys = ("epoch", "train_s", "samples", "steps", "samples_per_s", "data_wait_s", "data_wait_share", "h2d_s",
+            "compute_s", "scaler_skipped_steps", "val_s", "mean_dice", "elapsed_s", "lr", "train_peak_bytes",
+            "train_peak_allocated_bytes", "val_peak_bytes", "world_size")
     epochs = [{k: r.get(k) for k in keys} for r in rows]
     rates = [e["samples_per_s"] for e in epochs if e["samples_per_s"]]
     steady = rates[1:] or rates
     peaks = [int(e["train_peak_bytes"]) for e in epochs if e["train_peak_bytes"]]
     dice = [e["mean_dice"] for e in epochs if e["mean_dice"] is not None]
+    later = epochs[1:] or epochs  # the first epoch pays one-off set-up
+    phases = {key: (statistics.fmean(float(e.get(key) or 0.0) for e in later) if later else None)
+              for key in ("data_wait_s", "h2d_s", "compute_s", "val_s", "train_s")}
     return {"epochs": epochs, "samples_per_s_median": statistics.median(steady) if steady else None,
             "train_peak_bytes": max(peaks) if peaks else None,
             "first_epoch_train_peak_bytes": epochs[0]["train_peak_bytes"] if epochs else None,
             "mean_dice_last": dice[-1] if dice else None, "best_metric": summary.get("best_metric"),
             "precision": summary.get("precision"), "world_size": summary.get("world_size"),
-            "epochs_run": summary.get("epochs_run")}
+            "epochs_run": summary.get("epochs_run"), "schedule": summary.get("schedule"),
+            "phases_mean_s": phases,
+            "scaler_skipped_steps": sum(int(e.get("scaler_skipped_steps") or 0) for e in epochs)}
 
 
-def reference_run(check: Check, state: dict[str, Any]) -> dict[str, Any]:
-    """UNet, fast, fp16 with a GradScaler, the template's batch, validated every epoch, gradient norms
-    recorded: trained once, compared with by every section after it."""
-    if "reference" not in state:
-        state["reference"] = train_run(check, state["bundles"]["unet"], "unet_fast_fp16", mode="fast",
-                                       epochs=check.cfg["epochs"], val_every=1,
-                                       precision=check.cfg["precisions"]["fp16"], record_grads=True)
-    return state["reference"]
+def time_to_target(run: dict[str, Any], target: float = TARGET_DICE) -> float | None:
+    """Wall seconds from the run's start (caching included) to its first validation at ``target`` or above."""
+    return next((e["elapsed_s"] for e in run.get("epochs") or []
+                 if e.get("mean_dice") is not None and e["mean_dice"] >= target), None)
 
 
-def section_fast_regular(check: Check, record: dict[str, Any], state: dict[str, Any]) -> None:
-    record["runs"], record["speedup"] = {}, {}
-    for algo in check.cfg["algos"]:
-        for mode in ("fast", "regular"):
-            if check.left() < 15:
-                check.cut(record, f"{check.left():.0f} s left")
-                return
-            if algo == "unet" and mode == "fast":
-                run = reference_run(check, state)
-            else:
-                run = train_run(check, state["bundles"][algo], f"{algo}_{mode}", mode=mode,
-                                epochs=check.cfg["fr_epochs"], val_every=1000,
-                                precision=check.cfg["precisions"]["fp16"] if mode == "fast" else None)
-            record["runs"][f"{algo}_{mode}"] = run
-            check.save()
+def best_by(run: dict[str, Any], seconds: Any) -> dict[str, float | None]:
+    """The best validation Dice within each of ``seconds`` of wall time (None: no validation by then)."""
+    points = [(e["elapsed_s"], e["mean_dice"]) for e in run.get("epochs") or [] if e.get("mean_dice") is not None]
+    return {str(s): max((d for t, d in points if t <= s), default=None) for s in seconds}
+
+
+def dice_distance(run: dict[str, Any], reference: dict[str, Any]) -> float | None:
+    """The largest per-epoch distance between two runs' validation Dice over the epochs both validated."""
+    mine = {e["epoch"]: e["mean_dice"] for e in run.get("epochs") or [] if e.get("mean_dice") is not None}
+    theirs = {e["epoch"]: e["mean_dice"] for e in reference.get("epochs") or [] if e.get("mean_dice") is not None}
+    common = sorted(set(mine) & set(theirs))
+    return max(abs(mine[e] - theirs[e]) for e in common) if common else None
+
+
+def section_time_to_dice(check: Check, record: dict[str, Any], state: dict[str, Any]) -> None:
+    """Every run at once: fast (half the budget) against regular per template, and UNet's fast run in each
+    precision; the reference run (UNet, fast, fp16) records its gradient norms for the hand-off."""
+    cfg, bundles = check.cfg, state["bundles"]
+    fast_s, regular_s = float(cfg["fast_s"]), float(cfg["regular_s"])
+    runs: dict[str, dict[str, Any]] = {}
+    for algo in cfg["algos"]:
+        runs[f"{algo}_fast"] = dict(bundle=bundles[algo], mode="fast", precision=cfg["precisions"]["fp16"],
+                                    max_time=fast_s, record_grads=algo == "unet")
+        runs[f"{algo}_regular"] = dict(bundle=bundles[algo], mode="regular", precision=None, max_time=regular_s)
+    for name in ("bf16", "fp32"):
+        runs[f"unet_fast_{name}"] = dict(bundle=bundles["unet"], mode="fast", precision=cfg["precisions"][name],
+                                         max_time=fast_s)
+    record.update(target=TARGET_DICE, fast_s=fast_s, regular_s=regular_s, concurrent=len(runs))
+    record["runs"] = train_group(check, runs)
+    check.save()
+    state["reference"] = record["runs"]["unet_fast"]
+    record["fast_over_regular"] = {}
+    for algo in cfg["algos"]:
         fast, regular = record["runs"][f"{algo}_fast"], record["runs"][f"{algo}_regular"]
-        if fast["samples_per_s_median"] and regular["samples_per_s_median"]:
-            record["speedup"][algo] = fast["samples_per_s_median"] / regular["samples_per_s_median"]
+        t_fast, t_regular = fast["time_to_target_s"], regular["time_to_target_s"]
+        rate_fast, rate_regular = fast["samples_per_s_median"], regular["samples_per_s_median"]
+        record["fast_over_regular"][algo] = {
+            "time_to_target": t_fast / t_regular if t_fast and t_regular else None,
+            "time_to_target_at_most": t_fast / regular_s if t_fast and not t_regular else None,
+            "samples_per_s": rate_fast / rate_regular if rate_fast and rate_regular else None}
+    fp32 = record["runs"]["unet_fast_fp32"]
+    record["precision"] = {
+        "trained": {name: record["runs"][label].get("precision")
+                    for name, label in (("fp16", "unet_fast"), ("bf16", "unet_fast_bf16"), ("fp32", "unet_fast_fp32"))},
+        "dice_distance_from_fp32": {"fp16": dice_distance(record["runs"]["unet_fast"], fp32),
+                                    "bf16": dice_distance(record["runs"]["unet_fast_bf16"], fp32)},
+        "scaler_skipped_steps_fp16": record["runs"]["unet_fast"].get("scaler_skipped_steps")}
 
 
 def _tune(check: Check, bundle: Path, handoff: str, storage: str) -> dict[str, Any] | None:
@@ -229,7 +284,7 @@ def _tune(check: Check, bundle: Path, handoff: str, storage: str) -> dict[str, A
 
 
 def section_handoff(check: Check, record: dict[str, Any], state: dict[str, Any]) -> None:
-    reference = reference_run(check, state)
+    reference = state["reference"]
     bundle = state["bundles"]["unet"]
     db = check.work / "handoff_studies.db"
     db.unlink(missing_ok=True)
@@ -247,12 +302,12 @@ def section_handoff(check: Check, record: dict[str, Any], state: dict[str, Any])
     n_large = (largest or {}).get("num_patches_per_iter")
     record["largest_tune_probes"] = (largest or {}).get("probes")
     if not n_large or n_large <= int(reference.get("num_patches_per_iter") or 0):
-        record["runs"] = {"reference": "fast_regular.runs.unet_fast", "largest": None}
+        record["runs"] = {"reference": "time_to_dice.runs.unet_fast", "largest": None}
         record["why_no_largest_run"] = f"the largest fit ({n_large}) is not above the template's batch"
         return
-    run = train_run(check, largest_bundle, "unet_largest", mode="fast", epochs=check.cfg["epochs"], val_every=1,
+    run = train_run(check, largest_bundle, "unet_largest", mode="fast", max_time=float(check.cfg["fast_s"]),
                     precision=check.cfg["precisions"]["fp16"], record_grads=True)
-    record["runs"] = {"reference": "fast_regular.runs.unet_fast", "largest": run}
+    record["runs"] = {"reference": "time_to_dice.runs.unet_fast", "largest": run}
     record["dice_per_wall"] = dice_per_wall({"reference": reference, "largest": run})
     record["grad_sq_norms"] = {name: _grad_steps(r) for name, r in (("reference", reference), ("largest", run))}
     record["noise_scale"] = noise_scale_of(reference, run)
@@ -307,25 +362,8 @@ def noise_scale_of(reference: dict[str, Any], large: dict[str, Any]) -> dict[str
                                                     big[first_epoch_steps(large):], b_big)}
 
 
-def section_precision(check: Check, record: dict[str, Any], state: dict[str, Any]) -> None:
-    import torch
-
-    reference = reference_run(check, state)
-    bf16 = train_run(check, state["bundles"]["unet"], "unet_fast_bf16", mode="fast", epochs=check.cfg["epochs"],
-                     val_every=1, precision=check.cfg["precisions"]["bf16"], record_grads=True)
-    record["runs"] = {"fp16": "fast_regular.runs.unet_fast", "bf16": bf16}
-    record["bf16_supported"] = bool(torch.cuda.is_bf16_supported()) if check.cuda else False
-    record["precisions_trained"] = {"fp16": reference.get("precision"), "bf16": bf16.get("precision")}
-    ref_rate, rate = reference.get("samples_per_s_median"), bf16.get("samples_per_s_median")
-    ref_peak, peak = reference.get("train_peak_bytes"), bf16.get("train_peak_bytes")
-    record.update(bf16_over_fp16_samples_per_s=rate / ref_rate if rate and ref_rate else None,
-                  bf16_over_fp16_train_peak=peak / ref_peak if peak and ref_peak else None,
-                  mean_dice_last={"fp16": reference.get("mean_dice_last"), "bf16": bf16.get("mean_dice_last")},
-                  dice_per_wall=dice_per_wall({"fp16": reference, "bf16": bf16}))
-
-
 def section_ddp(check: Check, record: dict[str, Any], state: dict[str, Any]) -> None:
-    reference = reference_run(check, state)
+    reference = state["reference"]
     run = train_run(check, state["bundles"]["unet"], "unet_ddp", mode="fast", epochs=check.cfg["ddp_epochs"],
                     val_every=1000, precision=check.cfg["precisions"]["fp16"], ddp=True)
     single, ddp = reference.get("first_epoch_train_peak_bytes"), run.get("first_epoch_train_peak_bytes")

@@ -287,7 +287,10 @@ def test_both_dry_runs_hold_every_field(tmp_path: Path) -> None:
     assert sections["expandable"]["points"][0]["child_alloc_conf"] == "expandable_segments:True"
 
     sections = results["training"]["sections"]
-    assert sections["fast_regular"]["runs"]["unet_fast"]["rc"] == 0
+    ttd = sections["time_to_dice"]
+    assert all(run["rc"] == 0 for run in ttd["runs"].values()) and ttd["concurrent"] == 6
+    assert ttd["runs"]["unet_fast"]["schedule"]["set_by"] == "max_time"
+    assert ttd["runs"]["unet_fast"]["phases_mean_s"]["compute_s"] > 0
     handoff = sections["handoff"]
     assert handoff["largest_fit"] == 3 and handoff["runs"]["largest"]["num_patches_per_iter"] == 3
     assert {b for b, _ in handoff["grad_sq_norms"]["largest"]["steps"]} >= {3}
