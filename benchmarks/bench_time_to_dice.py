@@ -7,11 +7,11 @@ thread (``--serial`` runs them one after the other with every core instead):
 
 - ``regular``: ``autotune train --mode regular --max-time BUDGET``: the seed's baseline (plain
   Dataset, DataLoader with worker processes, fp32, Adam 1e-4, Dice loss, no schedule);
-- ``fast``: ``autotune train --mode fast --max-time FAST_BUDGET``: cache, thread loader, the machine's
-  default precision, the template's recipe with its schedule fitted to its budget. Its budget is half
-  of regular's by default, the goal's ratio, set before the run: a fitted schedule ends its decay
-  where its time ends, so the budget it is given, not a longer one, is the question a user asks
-  ("I have this long: do I get the Dice?").
+- ``fast``: ``autotune train --mode fast --max-time F`` for each budget F of ``--fast-budgets`` (default:
+  half of regular's, the goal's ratio), one after another on the other core: cache, thread loader,
+  the machine's default precision, the template's recipe with its schedule fitted to its budget. A
+  fitted schedule ends its decay where its time ends, so the budget it is given is the question a
+  user asks ("I have this long: do I get the Dice?"); the budgets are fixed before the run.
 
 Both validate every epoch (``--val-every``), so each curve has a point per epoch; that validation
 is part of each run's wall time. Reported per mode: wall time (from the run's start, caching
@@ -31,6 +31,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -56,8 +57,8 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--work", default="/tmp/autotune_bench_time_to_dice", help="scratch folder (replaced)")
     p.add_argument("--algo", default="unet", choices=("unet", "segresnet", "dints"))
     p.add_argument("--budget", type=float, default=1500, help="regular's wall seconds (--max-time; default 1500)")
-    p.add_argument("--fast-budget", type=float, default=None,
-                   help="fast's wall seconds (--max-time; default half of --budget)")
+    p.add_argument("--fast-budgets", default=None,
+                   help="fast's wall seconds, comma-separated, run one after another (default: half of --budget)")
     p.add_argument("--target", type=float, default=0.80, help="validation mean Dice target (default 0.80)")
     p.add_argument("--val-every", type=int, default=1, help="validate every K epochs in both modes (default 1)")
     p.add_argument("--num-workers", type=int, default=1,
@@ -82,33 +83,44 @@ def make_bundle(args: argparse.Namespace, work: Path) -> Path:
     return Path(next(b["path"] for b in bundles if b["fold"] == 0))
 
 
-def budget_of(mode: str, args: argparse.Namespace) -> float:
-    """The wall seconds ``mode`` trains for: regular ``--budget``, fast ``--fast-budget`` (default half)."""
-    if mode == "fast":
-        return float(args.fast_budget if args.fast_budget is not None else args.budget / 2)
-    return float(args.budget)
+def planned_runs(args: argparse.Namespace) -> list[tuple[str, str, float]]:
+    """(label, mode, budget seconds) of every run: regular at ``--budget``, fast at each ``--fast-budgets``."""
+    runs = []
+    if "fast" in args.modes.split(","):
+        budgets = ([float(b) for b in str(args.fast_budgets).split(",")] if args.fast_budgets
+                   else [args.budget / 2])
+        runs += [(f"fast {b:g} s", "fast", b) for b in budgets]
+    if "regular" in args.modes.split(","):
+        runs.append(("regular", "regular", float(args.budget)))
+    return runs
 
 
-def command(copy: Path, mode: str, args: argparse.Namespace) -> list[str]:
+def command(copy: Path, mode: str, budget: float, args: argparse.Namespace) -> list[str]:
     return [sys.executable, "-m", "autotune.trainer", str(copy), "--mode", mode, "--device", args.device,
-            "--max-time", f"{budget_of(mode, args):g}s", "--val-every", str(args.val_every)]
+            "--max-time", f"{budget:g}s", "--val-every", str(args.val_every)]
 
 
-def start(bundle: Path, mode: str, core: int | None, args: argparse.Namespace, work: Path) -> tuple[Any, Path]:
-    """Start ``mode`` on a private copy of ``bundle`` (pinned to ``core`` with one thread, or free)."""
-    copy = work / f"{mode}_{bundle.name}"
+def train(bundle: Path, label: str, mode: str, budget: float, core: int | None, args: argparse.Namespace,
+          work: Path) -> tuple[list[str], Path]:
+    """Train ``label`` on a private copy of ``bundle`` (pinned to ``core`` with one thread, or free) to its end."""
+    name = label.replace(" ", "_")
+    copy = work / f"{name}_{bundle.name}"
     shutil.rmtree(copy, ignore_errors=True)
     shutil.copytree(bundle, copy)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    argv = command(copy, mode, args)
+    argv = command(copy, mode, budget, args)
     if core is not None:
         env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
         argv = ["taskset", "-c", str(core), *argv]
-    log = open(work / f"{mode}.log", "w")  # noqa: SIM115 - closed by finish()
-    return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env), copy
+    with open(work / f"{name}.log", "w") as log:
+        code = subprocess.call(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
+    if code != 0:
+        raise SystemExit(f"{label} run failed (exit {code}); see {work / (name + '.log')}")
+    return argv, copy
 
 
-def summarise(copy: Path, mode: str, args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
+def summarise(copy: Path, label: str, mode: str, budget: float, args: argparse.Namespace,
+              argv: list[str]) -> dict[str, Any]:
     """One mode's measurements from its ``metrics.json`` and ``train_summary.json``."""
     model = copy / "model_fold0"
     rows = read_json(model / "metrics.json")["rows"]
@@ -118,11 +130,11 @@ def summarise(copy: Path, mode: str, args: argparse.Namespace, argv: list[str]) 
     steady = rows[1:] or rows  # the first epoch pays one-off set-up
     best_at = {}
     for seconds in CHECKPOINTS_S:
-        if seconds <= args.budget:  # past a mode's own budget: its best within it
+        if seconds <= args.budget:  # past a run's own budget: its best within it
             seen = [r["mean_dice"] for r in validated if r["elapsed_s"] <= seconds]
             best_at[str(seconds)] = max(seen) if seen else None
     return {
-        "mode": mode, "command": " ".join(argv), "budget_s": budget_of(mode, args), "precision": summary.get("precision"),
+        "label": label, "mode": mode, "command": " ".join(argv), "budget_s": budget, "precision": summary.get("precision"),
         "schedule": summary.get("schedule"), "epochs": len(rows), "steps_per_epoch": rows[0].get("steps"),
         "setup_s": rows[0]["elapsed_s"] - rows[0]["epoch_s"],
         "time_to_target_s": reached["elapsed_s"] if reached else None,
@@ -139,7 +151,8 @@ def summarise(copy: Path, mode: str, args: argparse.Namespace, argv: list[str]) 
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    """Train the modes (side by side unless --serial) and gather their measurements."""
+    """Train every run (side by side: fast's budgets one after another on core 0, regular on core 1; or
+    one after another with every core) and gather their measurements."""
     import monai
     import torch
 
@@ -149,31 +162,38 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     bundle = make_bundle(args, work)
-    modes = args.modes.split(",")
+    runs = planned_runs(args)
+    lanes = ([[r] for r in runs] if args.serial
+             else [[r for r in runs if r[1] == "fast"], [r for r in runs if r[1] == "regular"]])
     results: dict[str, Any] = {}
-    loads: dict[str, Any] = {}
-    groups = [[m] for m in modes] if args.serial else [modes]
-    for group in groups:
-        cores = [None] * len(group) if args.serial else list(range(len(group)))
-        with LoadSampler() as load:
-            started = {mode: start(bundle, mode, core, args, work) for mode, core in zip(group, cores, strict=True)}
-            for mode, (proc, _copy) in started.items():
-                if proc.wait() != 0:
-                    raise SystemExit(f"{mode} run failed (exit {proc.returncode}); see {work / (mode + '.log')}")
-        for mode, (proc, copy) in started.items():
-            results[mode] = summarise(copy, mode, args, proc.args)
-            loads[mode] = load.summary()
-    fast, regular = results.get("fast"), results.get("regular")
-    ratio = None
-    if fast and regular and fast["time_to_target_s"] and regular["time_to_target_s"]:
-        ratio = fast["time_to_target_s"] / regular["time_to_target_s"]
+
+    def lane(index: int, planned: list[tuple[str, str, float]]) -> None:
+        for label, mode, budget in planned:
+            with LoadSampler() as load:
+                argv, copy = train(bundle, label, mode, budget, None if args.serial else index, args, work)
+            results[label] = {**summarise(copy, label, mode, budget, args, argv), "load_during_run": load.summary()}
+
+    threads = [threading.Thread(target=lane, args=(i, planned)) for i, planned in enumerate(lanes) if planned]
+    for thread in threads:
+        thread.start()
+        if args.serial:
+            thread.join()
+    for thread in threads:
+        thread.join()
+    missing = [label for label, _, _ in runs if label not in results]
+    if missing:
+        raise SystemExit(f"runs without results: {missing}")
+    results = {label: results[label] for label, _, _ in runs}
+    reached = [r["time_to_target_s"] for r in results.values() if r["mode"] == "fast" and r["time_to_target_s"]]
+    regular = next((r for r in results.values() if r["mode"] == "regular"), None)
+    ratio = min(reached) / regular["time_to_target_s"] if reached and regular and regular["time_to_target_s"] else None
     return {
         "benchmark": "time to Dice, fast against regular", "data": args.data, "algo": args.algo,
         "settings": {k: v for k, v in vars(args).items() if k not in ("out", "work", "report_only")},
         "environment": {"cpu": cpu_name(), "cores": os.cpu_count(), "native_bf16": list(cpu_bf16_native()),
                         "torch": torch.__version__, "monai": monai.__version__,
                         "date": time.strftime("%Y-%m-%d")},
-        "results": results, "load_during_runs": loads,
+        "results": results,
         "fast_over_regular_time_to_target": ratio,
     }
 
@@ -187,7 +207,7 @@ def table(report: dict[str, Any]) -> str:
     target = report["settings"]["target"]
     modes = list(report["results"].values())
     times = [s for s in modes[0]["best_dice_at_s"]] if modes else []
-    head = " | ".join(["| mode", "precision", "schedule", "epochs", "s/epoch", "samples/s", f"time to Dice {target:.2f}",
+    head = " | ".join(["| run", "precision", "schedule", "epochs", "s/epoch", "samples/s", f"time to Dice {target:.2f}",
                        "epoch", *(f"best at {s} s" for s in times), "best |"])
     lines = [head, "|" + "---|" * (9 + len(times))]
     for r in modes:
@@ -199,7 +219,7 @@ def table(report: dict[str, Any]) -> str:
             planned = f"fitted to {budget:g} s ({schedule.get('planned_epochs')} epochs)"
         else:
             planned = f"{schedule.get('planned_epochs')} epochs"
-        cells = [r["mode"], str(r["precision"]), planned, str(r["epochs"]), _fmt(r["epoch_s"], ".1f"),
+        cells = [r.get("label", r["mode"]), str(r["precision"]), planned, str(r["epochs"]), _fmt(r["epoch_s"], ".1f"),
                  _fmt(r["samples_per_s"], ".2f"), _fmt(r["time_to_target_s"], ".0f") + (" s" if r["time_to_target_s"] else ""),
                  _fmt(r["epoch_at_target"], "d"), *(_fmt(r["best_dice_at_s"][s], ".3f") for s in times),
                  _fmt(r["best_dice"], ".3f")]
@@ -207,18 +227,19 @@ def table(report: dict[str, Any]) -> str:
     ratio = report.get("fast_over_regular_time_to_target")
     if ratio is not None:
         lines.append("")
-        lines.append(f"fast's time to Dice {target:.2f} over regular's: **{ratio:.2f}** (goal: at most 0.5)")
+        lines.append(f"fast's time to Dice {target:.2f} (its quickest budget) over regular's: **{ratio:.2f}** "
+                     "(goal: at most 0.5)")
     return "\n".join(lines)
 
 
 def breakdown(report: dict[str, Any]) -> str:
     """Where a steady epoch's time goes, per mode (means over the epochs after the first; markdown)."""
-    lines = ["| mode | epoch s | " + " | ".join(label for _, label in PHASES) + " | rest of training |",
+    lines = ["| run | epoch s | " + " | ".join(label for _, label in PHASES) + " | rest of training |",
              "|" + "---|" * (3 + len(PHASES))]
     for r in report["results"].values():
         phases = r["phases_s"]
         rest = r["epoch_s"] - sum(phases.values())
-        cells = [r["mode"], _fmt(r["epoch_s"], ".1f"),
+        cells = [r.get("label", r["mode"]), _fmt(r["epoch_s"], ".1f"),
                  *(f"{phases[key]:.1f} ({100 * phases[key] / r['epoch_s']:.0f} %)" for key, _ in PHASES),
                  f"{rest:.1f} ({100 * rest / r['epoch_s']:.0f} %)"]
         lines.append("| " + " | ".join(cells) + " |")
@@ -234,7 +255,8 @@ def plot(report: dict[str, Any], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for r in report["results"].values():
-        ax.plot([p[1] for p in r["curve"]], [p[2] for p in r["curve"]], marker=".", label=f"{r['mode']} ({r['precision']})")
+        ax.plot([p[1] for p in r["curve"]], [p[2] for p in r["curve"]], marker=".",
+                label=f"{r.get('label', r['mode'])} ({r['precision']})")
     ax.axhline(report["settings"]["target"], color="grey", linestyle="--", linewidth=0.8)
     ax.set_xlabel("wall seconds (caching included)")
     ax.set_ylabel("validation mean Dice")
