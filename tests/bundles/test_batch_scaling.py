@@ -128,15 +128,18 @@ def test_a_refitted_schedule_follows_its_new_length() -> None:
 
 
 def test_doubling_the_batch_scales_lr_and_halves_steps(bundles: dict[str, Path], tmp_path: Path) -> None:
-    """The README's rule: batch x2 -> lr x2 (linear, UNet) or x sqrt(2) (sqrt, SegResNet), and half the
-    optimizer steps per epoch over the same samples; training runs exactly that many steps at that rate."""
+    """The README's rule: batch x2 -> lr x2 (linear) or x sqrt(2) (sqrt), and half the optimizer steps per
+    epoch over the same samples; training runs exactly that many steps at that rate. UNet's bundle is
+    given the linear rule (its template's is sqrt), SegResNet keeps its own sqrt."""
     from autotune.trainer.runner import train
 
     storage = f"sqlite:///{tmp_path / 's.db'}"
-    for algo, factor in (("unet", 2.0), ("segresnet", math.sqrt(2.0))):
+    for algo, rule, factor in (("unet", "linear", 2.0), ("segresnet", "sqrt", math.sqrt(2.0))):
         cfgs, steps = {}, {}
+        scaling = {**load_bundle_config(bundles[f"{algo}_0"])["batch_scaling"], "lr_scaling": rule}
         for batch in (2, 4):
-            bundle = copy_bundle(bundles[f"{algo}_0"], tmp_path / f"{algo}_{batch}", num_epochs=2)
+            bundle = copy_bundle(bundles[f"{algo}_0"], tmp_path / f"{algo}_{batch}", num_epochs=2,
+                                 batch_scaling=scaling)
             cfg = cfgs[batch] = _tune(bundle, storage, batch)
             recipe = cfg["tuning"]["recipe"]
             assert recipe["learning_rate"]["before"] == cfg["batch_scaling"]["reference_learning_rate"]
@@ -182,7 +185,7 @@ def test_default_range_is_capped_and_explicit_range_warns(bundles: dict[str, Pat
     warnings = [line for line in lines if "warning" in line]
     assert len(warnings) == 1 and "passes the training-set cap 2" in warnings[0]
     assert cfg["num_patches_per_iter"] == 6 and cfg["tuning"]["batch"]["cap"]["applied"] is False
-    assert cfg["learning_rate"] == pytest.approx(3 * cfg["batch_scaling"]["reference_learning_rate"])
+    assert cfg["learning_rate"] == pytest.approx(math.sqrt(3) * cfg["batch_scaling"]["reference_learning_rate"])  # sqrt rule
 
 
 def test_overridden_learning_rate_is_the_new_reference(demo_data: Path, tmp_path: Path) -> None:

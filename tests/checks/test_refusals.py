@@ -76,7 +76,7 @@ def test_non_finite_voxels_are_counted(demo_data_copy: Path, capsys: pytest.Capt
 @pytest.mark.parametrize("value", [".nan", ".inf", "-.inf"])
 def test_non_finite_learning_rate_is_refused(command: str, value: str, good_work: Path, tmp_path: Path,
                                              capsys: pytest.CaptureFixture[str]) -> None:
-    bundle = _bundle_with(good_work, tmp_path, "learning_rate: 0.01", f"learning_rate: {value}")
+    bundle = _bundle_with(good_work, tmp_path, "learning_rate: 0.05", f"learning_rate: {value}")
     argv = [command, str(bundle), "--device", "cpu"]
     before = snapshot(bundle)
     with inside(tmp_path / "work"):

@@ -48,7 +48,7 @@ def test_goodput_hands_over_the_reference_batch_with_the_tuned_sw_batch(
     verdict = block["handoff"]
     assert verdict["rule"] == "goodput" and verdict["handed"] == ref and verdict["batch"] == largest
     assert verdict["line"].startswith(f"samples/s at {ref}: ") and f", at {largest}: " in verdict["line"]
-    assert f"per-sample efficiency {math.sqrt(ref / largest):.3g} (linear lr rule)" in verdict["line"]
+    assert f"per-sample efficiency {math.sqrt(ref / largest):.3g} ({scaling['lr_scaling']} lr rule)" in verdict["line"]
     assert verdict["line"].endswith(f"-> hand over {ref}")
     assert block["batch"]["handed_to_training"] == ref and "goodput rule" in block["batch"]["reason"]
     assert block["max_num_patches_per_iter"] == largest
