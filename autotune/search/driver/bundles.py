@@ -19,7 +19,7 @@ from autotune.bundles.config import Bundle, load_bundle
 from autotune.errors import ConfigError, SpecError
 from autotune.search.driver.key import answer_key
 from autotune.search.driver.options import TuningOptions
-from autotune.search.driver.session import Session, make_budget, open_store
+from autotune.search.driver.session import Session, close_store, make_budget, open_store
 from autotune.search.driver.writeback import check_writable, write_bundle
 from autotune.search.storage.liveness import TakenOver
 from autotune.search.strategies.registry import STRATEGIES as _REGISTRY
@@ -162,7 +162,7 @@ def search_bundles(bundles: Sequence[str | Path], specs: Mapping[str, Any] | Non
         groups, keys = _group(loaded, session)
         records = _answer_all(session, loaded, groups, keys)
     finally:
-        session.store.liveness.close()
+        close_store(session.store)
     results = [write_bundle(path, loaded[path], records[name], settings.write_back, say)
                for name, paths in groups.items() for path in paths]
     if summary_path:

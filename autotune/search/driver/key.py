@@ -163,7 +163,7 @@ def answer_key(session: Session, key: TuningKey, cfg: Mapping[str, Any], n_bundl
     finally:
         claims = session.store.claims if session.strategy.claims_key else None
         if claims is not None:
-            claims.release(key.study_name, "key:" + tag, done=False)
+            claims.release(key.study_name, "key:" + tag)
 
 
 def predicted_fit(curve: Any, batch_cap: Mapping[str, Any], budget: int) -> int | None:

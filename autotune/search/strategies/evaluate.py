@@ -214,9 +214,15 @@ class Evaluator:
         if trial is not None:
             # a trial the sampler asked is RUNNING already: mark it as this worker's at once, so a worker
             # that stops at any moment leaves a trial its liveness answers for (autotune.search.storage.liveness)
-            trial.set_user_attr("owner", self.owner)
+            self._tag(trial)
         self._step()
         return self._evaluate(dict(point), phases, trial, repeat)
+
+    def _tag(self, trial: Any) -> None:
+        """Mark ``trial`` as this worker's: its ``owner`` tag and the id of its worker trial."""
+        trial.set_user_attr("owner", self.owner)
+        if self.liveness is not None:
+            trial.set_user_attr("worker", self.liveness.worker_id)
 
     def _step(self) -> None:
         """Tell the liveness that this worker made a step (it keeps beating for another promise)."""
@@ -230,10 +236,13 @@ class Evaluator:
         previous, failures = self._previous(pid, study)
         while self.claims is not None and previous is None and failures < MAX_FAILURES:
             if self.claims.claim(study.study_name, "point:" + pid):
+                if self.claims.took_over and self.liveness is not None:
+                    # the dead holder's trial fails before the look below: a late result of it is refused
+                    self.liveness.fail_stale_trials(self.storage, study)
                 previous, failures = self._previous(pid, study)  # it may have finished just before
                 if previous is None and failures < MAX_FAILURES:
                     return None, failures, True
-                self.claims.release(study.study_name, "point:" + pid, done=previous is not None)
+                self.claims.release(study.study_name, "point:" + pid)
                 break
             time.sleep(self.poll_seconds)
             self._step()
@@ -258,7 +267,7 @@ class Evaluator:
         """The trial a probe of ``point`` is recorded in (asked here unless the sampler asked it), tagged."""
         if trial is None:
             trial = study.ask()
-            trial.set_user_attr("owner", self.owner)
+            self._tag(trial)
             stored_id = trial_id(self.storage, study, trial.number)
             for name, value in point.items():
                 dist = self.distributions[name]
@@ -267,7 +276,7 @@ class Evaluator:
         trial.set_user_attr("phases", list(phases))
         if repeat:
             trial.set_user_attr("repeat", repeat)
-        trial.set_user_attr("kind", "probe" if self.prober.measured else "estimate")
+        trial.set_user_attr("kind", getattr(self.prober, "kind", "probe" if self.prober.measured else "estimate"))
         trial.set_user_attr("budget_bytes", self.budget_bytes)
         return trial
 
@@ -309,7 +318,7 @@ class Evaluator:
             self._abandon(study, trial, exc)
             raise
         if claimed:
-            self.claims.release(study.study_name, "point:" + pid, done=not evaluation.failed)
+            self.claims.release(study.study_name, "point:" + pid)
         self._report(evaluation, phases, reused=False)
         return evaluation
 
