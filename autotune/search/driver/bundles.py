@@ -83,7 +83,14 @@ def _answer_all(session: Session, bundles: Mapping[str, Bundle], groups: Mapping
     """Each key's record: the keys this worker can take first, then those other workers held."""
     records: dict[str, dict[str, Any]] = {}
     pending: list[str] = []
-    for study_name, paths in groups.items():
+    order = list(groups)
+    if session.store.claims is not None and order:  # workers that start together begin at different keys
+        import zlib
+
+        start = zlib.crc32(session.store.liveness.owner.encode()) % len(order)
+        order = order[start:] + order[:start]
+    for study_name in order:
+        paths = groups[study_name]
         first = bundles[paths[0]].config
         try:
             record = answer_key(session, keys[study_name], first, len(paths), wait=False)

@@ -64,29 +64,39 @@ def _sampler(session: Session, cfg: Mapping[str, Any], spec: AlgoSpec) -> Any:
     return session.strategy.sampler(int(cfg.get("seed", 0)), spec, session.store.claims is not None)
 
 
-def _stored_or_claimed(session: Session, key: TuningKey, study: Any, tag: str, sampler: Any,
-                       wait: bool, algo: str) -> tuple[Any, dict[str, Any] | None]:
-    """(study, stored result) once the result is stored, or (study, None) once this worker holds the key;
-    (None, None) when another worker holds it and not ``wait``."""
+def _stored_result(session: Session, key: TuningKey, tag: str) -> dict[str, Any] | None:
+    """The key's stored result, read without opening its study (two calls of the storage; none is written)."""
+    storage = session.store.storage
+    try:
+        study_id = storage.get_study_id_from_name(key.study_name)
+    except KeyError:
+        return None
+    return storage.get_study_user_attrs(study_id).get(tag)
+
+
+def _stored_or_claimed(session: Session, key: TuningKey, tag: str, wait: bool,
+                       algo: str) -> tuple[bool, dict[str, Any] | None]:
+    """(True, stored result) once the result is stored, or (True, None) once this worker holds the key;
+    (False, None) when another worker holds it and not ``wait``. Nothing is opened or written while another
+    worker holds the key: a worker passing by a key that is done or held costs the storage a few reads."""
     claims = session.store.claims if session.strategy.claims_key else None
     announced = False
     while True:
         session.store.liveness.progress()
-        stored = study.user_attrs.get(tag)
+        stored = _stored_result(session, key, tag)
         if stored is not None:
-            return study, stored
+            return True, stored
         if claims is None or claims.claim(key.study_name, "key:" + tag):
-            return study, None
+            return True, None
         if not wait:
             holder = claims.holder(key.study_name, "key:" + tag) or {}
             session.say(f"[{algo}] {key.study_name} is being tuned by {holder.get('owner', 'another worker')}; "
                         "will wait")
-            return None, None
+            return False, None
         if not announced:
             session.say(f"[{algo}] waiting for another worker's result on {key.study_name}")
             announced = True
         time.sleep(2.0)
-        study = _open(session, key, sampler=sampler)
 
 
 def _fail_stale(session: Session, studies: tuple[Any, ...], algo: str) -> None:
@@ -138,15 +148,17 @@ def answer_key(session: Session, key: TuningKey, cfg: Mapping[str, Any], n_bundl
     reference = family_for(cfg).handoff_reference(cfg)
     tag = result_tag(session.strategy.search, session.budget.margin, spec, devices, session.strategy.estimates_only,
                      session.handoff, reference)
-    sampler = _sampler(session, cfg, spec)
-    study, stored = _stored_or_claimed(session, key, _open(session, key, sampler=sampler),
-                                       tag, sampler, wait, algo)
-    if study is None:
+    ready, stored = _stored_or_claimed(session, key, tag, wait, algo)
+    if not ready:
         return None
-    if stored is not None:
-        session.say(f"[{algo}] answered from storage ({key.study_name}); no new trial")
-        return dict(stored, from_storage=True, probes=0)
+    study = None
     try:
+        if stored is None:
+            study = _open(session, key, sampler=_sampler(session, cfg, spec))
+            stored = study.user_attrs.get(tag)  # stored by a worker that let the key go just before this one took it
+        if stored is not None:
+            session.say(f"[{algo}] answered from storage ({key.study_name}); no new trial")
+            return dict(stored, from_storage=True, probes=0)
         infer_study = None if session.strategy.joint else _open(session, key, "infer")
         _fail_stale(session, (study, infer_study), algo)
         _announce(session, key, spec, n_bundles, algo)

@@ -364,9 +364,10 @@ def open_study(
     )
     if metric and not study.metric_names:
         study.set_metric_names([metric])
-    if "phase" not in study.user_attrs:
+    attrs = study.user_attrs
+    if "phase" not in attrs:
         study.set_user_attr("phase", phase)
-    if "tuning_key" not in study.user_attrs:
+    if "tuning_key" not in attrs:
         study.set_user_attr("tuning_key", key.as_dict())
         for name, value in key.as_dict().items():
             study.set_user_attr(f"key.{name}", value)

@@ -11,7 +11,8 @@ measurement as user attributes, so the dashboard tells the whole story:
   (one unit per study), joint trials (tpe) to the key's study;
 - a crash, kill or timeout is a FAIL trial with ``fail_reason``.
 A point already measured in the study is answered from it (resume, folds, reruns);
-a point that failed twice is taken as infeasible without a third try.
+a point that failed twice is taken as infeasible without a third try (a probe lost with its worker,
+killed, stopped or hung, is not the point's failure, unless it happens ``MAX_LOST`` times).
 Each point is a step of this worker's liveness (``autotune.search.storage.liveness``); a worker
 whose trial was failed as stale meanwhile (it hung past its promise) gets ``TakenOver``.
 """
@@ -26,7 +27,6 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.probe import cuda_result_keys
 from autotune.search.storage.liveness import TakenOver, owner_tag
-from autotune.search.storage.study import trial_id
 from autotune.search.strategies.objective import NO_FIT, trial_value
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -39,6 +39,12 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["Evaluation", "Evaluator", "point_id", "trial_fits", "MAX_FAILURES"]
 
 MAX_FAILURES = 2
+MAX_LOST = 4  # probes of a point lost with their worker before the point is taken as what kills workers
+
+
+def _lost_with_worker(trial: Any) -> bool:
+    """A FAIL trial whose worker stopped or was declared dead while probing it (not the point's own failure)."""
+    return str(trial.user_attrs.get("fail_reason", "")).startswith(("stale: ", "interrupted: "))
 # user attributes copied from a probe result onto its trial
 _RESULT_ATTRS = (
     "status",
@@ -168,15 +174,18 @@ class Evaluator:
         from optuna.trial import TrialState
 
         done = None
-        failures = 0
+        failures = lost = 0
         for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)):
             if trial.user_attrs.get("point_id") != pid:
                 continue
             if trial.state == TrialState.COMPLETE and done is None:
                 done = trial
+            elif trial.state == TrialState.FAIL and _lost_with_worker(trial):
+                lost += 1
             elif trial.state == TrialState.FAIL:
                 failures += 1
-        return done, failures
+        # a probe lost with its worker (killed, stopped, hung) says nothing of the point, unless it keeps happening
+        return done, failures if lost < MAX_LOST else max(failures, MAX_FAILURES)
 
     def _skipped(self, pid: str, point: dict[str, Any], phases: tuple[str, ...]) -> Evaluation:
         from optuna.trial import TrialState
@@ -264,21 +273,25 @@ class Evaluator:
 
     def _new_trial(self, study: optuna.Study, point: dict[str, Any], phases: tuple[str, ...], pid: str,
                    repeat: int, trial: Any) -> Any:
-        """The trial a probe of ``point`` is recorded in (asked here unless the sampler asked it), tagged."""
-        if trial is None:
-            trial = study.ask()
-            self._tag(trial)
-            stored_id = trial_id(self.storage, study, trial.number)
-            for name, value in point.items():
-                dist = self.distributions[name]
-                self.storage.set_trial_param(stored_id, name, dist.to_internal_repr(value), dist)
-        trial.set_user_attr("point_id", pid)
-        trial.set_user_attr("phases", list(phases))
-        if repeat:
-            trial.set_user_attr("repeat", repeat)
-        trial.set_user_attr("kind", getattr(self.prober, "kind", "probe" if self.prober.measured else "estimate"))
-        trial.set_user_attr("budget_bytes", self.budget_bytes)
-        return trial
+        """The trial a probe of ``point`` is recorded in, tagged: made here with its parameters and tags in one
+        write (no moment where a worker or a sweep sees it untagged), unless the sampler asked it."""
+        tags: dict[str, Any] = {"point_id": pid, "phases": list(phases), **({"repeat": repeat} if repeat else {}),
+                                "kind": getattr(self.prober, "kind", "probe" if self.prober.measured else "estimate"),
+                                "budget_bytes": self.budget_bytes}
+        if trial is not None:
+            for name, value in tags.items():
+                trial.set_user_attr(name, value)
+            return trial
+        import optuna
+
+        from autotune.search.storage.liveness import running_template
+
+        owner = {"owner": self.owner, **({"worker": self.liveness.worker_id} if self.liveness is not None else {})}
+        template = running_template({**owner, **tags}, {})
+        template.params = dict(point)
+        template.distributions = {name: self.distributions[name] for name in point}
+        created = self.storage.create_new_trial(self.storage.get_study_id_from_name(study.study_name), template)
+        return optuna.trial.Trial(study, created)
 
     def _abandon(self, study: optuna.Study, trial: Any, exc: BaseException) -> None:
         """Fail the trial a probe was interrupted in (a signal, Ctrl-C, an error), so the study keeps no
