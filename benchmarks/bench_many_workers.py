@@ -121,6 +121,7 @@ def _worker(index: int, storage: str, bundles: list[str], env: dict[str, str], l
                        storage=storage, workers_share=True, write_back=False,
                        progress=lambda line: print(line, file=sys.stderr, flush=True))
         code = 0 if all(r.get("status") == "tuned" for r in results) else 1
+        print("CALLS " + json.dumps({n: [c, round(CALL_SECONDS[n], 3)] for n, c in CALLS.items()}), flush=True)
     except BaseException as exc:  # noqa: BLE001 - the exit code and the log say it
         import traceback
 
@@ -147,10 +148,35 @@ def _preload(bundles: list[str]) -> None:
 
     quiet_optuna()
     optuna.storages.RDBStorage  # noqa: B018
-    backends._grpc_class()
+    from autotune.search.storage.retry import rdb_storage_class
+
+    _count_calls(backends._grpc_class())
+    _count_calls(rdb_storage_class(True))
     for path in bundles:
         _BUNDLES[str(Path(path))] = load_bundle(path)
     driver.load_bundle = lambda bundle: _BUNDLES[str(Path(bundle))]  # type: ignore[assignment]
+
+
+CALLS: Counter[str] = Counter()  # storage calls of this process (a worker's, after the fork), by method
+CALL_SECONDS: Counter[str] = Counter()
+
+
+def _count_calls(cls: type) -> None:
+    """Count (and time) the public storage calls made through ``cls`` in this process."""
+    import functools
+
+    for name in [n for n in dir(cls) if not n.startswith("_") and callable(getattr(cls, n))]:
+        method = getattr(cls, name)
+
+        def counted(self: Any, *a: Any, __m: Any = method, __n: str = name, **k: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return __m(self, *a, **k)
+            finally:
+                CALLS[__n] += 1
+                CALL_SECONDS[__n] += time.perf_counter() - started
+
+        setattr(cls, name, functools.wraps(method)(counted))
 
 
 class Fleet:

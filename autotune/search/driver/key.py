@@ -24,7 +24,9 @@ from autotune.search.strategies.objective import metric_name
 from autotune.search.strategies.space import AlgoSpec, spec_for
 from autotune.utils import format_bytes
 
-__all__ = ["answer_key", "result_tag", "validation_devices"]
+__all__ = ["answer_key", "result_tag", "validation_devices", "MAX_POLL_SECONDS"]
+
+MAX_POLL_SECONDS = 15.0  # the longest pause between two looks at a key another worker holds
 
 
 def result_tag(strategy: str, margin: float, spec: AlgoSpec, devices: tuple[str, ...], estimate_only: bool,
@@ -65,12 +67,15 @@ def _sampler(session: Session, cfg: Mapping[str, Any], spec: AlgoSpec) -> Any:
 
 
 def _stored_result(session: Session, key: TuningKey, tag: str) -> dict[str, Any] | None:
-    """The key's stored result, read without opening its study (two calls of the storage; none is written)."""
+    """The key's stored result, read without opening its study (one call of the storage once its study's id is
+    known; none is written)."""
     storage = session.store.storage
-    try:
-        study_id = storage.get_study_id_from_name(key.study_name)
-    except KeyError:
-        return None
+    study_id = session.store.study_ids.get(key.study_name)
+    if study_id is None:
+        try:
+            study_id = session.store.study_ids[key.study_name] = storage.get_study_id_from_name(key.study_name)
+        except KeyError:
+            return None
     return storage.get_study_user_attrs(study_id).get(tag)
 
 
@@ -78,16 +83,21 @@ def _stored_or_claimed(session: Session, key: TuningKey, tag: str, wait: bool,
                        algo: str) -> tuple[bool, dict[str, Any] | None]:
     """(True, stored result) once the result is stored, or (True, None) once this worker holds the key;
     (False, None) when another worker holds it and not ``wait``. Nothing is opened or written while another
-    worker holds the key: a worker passing by a key that is done or held costs the storage a few reads."""
+    worker holds the key. A waiter looks for the result with a growing pause (up to ``MAX_POLL_SECONDS``) and
+    asks for the claim (to take over a key whose worker is not live) at most every half grace."""
     claims = session.store.claims if session.strategy.claims_key else None
-    announced = False
+    announced, pause, asked = False, 2.0, -float("inf")
     while True:
         session.store.liveness.progress()
         stored = _stored_result(session, key, tag)
         if stored is not None:
             return True, stored
-        if claims is None or claims.claim(key.study_name, "key:" + tag):
+        if claims is None:
             return True, None
+        if time.monotonic() - asked >= session.store.liveness.stale_after / 2:
+            asked = time.monotonic()
+            if claims.claim(key.study_name, "key:" + tag):
+                return True, None
         if not wait:
             holder = claims.holder(key.study_name, "key:" + tag) or {}
             session.say(f"[{algo}] {key.study_name} is being tuned by {holder.get('owner', 'another worker')}; "
@@ -96,7 +106,8 @@ def _stored_or_claimed(session: Session, key: TuningKey, tag: str, wait: bool,
         if not announced:
             session.say(f"[{algo}] waiting for another worker's result on {key.study_name}")
             announced = True
-        time.sleep(2.0)
+        time.sleep(pause)
+        pause = min(pause * 1.5, MAX_POLL_SECONDS)  # a search takes minutes: hundreds of waiters poll gently
 
 
 def _fail_stale(session: Session, studies: tuple[Any, ...], algo: str) -> None:
@@ -137,8 +148,12 @@ def _provenance(session: Session, key: TuningKey, infer_study: Any, started: flo
 
 
 def answer_key(session: Session, key: TuningKey, cfg: Mapping[str, Any], n_bundles: int,
-               wait: bool) -> dict[str, Any] | None:
-    """The key's record: from storage, or searched now; None when another worker holds it (and not ``wait``)."""
+               wait: bool, known: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
+    """The key's record: from storage, or searched now; None when another worker holds it (and not ``wait``).
+
+    ``known``: the user attributes of the key's study as just read (``get_all_studies``), when it exists: its
+    stored result is then answered with no further call, and, without ``wait``, a key another worker has
+    started is left for later without asking for its claim."""
     algo = cfg["algo"]
     if not cfg.get("tuning_supported", True):
         session.say(f"[{algo}] this template does not support tuning; bundles left as generated")
@@ -148,7 +163,12 @@ def answer_key(session: Session, key: TuningKey, cfg: Mapping[str, Any], n_bundl
     reference = family_for(cfg).handoff_reference(cfg)
     tag = result_tag(session.strategy.search, session.budget.margin, spec, devices, session.strategy.estimates_only,
                      session.handoff, reference)
-    ready, stored = _stored_or_claimed(session, key, tag, wait, algo)
+    if known is not None and known.get(tag) is not None:
+        ready, stored = True, known[tag]
+    elif known is not None and not wait and session.store.claims is not None:
+        return None  # started by another worker: waited for once this worker has tried every key not started
+    else:
+        ready, stored = _stored_or_claimed(session, key, tag, wait, algo)
     if not ready:
         return None
     study = None

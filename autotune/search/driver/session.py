@@ -9,7 +9,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from autotune.errors import SpecError
@@ -67,6 +67,7 @@ class Store:
     shown: str
     liveness: Liveness
     claims: ClaimStore | None = None
+    study_ids: dict[str, int] = field(default_factory=dict)  # study name -> id, once looked up
 
 
 @dataclass

@@ -149,6 +149,8 @@ class Evaluator:
         self.infer_study = infer_study
         self.storage = storage
         self.liveness = liveness
+        self._revivals = liveness.revivals if liveness is not None else 0
+        self._study_ids: dict[str, int] = {}
         self.owner = liveness.owner if liveness is not None else owner_tag()
         self.claims = claims
         self.poll_seconds = float(poll_seconds)
@@ -234,17 +236,28 @@ class Evaluator:
             trial.set_user_attr("worker", self.liveness.worker_id)
 
     def _step(self) -> None:
-        """Tell the liveness that this worker made a step (it keeps beating for another promise)."""
+        """Tell the liveness that this worker made a step (it keeps beating for another promise).
+
+        Raises:
+            TakenOver: this worker was declared dead since the search began (it made no progress within its
+                promise and the grace): what it held is another's now, so its search stops here.
+        """
         if self.liveness is not None:
             self.liveness.progress()
+            if self.liveness.revivals != self._revivals:
+                self._revivals = self.liveness.revivals
+                raise TakenOver(f"this worker ({self.owner}) was declared dead while searching {self.study.study_name} "
+                                "(no progress within its promise and the grace); another worker takes it over")
 
     def _known(self, pid: str, study: optuna.Study) -> tuple[optuna.trial.FrozenTrial | None, int, bool]:
         """(the point's finished trial, its failures, whether this worker holds its claim). With several
         workers a point is probed only while holding its claim; otherwise this waits for the holder's
         trial (or for its claim to go stale, then takes it over)."""
         previous, failures = self._previous(pid, study)
+        first = True
         while self.claims is not None and previous is None and failures < MAX_FAILURES:
-            if self.claims.claim(study.study_name, "point:" + pid):
+            # a point is rarely held by another (a key's points are its holder's): the first ask writes at once
+            if self.claims.claim(study.study_name, "point:" + pid, look_first=not first):
                 if self.claims.took_over and self.liveness is not None:
                     # the dead holder's trial fails before the look below: a late result of it is refused
                     self.liveness.fail_stale_trials(self.storage, study)
@@ -253,6 +266,7 @@ class Evaluator:
                     return None, failures, True
                 self.claims.release(study.study_name, "point:" + pid)
                 break
+            first = False
             time.sleep(self.poll_seconds)
             self._step()
             previous, failures = self._previous(pid, study)
@@ -290,7 +304,9 @@ class Evaluator:
         template = running_template({**owner, **tags}, {})
         template.params = dict(point)
         template.distributions = {name: self.distributions[name] for name in point}
-        created = self.storage.create_new_trial(self.storage.get_study_id_from_name(study.study_name), template)
+        if study.study_name not in self._study_ids:
+            self._study_ids[study.study_name] = self.storage.get_study_id_from_name(study.study_name)
+        created = self.storage.create_new_trial(self._study_ids[study.study_name], template)
         return optuna.trial.Trial(study, created)
 
     def _abandon(self, study: optuna.Study, trial: Any, exc: BaseException) -> None:
