@@ -353,6 +353,8 @@ def outcome(url: str, watched: dict[str, Any], reference: dict[str, Any], worker
     wrongly = [t for t in dead if int(t.user_attrs.get("pid", -1)) not in killed_pids]
     takeovers = [_takeover(kill, by_id, trials) for kill in watched["kills"]]
     ideal = sum(complete.values()) * sleep / workers
+    per_key = Counter(name.removesuffix("-infer") for (name, _point), _count in complete.items())
+    bound = max(per_key.values(), default=0) * sleep  # a key's probes run one after another, whoever runs them
     return {
         "workers": workers, "keys": keys, "probe_seconds": sleep,
         "keys_answered": len(answers), "answers_equal_single_worker": sum(a == reference["answer"] for a in answers.values()),
@@ -365,7 +367,7 @@ def outcome(url: str, watched: dict[str, Any], reference: dict[str, Any], worker
         "stale_after_kill_seconds": sorted(t["seconds"] for t in takeovers if t["seconds"] is not None),
         "worker_trials": len(worker_trials), "declared_dead": len(dead), "declared_dead_not_killed": len(wrongly),
         "claim_tickets": len(tickets),
-        "wall_seconds": watched["wall_seconds"], "ideal_seconds": round(ideal, 2),
+        "wall_seconds": watched["wall_seconds"], "ideal_seconds": round(ideal, 2), "key_bound_seconds": bound,
         "wall_over_ideal": round(watched["wall_seconds"] / ideal, 2) if ideal else None,
         "peak_connections": watched["peak_connections"], "memory_at_peak": watched["memory"],
         "timed_out": watched["timed_out"], "kills": watched["kills"], "takeovers": takeovers,
@@ -469,19 +471,21 @@ def _gib(n: int) -> str:
     return f"{n / 2**30:.1f}"
 
 
-def markdown_table(report: dict[str, Any]) -> str:
-    """The runs, one row each (what BENCHMARKS.md shows)."""
-    lines = ["| run | storage | workers | keys | probes (s each) | wall s | ideal s | wall/ideal | points probed twice "
+def markdown_table(*reports: dict[str, Any]) -> str:
+    """The runs of ``reports``, one row each (what BENCHMARKS.md shows)."""
+    lines = ["| run | storage | workers | keys | probes (s each) | wall s | ideal s | one key's probes s | wall/ideal "
+             "| points probed twice "
              "| finished trials lost | killed: probes taken over | stale after kill s | declared dead, not killed "
              "| answers = one worker's | peak PG connections | workers' RSS / PSS GiB |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in report["runs"]:
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for report, r in [(one, r) for one in reports for r in one["runs"]]:
         stale = r["stale_after_kill_seconds"]
         stale_text = f"{min(stale):.0f}-{max(stale):.0f}" if stale else "-"
         mem = r["memory_at_peak"]
         lines.append(
             f"| {r['name']} | {r['storage']} | {r['workers']} | {r['keys']} | {r['probes_complete']} "
-            f"({r['probe_seconds']:g}) | {r['wall_seconds']:.0f} | {r['ideal_seconds']:.0f} | {r['wall_over_ideal']} | "
+            f"({r['probe_seconds']:g}) | {r['wall_seconds']:.0f} | {r['ideal_seconds']:.0f} | {r['key_bound_seconds']:.0f} "
+            f"| {r['wall_over_ideal']} | "
             f"**{r['points_probed_twice']}** | **{r['finished_trials_lost']}** | {r['workers_killed']}: "
             f"{r['killed_trials_taken_over']}/{r['killed_trials']} | {stale_text} | {r['declared_dead_not_killed']} | "
             f"{r['answers_equal_single_worker']}/{r['keys_answered']} of {r['keys']} | {r['peak_connections']} "
@@ -500,7 +504,7 @@ def main() -> int:
     parser.add_argument("--kills", default="20,40", help="seconds after the start at which a probing worker is killed")
     parser.add_argument("--runs", default="proxy,direct,churn")
     parser.add_argument("--churn-workers", type=int, default=32)
-    parser.add_argument("--churn-every", type=float, default=3.0)
+    parser.add_argument("--churn-every", type=float, default=3.0, help="seconds between kills in the churn run")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds before a run is given up")
     parser.add_argument("--out", default=str(HERE / "results" / "many_workers.json"))
     parser.add_argument("--prepare", help=argparse.SUPPRESS)
@@ -512,7 +516,8 @@ def main() -> int:
     done = subprocess.run([sys.executable, __file__, "--prepare", str(root), "--keys", str(args.keys),
                            "--sleep", str(args.sleep)], capture_output=True, text=True, check=True)
     prepared = json.loads(done.stdout.strip().splitlines()[-1])
-    print(f"one worker alone: {prepared}", file=sys.stderr)
+    print(f"one worker alone: {prepared['answer']}, {prepared['probes']} probes, {prepared['single_seconds']} s",
+          file=sys.stderr)
     sys.path.insert(0, str(HERE.parent / "tests"))
     import pg_fixtures
 

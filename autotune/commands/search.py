@@ -98,7 +98,8 @@ def _verify_args(p: argparse.ArgumentParser) -> None:
 
 
 def _dashboard_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--storage", default=None, type=types.storage, help="SQLAlchemy URL (default sqlite under studies/)")
+    p.add_argument("--storage", default=None, type=types.storage,
+                   help="SQLAlchemy URL, grpc://HOST:PORT or journal:///PATH (default sqlite under studies/)")
     p.add_argument("--host", default="127.0.0.1", type=types.host, help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=types.port, default=8080, help="port, 1 to 65535 (default 8080)")
 
