@@ -1,7 +1,5 @@
 """``python -m autotune`` runs the command line."""
 
-import sys
+from autotune.cli import entry
 
-from autotune.cli import main
-
-sys.exit(main())
+entry()

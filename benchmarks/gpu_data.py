@@ -1,8 +1,6 @@
-"""The GPU check's data: the synthetic CT set (made on the fly), the hippocampus set (carried), bundles.
-
-The CT set is written as uncompressed NIfTI: the check spends its lease on the GPU, not on
-gzip. A CT-sized case (512 x 512 x 120 voxels at 0.8 x 0.8 x 2.5 mm) is what the sliding
-window sees in a real abdominal scan; its training crops are the template's full ROI.
+"""The GPU check's data: the hippocampus set (carried) and its subsets; the synthetic CT set and the
+bundles come from the package (``autotune.calibrate.data``, what ``autotune calibrate`` makes), named
+here too for the check's sections.
 """
 
 from __future__ import annotations
@@ -11,48 +9,10 @@ import json
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
-__all__ = ["make_ct_dataset", "dataset_problem", "hippocampus_subset", "generate", "copy_bundle"]
+from autotune.calibrate.data import copy_bundle, generate, make_ct_dataset
 
-
-def make_ct_dataset(out: Path, cases: int, shape: Sequence[int], spacing: Sequence[float], seed: int = 0) -> Path:
-    """A CT-like Decathlon folder: int16 HU volumes (air, a body ellipse, two organs), uint8 labels 0-2.
-
-    Deterministic for a given ``seed`` (the CPU re-estimate makes the same set again)."""
-    import nibabel as nib
-    import numpy as np
-
-    shape = tuple(int(s) for s in shape)
-    (out / "imagesTr").mkdir(parents=True, exist_ok=True)
-    (out / "labelsTr").mkdir(parents=True, exist_ok=True)
-    affine = np.diag([*(float(s) for s in spacing), 1.0])
-    training = []
-    x, y, z = (g.astype(np.float32) for g in np.ogrid[tuple(slice(0, s) for s in shape)])
-    cx, cy = shape[0] / 2, shape[1] / 2
-    body = ((x - cx) / (0.42 * shape[0])) ** 2 + ((y - cy) / (0.32 * shape[1])) ** 2 <= 1.0
-    for index in range(cases):
-        rng = np.random.default_rng([seed, index])
-        image = np.full(shape, -1000, dtype=np.int16)
-        image[np.broadcast_to(body, shape)] = 40
-        label = np.zeros(shape, dtype=np.uint8)
-        for value, hu in ((1, 120), (2, 250)):
-            centre = [c * (0.5 + rng.uniform(-0.15, 0.15)) * 2 for c in (cx, cy, shape[2] / 2)]
-            radius = [0.1 * shape[0], 0.1 * shape[1], 0.25 * shape[2]]
-            organ = sum(((g - c) / r) ** 2 for g, c, r in zip((x, y, z), centre, radius, strict=True)) <= 1.0
-            label[organ] = value
-            image[organ] = hu
-        image = (image + rng.normal(0, 15, shape).astype(np.float32)).astype(np.int16)
-        name = f"ct_{index:03d}.nii"
-        nib.save(nib.Nifti1Image(image, affine), str(out / "imagesTr" / name))
-        nib.save(nib.Nifti1Image(label, affine), str(out / "labelsTr" / name))
-        training.append({"image": f"./imagesTr/{name}", "label": f"./labelsTr/{name}"})
-    (out / "dataset.json").write_text(json.dumps({
-        "name": "synthetic-ct", "tensorImageSize": "3D", "modality": {"0": "CT"},
-        "labels": {"0": "background", "1": "organ1", "2": "organ2"},
-        "numTraining": cases, "numTest": 0, "training": training, "test": [],
-    }), encoding="utf-8")
-    return out
+__all__ = ["make_ct_dataset", "make_heart_dataset", "dataset_problem", "hippocampus_subset", "generate", "copy_bundle"]
 
 
 def dataset_problem(folder: Path) -> str | None:
@@ -90,25 +50,34 @@ def hippocampus_subset(source: Path, out: Path, cases: int) -> Path:
     return out
 
 
-def generate(work: Path, source: Path, algos: Sequence[str], tiny: bool) -> dict[str, Path]:
-    """Analyse ``source`` into ``work`` and generate one fold of bundles; returns algo -> bundle folder.
+def make_heart_dataset(out: Path, cases: int, in_plane: int, depths: Sequence[int], spacing: Sequence[float],
+                       seed: int = 0) -> Path:
+    """A Decathlon folder shaped as MSD Task02 (Heart, MRI): ``in_plane`` x ``in_plane`` x depth voxels (the
+    depths cycled), one channel of float32 intensities, a binary label (an ellipsoid atrium). Made on the device
+    (the GPU machine reaches no dataset); deterministic for a ``seed``."""
+    import nibabel as nib
+    import numpy as np
 
-    ``tiny`` applies the tiny preset (dry runs); otherwise the full-size templates."""
-    from autotune.bundles.templates import load_overrides
-    from autotune.data import analyze
-    from autotune.facade.bundlegen import BundleGen
-
-    res = analyze(str(source), str(work), num_fold=1, progress=False)
-    gen = BundleGen(str(work), algos=list(algos), data_stats_filename=res.datastats, data_src_cfg_name=res.data_src)
-    kwargs: dict[str, Any] = {"overrides": load_overrides("tiny")} if tiny else {}
-    gen.generate(str(work), num_fold=1, **kwargs)
-    return {algo: work / f"{algo}_0" for algo in algos}
-
-
-def copy_bundle(bundle: Path, name: str) -> Path:
-    """A copy of ``bundle`` beside it named ``name`` (its own tuning and model folder), replacing an old one."""
-    target = bundle.parent / name
-    shutil.rmtree(target, ignore_errors=True)
-    shutil.copytree(bundle, target, ignore=shutil.ignore_patterns("model_fold*"))  # bundle_root follows the folder
-    return target
-
+    (out / "imagesTr").mkdir(parents=True, exist_ok=True)
+    (out / "labelsTr").mkdir(parents=True, exist_ok=True)
+    affine = np.diag([*(float(s) for s in spacing), 1.0])
+    training = []
+    for index in range(cases):
+        rng = np.random.default_rng([seed, index])
+        shape = (int(in_plane), int(in_plane), int(depths[index % len(depths)]))
+        x, y, z = (g.astype(np.float32) for g in np.ogrid[tuple(slice(0, s) for s in shape)])
+        centre = [s * (0.5 + rng.uniform(-0.1, 0.1)) for s in shape]
+        atrium = (((x - centre[0]) / (0.12 * shape[0])) ** 2 + ((y - centre[1]) / (0.1 * shape[1])) ** 2
+                  + ((z - centre[2]) / (0.2 * shape[2])) ** 2) <= 1.0
+        image = rng.normal(200.0, 30.0, shape).astype(np.float32)
+        image[atrium] += 400.0
+        name = f"la_{index:03d}.nii"
+        nib.save(nib.Nifti1Image(image, affine), str(out / "imagesTr" / name))
+        nib.save(nib.Nifti1Image(atrium.astype(np.uint8), affine), str(out / "labelsTr" / name))
+        training.append({"image": f"./imagesTr/{name}", "label": f"./labelsTr/{name}"})
+    (out / "dataset.json").write_text(json.dumps({
+        "name": "synthetic-heart", "tensorImageSize": "3D", "modality": {"0": "MRI"},
+        "labels": {"0": "background", "1": "left atrium"}, "numTraining": cases, "numTest": 0,
+        "training": training, "test": [],
+    }), encoding="utf-8")
+    return out

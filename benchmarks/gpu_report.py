@@ -22,18 +22,21 @@ _RUN = ["samples_per_s_median", "epochs[].samples_per_s", "train_peak_bytes", "r
 REQUIRED: dict[str, list[str]] = {
     "memory": [
         *_GPU,
-        "sections.ct_data.shape", "sections.ct_data.bundles.*.roi_size", "sections.ct_data.bundles.*.num_windows",
-        *(f"sections.points.points[].{f}" for f in ("algo", "n", "m", "probe.status", *_PHASES, "estimate_emulated")),
-        *(f"sections.calibrate.{f}" for f in ("fit.context_bytes", "fit.cudnn_workspace_bytes",
-                                              "fit.allocator_slack_fraction", "fit.max_over_prediction",
-                                              "by_template", "file")),
-        *(f"sections.edge.{f}" for f in ("limit", "limit_rule", "budget_bytes", "max_num_patches_per_iter",
-                                         "num_sw_batch_size", "summary.train.n", "summary.train.at",
-                                         "summary.train.above", "summary.train.exact", "summary.infer.m",
-                                         "summary.infer.above", "summary.infer.exact")),
+        *(f"sections.calibrate.{f}" for f in ("ct.shape", "file", "workspace", "fit.summary.leave_one_out",
+                                              "before.summary", "before.rows[].error")),
+        *(f"sections.calibrate.points[].{f}" for f in ("algo", "n", "m", "probe.status", "probe.allocator_stats",
+                                                       *_PHASES)),
+        *(f"sections.plan.{f}" for f in ("limit", "limit_rule", "budget_bytes", "max_num_patches_per_iter",
+                                         "num_patches_per_iter", "num_sw_batch_size", "peak_bytes", "method")),
         *(f"sections.contract.{f}" for f in ("num_patches_per_iter", "train_peak_bytes", "val_peak_bytes",
-                                             "budget_bytes", "tuned_peak_bytes", "peak_over_budget",
-                                             "within_budget", "full_step_seen")),
+                                             "budget_bytes", "tuned_peak_bytes", "predicted_train_bytes",
+                                             "peak_over_budget", "within_budget", "full_step_seen")),
+        *(f"sections.monai_dints.{f}" for f in ("roi_size", "precision", "points[].train_peak_bytes",
+                                                "points[].infer_peak_bytes", "points[].estimate_train_bytes",
+                                                "points[].model_train_reserved_bytes", "predicted_largest_n",
+                                                "at_predicted.status", "largest_n_that_trains")),
+        *(f"sections.expandable.points[].{f}" for f in ("train_reserved", "infer_reserved", "child_alloc_conf",
+                                                        "model_default", "model_expandable")),
     ],
     "training": [
         *_GPU,
@@ -92,22 +95,38 @@ def table(results: Mapping[str, Any]) -> str:
 
 def _memory_lines(sections: Mapping[str, Any]) -> list[str]:
     lines = []
-    for r in (sections.get("calibrate") or {}).get("rows") or []:
-        lines.append(f"{r['algo']:<9} N={r['n']:<3} M={r['m']:<3} {r['phase']:<5} est {format_bytes(r['estimate_bytes']):>10} "
-                     f"alloc {format_bytes(r['allocated_bytes']):>10} reserved {format_bytes(r['reserved_bytes']):>10} "
-                     f"pred/res {100 * r.get('predicted_vs_reserved', 0):+6.1f}%")
-    fit = (sections.get("calibrate") or {}).get("fit")
-    if fit:
-        lines.append(f"fit: workspace {format_bytes(fit['cudnn_workspace_bytes'])}, slack {fit['allocator_slack_fraction']}, "
-                     f"context {format_bytes(fit['context_bytes'])}, worst over-prediction {fit['max_over_prediction']:.2%}")
-    edge = sections.get("edge") or {}
-    if edge.get("summary"):
-        lines.append(f"edge ({edge.get('algo')}, limit {edge.get('limit')}, budget {format_bytes(edge.get('budget_bytes'))}): "
-                     f"{edge['summary']['line']}")
+    cal = sections.get("calibrate") or {}
+    for r in (cal.get("before") or {}).get("rows") or []:
+        lines.append(f"{r['algo']:<9} N={r['n']:<3} M={r['m']:<3} {r['phase']:<5} reserved "
+                     f"{format_bytes(r['reserved_bytes']):>10} shipped model {format_bytes(r['predicted_bytes']):>10} "
+                     f"{100 * r['error']:+6.1f}%")
+    loo = ((cal.get("fit") or {}).get("summary") or {}).get("leave_one_out") or {}
+    if cal.get("workspace"):
+        lines.append(f"new fit: {cal['workspace']}; leave one out {loo.get('within')} of {loo.get('points')} within "
+                     f"10%, worst over {100 * (loo.get('max_over') or 0):+.1f}%, under {100 * (loo.get('max_under') or 0):+.1f}%")
+    plan = sections.get("plan") or {}
+    if plan.get("num_patches_per_iter") is not None:
+        lines.append(f"plan ({plan.get('algo')}, estimated, limit {plan.get('limit')}, budget "
+                     f"{format_bytes(plan.get('budget_bytes'))}): N={plan.get('num_patches_per_iter')} "
+                     f"M={plan.get('num_sw_batch_size')}, predicted peak {format_bytes(plan.get('peak_bytes'))}")
     contract = sections.get("contract") or {}
     if contract:
-        lines.append(f"contract: N={contract.get('num_patches_per_iter')} peak {format_bytes(contract.get('peak_bytes'))} / "
-                     f"budget {format_bytes(contract.get('budget_bytes'))} -> within {contract.get('within_budget')}")
+        lines.append(f"contract: N={contract.get('num_patches_per_iter')} peak {format_bytes(contract.get('peak_bytes'))} "
+                     f"(predicted {format_bytes(contract.get('tuned_peak_bytes'))}) / budget "
+                     f"{format_bytes(contract.get('budget_bytes'))} -> within {contract.get('within_budget')}")
+    monai = sections.get("monai_dints") or {}
+    for p in monai.get("points") or []:
+        lines.append(f"monai dints N={p['n']}: {p['status']} train {format_bytes(p.get('train_peak_bytes'))} "
+                     f"(model {format_bytes(p.get('model_train_reserved_bytes'))}) infer "
+                     f"{format_bytes(p.get('infer_peak_bytes'))} (model {format_bytes(p.get('model_infer_reserved_bytes'))})")
+    if monai.get("predicted_largest_n"):
+        lines.append(f"monai dints under {monai.get('limit')}: model's largest N {monai['predicted_largest_n']}: "
+                     f"{(monai.get('at_predicted') or {}).get('status')} (MONAI's figure on an A100 80GB: 8)")
+    for p in (sections.get("expandable") or {}).get("points") or []:
+        first = p.get("first_run") or [None, None]
+        lines.append(f"expandable {p['algo']} N={p['n']} M={p['m']}: train {format_bytes(p.get('train_reserved'))} "
+                     f"(first run {format_bytes(first[0])}), infer {format_bytes(p.get('infer_reserved'))} "
+                     f"(first run {format_bytes(first[1])})")
     return lines
 
 

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # On the lent GPU machine (the device tool's `run`; docs/gpu-check.md gives the exact commands):
-#   bash benchmarks/gpu_run.sh memory   [DEADLINE_S]   # call A: carry [".whl"]
+#   bash benchmarks/gpu_run.sh memory   [DEADLINE_S]   # call A: carry [".whl", ".gpu_data"]
 #   bash benchmarks/gpu_run.sh training [DEADLINE_S]   # call B: carry [".whl", ".gpu_data"]
 #   bash benchmarks/gpu_run.sh cuda-tests              # tests/test_cuda.py (marker cuda): carry [".whl"]
 # Checks the carried files before anything else, installs the wheels beside the image's CUDA
 # torch, runs the call into $OUT and exits with its code (1: a section failed, 2: bad input,
-# 3: the deadline cut a section). DEADLINE_S (default 300) ends the call
-# inside 6 minutes with the wheel install.
+# 3: the deadline cut a section). DEADLINE_S (default 330 for memory, 300 for training) ends the
+# call inside 6 minutes with the wheel install.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/gpu_check_out}"
@@ -20,6 +20,10 @@ dups=$(for f in .whl/*.whl; do basename "$f" | cut -d- -f1 | tr 'A-Z_.' 'a-z--';
 if [ "$call" = training ]; then
   [ -f .gpu_data/Task04_Hippocampus/dataset.json ] \
     || fail ".gpu_data/Task04_Hippocampus/dataset.json is missing: run benchmarks/gpu_prepare.sh and name .gpu_data in carry"
+fi
+if [ "$call" = memory ]; then
+  [ -f .gpu_data/monai/algorithm_templates/dints/scripts/algo.py ] \
+    || fail ".gpu_data/monai/algorithm_templates is missing (MONAI's DiNTS section): run benchmarks/gpu_prepare.sh and name .gpu_data in carry"
 fi
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   || fail "the wheel install failed"

@@ -80,7 +80,7 @@ def test_main_exits_1_when_a_section_fails(tmp_path: Path, monkeypatch: pytest.M
     assert results["sections"]["env"]["status"] == OK
     assert results["sections"]["ct_data"]["status"] == FAILED
     assert results["sections"]["ct_data"]["subprocesses"][0]["rc"] == 5
-    assert "sections.points.points[].algo" in results["missing_fields"]
+    assert "sections.calibrate.points[].algo" in results["missing_fields"]
 
 
 def test_a_missing_dataset_is_an_error_before_anything_runs(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -97,29 +97,11 @@ def test_a_missing_dataset_is_an_error_before_anything_runs(tmp_path: Path, caps
 
 
 def test_point_pairs_split_the_windows() -> None:
-    assert gpu_memory.point_pairs((4, 1, 2), 16, (4, 2, 1)) == [(1, 4), (2, 8), (4, 16)]
-    assert gpu_memory.point_pairs((1,), 98, (4, 2, 1)) == [(1, 98)]
-    assert gpu_memory.point_pairs((1, 2, 3, 4), 10, (2, 1)) == [(1, 5), (2, 5), (3, 5), (4, 10)]
+    from autotune.calibrate.points import point_pairs
 
-
-def _trial(phase: str, n: int, m: int | None, verdict: str, status: str = "ok") -> dict[str, Any]:
-    return {"phase": phase, "n": n, "m": m, "kind": "probe", "status": status, "verdict": verdict}
-
-
-def test_edge_summary_names_n_and_the_one_above() -> None:
-    entry = {"max_num_patches_per_iter": 2, "num_sw_batch_size": 6}
-    trials = [_trial("train", 2, None, "fits"), _trial("train", 3, None, "does not fit", "oom"),
-              _trial("infer", 2, 6, "fits"), _trial("infer", 2, 7, "does not fit")]
-    summary = gpu_memory.edge_summary(entry, trials, (1, 64), 16)
-    assert summary["train"]["exact"] is True and summary["train"]["above"]["status"] == "oom"
-    assert summary["infer"]["exact"] is True
-    trials[1] = _trial("train", 3, None, "fits")  # the search stopped one short: the edge is wrong
-    assert gpu_memory.edge_summary(entry, trials, (1, 64), 16)["train"]["exact"] is False
-    unprobed = gpu_memory.edge_summary(entry, trials[:1], (1, 64), 16)["train"]
-    assert unprobed["exact"] is None and unprobed["why"] == "N or the one above was not probed"
-    top = gpu_memory.edge_summary(entry, trials, (1, 2), 6)
-    assert top["train"]["exact"] is None and "top of the searched range" in top["train"]["why"]
-    assert "top of the searched range" in top["infer"]["why"]
+    assert point_pairs((4, 1, 2), 16, (4, 2, 1)) == [(1, 4), (2, 8), (4, 16)]
+    assert point_pairs((1,), 98, (4, 2, 1)) == [(1, 98)]
+    assert point_pairs((1, 2, 3, 4), 10, (2, 1)) == [(1, 5), (2, 5), (3, 5), (4, 10)]
 
 
 def test_contract_verdict() -> None:
@@ -142,17 +124,18 @@ def _point(algo: str, n: int, est: int, allocated: int | None, reserved: int | N
 
 
 def test_calibration_rows_use_reserved_on_cuda_and_the_tracked_peak_on_the_cpu() -> None:
+    from autotune.calibrate.points import calibration_rows
     from autotune.probe.calibration import fit_allowance
 
     cuda = [_point("unet", 1, 1000, 1010, 1200, None), _point("unet", 2, 2000, 2010, 2300, None),
             _point("dints", 1, 5000, 0, 0, None, status="oom")]
-    rows = gpu_memory.calibration_rows(cuda)
+    rows = calibration_rows(cuda)
     assert [(r["n"], r["phase"], r["reserved_bytes"], r["context_bytes"]) for r in rows] == [
         (1, "train", 1200, 500), (1, "infer", 1200, 500), (2, "train", 2300, 500), (2, "infer", 2300, 500)]
     fit = fit_allowance(rows)
     assert all(r["estimate_bytes"] * (1 + fit["allocator_slack_fraction"]) + fit["cudnn_workspace_bytes"]
                >= r["reserved_bytes"] for r in rows)
-    cpu = gpu_memory.calibration_rows([_point("unet", 1, 1000, None, None, 1000)])
+    cpu = calibration_rows([_point("unet", 1, 1000, None, None, 1000)])
     assert cpu[0]["reserved_bytes"] == cpu[0]["allocated_bytes"] == 1000 and cpu[0]["context_bytes"] is None
 
 
@@ -288,17 +271,20 @@ def test_both_dry_runs_hold_every_field(tmp_path: Path) -> None:
     results = _dry_runs(tmp_path, ("memory", "training"))
 
     sections = results["memory"]["sections"]
-    points = sections["points"]["points"]
-    assert {p["algo"] for p in points} == {"segresnet", "dints", "unet"}
+    points = sections["calibrate"]["points"]
+    assert {p["algo"] for p in points} == {"segresnet"}
     for p in points:  # on the CPU probe and estimate share one tracker: this checks the fake pass
         assert p["train"]["estimate_bytes"] == p["train"]["tracked_peak_bytes"]
         assert p["infer"]["estimate_bytes"] == p["infer"]["tracked_peak_bytes"]
         assert p["train"]["max_memory_allocated"] is None  # a GPU's figure: null on the CPU
-    assert Path(sections["calibrate"]["file"]).is_file()
-    edge = sections["edge"]["summary"]
-    assert edge["train"]["exact"] is True and edge["train"]["above"]["verdict"] == "does not fit"
+    assert Path(sections["calibrate"]["file"]).is_file() and sections["calibrate"]["before"]["rows"]
+    assert sections["plan"]["method"] == "estimated" and sections["plan"]["num_patches_per_iter"] >= 1
     contract = sections["contract"]
     assert contract["within_budget"] is True and contract["full_step_seen"] is True
+    monai = sections["monai_dints"]
+    assert monai["points"][0]["train_peak_bytes"] == monai["points"][0]["estimate_train_bytes"]  # the CPU: one tracker
+    assert monai["largest_n_that_trains"] == monai["predicted_largest_n"] == 1
+    assert sections["expandable"]["points"][0]["child_alloc_conf"] == "expandable_segments:True"
 
     sections = results["training"]["sections"]
     assert sections["fast_regular"]["runs"]["unet_fast"]["rc"] == 0

@@ -246,7 +246,8 @@ BUNDLE_MODEL_CLIMBS_LEFT = {"autotune.bundles.config": ("autotune.families",),
                             # the old inference entry of bundles generated before the facade moved up
                             "autotune.bundles.algo": ("autotune.facade",)}
 # MONAI's shapes over the bundles (BundleGen, Algo): only the stages above them and the public names import them
-FACADE_IMPORTERS = ("autotune", "autotune.facade", "autotune.pipeline", "autotune.stages", "autotune.bundles.algo")
+FACADE_IMPORTERS = ("autotune", "autotune.facade", "autotune.pipeline", "autotune.stages", "autotune.bundles.algo",
+                    "autotune.calibrate.data")  # the calibration generates its bundles as a user would
 
 
 def test_the_bundle_model_imports_nothing_above_it() -> None:

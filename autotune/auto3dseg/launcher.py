@@ -224,7 +224,11 @@ def launch(script: str | os.PathLike[str], args: Sequence[str], memory_limit: in
     target = _record_path(path, peak_json)
     # MONAI's templates log to an mlflow file store (<ckpt_path>/mlruns), which mlflow 3 refuses unless allowed
     os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
-    record: dict[str, Any] = {"script": str(path), "args": list(args), "device": device, "memory_limit": memory_limit}
+    from autotune.cuda_alloc import alloc_conf
+
+    # the allocator setting the script runs under: its tune's, or the line autotune train would print says so
+    record: dict[str, Any] = {"script": str(path), "args": list(args), "device": device, "memory_limit": memory_limit,
+                              "alloc_conf": alloc_conf()}
     start = time.perf_counter()
     tracker = _prepare(device, memory_limit, record, shared)
     if target is not None:

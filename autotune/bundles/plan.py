@@ -69,6 +69,7 @@ class TuningPlan:
     margin: float | None = None
     budget_bytes: int | None = None
     precision: str | None = None
+    alloc_conf: str | None = None
     peak_bytes: int | None = None
     train_peak_bytes: int | None = None
     infer_peak_bytes: int | None = None
@@ -199,7 +200,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
                                "infer_peak_bytes", "probes", "reused_points", "train_trial", "infer_trial", "version")},
     **{name: _FLOAT for name in ("margin", "samples_per_s", "sw_seconds_per_volume", "wall_seconds")},
     **{name: _STR for name in ("device", "method", "algo", "objective", "strategy", "status", "device_name",
-                               "precision", "study_name", "infer_study_name", "storage", "date")},
+                               "precision", "alloc_conf", "study_name", "infer_study_name", "storage", "date")},
     **{name: _BOOL for name in ("sw_input_on_cpu", "allowances_validated_on_gpu")},
     **{name: _LIST for name in ("trials", "infer_trials")},
     **{name: _MAP for name in ("estimator_passes", "edge_check", "handoff", "batch", "key", "recipe", "allowances",

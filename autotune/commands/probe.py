@@ -90,9 +90,10 @@ def register(sub: argparse._SubParsersAction) -> None:
             "Run the training step and sliding-window pass of BUNDLE on fake tensors (shapes only, no data, "
             "no memory) and count tensor memory as the CPU probe does. Prints the estimated peaks, the "
             "affine fit peak = intercept + slope * N for both phases (two passes each), and with "
-            "--memory-limit the largest N and M that fit. Figures are raw tensor bytes; for CUDA the "
-            "allowance column adds the context, workspace and allocator slack (from the GPU's calibration file when "
-            "one exists, else defaults not validated on a GPU)."
+            "--memory-limit the largest N and M that fit. Figures are raw tensor bytes; for CUDA it also prints "
+            "what the GPU would reserve by the device model (the caching allocator and cuDNN's searches counted on "
+            "the trace, cuDNN's workspace from the GPU's calibration file when one exists, else the shipped H200 "
+            "calibration's), and the largest N and M with it."
         ),
         epilog="exit codes: 0 estimated, 2 bad input or the estimate failed",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -191,6 +192,12 @@ def estimate_command(args: argparse.Namespace) -> int:
     semantics = result.get("semantics")
     print(f"  estimated in {result['seconds']:.2f} s, raw tensor bytes"
           + (" (no GPU here: CPU tensors with CUDA's fp16 autocast rules)" if semantics == "cpu-emulating-cuda" else ""))
+    if cuda and result.get("device_peak_bytes") is not None:
+        how = ("the allocator simulated, cuDNN's workspace" if result.get("device_model") == "simulated"
+               else "the affine allowance")
+        phases = ", ".join(f"{p} {format_bytes(result[f'{p}_device_reserved_bytes'])}" for p in ("train", "infer")
+                           if result.get(f"{p}_device_reserved_bytes") is not None)
+        print(f"  on the GPU, reserved ({how} from {report['allowance']['source']}): {phases}")
     for phase, entry in report["fits"].items():
         size = sized_by(phase)  # the tunable the phase's memory grows with (autotune.tunables)
         knob = f"{size.metavar} ({size.name})"

@@ -12,8 +12,11 @@
 - Count: ``MemoryTracker`` and ``tensors_of`` (``tracker``) count tensor storage bytes the same
   way for the CPU probe, the estimator and CPU training; ``is_oom_error`` and the CUDA
   allocator's peaks and limit are in ``memory``.
-- Allow: what a CUDA device needs beyond the counted tensor bytes (``allowances``), and the
-  per-GPU calibrations that state it (``calibration``).
+- Allow: what a CUDA device needs beyond the counted tensor bytes: the device model counts the
+  caching allocator and cuDNN's searches on the recorded trace (``device_model``, ``allocator``)
+  with cuDNN's workspace calibrated per GPU, template and phase (``calibration``, ``model_fit``);
+  ``allowances`` picks the GPU's calibration (or the reference one) and keeps version 1's affine
+  allowance.
 
 Nothing here imports torch until a function runs: ``MemoryTracker`` and ``tensors_of`` are loaded
 from ``autotune.probe.tracker`` (which imports torch) on first use.
@@ -32,10 +35,13 @@ from autotune.probe.allowances import (
     allowance_for,
     allowance_from_record,
     apply_allowance,
+    default_allowance,
     is_calibrated,
     tensor_budget,
+    workspace_template,
 )
 from autotune.probe.calibration import find_calibration, stated_bound
+from autotune.probe.device_model import estimate_on_device, predict_reserved
 from autotune.probe.estimate import estimate, fit_memory_model
 from autotune.probe.isolation import prestart
 from autotune.probe.memory import cuda_peaks, cuda_reset_peaks, cuda_set_memory_limit, is_oom_error
@@ -66,14 +72,17 @@ __all__ = [
     "cuda_reset_peaks",
     "cuda_result_keys",
     "cuda_set_memory_limit",
+    "default_allowance",
     "default_validation_device",
     "estimate",
+    "estimate_on_device",
     "estimate_report",
     "find_calibration",
     "fit_memory_model",
     "is_calibrated",
     "is_oom_error",
     "marker_batch",
+    "predict_reserved",
     "prestart",
     "replay_of",
     "resolve_request",
@@ -81,6 +90,7 @@ __all__ = [
     "stated_bound",
     "tensor_budget",
     "tensors_of",
+    "workspace_template",
 ]
 
 

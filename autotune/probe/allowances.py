@@ -12,28 +12,37 @@ GPU also needs:
   blocks, larger for big ones) and cannot always reuse freed blocks, so reserved memory
   exceeds allocated memory.
 
-A GPU with a calibration file (``autotune.probe.calibration``, written by
-``benchmarks/gpu_check.py`` from real probes on that card) uses the fitted figures.
-Any other GPU uses the defaults below, which are round guesses NOT validated on a GPU
-(a CUDA context with cuDNN loaded takes roughly 300-600 MiB; cuDNN's 3D convolution
-workspaces reach a few hundred MiB; reserved exceeds allocated by roughly 5-20%).
-``source`` says which applied, and is recorded in the tuning provenance. On CPU the
-allowance is zero: the estimate is the tracked peak itself.
+Two models of the last two, by the calibration's version (``autotune.probe.calibration``):
+
+- **the device model** (version 2, ``workspace_factors``): the allocator and cuDNN's algorithm search
+  are counted on the estimator's trace (``autotune.probe.device_model``); only cuDNN's workspace is
+  calibrated, per template and phase. A GPU without a calibration of its own gets the device model
+  with the workspace factors the shipped reference calibration measured (``REFERENCE_GPU``: the
+  H200 of the first GPU run), marked as not measured on that GPU.
+- **the affine allowance** (version 1, and a plan made before version 2):
+  ``peak * (1 + slack) + workspace``, one for every template and phase. Its defaults below are
+  round guesses NOT validated on a GPU.
+
+``source`` says which applied, and is recorded in the tuning provenance. On CPU the allowance is
+zero: the estimate is the tracked peak itself.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CudaAllowance", "DEFAULT_CUDA_ALLOWANCE", "NO_ALLOWANCE", "DEFAULT_SOURCE", "allowance_for",
-           "allowance_from_record", "apply_allowance", "allocator_budget", "is_calibrated", "tensor_budget"]
+__all__ = ["CudaAllowance", "DEFAULT_CUDA_ALLOWANCE", "NO_ALLOWANCE", "DEFAULT_SOURCE", "REFERENCE_GPU",
+           "allowance_for", "allowance_from_record", "apply_allowance", "allocator_budget", "default_allowance",
+           "is_calibrated", "tensor_budget", "workspace_template"]
 
 _MIB = 1024**2
 DEFAULT_SOURCE = "default (not validated on a GPU)"
+REFERENCE_GPU = "NVIDIA H200"  # the shipped calibration whose workspace factors a GPU without its own takes
 
 
 @dataclass(frozen=True)
@@ -51,10 +60,21 @@ class CudaAllowance:
     cudnn_workspace_bytes: int = 256 * _MIB
     allocator_slack_fraction: float = 0.10
     source: str = DEFAULT_SOURCE
+    workspace_factors: Mapping[str, Mapping[str, float]] | None = None
+    release_after_search: bool = True
 
     def affine(self) -> tuple[float, int]:
         """``(scale, offset)`` with ``raw * scale + offset`` = :func:`apply_allowance` without the context."""
         return 1.0 + float(self.allocator_slack_fraction), int(self.cudnn_workspace_bytes)
+
+    def factors(self, template: str | None) -> dict[str, float] | None:
+        """The device model's workspace factor per phase for ``template``; for a template the calibration
+        did not measure, the largest it measured per phase; None without a device model (version 1)."""
+        if not self.workspace_factors:
+            return None
+        if template and template in self.workspace_factors:
+            return {phase: float(w) for phase, w in self.workspace_factors[template].items()}
+        return {phase: max(float(f[phase]) for f in self.workspace_factors.values()) for phase in ("train", "infer")}
 
 
 DEFAULT_CUDA_ALLOWANCE = CudaAllowance()
@@ -68,9 +88,44 @@ def is_calibrated(allowance: CudaAllowance) -> bool:
     return str(allowance.source).startswith("calibration")
 
 
+def _from_calibration(found: Mapping[str, Any], source: str) -> CudaAllowance:
+    from autotune.probe.calibration import model_factors
+
+    fitted, model = found["allowance"], found.get("model") or {}
+    context = int(model.get("context_bytes", fitted["context_bytes"])) if isinstance(model, Mapping) else 0
+    return CudaAllowance(
+        context_bytes=context,
+        cudnn_workspace_bytes=int(fitted["cudnn_workspace_bytes"]),
+        allocator_slack_fraction=float(fitted["allocator_slack_fraction"]),
+        source=source,
+        workspace_factors=model_factors(found),
+        release_after_search=bool(model.get("release_after_search", True)) if isinstance(model, Mapping) else True,
+    )
+
+
+def _describe(found: Mapping[str, Any]) -> str:
+    versions = ", ".join(f"{k} {found.get(k)}" for k in ("driver", "torch", "cuda", "cudnn") if found.get(k))
+    return f"{Path(found['path']).name} ({found['gpu_name']}; {versions}; {found.get('measured_at')})"
+
+
+@functools.cache
+def default_allowance() -> CudaAllowance:
+    """The allowance of a GPU without a calibration: the device model with the workspace factors of the
+    shipped reference calibration (``REFERENCE_GPU``), said to be measured on that GPU, not this one; the
+    version-1 defaults where the package ships none."""
+    from autotune.probe.calibration import PACKAGE_DIR, find_calibration
+
+    found = find_calibration(REFERENCE_GPU, dirs=[PACKAGE_DIR])
+    if found is None or not found.get("model"):
+        return DEFAULT_CUDA_ALLOWANCE
+    when = str(found.get("measured_at") or "")[:10]
+    return _from_calibration(found, f"default: {found['gpu_name']}'s workspace factors ({Path(found['path']).name}, "
+                                    f"{when}), not measured on this GPU")
+
+
 def allowance_for(device: str, gpu_name: str | None = None) -> CudaAllowance:
     """The allowance for ``device``: none on the CPU; on CUDA the calibration of the GPU named
-    ``gpu_name`` (default: the visible GPU of ``device``) when one exists, else the defaults."""
+    ``gpu_name`` (default: the visible GPU of ``device``) when one exists, else ``default_allowance()``."""
     if not str(device).startswith("cuda"):
         return NO_ALLOWANCE
     from autotune.device import gpu_name as visible_gpu_name
@@ -79,15 +134,16 @@ def allowance_for(device: str, gpu_name: str | None = None) -> CudaAllowance:
     name = gpu_name or visible_gpu_name(str(device))
     found = find_calibration(name)
     if found is None:
-        return DEFAULT_CUDA_ALLOWANCE
-    fitted = found["allowance"]
-    versions = ", ".join(f"{k} {found.get(k)}" for k in ("driver", "torch", "cuda", "cudnn") if found.get(k))
-    return CudaAllowance(
-        context_bytes=int(fitted["context_bytes"]),
-        cudnn_workspace_bytes=int(fitted["cudnn_workspace_bytes"]),
-        allocator_slack_fraction=float(fitted["allocator_slack_fraction"]),
-        source=f"calibration: {Path(found['path']).name} ({found['gpu_name']}; {versions}; {found.get('measured_at')})",
-    )
+        return default_allowance()
+    return _from_calibration(found, f"calibration: {_describe(found)}")
+
+
+def workspace_template(cfg: Mapping[str, Any]) -> str | None:
+    """The template a calibration's workspace factors are looked up by for a bundle config (its family's
+    ``calibrated_as``: autotune's own templates by name; MONAI's none, so they take the largest factor)."""
+    from autotune.families import family_for
+
+    return family_for(cfg).calibrated_as(cfg)
 
 
 def allowance_from_record(record: Mapping[str, Any] | None, device: str) -> CudaAllowance:
@@ -96,7 +152,8 @@ def allowance_from_record(record: Mapping[str, Any] | None, device: str) -> Cuda
     if not str(device).startswith("cuda"):
         return NO_ALLOWANCE
     if record and record.get("allowances"):
-        return CudaAllowance(**record["allowances"])
+        known = {k: v for k, v in record["allowances"].items() if k in CudaAllowance.__dataclass_fields__}
+        return CudaAllowance(**known)
     return allowance_for(device)
 
 

@@ -1,9 +1,18 @@
 """Per-GPU calibration of the CUDA allowances: fitted from real probes, read in place of the defaults.
 
-A calibration file is JSON written by ``benchmarks/gpu_check.py`` on a real GPU. It holds
-the GPU's name, the driver, torch, CUDA and cuDNN versions it was measured with, the
-fitted ``allowance`` (context, workspace, allocator slack) and the points it was fitted
-from. ``find_calibration(gpu_name)`` looks in, first to last:
+A calibration file is JSON written by ``autotune calibrate`` on a real GPU. It holds the
+GPU's name, the driver, torch, CUDA and cuDNN versions it was measured with, what was fitted
+and the points it was fitted from. Its format is versioned (``calibration_version``):
+
+- **2**: ``model``: the device model's calibrated part (``autotune.probe.device_model``): per
+  template and phase the workspace factor ``w`` (``model.workspace``), the CUDA context, the
+  allocator setting the points were measured under; ``fit`` says how well it predicts its points
+  (per template: in-sample and leave-one-out). It keeps a version-1 ``allowance`` block too, for
+  autotune versions that read only that.
+- **1** (the first GPU run's): ``allowance`` only: one context, one workspace and one allocator
+  slack for every template and phase (``fit_allowance``). Still read: it applies as before.
+
+``find_calibration(gpu_name)`` looks in, first to last:
 
 1. ``$AUTOTUNE_CALIBRATION_DIR`` (a folder of ``*.json``),
 2. ``~/.config/autotune/calibration/``,
@@ -45,7 +54,7 @@ __all__ = [
     "stated_bound",
 ]
 
-CALIBRATION_VERSION = 1
+CALIBRATION_VERSION = 2
 PACKAGE_DIR = Path(__file__).resolve().parent / "calibrations"
 _MIB = 1024**2
 
@@ -90,8 +99,29 @@ def _read(path: Path) -> dict[str, Any] | None:
         return None
     if any(not math.isfinite(v) or v < 0 for v in values):
         return None
+    if "model" in data and model_factors(data) is None:  # a version-2 file whose model is unreadable
+        return None
     data["path"] = str(path)
     return data
+
+
+def model_factors(data: Mapping[str, Any]) -> dict[str, dict[str, float]] | None:
+    """A version-2 calibration's workspace factors (template -> phase -> w), or None when it has none or
+    they are not finite, non-negative numbers for both phases."""
+    model = data.get("model")
+    workspace = model.get("workspace") if isinstance(model, Mapping) else None
+    if not isinstance(workspace, Mapping) or not workspace:
+        return None
+    out: dict[str, dict[str, float]] = {}
+    for template, phases in workspace.items():
+        try:
+            values = {phase: float(phases[phase]) for phase in ("train", "infer")}
+        except (KeyError, TypeError, ValueError):
+            return None
+        if any(not math.isfinite(v) or v < 0 for v in values.values()):
+            return None
+        out[str(template)] = values
+    return out
 
 
 def find_calibration(gpu_name: str | None, dirs: Sequence[Path] | None = None) -> dict[str, Any] | None:
@@ -160,10 +190,11 @@ def fit_allowance(points: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 def calibration_record(gpu: Mapping[str, Any], fit: Mapping[str, Any], points: Sequence[Mapping[str, Any]],
-                       command: str) -> dict[str, Any]:
-    """The calibration file's content: the GPU and versions, the allowance, the points, when and how."""
-    return {
-        "calibration_version": CALIBRATION_VERSION,
+                       command: str, model: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The calibration file's content: the GPU and versions, the allowance (version 1's block), with
+    ``model`` the device model's calibrated part (version 2), the points, when and how."""
+    record = {
+        "calibration_version": CALIBRATION_VERSION if model is not None else 1,
         "gpu_name": gpu.get("name"),
         "total_memory": gpu.get("total_memory"),
         "driver": gpu.get("driver"),
@@ -176,6 +207,9 @@ def calibration_record(gpu: Mapping[str, Any], fit: Mapping[str, Any], points: S
         "fit": {k: fit[k] for k in ("max_over_prediction", "points")},
         "points": [dict(p) for p in points],
     }
+    if model is not None:
+        record["model"] = dict(model)
+    return record
 
 
 def calibration_filename(gpu_name: str) -> str:

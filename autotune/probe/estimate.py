@@ -128,8 +128,10 @@ def _trace_training(req: Mapping[str, Any], parts: tuple[Any, Any, Any, Any], co
     return traced
 
 
-def _trace_validation(req: Mapping[str, Any], parts: tuple[Any, Any, Any, Any], target: _Target, dtype: Any) -> int:
-    """The tracked peak of validating one volume with the training state alive, as training validates."""
+def _trace_validation(req: Mapping[str, Any], parts: tuple[Any, Any, Any, Any], target: _Target, dtype: Any,
+                      record: bool = False) -> dict[str, Any]:
+    """``infer_peak_bytes``: the tracked peak of validating one volume with the training state alive, as
+    training validates; with ``record`` also ``infer_events`` (the training state labelled ``state``)."""
     from autotune.probe.tracker import MemoryTracker, tensors_of
     from autotune.step import make_dice_metric
 
@@ -140,16 +142,21 @@ def _trace_validation(req: Mapping[str, Any], parts: tuple[Any, Any, Any, Any], 
     model.eval()
     volume = workload.make_volume(cfg, target.volume_device)
     label = workload.make_volume_label(cfg, target.volume_device)
-    tracker.track(tensors_of(model, optimizer, volume, label))
+    if record:
+        tracker.record()
+    tracker.track(tensors_of(model, optimizer), "state")
+    tracker.track(tensors_of(volume, label), "volume")
     with tracker:
         metric = None if target.volume_device == "meta" else make_dice_metric(cfg)
         out = workload.validate_volume(model, volume, label, cfg, req["num_sw_batch_size"], target.compute,
                                        dtype, metric)
         del out
     del volume, label
-    peak = int(tracker.peak_bytes)
+    traced: dict[str, Any] = {"infer_peak_bytes": int(tracker.peak_bytes)}
+    if record:
+        traced["infer_events"] = tracker.events
     tracker.stop()
-    return peak
+    return traced
 
 
 def estimate(bundle: str | Path | Mapping[str, Any], *, num_patches_per_iter: int | None = None,
@@ -198,8 +205,8 @@ def estimate(bundle: str | Path | Mapping[str, Any], *, num_patches_per_iter: in
                     result.update(_trace_training(req, (model, loss_fn, optimizer, steps), target.compute, dtype,
                                                   record))
                 else:
-                    result["infer_peak_bytes"] = _trace_validation(req, (model, loss_fn, optimizer, steps), target,
-                                                                   dtype)
+                    result.update(_trace_validation(req, (model, loss_fn, optimizer, steps), target, dtype,
+                                                    record))
     except Exception as exc:  # the fake pass is ours: any failure is reported as a ProbeError
         raise ProbeError(f"estimate of {cfg.get('algo')} failed in phase {phase!r}: {type(exc).__name__}: {exc}") from exc
     peaks = [result[f"{p}_peak_bytes"] for p in ("train", "infer") if result.get(f"{p}_peak_bytes") is not None]

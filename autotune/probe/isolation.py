@@ -32,7 +32,7 @@ __all__ = ["CHECKED_PYTHONS", "ISOLATION_ENV", "PRELOAD", "isolation_mode", "pre
            "start_forked", "start_forked_call"]
 
 ISOLATION_ENV = "AUTOTUNE_PROBE_ISOLATION"
-PRELOAD = ["autotune.probe.preload"]
+PRELOAD = ["autotune.probe.server_output", "autotune.probe.preload"]  # the server lets go of its output first
 # Python versions whose popen_forkserver.Popen._launch (and the preparation data it sends) ``_Popen._launch``
 # was compared with line by line: 3.10.13, 3.11.7, 3.12.1, 3.13.0.
 CHECKED_PYTHONS = ((3, 10), (3, 11), (3, 12), (3, 13))

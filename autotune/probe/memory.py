@@ -23,6 +23,7 @@ __all__ = [
     "cuda_reset_peaks",
     "cuda_peaks",
     "cuda_set_memory_limit",
+    "cuda_allocator_counts",
 ]
 
 GRANULARITY = 512  # bytes; the CUDA caching allocator rounds every block up to this
@@ -102,3 +103,19 @@ def cuda_peaks(device: str) -> dict[str, int]:
         "cuda_max_memory_reserved": int(torch.cuda.max_memory_reserved(device)),
         "cuda_max_memory_allocated": int(torch.cuda.max_memory_allocated(device)),
     }
+
+
+def cuda_allocator_counts(device: str) -> dict[str, int] | None:
+    """The allocator's counts since the process started: ``cudaMalloc`` and ``cudaFree`` calls, retries after
+    a failed ``cudaMalloc`` and out-of-memory errors: a release of cached segments without a retry is an
+    ``empty_cache`` (cuDNN's search calls one), with one it is the allocator freeing its cache to retry.
+    None when the allocator does not report them."""
+    import torch
+
+    try:
+        stats = torch.cuda.memory_stats(device)
+    except (RuntimeError, AssertionError):
+        return None
+    keys = {"num_device_alloc": "device_allocs", "num_device_free": "device_frees", "num_alloc_retries": "alloc_retries",
+            "num_ooms": "ooms"}
+    return {name: int(stats.get(key, 0)) for key, name in keys.items()}

@@ -17,3 +17,4 @@ import autotune.probe.memory  # noqa: F401
 import autotune.probe.tracker  # noqa: F401
 import autotune.probe.trial  # noqa: F401
 import autotune.step  # noqa: F401
+

@@ -13,6 +13,10 @@ gives the tracker's peak at N, the same number a trace at N gives: pinned for ea
 N = 1..64, bf16 and fp32, in ``tests/probe/test_replay.py``. The estimator then costs one trace
 per key instead of one per N, and the curve is exact at every N, not interpolated.
 
+The trace's ``work`` events (convolutions: ``MemoryTracker``) count no storage; their sizes scale the
+same way, so ``events_at(n)`` gives the whole trace at any N for the allocator's simulation
+(``autotune.probe.device_model``).
+
 A trace that does not replay (events out of order, a size that cannot scale) raises
 ``ReplayError``; the search then estimates point by point (``autotune.search.curves.sparse``).
 """
@@ -75,13 +79,16 @@ class TrainingReplay:
         events = _normal(self.events)
         if not events or events[0][0] != "alloc":
             raise ReplayError("no storage was recorded")
-        self._kinds = np.array([{"alloc": 0, "grow": 1, "free": 2}[e[0]] for e in events], dtype=np.int8)
+        self._events = events
+        self._kinds = np.array([{"alloc": 0, "grow": 1, "free": 2, "work": 3}[e[0]] for e in events], dtype=np.int8)
         raw = np.array([e[2] for e in events], dtype=np.int64)
         self._loader = np.array([e[3] == "loader" for e in events], dtype=bool)
         # the event that last sized each event's slot (grow and free give back what it sized)
         prev = np.full(len(events), -1, dtype=np.int64)
         last: dict[int, int] = {}
         for i, (kind, slot, _, _) in enumerate(events):
+            if kind == "work":
+                continue
             if kind != "alloc":
                 if slot not in last:
                     raise ReplayError(f"event {i} ({kind}) of a storage that was never counted")
@@ -112,8 +119,17 @@ class TrainingReplay:
             size = -(-raw // GRANULARITY) * GRANULARITY
             before = np.where(self._prev >= 0, size[np.maximum(self._prev, 0)], 0)
             delta = np.where(self._kinds == 0, size, np.where(self._kinds == 1, size - before, -before))
+            delta = np.where(self._kinds == 3, 0, delta)
             self._cache[n] = float(max(0, int(np.cumsum(delta).max())))
         return self._cache[n]
+
+    def events_at(self, n: int) -> list[tuple[str, int, int, str]]:
+        """The trace's events with every size at ``n`` patches per forward pass (raw bytes, not rounded)."""
+        import numpy as np
+
+        patches = np.where(self._loader, loader_batch_patches(int(n), self.crops), int(n))
+        raw = np.where(self._grows, self._per_patch * patches, self._raw)
+        return [(kind, slot, int(size), op) for (kind, slot, _, op), size in zip(self._events, raw.tolist(), strict=True)]
 
     def as_dict(self, lo: int, hi: int) -> dict[int, int]:
         """The curve at every n in [lo, hi] (what the study keeps for the dashboard and a resumed search)."""

@@ -40,28 +40,54 @@ def estimate_report(
         ConfigError: a bad bundle. SpecError: a bad limit or device.
     """
     from autotune.device import resolve_device
-    from autotune.probe.allowances import allowance_for, apply_allowance, tensor_budget
-    from autotune.probe.estimate import estimate, fit_memory_model
+    from autotune.probe.allowances import allowance_for, apply_allowance, tensor_budget, workspace_template
+    from autotune.probe.device_model import estimate_on_device
+    from autotune.probe.estimate import fit_memory_model
+    from autotune.probe.runner import resolve_request
     from autotune.utils import parse_bytes
 
     device = resolve_device(device)
     validation_device = validation_device or default_validation_device(bundle)
     limit = None if memory_limit is None else parse_bytes(memory_limit, "memory limit")
-    result = estimate(bundle, num_patches_per_iter=num_patches_per_iter, num_sw_batch_size=num_sw_batch_size,
-                      validation_device=validation_device, device=device, **tuned)
-    result["memory_limit"] = limit
     allowance = allowance_for(device)
     cuda = device.startswith("cuda")
+    template = workspace_template(resolve_request(bundle, check_device=False)["config"])
+    result = estimate_on_device(bundle, allowance, device=device, template=template,
+                                num_patches_per_iter=num_patches_per_iter, num_sw_batch_size=num_sw_batch_size,
+                                validation_device=validation_device, **tuned)
+    result["memory_limit"] = limit
     report: dict[str, Any] = {"estimate": result, "fits": {}, "allowance": allowance.__dict__ if cuda else None}
+    simulated = cuda and allowance.factors(template) is not None
     for phase in ("train", "infer"):
         model = fit_memory_model(bundle, phase=phase, device=device, validation_device=validation_device, **tuned)
         entry: dict[str, Any] = {"intercept": model.intercept, "slope": model.slope, "points": model.points,
                                  "n_cap": model.cap}
         if limit is not None:
             entry["max_fitting_raw"] = model.max_fitting(limit)
-            if cuda:  # the largest N whose peak plus allowance (without the context, as the probe's cap) fits
+            if simulated:  # the device model at the line's two points: its own line, read at the limit
+                on_device = _device_line(bundle, model, phase, allowance, device, validation_device, template, tuned)
+                entry["max_fitting_with_allowance"] = on_device.max_fitting(limit)
+                entry["check"] = int(on_device.predict(entry["max_fitting_with_allowance"]))
+            elif cuda:  # the largest N whose peak plus allowance (without the context, as the probe's cap) fits
                 entry["max_fitting_with_allowance"] = model.max_fitting(tensor_budget(limit, allowance))
                 entry["check"] = apply_allowance(model.predict(entry["max_fitting_with_allowance"]), allowance,
                                                  include_context=False)
         report["fits"][phase] = entry
     return report
+
+
+def _device_line(bundle: Any, model: Any, phase: str, allowance: Any, device: str, validation_device: str,
+                 template: str | None, tuned: dict[str, Any]) -> Any:
+    """The device model's reserved peak of ``phase`` at ``model``'s two points, as a line (``MemoryModel``)."""
+    from autotune.probe.device_model import estimate_on_device
+    from autotune.probe.memory_model import MemoryModel
+    from autotune.tunables import sized_by
+
+    key = sized_by(phase).name
+    (n1, _), (n2, _) = model.points
+    peaks = [int(estimate_on_device(bundle, allowance, device=device, template=template, phases=(phase,),
+                                    validation_device=validation_device, **{**tuned, key: n})
+                 [f"{phase}_device_reserved_bytes"]) for n in (n1, n2)]
+    slope = (peaks[1] - peaks[0]) / (n2 - n1)
+    return MemoryModel(intercept=peaks[0] - slope * n1, slope=slope, cap=model.cap, phase=phase,
+                       points=[(n1, peaks[0]), (n2, peaks[1])])

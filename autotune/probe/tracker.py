@@ -4,7 +4,10 @@
 storage (rounded up to 512, the CUDA caching allocator's block size) to a running total,
 subtracts them when the storage is freed, and keeps the peak. The CPU probe runs real
 steps under it and the estimator runs fake steps under it, so both count the same way.
-It relies on two PyTorch internals, each pinned by ``tests/probe/test_tracker.py``: a storage's
+When recording (``record``), each convolution is kept as a ``work`` event too: where it ran, which
+configuration it was (cuDNN searches an algorithm once per configuration) and its largest activation
+operand, which ``autotune.probe.device_model`` sizes cuDNN's workspace by. It relies on two PyTorch
+internals, each pinned by ``tests/probe/test_tracker.py``: a storage's
 Python object is preserved while the storage lives (so a weak reference to it fires when
 the storage is freed), and the autograd engine carries dispatch modes into backward.
 
@@ -26,8 +29,11 @@ from autotune.probe.memory import round_up
 
 __all__ = ["Event", "MemoryTracker", "tensors_of"]
 
-# A recorded count: ("alloc" | "grow", slot, raw bytes, op) or ("free", slot, 0, "").
+# A recorded count: ("alloc" | "grow", slot, raw bytes, op) or ("free", slot, 0, ""); a convolution:
+# ("work", configuration number, bytes of its largest activation operand, op).
 Event = tuple[str, int, int, str]
+_CONV = torch.ops.aten.convolution.default
+_CONV_BACKWARD = torch.ops.aten.convolution_backward.default
 
 
 def tensors_of(*objects: Any) -> list[torch.Tensor]:
@@ -83,6 +89,7 @@ class MemoryTracker(TorchDispatchMode):
         self._slots: dict[int, int] = {}
         self._next_slot = 0
         self._op = "existing"
+        self._configs: dict[tuple[Any, ...], int] = {}
 
     def record(self) -> None:
         """Keep every count from now on as an event: ("alloc" | "grow", slot, raw bytes, op) when a
@@ -161,10 +168,25 @@ class MemoryTracker(TorchDispatchMode):
                 self.events.append(("alloc", slot, storage.nbytes(), self._op))
         self._update_peak()
 
+    def _work(self, func: Any, args: Any, out: Any) -> None:
+        """Record a convolution: its configuration (the shapes, dtype and geometry cuDNN keys its algorithm
+        search by, numbered in order of first use) and its largest activation operand in bytes."""
+        if func is _CONV:
+            acts, key_args = [args[0], out], (args[0], args[1], *args[3:])
+        else:  # convolution_backward: grad_output, input, weight, bias sizes, geometry; out: grad_input, ...
+            acts, key_args = [args[0], args[1], out[0]], (args[0], args[1], args[2], *args[4:10])
+        key = (func.__name__, *(("t", tuple(a.shape), str(a.dtype)) if isinstance(a, torch.Tensor)
+                                else repr(a) for a in key_args))
+        config = self._configs.setdefault(key, len(self._configs))
+        size = max(a.numel() * a.element_size() for a in acts if isinstance(a, torch.Tensor))
+        self.events.append(("work", config, int(size), func.__name__))  # type: ignore[union-attr]
+
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
         self._op = func.__name__
         for leaf in tree_leaves(out):
             if isinstance(leaf, torch.Tensor):
                 self._add(leaf)
+        if self.events is not None and (func is _CONV or func is _CONV_BACKWARD):
+            self._work(func, args, out)
         return out

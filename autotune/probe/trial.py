@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from autotune.cuda_alloc import alloc_conf
 from autotune.device import device_name, device_total_memory, nvml_used_bytes
 from autotune.probe.faults import FAULT_ENV, inject_fault, parse_fault_rules
 from autotune.tunables import TUNABLES
@@ -176,6 +177,7 @@ def _measured_loop(req: Mapping[str, Any], parts: dict[str, Any], result: dict[s
                 peaks = {}
             for field in ("cuda_max_memory_reserved", "cuda_max_memory_allocated"):
                 result[phase_key(phase, field)] = peaks.get(field)
+            result.setdefault("allocator_stats", {})[phase] = memory.cuda_allocator_counts(str(device))
             result[f"{phase}_peak_bytes"] = peaks.get("cuda_max_memory_reserved")
             # NVML sees what the allocator does not: context, library code and handles. The
             # allocator keeps its reserve, so used - reserved now - baseline is that overhead.
@@ -267,6 +269,7 @@ def run_trial(req: Mapping[str, Any]) -> dict[str, Any]:
 
         # NVML before this process touches CUDA: memory other processes already hold on the device.
         result["nvml_baseline_used_bytes"] = nvml_used_bytes(req["device"])
+        result["alloc_conf"] = alloc_conf()  # the allocator setting this child runs under (autotune.cuda_alloc)
         result.update(torch_version=torch.__version__, monai_version=monai.__version__,
                       device_name=device_name(req["device"]),
                       device_total_memory=device_total_memory(req["device"]))

@@ -240,13 +240,22 @@ def cap_range(spec: Any, cfg: Mapping[str, Any], say: Callable[[str], None]) -> 
     return dataclasses.replace(spec, patches_range=(lo, top)), info
 
 
+EXTEND_LIMIT = 4096  # the largest N a report reads the estimate at past the searched range ("at least" beyond)
+
+
+def _memory_would_hold(predicted: int | None, largest: int | None) -> str:
+    """``; memory would hold about P (...)`` when the estimator's N at the budget passes the largest fit found."""
+    if predicted is None or largest is None or predicted <= largest:
+        return ""
+    about = f"at least {predicted}" if predicted >= EXTEND_LIMIT else f"about {predicted}"
+    return f"; memory would hold {about} (the estimator's N at the budget, not probed)"
+
+
 def batch_report(record: Mapping[str, Any], cap: Mapping[str, Any], predicted_max: int | None) -> dict[str, Any]:
     """The largest batch that fits, the batch handed to training, and why they differ."""
     handed, largest = record.get("num_patches_per_iter"), record.get("max_num_patches_per_iter")
     lo, top = (cap.get("range") or [None, None])[:2]
-    whole = cap.get("template_range") or cap.get("range")
-    if predicted_max is not None and whole:  # the estimate, read no further than the template's range
-        predicted_max = min(int(predicted_max), int(whole[1]))
+    held = _memory_would_hold(predicted_max, largest)
     verdict = record.get("handoff") or {}
     if handed is None:
         reason = "nothing fits"
@@ -258,10 +267,9 @@ def batch_report(record: Mapping[str, Any], cap: Mapping[str, Any], predicted_ma
                   "(objective throughput)")
     elif cap.get("applied") and largest == top:
         reason = (f"the training-set cap {top} stops the range (5% of the fold's {cap.get('train_cases')} "
-                  f"cases' voxels per step); memory would hold more"
-                  + (f" (about {predicted_max}, estimated, not probed)" if predicted_max else ""))
+                  f"cases' voxels per step){held}")
     elif largest == top:
-        reason = f"the top of the searched range {[lo, top]}"
+        reason = f"the top of the searched range {[lo, top]} stopped the search{held}"
     else:
         reason = f"memory: {handed} is the largest that fits the budget"
     return {"largest_fit_in_range": largest, "predicted_largest_fit": predicted_max, "handed_to_training": handed,

@@ -15,7 +15,7 @@ from typing import Any
 
 from autotune.utils import format_bytes, parse_bytes
 
-__all__ = ["PhaseMemory", "training_limit", "out_of_memory_error"]
+__all__ = ["PhaseMemory", "training_limit", "out_of_memory_error", "alloc_conf_warning"]
 
 
 def training_limit(cfg: dict[str, Any], device: str, memory_limit: int | str | None) -> int | None:
@@ -36,7 +36,24 @@ def training_limit(cfg: dict[str, Any], device: str, memory_limit: int | str | N
     elif limit is not None and plan.memory_limit != limit:
         print(f"warning: training under --memory-limit {format_bytes(limit)}, but the bundle was tuned for "
               f"{format_bytes(plan.memory_limit)}", file=sys.stderr)
+    alloc_conf_warning(plan, str(device))
     return limit
+
+
+def alloc_conf_warning(plan: Any, device: str) -> str | None:
+    """One warning line (printed, and returned) when a CUDA run's allocator setting differs from the one the
+    bundle was tuned under (``autotune.cuda_alloc``: the memory contract is one setting everywhere)."""
+    from autotune.cuda_alloc import ALLOC_CONF_ENV, alloc_conf, differs
+
+    if plan is None or not device.startswith("cuda") or not str(plan.device or "").startswith("cuda"):
+        return None
+    now = alloc_conf()
+    if not differs(plan.alloc_conf, now):
+        return None
+    line = (f"warning: tuned under {ALLOC_CONF_ENV}={plan.alloc_conf or '(unset)'} but running under "
+            f"{ALLOC_CONF_ENV}={now or '(unset)'}: the peaks may differ from the tuned ones; set it as the tune had it")
+    print(line, file=sys.stderr)
+    return line
 
 
 def out_of_memory_error(exc: BaseException, cfg: dict[str, Any], limit: int | None, phase: str, epoch: int,

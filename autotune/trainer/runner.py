@@ -440,6 +440,7 @@ class TrainingRun:
 
     def _finish(self, stopped: str, epoch: int, seconds: float, monitor: Any) -> dict[str, Any]:
         """The run's summary, written (rank 0) as ``train_summary.json`` and said in one line."""
+        from autotune.cuda_alloc import alloc_conf
         from autotune.trainer.ddp import barrier
         from autotune.trainer.monitor import fmt
 
@@ -455,6 +456,7 @@ class TrainingRun:
                                              ("metrics_csv", "metrics.csv"), ("metrics_json", "metrics.json"),
                                              ("curves", "curves.png"))},
             "nonfinite_steps": sum(int(r.get("nonfinite_steps") or 0) for r in self.metrics.rows if r["epoch"] >= first),
+            "alloc_conf": alloc_conf(),  # the CUDA allocator setting it trained under (autotune.cuda_alloc)
             "gpu_monitor": str(monitor.path) if monitor.samples else None,
             **self.memory_report(),
         }

@@ -165,8 +165,10 @@ def test_batch_report_says_why_the_handed_batch_differs() -> None:
     from autotune.search.handoff import batch_report
 
     capped = {"applied": True, "range": [1, 3], "template_range": [1, 64], "train_cases": 128}
-    by_cap = batch_report({"num_patches_per_iter": 3, "max_num_patches_per_iter": 3}, capped, 10**9)
-    assert by_cap["predicted_largest_fit"] == 64 and "training-set cap 3" in by_cap["reason"]
+    by_cap = batch_report({"num_patches_per_iter": 3, "max_num_patches_per_iter": 3}, capped, 90)
+    # the estimator's N at the budget, past the template's range: what memory would hold
+    assert by_cap["predicted_largest_fit"] == 90 and "training-set cap 3" in by_cap["reason"]
+    assert by_cap["reason"].endswith("memory would hold about 90 (the estimator's N at the budget, not probed)")
     by_speed = batch_report({"num_patches_per_iter": 2, "max_num_patches_per_iter": 3}, capped, 40)
     assert by_speed["handed_to_training"] == 2 and "faster" in by_speed["reason"]
     open_range = {"applied": False, "range": [1, 64], "template_range": [1, 64]}

@@ -9,7 +9,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from autotune.probe.allowances import DEFAULT_CUDA_ALLOWANCE, allowance_for, is_calibrated
+from autotune.probe.allowances import allowance_for, default_allowance, is_calibrated
 from autotune.probe.calibration import (
     calibration_filename,
     calibration_record,
@@ -113,8 +113,8 @@ def test_allowance_for_uses_a_calibration(tmp_path: Path, monkeypatch: pytest.Mo
     assert is_calibrated(calibrated)
     assert (calibrated.context_bytes, calibrated.cudnn_workspace_bytes) == (480 * MiB, 64 * MiB)
     assert "nvidia-h100-80gb-hbm3.json" in calibrated.source and "torch 2.11.0" in calibrated.source
-    assert allowance_for("cuda:0", gpu_name="Some Other GPU") == DEFAULT_CUDA_ALLOWANCE
-    assert not is_calibrated(DEFAULT_CUDA_ALLOWANCE)
+    assert allowance_for("cuda:0", gpu_name="Some Other GPU") == default_allowance()
+    assert not is_calibrated(default_allowance())
     assert allowance_for("cpu", gpu_name=H100).context_bytes == 0
 
 
@@ -127,7 +127,7 @@ def test_plan_for_a_catalogue_gpu_records_its_calibration(tmp_path: Path, monkey
     assert target["allowances"]["source"].startswith("calibration")
     assert target["allowances"]["context_bytes"] == 480 * MiB
     other = resolve_target("estimate", "a100-80gb", None, "cpu")
-    assert other["allowances"]["source"] == DEFAULT_CUDA_ALLOWANCE.source
+    assert other["allowances"]["source"] == default_allowance().source
 
 
 def test_cuda_peaks_reach_the_study(tmp_path: Path) -> None:

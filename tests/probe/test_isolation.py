@@ -112,3 +112,24 @@ def test_the_running_python_uses_the_fork_server_where_checked(monkeypatch: pyte
     for version in CHECKED_PYTHONS:
         monkeypatch.setattr(sys, "version_info", (*version, 0, "final", 0))
         assert isolation_mode() == "forkserver"
+
+
+def test_the_server_lets_go_of_its_callers_output_at_once() -> None:
+    """A caller that started the server and exits: a reader of its output pipe sees the end right after the
+    caller's last line, not after the server's imports and teardown (the GPU check's tune looked hung after its
+    summary)."""
+    import time
+
+    code = ("from autotune.probe.isolation import prestart\nprestart()\nimport time\ntime.sleep(2)\n"
+            "print('caller done', flush=True)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "caller done"
+    last_line = time.monotonic()
+    assert proc.stdout.read() == ""  # the end of the pipe
+    waited = time.monotonic() - last_line
+    proc.wait(timeout=60)
+    assert waited < 3.0  # about 0.1 s here; 16 s in all while the server held the pipe through its imports and teardown
+    import autotune.probe.server_output as server_output
+
+    assert not server_output.in_the_fork_server()  # imported here: this process's output stays

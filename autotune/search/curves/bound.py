@@ -29,7 +29,7 @@ def edge_bound(device_name: str | None, measured: bool, template: str | None = N
     """The stated over-prediction bound of a calibration for ``device_name``, or None (probe N+1).
 
     Only for real probes on a device with a calibration file whose fit states ``max_over_prediction``:
-    a GPU's from ``benchmarks/gpu_check.py``, the CPU's (``calibrations/cpu.json``) from
+    a GPU's from ``autotune calibrate`` (or the GPU check's install), the CPU's (``calibrations/cpu.json``) from
     ``benchmarks/calibrate_cpu.py``. A bound stated for ``template`` alone is preferred to the
     calibration's overall one. ``$AUTOTUNE_PROBE_EDGE=1`` ignores any bound."""
     if not measured or probe_edge_forced():

@@ -63,13 +63,28 @@ def loader_bytes_fn(cfg: Mapping[str, Any]) -> Callable[[int], float]:
 
 
 class _ModelMixin:
-    """Estimated peaks become device memory as ``raw * scale + offset`` (the CUDA allowances:
-    allocator slack and cuDNN workspace; identity on the CPU)."""
+    """Estimated peaks become device memory by the device model where the allowance has one
+    (``autotune.probe.device_model``: the allocator simulated on the trace, cuDNN's workspace by the
+    calibration's factor), else as ``raw * scale + offset`` (a version-1 allowance; identity on the CPU)."""
 
     bundle: str
     device: str
     scale: float = 1.0
     offset: int = 0
+    allowance: Any = None
+
+    def factors(self) -> dict[str, float] | None:
+        """The device model's workspace factors for this bundle (None: no device model applies)."""
+        if self.allowance is None or not str(self.device).startswith("cuda"):
+            return None
+        from autotune.probe import workspace_template
+
+        return self.allowance.factors(workspace_template(self.config()))
+
+    def _expandable(self) -> bool:
+        from autotune.cuda_alloc import alloc_conf, expandable_segments
+
+        return expandable_segments(alloc_conf())
 
     def memory_curve(
         self,
@@ -105,8 +120,22 @@ class _ModelMixin:
         else:
             step = loader_bytes_fn(cfg)
 
+        ratios: dict[int, float] = {}
+        device_model = self.factors() is not None
+
         def raw_peak(n: int) -> float:
-            raw = int(estimate(self.bundle, device=self.device, phases=(phase,), **{size: n}, **kwargs)[f"{phase}_peak_bytes"])
+            if device_model:  # the same pass, recorded and simulated: the device's ratio at n
+                from autotune.probe import estimate_on_device
+                from autotune.search.curves.device import ratio_of
+
+                result = estimate_on_device(self.bundle, self.allowance, device=self.device, phases=(phase,),
+                                            **{size: n}, **kwargs)
+                ratio = ratio_of(result, phase)
+                if ratio is not None:
+                    ratios[int(n)] = ratio
+            else:
+                result = estimate(self.bundle, device=self.device, phases=(phase,), **{size: n}, **kwargs)
+            raw = int(result[f"{phase}_peak_bytes"])
             if on_estimate is not None:
                 on_estimate(n, raw)
             return float(raw)
@@ -119,6 +148,11 @@ class _ModelMixin:
         except Exception as exc:  # the estimator is an aid: fall back to bisection without it
             log.warning("estimate for %s (%s) failed, bisecting without it: %s", Path(self.bundle).name, phase, exc)
             return None
+        if device_model:
+            from autotune.search.curves.device import RatioCurve
+
+            scale, offset = self.allowance.affine()
+            return RatioCurve(raw_curve, scale, float(offset), ratios)
         return self._allowed(raw_curve)
 
     def training_replay(self, infer_point: Mapping[str, Any] | None = None) -> tuple[Any, int | None]:
@@ -145,6 +179,12 @@ class _ModelMixin:
             log.warning("the training trace of %s does not replay (%s); estimating point by point",
                         Path(self.bundle).name, exc)
             return None, infer_raw
+        factors = self.factors()
+        if factors is not None:
+            from autotune.search.curves.device import DeviceCurve
+
+            return DeviceCurve(curve, factors=factors, release=self.allowance.release_after_search,
+                               expandable=self._expandable()), infer_raw
         return self._allowed(curve), infer_raw
 
     def config(self) -> dict[str, Any]:
@@ -176,6 +216,7 @@ class ProbeProber(_ModelMixin):
         env: Mapping[str, str] | None = None,
         scale: float = 1.0,
         offset: int = 0,
+        allowance: Any = None,
     ) -> None:
         self.bundle = str(bundle)
         self.device = device
@@ -183,6 +224,7 @@ class ProbeProber(_ModelMixin):
         self.timeout = float(timeout)
         self.env = dict(env or {})
         self.scale, self.offset = float(scale), int(offset)
+        self.allowance = allowance
 
     def probe(self, point: Mapping[str, Any], phases: tuple[str, ...]) -> dict[str, Any]:
         from autotune.probe import run_probe
@@ -204,20 +246,36 @@ class EstimateProber(_ModelMixin):
     measured = False
 
     def __init__(
-        self, bundle: str | Path, device: str, budget_bytes: int, scale: float = 1.0, offset: int = 0
+        self, bundle: str | Path, device: str, budget_bytes: int, scale: float = 1.0, offset: int = 0,
+        allowance: Any = None,
     ) -> None:
         self.bundle = str(bundle)
         self.device = device
         self.budget_bytes = int(budget_bytes)
         self.scale, self.offset = float(scale), int(offset)
+        self.allowance = allowance
 
     def probe(self, point: Mapping[str, Any], phases: tuple[str, ...]) -> dict[str, Any]:
+        """The estimator's answer at ``point``: on CUDA with a device model, the phases simulated as a probe
+        runs them (``estimate_on_device``); else the raw peaks with ``raw * scale + offset``."""
         from autotune.probe import estimate
 
-        result = dict(estimate(self.bundle, device=self.device, phases=tuple(phases), **_point_kwargs(point)))
-        raw = int(result.get("peak_bytes") or 0)
-        result["raw_peak_bytes"] = raw
-        result["peak_bytes"] = int(raw * self.scale) + self.offset
+        if self.factors() is not None:
+            from autotune.probe import estimate_on_device
+
+            result = estimate_on_device(self.bundle, self.allowance, device=self.device, phases=tuple(phases),
+                                        **_point_kwargs(point))
+            raw = int(result.get("peak_bytes") or 0)
+            result["raw_peak_bytes"] = raw
+            result["peak_bytes"] = int(result["device_peak_bytes"])
+            for phase in phases:  # each phase's own peak in device bytes, as a probe reports it
+                if result.get(f"{phase}_device_reserved_bytes") is not None:
+                    result[f"{phase}_peak_bytes"] = int(result[f"{phase}_device_reserved_bytes"])
+        else:
+            result = dict(estimate(self.bundle, device=self.device, phases=tuple(phases), **_point_kwargs(point)))
+            raw = int(result.get("peak_bytes") or 0)
+            result["raw_peak_bytes"] = raw
+            result["peak_bytes"] = int(raw * self.scale) + self.offset
         result["allowance_bytes"] = result["peak_bytes"] - raw
         # an estimate never runs out of memory; "oom" marks a point past the budget, as a probe would
         result["status"] = "ok" if result["peak_bytes"] <= self.budget_bytes else "oom"

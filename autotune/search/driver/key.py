@@ -130,7 +130,10 @@ def _announce(session: Session, key: TuningKey, spec: AlgoSpec, n_bundles: int, 
 
 
 def _provenance(session: Session, key: TuningKey, infer_study: Any, started: float) -> dict[str, Any]:
-    """Where and under what limit the key was searched: the record's provenance fields."""
+    """Where and under what limit the key was searched: the record's provenance fields (``alloc_conf``: the CUDA
+    allocator setting the probes ran under, ``autotune.cuda_alloc``)."""
+    from autotune.cuda_alloc import alloc_conf
+
     budget = session.budget
     fields = {
         "study_name": key.study_name,
@@ -138,7 +141,7 @@ def _provenance(session: Session, key: TuningKey, infer_study: Any, started: flo
         "storage": session.store.shown, "strategy": session.strategy.search, "memory_limit": budget.limit,
         "margin": budget.margin, "budget_bytes": budget.budget, "device": budget.info["device"],
         "device_name": budget.info["device_name"], "device_total_memory": budget.info["device_total_memory"],
-        "precision": key.precision, "wall_seconds": round(time.perf_counter() - started, 3),
+        "precision": key.precision, "alloc_conf": alloc_conf(), "wall_seconds": round(time.perf_counter() - started, 3),
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "key": key.as_dict(), "from_storage": False,
     }
@@ -199,13 +202,26 @@ def answer_key(session: Session, key: TuningKey, cfg: Mapping[str, Any], n_bundl
 
 
 def predicted_fit(curve: Any, batch_cap: Mapping[str, Any], budget: int) -> int | None:
-    """The estimator's largest fit over the template's whole range (the cap may stop the search below it)."""
+    """The estimator's largest fit at the budget (``EXTEND_LIMIT`` at most): over the template's whole range first
+    (the cap may stop the search below it), then, when the range's top fits, past it by doubling, so that the
+    report can say what memory would hold when the range stopped the search."""
     from autotune.search.curves.edge import largest_under
+    from autotune.search.curves.sparse import bisect_fits
+    from autotune.search.handoff import EXTEND_LIMIT
 
     whole = batch_cap.get("template_range") or batch_cap.get("range")
     if curve is None or not whole:
         return None
     try:
-        return int(largest_under(curve, int(whole[0]), int(whole[1]), budget))
+        top = int(whole[1])
+        found = int(largest_under(curve, int(whole[0]), top, budget))
+        if found < top:
+            return found
+        lo = top
+        while lo < EXTEND_LIMIT and curve.predict(min(2 * lo, EXTEND_LIMIT)) <= budget:
+            lo = min(2 * lo, EXTEND_LIMIT)
+        if lo >= EXTEND_LIMIT:
+            return EXTEND_LIMIT
+        return int(bisect_fits(curve.predict, lo, min(2 * lo, EXTEND_LIMIT), budget))
     except Exception:  # noqa: BLE001 - the estimate only explains the cap; its failure costs nothing
         return None

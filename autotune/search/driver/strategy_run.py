@@ -36,12 +36,13 @@ def _prober(cfg: Mapping[str, Any], session: Session) -> Any:
         return FakeProber(fake, budget.limit, cfg)
     scale, offset = budget.allowance.affine()
     if session.strategy.estimates_only:
-        return EstimateProber(cfg["bundle_root"], budget.device, budget.budget, scale=scale, offset=offset)
+        return EstimateProber(cfg["bundle_root"], budget.device, budget.budget, scale=scale, offset=offset,
+                              allowance=budget.allowance)
     from autotune.probe import prestart
 
     prestart()  # the probes' fork server imports torch and MONAI while the estimator traces
     return ProbeProber(cfg["bundle_root"], budget.device, budget.limit, timeout=session.timeout,
-                       env=session.probe_env, scale=scale, offset=offset)
+                       env=session.probe_env, scale=scale, offset=offset, allowance=budget.allowance)
 
 
 def _edge(cfg: Mapping[str, Any], session: Session, prober: Any) -> tuple[dict[str, Any] | None, str | None]:

@@ -1,10 +1,10 @@
 """A small catalogue of GPUs to plan for with ``--strategy estimate --target-gpu NAME``.
 
 Memory is each card's total as NVIDIA lists it (MiB as nvidia-smi reports a typical
-board); none of these was measured on this project's machines. The CUDA allowances
-(context, cuDNN workspace, allocator slack) come from ``autotune.probe.allowances``: a
-calibration measured on that card when one ships (see ``autotune.probe.calibration``),
-else defaults that were not validated on a GPU.
+board); none of these was measured on this project's machines. The CUDA allowances come
+from ``autotune.probe.allowances``: a calibration measured on that card when one ships (see
+``autotune.probe.calibration``), else the device model with the shipped H200 calibration's
+workspace factors, marked as not measured on that card.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def resolve_target(
         name = f"GPU with {target_memory}"
     from dataclasses import asdict
 
-    from autotune.probe import DEFAULT_CUDA_ALLOWANCE, allowance_for
+    from autotune.probe import allowance_for, default_allowance
 
-    allowance = allowance_for("cuda:0", gpu_name=name) if key != "custom" else DEFAULT_CUDA_ALLOWANCE
+    allowance = allowance_for("cuda:0", gpu_name=name) if key != "custom" else default_allowance()
     return {"catalogue": key, "name": name, "memory": total, "allowances": asdict(allowance), "device": "cuda:0"}

@@ -53,12 +53,13 @@ def _probes(bundle: Bundle, plan: TuningPlan, budget: Budget, timeout: float, pr
 
 
 def _predicted(bundle: Bundle, plan: TuningPlan, device: str) -> int:
-    """The estimator's peak at the bundle's values, with the allowance the plan was made with."""
-    from autotune.probe import allowance_from_record, apply_allowance, estimate
+    """The estimator's peak at the bundle's values in device bytes, with the allowance the plan was made with
+    (``autotune.probe.device_model.estimate_on_device``)."""
+    from autotune.probe import allowance_from_record, estimate_on_device
 
-    est = estimate(bundle.config, device=device, **_values(bundle))
     allowance = allowance_from_record(plan.as_dict(), device)
-    return apply_allowance(int(est.get("peak_bytes") or 0), allowance, include_context=False)
+    est = estimate_on_device(bundle.config, allowance, device=device, **_values(bundle))
+    return int(est.get("device_peak_bytes") or 0)
 
 
 def _report(bundle: Bundle, plan: TuningPlan, budget: Budget, at: dict[str, Any], above: dict[str, Any] | None,

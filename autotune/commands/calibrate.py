@@ -1,0 +1,92 @@
+"""``autotune calibrate``: a shim over ``autotune.calibrate``.
+
+Nothing heavy is imported here: the handler imports the library when it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from autotune.checks import options as types
+from autotune.commands import add_command, progress_printer
+
+__all__ = ["register"]
+
+
+def _points(text: str) -> tuple[str, tuple[int, ...]]:
+    """``TEMPLATE=N,N``: a template and its batch sizes (positive, at most 4096)."""
+    from autotune.calibrate.run import TEMPLATES
+
+    name, _, values = text.partition("=")
+    name = name.strip()
+    if name not in TEMPLATES or not values.strip():
+        raise argparse.ArgumentTypeError(f"got {text!r}; give TEMPLATE=N,N with TEMPLATE segresnet, dints or unet")
+    try:
+        sizes = tuple(int(v) for v in values.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"got {text!r}; the batch sizes must be whole numbers") from None
+    if not sizes or any(n < 1 or n > 4096 for n in sizes):
+        raise argparse.ArgumentTypeError(f"got {text!r}; each batch size must be 1-4096")
+    return name, sizes
+
+
+def _args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", default="cuda:0", metavar="DEV", type=types.device,
+                   help="the GPU to calibrate (default cuda:0)")
+    p.add_argument("--out", default=None, metavar="DIR", type=types.path_text,
+                   help="where the calibration is written (default $AUTOTUNE_CALIBRATION_DIR, else "
+                        "~/.config/autotune/calibration/; a dry run: WORK/calibration)")
+    p.add_argument("--work", default=None, metavar="DIR", type=types.path_text,
+                   help="where the synthetic CT set and its bundles go (default a new temporary folder)")
+    p.add_argument("--templates", default=",".join(("segresnet", "dints", "unet")), metavar="LIST",
+                   type=types.names(("segresnet", "dints", "unet"), "template"),
+                   help="comma-separated templates to calibrate (default segresnet,dints,unet)")
+    p.add_argument("--quick", action="store_true", help="two points per template instead of two or three")
+    p.add_argument("--points", action="append", default=None, metavar="TEMPLATE=N,N", type=_points,
+                   help="the batch sizes to probe for a template, e.g. segresnet=1,3 (repeatable; M: the windows "
+                        "split as for the defaults)")
+    p.add_argument("--timeout", type=types.seconds(), default=120.0, metavar="S",
+                   help="a probe's time limit in seconds (default 120)")
+    p.add_argument("--max-seconds", type=types.seconds(), default=None, metavar="S",
+                   help="stop probing new points when the run nears S seconds (the fit still runs)")
+    p.add_argument("--report", default=None, metavar="FILE", type=types.path_text,
+                   help="also write the whole report (every point measured, the fit) as JSON")
+    p.add_argument("--dry-run", action="store_true",
+                   help="the same steps on the CPU with the tiny preset: checks them; the file is not a calibration")
+
+
+def calibrate_command(args: argparse.Namespace) -> int:
+    """Measure this GPU for the memory estimates, in a few minutes.
+
+    Probe autotune's templates at a few batch sizes on a synthetic CT set, fit the device model's cuDNN
+    workspace per template and phase, write the calibration to the user's calibration folder (used from then
+    on for this GPU by tune, estimate and plans), and print each template's error: on its own points and
+    leave one out. Exit codes: 0 written, 2 no CUDA device (without --dry-run) or bad input.
+    """
+    from autotune.calibrate import calibrate, per_template_lines
+    from autotune.files import atomic_write_json
+
+    templates = [t for t in str(args.templates).split(",") if t]
+    report = calibrate(device=args.device, out_dir=args.out, work_dir=args.work, templates=templates,
+                       quick=args.quick, dry_run=args.dry_run, timeout=args.timeout, max_seconds=args.max_seconds,
+                       progress=progress_printer(args), n_values=dict(args.points or []))
+    if args.report:
+        atomic_write_json(args.report, json.loads(json.dumps(report, default=str)))
+    print("\n".join(per_template_lines(report)))
+    before = report.get("before") or {}
+    if before.get("rows"):
+        s = before["summary"]
+        print(f"the calibration in force before ({before['source']}) on these points: {s['within']} of {s['points']} "
+              f"within 10%, worst over {100 * s['max_over']:+.1f}%, worst under {100 * s['max_under']:+.1f}%")
+    loo = report["fit"]["summary"]["leave_one_out"]
+    if loo.get("points"):
+        print(f"leave one out: {loo['within']} of {loo['points']} within {loo['tolerance']:.0%}, worst over "
+              f"{100 * loo['max_over']:+.1f}%, worst under {100 * loo['max_under']:+.1f}%")
+    print(f"calibration: {report['file']}" + (" (a dry run's: not a calibration of any GPU)" if report["dry_run"] else ""))
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``calibrate``."""
+    add_command(sub, "calibrate", calibrate_command, _args, quiet="no progress lines")

@@ -1,0 +1,220 @@
+"""The first GPU run's 16 points: the estimator's gap to CUDA term by term, and the old model against the new,
+each point predicted from the others (leave one out).
+
+    python benchmarks/gpu_model.py [--run benchmarks/results/gpu_check_nvidia-h200.json]
+                                   [--out benchmarks/results/gpu_model.json]
+
+Input: the committed run (the peaks the H200 measured: ``max_memory_allocated`` and
+``max_memory_reserved`` per point and phase). The estimator's traces are made again here, on the
+CPU with CUDA hidden (``gpu_install.reestimate``: the same deterministic CT set and bundles), so the
+figures are the estimator's at this commit, never copied from the run.
+
+- **Accounting** (the device model fitted to all 16 points): per point and phase, the estimator's
+  tensor storages, what the simulated allocator adds to reserve them (rounding, segments, cached
+  blocks; without cuDNN's release and with it), what training's cached blocks add to validation
+  (validation simulated after training against validation alone), cuDNN's workspace (the model
+  with its factor against without), and the model's allocated and reserved peaks against the
+  measured ones. The counted terms that turn out small are printed too: the sliding window's
+  output and count buffers, and autocast's fp16 weight copies (both already counted by the fake
+  pass).
+- **Leave one out**: each point's ``max_memory_reserved`` predicted from the other points only.
+  Old: the version-1 affine allowance (one context, workspace and slack over every template and
+  phase; ``fit_allowance`` on the other 15 points). New: the device model (workspace factor per
+  template and phase: the mean of the template's other points' factors). The goals: every point
+  within 10%, no under-prediction by more than 2% of the card, the worst over-prediction 15% at most.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import write_json  # noqa: E402
+from gpu_install import ct_of, points_of, reestimate  # noqa: E402
+
+from autotune.utils import format_bytes  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+RUN = HERE / "results" / "gpu_check_nvidia-h200.json"
+OUT = HERE / "results" / "gpu_model.json"
+GOALS = {"within": 0.10, "under_of_card": 0.02, "over": 0.15}
+
+
+def _old_loo(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The version-1 allowance, each row predicted from a fit on the other rows (every template and phase)."""
+    from autotune.probe.calibration import fit_allowance
+
+    out = []
+    for i, row in enumerate(rows):
+        fit = fit_allowance([r for j, r in enumerate(rows) if j != i])
+        predicted = row["estimate_bytes"] * (1 + fit["allocator_slack_fraction"]) + fit["cudnn_workspace_bytes"]
+        out.append({**{k: row[k] for k in ("algo", "n", "m", "phase")}, "predicted_bytes": int(predicted),
+                    "reserved_bytes": row["reserved_bytes"], "error": predicted / row["reserved_bytes"] - 1})
+    return out
+
+
+def _old_fitted(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    from autotune.probe.calibration import fit_allowance
+
+    fit = fit_allowance(rows)
+    return [{**{k: r[k] for k in ("algo", "n", "m", "phase")}, "reserved_bytes": r["reserved_bytes"],
+             "predicted_bytes": int(r["estimate_bytes"] * (1 + fit["allocator_slack_fraction"])
+                                    + fit["cudnn_workspace_bytes"]),
+             "error": (r["estimate_bytes"] * (1 + fit["allocator_slack_fraction"]) + fit["cudnn_workspace_bytes"])
+             / r["reserved_bytes"] - 1} for r in rows]
+
+
+def _weight_copy_bytes(bundle: str) -> int:
+    """autocast's fp16 copies of the weights: 2 bytes a parameter (what its cache holds in a forward pass)."""
+    from autotune.build import build_network
+    from autotune.probe.runner import resolve_request
+
+    net = build_network(resolve_request(bundle, check_device=False)["config"])
+    return 2 * sum(p.numel() for p in net.parameters())
+
+
+def account(points: list[Any], factors: dict[str, dict[str, float]], bundles: dict[str, str]) -> list[dict[str, Any]]:
+    """Per point and phase, the terms of the device model (module docstring) against the measured peaks."""
+    from autotune.probe.device_model import predict_reserved
+
+    weights = {algo: _weight_copy_bytes(path) for algo, path in bundles.items()}
+    out = []
+    for p in points:
+        w = factors[p.algo]
+        bare = predict_reserved(p.train_events, p.infer_events, {"train": 0.0, "infer": 0.0}, release=False, band=(1.0,))
+        released = predict_reserved(p.train_events, p.infer_events, {"train": 0.0, "infer": 0.0}, band=(1.0,))
+        full = predict_reserved(p.train_events, p.infer_events, w)
+        alone = predict_reserved(None, p.infer_events, w)["infer"]
+        sw = sum(size for kind, _, size, op in p.infer_events if kind == "alloc" and op == "zeros.default")
+        for phase in ("train", "infer"):
+            out.append({
+                "algo": p.algo, "n": p.n, "m": p.m, "phase": phase, "factor": w[phase],
+                "estimate_bytes": p.estimate[phase],
+                "allocator_bytes": int(bare[phase]["reserved"] - p.estimate[phase]),
+                "release_bytes": int(released[phase]["reserved"] - bare[phase]["reserved"]),
+                "workspace_bytes": int(full[phase]["reserved"] - released[phase]["reserved"]),
+                "training_cache_bytes": int(full["infer"]["reserved"] - alone["reserved"]) if phase == "infer" else None,
+                "sliding_window_buffers_bytes": sw if phase == "infer" else None,
+                "weight_copies_bytes": weights[p.algo],
+                "model_allocated_bytes": int(full[phase]["allocated"]), "allocated_bytes": int(p.allocated[phase]),
+                "model_reserved_bytes": int(full[phase]["reserved"]), "reserved_bytes": int(p.reserved[phase]),
+            })
+    return out
+
+
+def _summary(rows: list[dict[str, Any]], card: int) -> dict[str, Any]:
+    from autotune.probe.model_fit import error_summary
+
+    return error_summary(rows, card, GOALS["within"])
+
+
+def run(path: Path) -> dict[str, Any]:
+    from autotune.calibrate.fit import fit_model, model_points
+    from autotune.calibrate.points import calibration_rows
+
+    merged = json.loads(path.read_text(encoding="utf-8"))
+    memory = merged["memory"]
+    card = int(memory["gpu"]["torch_total_memory"])
+    estimates = reestimate(memory, record=True)
+    points = points_of(memory)
+    mpoints = model_points(points, estimates)
+    fit = fit_model(mpoints, card)
+    rows = calibration_rows(points)
+    bundles = _local_bundles(memory)  # the run's bundle paths were on the GPU machine: made again here
+    old_loo, old_fitted = _old_loo(rows), _old_fitted(rows)
+    report = {
+        "run": str(path.relative_to(HERE.parent)) if path.is_relative_to(HERE.parent) else str(path),
+        "gpu": memory["gpu"], "card_bytes": card, "goals": GOALS, "workspace": fit["workspace"],
+        "point_factors": fit["point_factors"],
+        "old": {"fitted": old_fitted, "leave_one_out": old_loo,
+                "summary": {"fitted": _summary(old_fitted, card), "leave_one_out": _summary(old_loo, card)}},
+        "new": {"fitted": fit["fitted"], "leave_one_out": fit["leave_one_out"], "summary": fit["summary"],
+                "by_template": fit["by_template"]},
+        "accounting": account(mpoints, fit["workspace"], bundles),
+        "emulated_vs_device_estimate": [{"algo": p["algo"], "n": p["n"], **(p.get("estimate_emulated") or {})
+                                         .get("over_device_estimate", {})} for p in points],
+    }
+    return report
+
+
+def _local_bundles(memory: dict[str, Any]) -> dict[str, str]:
+    """Bundles of the run's templates made here (full size, CT set): for the parameter counts."""
+    import tempfile
+
+    from autotune.calibrate.data import generate, make_ct_dataset
+
+    ct = ct_of(memory)
+    work = Path(tempfile.mkdtemp(prefix="gpu_model_"))
+    source = make_ct_dataset(work / "ct", 1, ct["shape"], ct["spacing"])
+    made = generate(work / "work", source, sorted({p["algo"] for p in points_of(memory)}),
+                    tiny=ct.get("preset") == "tiny" or bool(memory.get("dry_run")))
+    return {algo: str(path) for algo, path in made.items()}
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:+.1f}%"
+
+
+def loo_table(report: dict[str, Any]) -> str:
+    """Markdown: each point's measured reserved peak and both models' leave-one-out predictions."""
+    old = {(r["algo"], r["n"], r["phase"]): r for r in report["old"]["leave_one_out"]}
+    lines = ["| template | N | M | phase | measured reserved | old model (v1) | error | new model | error |",
+             "|---|---:|---:|---|---:|---:|---:|---:|---:|"]
+    for r in report["new"]["leave_one_out"]:
+        o = old[(r["algo"], r["n"], r["phase"])]
+        lines.append(f"| {r['algo']} | {r['n']} | {r['m']} | {r['phase']} | {format_bytes(r['reserved_bytes'])} | "
+                     f"{format_bytes(o['predicted_bytes'])} | {_pct(o['error'])} | {format_bytes(r['predicted_bytes'])} | "
+                     f"{_pct(r['error'])} |")
+    for name in ("old", "new"):
+        s = report[name]["summary"]["leave_one_out"]
+        lines.append(f"| **{name}: {s['within']} of {s['points']} within 10%** | | | | | | worst over "
+                     f"{_pct(s['max_over'])} | worst under {_pct(s['max_under'])} | under by "
+                     f"{100 * -s['max_under_of_card']:.1f}% of the card |")
+    return "\n".join(lines)
+
+
+def accounting_table(report: dict[str, Any]) -> str:
+    """Markdown: the device model's terms per point (fitted to all 16) against the measured peaks."""
+    lines = ["| template | N | M | phase | tensors (estimate) | + allocator | + cuDNN release | + workspace (w) | "
+             "validation after training, less alone | model allocated / measured | model reserved / measured |",
+             "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for a in report["accounting"]:
+        cache = format_bytes(a["training_cache_bytes"]) if a["training_cache_bytes"] is not None else "-"
+        lines.append(
+            f"| {a['algo']} | {a['n']} | {a['m']} | {a['phase']} | {format_bytes(a['estimate_bytes'])} | "
+            f"{format_bytes(a['allocator_bytes'])} | {format_bytes(a['release_bytes'])} | "
+            f"{format_bytes(a['workspace_bytes'])} ({a['factor']:.2f}) | {cache} | "
+            f"{format_bytes(a['model_allocated_bytes'])} / {format_bytes(a['allocated_bytes'])} "
+            f"({_pct(a['model_allocated_bytes'] / a['allocated_bytes'] - 1)}) | "
+            f"{format_bytes(a['model_reserved_bytes'])} / {format_bytes(a['reserved_bytes'])} "
+            f"({_pct(a['model_reserved_bytes'] / a['reserved_bytes'] - 1)}) |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("--run", default=str(RUN), help="the installed GPU run (benchmarks/results/gpu_check_<gpu>.json)")
+    parser.add_argument("--out", default=str(OUT))
+    args = parser.parse_args(argv)
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""  # before torch is imported: a machine without a GPU planning for one
+    report = run(Path(args.run))
+    write_json(Path(args.out), report)
+    print(accounting_table(report))
+    print()
+    print(loo_table(report))
+    small = report["accounting"]
+    print(f"\ncounted by the fake pass already: sliding-window output and count buffers up to "
+          f"{format_bytes(max(a['sliding_window_buffers_bytes'] or 0 for a in small))}, autocast's fp16 weight copies "
+          f"up to {format_bytes(max(a['weight_copies_bytes'] for a in small))}")
+    print(f"workspace factors: {report['workspace']}\n-> {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
