@@ -29,10 +29,12 @@ What it measures, from the storage after each run (and while it runs):
 - wall (the first worker's start to the last one's exit) against the ideal: the COMPLETE probe trials times
   the probe's sleep over the workers;
 - PostgreSQL's client connections at their peak (``pg_stat_activity``, every 0.25 s) and its
-  ``max_connections``; the workers' memory at its peak (sums of RSS and PSS, ``/proc/PID/smaps_rollup``).
+  ``max_connections``; the workers' memory at its peak (sums of RSS and PSS, ``/proc/PID/smaps_rollup``);
+- the storage calls the workers made (each finished worker counts its own), per probe.
 
-PostgreSQL: a throw-away server on 127.0.0.1 (``tests/pg_fixtures.py``), default settings but for
-fsync (off).
+PostgreSQL: a throw-away server on 127.0.0.1 (``tests/pg_fixtures.py``), default settings
+(``max_connections`` 100) but for ``fsync``, ``synchronous_commit`` and ``full_page_writes`` (off).
+A run is given up when the machine's available memory falls under 3 GiB (``given_up_low_memory``).
 
     python benchmarks/bench_many_workers.py [--workers 256] [--keys 64] [--sleep 2] [--runs proxy,direct,churn]
         [--out benchmarks/results/many_workers.json]
@@ -64,6 +66,7 @@ FAKE = "sleep={sleep},base=64MiB,patch=32MiB,window=16MiB"
 SPECS = {"universal": {"range_num_images_per_batch": [1, 16], "range_num_sw_batch_size": [1, 8]}}
 ANSWER = ("num_patches_per_iter", "num_sw_batch_size", "validation_device", "sw_input_on_cpu")  # a stored answer
 MONITOR = "bench-monitor"
+LOW_MEMORY = 3 * 2**30  # MemAvailable below which a run is given up
 
 from common import cpu_name, write_json  # noqa: E402  (benchmarks/ is the script's folder)
 
@@ -271,6 +274,7 @@ def watch(fleet: Fleet, url: str, database: str, kill_at: list[float], churn_eve
     started = time.monotonic()
     seen: dict[int, str] = {}
     peak_connections, kills, memory = 0, [], {"rss": 0, "pss": 0, "workers": 0}
+    low_memory = False
     next_finished = next_memory = next_churn = started
     schedule = sorted(kill_at)
     while fleet.alive and time.monotonic() - started < timeout:
@@ -284,6 +288,9 @@ def watch(fleet: Fleet, url: str, database: str, kill_at: list[float], churn_eve
             if sample["pss"] > memory["pss"]:
                 memory = sample
             next_memory = now + 5.0
+            if _available_memory() < LOW_MEMORY:  # the machine is shared: give the run up before it swaps or OOMs
+                low_memory = True
+                break
         due = (schedule and now - started >= schedule[0]) or (churn_every and now >= next_churn + churn_every)
         if due:
             victims = [(pid, trials) for pid, trials in _probing(db).items() if pid in fleet.alive]
@@ -299,7 +306,7 @@ def watch(fleet: Fleet, url: str, database: str, kill_at: list[float], churn_eve
                     fleet.start(None)  # a replacement, as a scheduler restarts a lost task
         fleet.reap()
         time.sleep(0.25)
-    timed_out = bool(fleet.alive)
+    timed_out = bool(fleet.alive) and not low_memory
     for pid in list(fleet.alive):
         fleet.kill(pid)
     time.sleep(0.5)
@@ -308,7 +315,16 @@ def watch(fleet: Fleet, url: str, database: str, kill_at: list[float], churn_eve
     admin.close()
     db.close()
     return {"wall_seconds": round(time.monotonic() - started, 2), "seen_finished": seen, "kills": kills,
-            "peak_connections": peak_connections, "memory": memory, "timed_out": timed_out}
+            "peak_connections": peak_connections, "memory": memory, "timed_out": timed_out,
+            "given_up_low_memory": low_memory}
+
+
+def _available_memory() -> int:
+    """The machine's available memory (``MemAvailable``, bytes)."""
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return 1 << 62
 
 
 # -- reading the outcome --------------------------------------------------------------------------------------
@@ -370,7 +386,7 @@ def outcome(url: str, watched: dict[str, Any], reference: dict[str, Any], worker
         "wall_seconds": watched["wall_seconds"], "ideal_seconds": round(ideal, 2), "key_bound_seconds": bound,
         "wall_over_ideal": round(watched["wall_seconds"] / ideal, 2) if ideal else None,
         "peak_connections": watched["peak_connections"], "memory_at_peak": watched["memory"],
-        "timed_out": watched["timed_out"], "kills": watched["kills"], "takeovers": takeovers,
+        "timed_out": watched["timed_out"], "given_up_low_memory": watched["given_up_low_memory"], "kills": watched["kills"], "takeovers": takeovers,
     }
 
 
@@ -450,13 +466,30 @@ def run(name: str, admin_url: str, prepared: dict[str, Any], args: argparse.Name
         if proxy is not None:
             os.killpg(proxy.pid, signal.SIGTERM)
             proxy.wait(timeout=60)
-    result = outcome(url, watched, prepared, fleet.count, args.keys, args.sleep)
+    result = outcome(url, watched, prepared, workers, args.keys, args.sleep)  # the ideal: workers alive at once
+    result["workers_started"] = fleet.count  # the churn run's replacements too
     bad = {i: c for i, c in fleet.codes.items() if c not in (0, -signal.SIGKILL)}
+    calls = _storage_calls(run_logs)
+    result["storage_calls"] = calls
+    result["storage_calls_per_probe"] = round(calls["calls"] / result["probes_complete"], 1) \
+        if result["probes_complete"] else None
     result.update(name=name, storage="gRPC proxy over PostgreSQL" if via_proxy else "PostgreSQL, a connection per call",
                   proxy_threads=args.threads if via_proxy else None, worker_errors=len(bad),
                   worker_error_tails=[_tail(run_logs / f"w{i:03d}.log") for i in sorted(bad)[:3]])
     print(json.dumps({k: v for k, v in result.items() if k not in ("kills", "takeovers")}), file=sys.stderr, flush=True)
     return result
+
+
+def _storage_calls(logs: Path) -> dict[str, Any]:
+    """The storage calls of the workers that finished (each prints its count on its last line), summed."""
+    total: Counter[str] = Counter()
+    workers = 0
+    for path in sorted(logs.glob("w*.log")):
+        lines = [line for line in path.read_text(errors="replace").splitlines() if line.startswith("CALLS ")]
+        if lines:
+            workers += 1
+            total.update({n: c for n, (c, _s) in json.loads(lines[-1][6:]).items()})
+    return {"workers_reporting": workers, "calls": sum(total.values()), "by_method": dict(total.most_common())}
 
 
 def _tail(path: Path) -> str:
@@ -471,26 +504,55 @@ def _gib(n: int) -> str:
     return f"{n / 2**30:.1f}"
 
 
-def markdown_table(*reports: dict[str, Any]) -> str:
-    """The runs of ``reports``, one row each (what BENCHMARKS.md shows)."""
-    lines = ["| run | storage | workers | keys | probes (s each) | wall s | ideal s | one key's probes s | wall/ideal "
-             "| points probed twice "
-             "| finished trials lost | killed: probes taken over | stale after kill s | declared dead, not killed "
-             "| answers = one worker's | peak PG connections | workers' RSS / PSS GiB |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for report, r in [(one, r) for one in reports for r in one["runs"]]:
-        stale = r["stale_after_kill_seconds"]
-        stale_text = f"{min(stale):.0f}-{max(stale):.0f}" if stale else "-"
-        mem = r["memory_at_peak"]
-        lines.append(
-            f"| {r['name']} | {r['storage']} | {r['workers']} | {r['keys']} | {r['probes_complete']} "
-            f"({r['probe_seconds']:g}) | {r['wall_seconds']:.0f} | {r['ideal_seconds']:.0f} | {r['key_bound_seconds']:.0f} "
-            f"| {r['wall_over_ideal']} | "
-            f"**{r['points_probed_twice']}** | **{r['finished_trials_lost']}** | {r['workers_killed']}: "
-            f"{r['killed_trials_taken_over']}/{r['killed_trials']} | {stale_text} | {r['declared_dead_not_killed']} | "
-            f"{r['answers_equal_single_worker']}/{r['keys_answered']} of {r['keys']} | {r['peak_connections']} "
-            f"(max {report['postgres']['max_connections']}) | {_gib(mem['rss'])} / {_gib(mem['pss'])} "
-            f"({mem['workers']} workers) |")
+def _row(figure: str, checks: str, runs: list[dict[str, Any]], cell: Any) -> str:
+    return f"| {figure} | " + " | ".join(str(cell(r)) for r in runs) + f" | {checks} |"
+
+
+def _stale(r: dict[str, Any]) -> str:
+    stale = r["stale_after_kill_seconds"]
+    return f"{min(stale):.0f}-{max(stale):.0f}" if stale else "-"
+
+
+def _memory(r: dict[str, Any]) -> str:
+    mem = r["memory_at_peak"]
+    return f"{_gib(mem['rss'])} / {_gib(mem['pss'])} ({mem['workers']} live)"
+
+
+def markdown_table(report: dict[str, Any]) -> str:
+    """The runs of ``report``, one column each, a row per figure with the claim it checks (BENCHMARKS.md)."""
+    runs, grace = report["runs"], report["setup"]["claim_stale_seconds"]
+    max_conn = report["postgres"]["max_connections"]
+    rows = [
+        ("storage", "", lambda r: r["storage"] + (f" ({r['proxy_threads']} threads)" if r["proxy_threads"] else "")),
+        ("workers started (SIGKILLed)", "", lambda r: f"{r['workers_started']} ({r['workers_killed']})"),
+        ("keys answered / keys", "every key is tuned", lambda r: f"{r['keys_answered']} / {r['keys']}"),
+        ("probes completed (s each)", "", lambda r: f"{r['probes_complete']} ({r['probe_seconds']:g})"),
+        ("**points probed twice**", "a point is probed by one worker at a time, once",
+         lambda r: f"**{r['points_probed_twice']}**"),
+        ("**finished trials lost**", "nothing finished is lost (every trial seen finished while polling)",
+         lambda r: f"**{r['finished_trials_lost']}** of {r['finished_trials_seen']}"),
+        ("killed mid-probe: probes taken over", "a SIGKILLed worker's point is probed again by another",
+         lambda r: f"{r['killed_trials_taken_over']} / {r['killed_trials']}"),
+        ("SIGKILL to stale FAIL, s", f"taken over once the heartbeat lapses (grace {grace:g} s)", _stale),
+        ("declared dead, not killed", "a live worker starved of CPU is not declared dead",
+         lambda r: r["declared_dead_not_killed"]),
+        ("trials left RUNNING", "no trial is left open", lambda r: r["left_running"]),
+        ("answers = one worker's", "sharing does not change the answer",
+         lambda r: f"{r['answers_equal_single_worker']} / {r['keys_answered']}"),
+        ("wall s", "", lambda r: f"{r['wall_seconds']:.0f}"),
+        ("ideal s (probes x s / workers)", "", lambda r: f"{r['ideal_seconds']:.1f}"),
+        ("one key's probes in a row, s", "the least wall however many workers", lambda r: f"{r['key_bound_seconds']:.0f}"),
+        ("wall / ideal", "what coordination costs on this machine", lambda r: r["wall_over_ideal"]),
+        ("storage calls per probe", "the load a probe puts on the storage",
+         lambda r: r.get("storage_calls_per_probe", "-")),
+        (f"peak PostgreSQL connections (max {max_conn})", "hundreds of workers fit in the database's connections",
+         lambda r: r["peak_connections"]),
+        ("workers' RSS / PSS at peak, GiB", "", _memory),
+        ("worker errors, timed out", "", lambda r: f"{r['worker_errors']}, {'yes' if r['timed_out'] else 'no'}"),
+    ]
+    lines = ["| figure | " + " | ".join(r["name"] for r in runs) + " | what it checks |",
+             "|---|" + "---:|" * len(runs) + "---|"]
+    lines += [_row(figure, checks, runs, cell) for figure, checks, cell in rows]
     return "\n".join(lines)
 
 
