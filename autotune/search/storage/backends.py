@@ -24,12 +24,22 @@ if TYPE_CHECKING:  # pragma: no cover
     import optuna
 
 __all__ = ["GRPC_SCHEME", "JOURNAL_SCHEME", "DEFAULT_PROXY_PORT", "storage_kind", "grpc_address", "journal_path",
-           "open_grpc", "open_journal", "serve_proxy"]
+           "open_grpc", "open_journal", "serve_proxy", "quiet_optuna"]
 
 GRPC_SCHEME = "grpc://"
 JOURNAL_SCHEME = "journal://"
 DEFAULT_PROXY_PORT = 13000  # Optuna's default for run_grpc_proxy_server
 READY_SECONDS = 10.0
+
+
+def quiet_optuna() -> None:
+    """Keep Optuna's INFO lines and its experimental-feature warnings out of the progress output."""
+    import warnings
+
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 
 
 def storage_kind(url: str) -> str:
@@ -110,8 +120,6 @@ def open_grpc(url: str) -> optuna.storages.BaseStorage:
     Raises:
         StorageError: grpcio is not installed, or no proxy answers there within 10 s.
     """
-    from autotune.search.storage.study import quiet_optuna
-
     host, port = grpc_address(url)
     quiet_optuna()  # GrpcStorageProxy is experimental in Optuna 5.0: its warning is not the user's business
     try:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune.errors import StorageError
+from autotune.search.storage.backends import quiet_optuna
 
 if TYPE_CHECKING:  # pragma: no cover
     import optuna
@@ -28,6 +29,7 @@ __all__ = [
     "default_storage_url",
     "redact_url",
     "open_storage",
+    "quiet_optuna",
     "check_storage",
     "make_key",
     "open_study",
@@ -60,16 +62,6 @@ def redact_url(url: str) -> str:
         scheme, _, creds = head.partition("://")
         user = creds.split(":", 1)[0]
         return f"{scheme}://{user}:***@{tail}"
-
-
-def quiet_optuna() -> None:
-    """Keep Optuna's INFO lines and its experimental-feature warnings out of the progress output."""
-    import warnings
-
-    import optuna
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 
 
 def open_storage(url: str | None = None, pool: int | str | None = None) -> optuna.storages.BaseStorage:
