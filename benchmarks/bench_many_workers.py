@@ -443,14 +443,14 @@ def _start_proxy(url: str, threads: int, logs: Path) -> tuple[subprocess.Popen, 
 
 
 def run(name: str, admin_url: str, prepared: dict[str, Any], args: argparse.Namespace, workers: int,
-        kill_at: list[float], churn_every: float | None, via_proxy: bool, logs: Path) -> dict[str, Any]:
+        kill_at: list[float], churn_every: float | None, via_proxy: bool, logs: Path, grace: float) -> dict[str, Any]:
     """One run: a fresh database, the proxy (or not), ``workers`` forked workers; its figures."""
     from autotune.search.storage.study import open_storage
 
     url, database = _new_database(admin_url)
     open_storage(url).engine.dispose()  # Optuna's tables, before the workers race to make them
     proxy, storage = (_start_proxy(url, args.threads, logs) if via_proxy else (None, url))
-    env = {"AUTOTUNE_FAKE_PROBE": FAKE.format(sleep=args.sleep), "AUTOTUNE_CLAIM_STALE_SECONDS": str(args.grace)}
+    env = {"AUTOTUNE_FAKE_PROBE": FAKE.format(sleep=args.sleep), "AUTOTUNE_CLAIM_STALE_SECONDS": str(grace)}
     if not via_proxy:
         env["AUTOTUNE_STORAGE_POOL"] = "none"
     run_logs = logs / name
@@ -462,12 +462,17 @@ def run(name: str, admin_url: str, prepared: dict[str, Any], args: argparse.Name
     os.write(go_write, b"x" * workers)
     try:
         watched = watch(fleet, url, database, kill_at, churn_every, args.timeout)
+    except BaseException:  # Ctrl-C or a bug: no worker outlives the benchmark
+        for pid in list(fleet.alive):
+            fleet.kill(pid)
+        raise
     finally:
         if proxy is not None:
             os.killpg(proxy.pid, signal.SIGTERM)
             proxy.wait(timeout=60)
     result = outcome(url, watched, prepared, workers, args.keys, args.sleep)  # the ideal: workers alive at once
     result["workers_started"] = fleet.count  # the churn run's replacements too
+    result["claim_stale_seconds"] = grace
     bad = {i: c for i, c in fleet.codes.items() if c not in (0, -signal.SIGKILL)}
     calls = _storage_calls(run_logs)
     result["storage_calls"] = calls
@@ -520,31 +525,34 @@ def _memory(r: dict[str, Any]) -> str:
 
 def markdown_table(report: dict[str, Any]) -> str:
     """The runs of ``report``, one column each, a row per figure with the claim it checks (BENCHMARKS.md)."""
-    runs, grace = report["runs"], report["setup"]["claim_stale_seconds"]
+    runs, single = report["runs"], report["setup"]["single_worker"]["probes"]
     max_conn = report["postgres"]["max_connections"]
     rows = [
         ("storage", "", lambda r: r["storage"] + (f" ({r['proxy_threads']} threads)" if r["proxy_threads"] else "")),
         ("workers started (SIGKILLed)", "", lambda r: f"{r['workers_started']} ({r['workers_killed']})"),
         ("keys answered / keys", "every key is tuned", lambda r: f"{r['keys_answered']} / {r['keys']}"),
-        ("probes completed (s each)", "", lambda r: f"{r['probes_complete']} ({r['probe_seconds']:g})"),
+        ("probes completed of keys x one worker's (s each)", "",
+         lambda r: f"{r['probes_complete']} of {r['keys'] * single} ({r['probe_seconds']:g})"),
         ("**points probed twice**", "a point is probed by one worker at a time, once",
          lambda r: f"**{r['points_probed_twice']}**"),
         ("**finished trials lost**", "nothing finished is lost (every trial seen finished while polling)",
          lambda r: f"**{r['finished_trials_lost']}** of {r['finished_trials_seen']}"),
         ("killed mid-probe: probes taken over", "a SIGKILLed worker's point is probed again by another",
          lambda r: f"{r['killed_trials_taken_over']} / {r['killed_trials']}"),
-        ("SIGKILL to stale FAIL, s", f"taken over once the heartbeat lapses (grace {grace:g} s)", _stale),
+        ("grace (AUTOTUNE_CLAIM_STALE_SECONDS), s", "", lambda r: f"{r['claim_stale_seconds']:g}"),
+        ("SIGKILL to stale FAIL, s", "taken over once the heartbeat lapses (the grace)", _stale),
         ("declared dead, not killed", "a live worker starved of CPU is not declared dead",
          lambda r: r["declared_dead_not_killed"]),
         ("trials left RUNNING", "no trial is left open", lambda r: r["left_running"]),
         ("answers = one worker's", "sharing does not change the answer",
          lambda r: f"{r['answers_equal_single_worker']} / {r['keys_answered']}"),
-        ("wall s", "", lambda r: f"{r['wall_seconds']:.0f}"),
+        ("wall s", "", lambda r: f"> {r['wall_seconds']:.0f} (given up)" if r["timed_out"] else f"{r['wall_seconds']:.0f}"),
         ("ideal s (probes x s / workers)", "", lambda r: f"{r['ideal_seconds']:.1f}"),
         ("one key's probes in a row, s", "the least wall however many workers", lambda r: f"{r['key_bound_seconds']:.0f}"),
-        ("wall / ideal", "what coordination costs on this machine", lambda r: r["wall_over_ideal"]),
+        ("wall / ideal", "what coordination costs on this machine",
+         lambda r: f"> {r['wall_over_ideal']}" if r["timed_out"] else r["wall_over_ideal"]),
         ("storage calls per probe", "the load a probe puts on the storage",
-         lambda r: r.get("storage_calls_per_probe", "-")),
+         lambda r: r["storage_calls_per_probe"] if r["storage_calls"]["workers_reporting"] else "-"),
         (f"peak PostgreSQL connections (max {max_conn})", "hundreds of workers fit in the database's connections",
          lambda r: r["peak_connections"]),
         ("workers' RSS / PSS at peak, GiB", "", _memory),
@@ -561,7 +569,9 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=256)
     parser.add_argument("--keys", type=int, default=64, help="tuning keys (bundles) in the work folder")
     parser.add_argument("--sleep", type=float, default=2.0, help="seconds a fake probe sleeps")
-    parser.add_argument("--grace", type=float, default=10.0, help="AUTOTUNE_CLAIM_STALE_SECONDS")
+    parser.add_argument("--grace", type=float, default=60.0,
+                        help="AUTOTUNE_CLAIM_STALE_SECONDS of the proxy and direct runs (autotune's default: 60)")
+    parser.add_argument("--churn-grace", type=float, default=10.0, help="AUTOTUNE_CLAIM_STALE_SECONDS of the churn run")
     parser.add_argument("--threads", type=int, default=16, help="the proxy's threads (its database connections)")
     parser.add_argument("--kills", default="20,40", help="seconds after the start at which a probing worker is killed")
     parser.add_argument("--runs", default="proxy,direct,churn")
@@ -599,7 +609,8 @@ def main() -> int:
         for name in wanted:
             churn = name == "churn"
             runs.append(run(name, cluster.url, prepared, args, args.churn_workers if churn else args.workers,
-                            [] if churn else kills, args.churn_every if churn else None, name != "direct", root))
+                            [] if churn else kills, args.churn_every if churn else None, name != "direct", root,
+                            args.churn_grace if churn else args.grace))
     finally:
         cluster.stop()
     report = {
@@ -609,7 +620,7 @@ def main() -> int:
                     "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)},
         "postgres": pg,
         "setup": {"strategy": "fast", "fake_probe": FAKE.format(sleep=args.sleep), "memory_limit": LIMIT,
-                  "margin": MARGIN, "space": SPECS["universal"], "claim_stale_seconds": args.grace,
+                  "margin": MARGIN, "space": SPECS["universal"], "claim_stale_seconds": args.grace, "churn_claim_stale_seconds": args.churn_grace,
                   "single_worker": {k: prepared[k] for k in ("answer", "probes", "single_seconds")}},
         "runs": runs,
     }
