@@ -107,6 +107,8 @@ STOPPED_LINES = {
     "tune": _SEARCH_STOPPED, "run": _SEARCH_STOPPED, "worker": _SEARCH_STOPPED, "verify": _SEARCH_STOPPED,
     "probe": "the trial's processes were ended; nothing was written",
     "estimate": "nothing was written",
+    "proxy": "the proxy stopped: its workers retry for AUTOTUNE_STORAGE_RETRY_SECONDS; start it again on the same "
+             "port for them to continue",
     "train": "before training started (while the data was checked or cached): nothing was trained; run the same "
              "command again",
     "infer": "the predictions already written are whole; run the same command again to predict every image",

@@ -5,8 +5,9 @@ session) and SIGUSR1 (SLURM's ``--signal`` warning) become ``Stopped``, an excep
 the work in progress like Ctrl-C (SIGINT, ``KeyboardInterrupt``) does, so what the ``finally``
 blocks promise happens: a probe child is killed with its process group, the trial in flight is
 failed with its reason (never left RUNNING for a process that is gone), claims are released and
-the worker's heartbeat row is removed. The CLI turns it into one line and the conventional exit
-code, 128 + the signal's number (143 for SIGTERM, 129 for SIGHUP), which schedulers requeue on.
+the worker's trial in the ``autotune-workers`` study is closed. The CLI turns it into one line and
+the conventional exit code, 128 + the signal's number (143 for SIGTERM, 129 for SIGHUP), which
+schedulers requeue on.
 ``autotune train`` stops at a step boundary with a checkpoint instead (docs/faults.md).
 
 A process that autotune starts and that could outlive the one that started it (a probe child

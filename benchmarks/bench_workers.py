@@ -2,10 +2,10 @@
 and with one worker on SQLite; then a run with faults injected (simulated probe crashes and a
 worker SIGKILLed halfway), counting what survived and what was lost.
 
-Each worker is a separate process running ``tune(..., strategy="tpe", estimate_only=True,
-workers_share=True)`` -- what ``autotune worker`` runs -- on one tiny UNet bundle. Its points
-are answered from the estimator's affine memory models, fitted once by the harness (two
-FakeTensor passes per phase), so a trial costs no compute: the storage (trial rows, point
+Each worker is a separate process running ``tune(..., strategy="tpe", workers_share=True)`` -- what
+``autotune worker`` runs -- on one tiny UNet bundle, with the fake-probe hook (``AUTOTUNE_FAKE_PROBE``,
+no sleep) answering its points from the estimator's affine memory models, fitted once by the harness
+(two FakeTensor passes per phase), so a trial costs no compute: the storage (trial rows, point
 claims, the lookups of earlier points) and Optuna's TPE sampler are the load. Every worker
 asks ``--trials`` trials (its share of the study), over patches per iteration 1-64 and
 sliding-window batch 1-64.
@@ -48,9 +48,10 @@ from common import LoadSampler, write_json  # noqa: E402  (benchmarks/ is the sc
 # -- the worker process ---------------------------------------------------------------
 def _install_model_answers(models: dict[str, Any], crash_every: int) -> None:
     """Answer every point from the fitted models; with ``crash_every`` > 0 some points 'crash'."""
-    from autotune.search.curves import probers
+    from autotune.search.curves import fake
 
     train, infer = models["train"], models["infer"]
+    os.environ["AUTOTUNE_FAKE_PROBE"] = "sleep=0,base=0,patch=0,window=0"  # a FakeProber, answering as below
 
     def probe(self: Any, point: dict[str, Any], phases: tuple[str, ...]) -> dict[str, Any]:
         n = int(point.get("num_patches_per_iter") or 1)
@@ -64,10 +65,10 @@ def _install_model_answers(models: dict[str, Any], crash_every: int) -> None:
             result["infer_peak_bytes"] = int(infer["intercept"] + infer["slope"] * m)
         peak = max(v for k, v in result.items() if k.endswith("_peak_bytes"))
         result["peak_bytes"] = peak
-        result["status"] = "ok" if peak <= self.budget_bytes else "oom"
+        result["status"] = "oom" if peak > self.memory_limit else "ok"  # as a probe: over the budget is "does not fit"
         return result
 
-    probers.EstimateProber.probe = probe  # type: ignore[method-assign]
+    fake.FakeProber.probe = probe  # type: ignore[method-assign]
 
 
 def _distinct_seed(index: int) -> None:
@@ -96,7 +97,7 @@ def worker_main(args: argparse.Namespace) -> int:
     while not (barrier / "go").exists():  # all workers start their search together
         time.sleep(0.02)
     results = tune([spec["bundle"]], {"universal": {**SPACE, "num_trials": args.trials}}, device="cpu",
-                           memory_limit=spec["limit"], storage=args.storage, strategy="tpe", estimate_only=True,
+                           memory_limit=spec["limit"], storage=args.storage, strategy="tpe",
                            margin=MARGIN, workers_share=True, progress=None, write_back=False)
     return 0 if results[0]["status"] == "tuned" else 1
 
@@ -156,24 +157,21 @@ class Postgres:
 
 
 def _prepare(url: str) -> None:
-    """Create the tables before the workers start (workers starting together on an empty
+    """Create Optuna's tables before the workers start (workers starting together on an empty
     database race to create them; see tests/search/test_workers.py)."""
-    from autotune.search.storage.claims import ClaimStore
-    from autotune.search.storage.liveness import Liveness
     from autotune.search.storage.study import open_storage
 
     open_storage(url).engine.dispose()
-    liveness = Liveness(url, "bench:0")
-    ClaimStore(liveness)
-    liveness.close()
 
 
 def _study_trials(url: str) -> list[Any]:
     import optuna
 
+    from autotune.search.storage.liveness import is_coordination_study
+
     storage = optuna.storages.RDBStorage(url)
-    try:
-        names = [s.study_name for s in storage.get_all_studies()]  # a key's studies: training and -infer
+    try:  # a key's studies: training and -infer (not the workers' and claims' studies)
+        names = [s.study_name for s in storage.get_all_studies() if not is_coordination_study(s.study_name)]
         return [t for name in names for t in storage.get_all_trials(storage.get_study_id_from_name(name), deepcopy=False)]
     finally:
         storage.engine.dispose()
@@ -227,12 +225,14 @@ def run(url: str, workers: int, spec_path: Path, args: argparse.Namespace, crash
     errors = [p.stderr.read().strip()[-300:] for p in procs if p.returncode not in (0, -signal.SIGKILL)]
     stale_failed: list[int] = []
     if killed_pid is not None:  # what the next worker to start does first: fail the dead worker's trials
-        from autotune.search.storage.liveness import Liveness, owner_tag
+        from autotune.search.storage.liveness import Liveness, is_coordination_study, owner_tag
         from autotune.search.storage.study import open_storage
 
         storage = open_storage(url)
-        liveness = Liveness(url, owner_tag())
+        liveness = Liveness(storage, owner_tag())
         for summary in storage.get_all_studies():  # a key's studies: training and -infer
+            if is_coordination_study(summary.study_name):
+                continue
             study = optuna.load_study(study_name=summary.study_name, storage=storage)
             stale_failed += liveness.fail_stale_trials(storage, study)
         liveness.close()
@@ -354,7 +354,7 @@ def main() -> int:
         "command": command.strip(),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
                     "load_average_at_end": os.getloadavg()},
-        "setup": {"bundle": "tiny unet (32^3 roi)", "space": SPACE, "strategy": "tpe, estimate_only, workers_share",
+        "setup": {"bundle": "tiny unet (32^3 roi)", "space": SPACE, "strategy": "tpe, fake probes, workers_share",
                   "answers": "estimator's fitted affine models (no compute per trial)", "margin": MARGIN,
                   "memory_limit": limit, "claim_stale_seconds": STALE_SECONDS,
                   "distinct_seeds": bool(args.distinct_seeds)},

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.checks.places import path, storage_url
-from autotune.checks.values import choice, flag, number
+from autotune.checks.values import choice, flag, integer, number
 from autotune.errors import SpecError
 
 __all__ = ["Setting", "SETTINGS", "setting", "check_environment"]
@@ -41,6 +41,18 @@ def _folder(raw: str, where: str) -> Any:
     return path(raw, where, kind="folder", exists=True, error=SpecError).resolve()
 
 
+def _pool(raw: str, where: str) -> int | str:
+    if raw.strip().lower() == "none":
+        return "none"
+    return integer(raw, where, low=1, high=10_000, error=SpecError, unit="connections, or none")
+
+
+def _fake_probe(raw: str, where: str) -> Any:
+    from autotune.search.curves.fake import parse_fake_probe
+
+    return parse_fake_probe(raw, where)
+
+
 SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("AUTOTUNE_STORAGE", lambda raw, where: storage_url(raw, where, error=SpecError),
             "the Optuna storage URL when --storage is not given"),
@@ -51,9 +63,13 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("AUTOTUNE_CLAIM_STALE_SECONDS", _seconds(0.0, True), "the grace after which a silent worker is not live"),
     Setting("AUTOTUNE_STORAGE_RETRY_SECONDS", _seconds(0.0, False),
             "how long a call to a database server that has gone away is retried"),
+    Setting("AUTOTUNE_STORAGE_POOL", _pool,
+            "database connections a process keeps: a number N (at most N at once) or none (one per call)"),
     Setting("AUTOTUNE_PROBE_EDGE", lambda raw, where: flag(raw, where, error=SpecError, words=True),
             "probe N+1 above every measured fit"),
     Setting("AUTOTUNE_PROBE_ISOLATION", _one_of("forkserver", "subprocess"), "how probe children are started"),
+    Setting("AUTOTUNE_FAKE_PROBE", _fake_probe,
+            "test hook: every probe sleeps, then answers from a synthetic model (no device)"),
 )}
 
 

@@ -83,13 +83,25 @@ def path(value: Any, where: str, *, kind: str = "any", exists: bool = False, err
 
 
 def storage_url(value: Any, where: str, *, error: Error = SpecError) -> str:
-    """An SQLAlchemy URL of a database dialect SQLAlchemy knows (``sqlite:///...``, ``postgresql+psycopg://...``).
+    """An SQLAlchemy URL of a database dialect SQLAlchemy knows (``sqlite:///...``, ``postgresql+psycopg://...``),
+    an Optuna storage proxy's ``grpc://HOST:PORT`` or a journal file's ``journal:///PATH``.
 
     The message never shows a password. Whether the storage opens is ``open_storage``'s to say.
     """
-    rule = "must be an SQLAlchemy URL, e.g. sqlite:///studies/autotune.db or postgresql+psycopg://user@host/db"
+    rule = ("must be an SQLAlchemy URL, grpc://HOST:PORT or journal:///PATH, e.g. sqlite:///studies/autotune.db "
+            "or postgresql+psycopg://user@host/db")
     if not isinstance(value, str) or not value.strip() or any(ord(c) < 32 for c in value) or len(value) > 4096:
         refuse(error, where, _redacted(value), rule)
+    if value.startswith("grpc://"):
+        host, _, port = value[len("grpc://"):].rpartition(":")
+        if not host.strip("[]") or "/" in host or "@" in host or not port.isdigit() or not 1 <= int(port) <= 65535:
+            refuse(error, where, value, "must be grpc://HOST:PORT, the address of a storage proxy, e.g. "
+                                        "grpc://db-node:13000")
+        return value
+    if value.startswith("journal://"):
+        if not value[len("journal://"):].strip("/"):
+            refuse(error, where, value, "must be journal:///PATH, a journal file, e.g. journal:///shared/autotune.log")
+        return value
     from sqlalchemy.engine import make_url
 
     try:

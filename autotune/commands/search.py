@@ -98,16 +98,28 @@ def _verify_args(p: argparse.ArgumentParser) -> None:
 
 
 def _dashboard_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--storage", default=None, type=types.storage, help="SQLAlchemy URL (default sqlite under studies/)")
+    p.add_argument("--storage", default=None, type=types.storage,
+                   help="SQLAlchemy URL, grpc://HOST:PORT or journal:///PATH (default sqlite under studies/)")
     p.add_argument("--host", default="127.0.0.1", type=types.host, help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=types.port, default=8080, help="port, 1 to 65535 (default 8080)")
 
 
+def _proxy_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--storage", required=True, type=types.storage,
+                   help="the database's SQLAlchemy URL, e.g. postgresql+psycopg://autotune@localhost/autotune")
+    p.add_argument("--host", default="127.0.0.1", type=types.host,
+                   help="address to bind (default 127.0.0.1; 0.0.0.0 for workers on other nodes)")
+    p.add_argument("--port", type=types.port, default=13000, help="port, 1 to 65535 (default 13000)")
+    p.add_argument("--threads", type=types.positive_int(1024), default=16,
+                   help="requests served at once, and the most database connections held (default 16)")
+
+
 def register(sub: argparse._SubParsersAction) -> None:
-    """Add ``tune``, ``run``, ``worker``, ``verify`` and ``dashboard``."""
+    """Add ``tune``, ``run``, ``worker``, ``proxy``, ``verify`` and ``dashboard``."""
     add_command(sub, "tune", tune_command, _tune_args, quiet="no progress lines")
     add_command(sub, "run", run_command, add_generate_args, add_tuning_args, _training_args, quiet="no progress lines")
     add_command(sub, "worker", worker_command, _worker_args, quiet="no progress lines")
+    add_command(sub, "proxy", proxy_command, _proxy_args)
     add_command(sub, "verify", verify_command, _verify_args)
     add_command(sub, "dashboard", dashboard_command, _dashboard_args)
 
@@ -161,6 +173,36 @@ def worker_command(args: argparse.Namespace) -> int:
     from autotune.stages import tune_worker
 
     return _report(tune_worker(args.work_dir, args.algos, **tuning_options(args)))
+
+
+def proxy_command(args: argparse.Namespace) -> int:
+    """Serve a database to many workers through Optuna's gRPC storage proxy.
+
+    Run next to the database: one process holds the database connections (at most --threads) and workers on
+    any node reach it with --storage grpc://HOST:PORT, however many they are. Runs until stopped (SIGTERM,
+    Ctrl-C). No login: bind it to an address only the cluster reaches.
+    """
+    from autotune.errors import StorageError
+    from autotune.search.storage.backends import serve_proxy, storage_kind
+    from autotune.search.storage.legacy import refuse_live_legacy_workers
+    from autotune.search.storage.liveness import stale_after_default
+    from autotune.search.storage.study import open_storage, redact_url
+
+    if storage_kind(args.storage) != "sql":
+        raise StorageError(f"--storage {redact_url(args.storage)}: the proxy serves a database; give its "
+                           "SQLAlchemy URL, e.g. postgresql+psycopg://autotune@localhost/autotune")
+    storage = open_storage(args.storage, pool=args.threads)
+    refuse_live_legacy_workers(storage, redact_url(args.storage), stale_after_default())
+    if args.host not in ("127.0.0.1", "localhost", "::1"):
+        print(f"warning: --host {args.host}: the proxy has no login; anyone who reaches this port can read and "
+              "write every study: keep it on the cluster's private network", file=sys.stderr, flush=True)
+    import socket
+
+    reach = socket.gethostname() if args.host in ("0.0.0.0", "::") else args.host
+    print(f"storage proxy for {redact_url(args.storage)} on {args.host}:{args.port} ({args.threads} threads); "
+          f"workers: --storage grpc://{reach}:{args.port}", flush=True)
+    serve_proxy(storage, args.host, args.port, args.threads)
+    return 0
 
 
 def verify_command(args: argparse.Namespace) -> int:

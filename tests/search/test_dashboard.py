@@ -151,7 +151,11 @@ def tuned_study(tmp_path_factory: pytest.TempPathFactory) -> TunedStudy:
     assert result["status"] == "tuned", result
 
     summaries = optuna.get_all_study_summaries(storage_url, include_best_trial=False)
-    assert sorted(s.study_name for s in summaries) == sorted([result["study_name"], result["infer_study_name"]])
+    # the key's two studies, and the one of the workers that tuned here (this run, ended)
+    assert sorted(s.study_name for s in summaries) == sorted([result["study_name"], result["infer_study_name"],
+                                                              "autotune-workers"])
+    [worker] = optuna.load_study(study_name="autotune-workers", storage=storage_url).get_trials()
+    assert worker.state == optuna.trial.TrialState.COMPLETE and worker.user_attrs["pid"] == str(os.getpid())
     study = optuna.load_study(study_name=result["study_name"], storage=storage_url)
     trials = study.get_trials(deepcopy=False)
     assert any(t.user_attrs.get("status") == "ok" and t.user_attrs.get("peak_bytes", 0) > 0 for t in trials), \
@@ -219,11 +223,14 @@ def _chromium(*args: str) -> str:
 
 
 def test_dashboard_api_lists_the_study(dashboard: Dashboard, tuned_study: TunedStudy) -> None:
-    """The JSON API (what the page reads) lists the key's two studies (training, inference) by name and id."""
+    """The JSON API (what the page reads) lists the key's two studies (training, inference) by name and id, and
+    the workers' study."""
     with urllib.request.urlopen(f"{dashboard.base_url}/api/studies", timeout=10) as response:
         summaries = json.load(response)["study_summaries"]
-    assert sorted((s["study_id"], s["study_name"]) for s in summaries) == sorted(
+    listed = [(s["study_id"], s["study_name"]) for s in summaries if s["study_name"] != "autotune-workers"]
+    assert sorted(listed) == sorted(
         [(tuned_study.study_id, tuned_study.name), (tuned_study.infer_study_id, tuned_study.infer_name)])
+    assert len(summaries) == 3
 
 
 def test_dashboard_listens_on_loopback_only(dashboard: Dashboard) -> None:

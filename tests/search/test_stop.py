@@ -1,5 +1,5 @@
 """``autotune tune`` sent SIGTERM (a scheduler's stop) while a probe runs: one line, exit 143, nothing left
-RUNNING, claims and the worker's row released, and the same command continues from the stored trials."""
+RUNNING, claims released and the worker's trial closed, and the same command continues from the stored trials."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ import optuna
 import pytest
 from forked_cli import CliProcess, start_cli
 from probe_fixtures import limit_for_patches, one_window_unet
+
+from autotune.search.storage.liveness import is_coordination_study
 
 MARGIN = 0.10
 SPACE = ["--range-num-images-per-batch", "1", "8", "--range-num-sw-batch-size", "1", "4"]
@@ -52,8 +54,6 @@ def _running_trial(storage: str, proc: CliProcess, timeout: float = 240.0) -> in
 def test_sigterm_fails_the_trial_in_flight_and_exits_143(tiny: Path, tmp_path: Path) -> None:
     import shutil
 
-    import sqlalchemy
-
     bundle = tmp_path / "work" / "unet_0"
     shutil.copytree(tiny, bundle)
     limit = limit_for_patches(bundle, 3.5, MARGIN)
@@ -67,19 +67,19 @@ def test_sigterm_fails_the_trial_in_flight_and_exits_143(tiny: Path, tmp_path: P
     assert len(lines) == 1 and "stopped by SIGTERM" in lines[0] and "run the same command" in lines[0], err
     assert "Traceback" not in err, err
     trials = [t for s in optuna.get_all_study_summaries(storage, include_best_trial=False)
+              if not is_coordination_study(s.study_name)
               for t in optuna.load_study(study_name=s.study_name, storage=storage).get_trials()]
     assert not [t.number for t in trials if t.state == States.RUNNING], "nothing left RUNNING"
     [stopped] = [t for t in trials if t.number == number and t.state == States.FAIL]
     assert stopped.user_attrs["fail_reason"].startswith("interrupted: Stopped"), stopped.user_attrs
-    engine = sqlalchemy.create_engine(storage)
-    with engine.connect() as conn:
-        owner = f"{os.uname().nodename}:{proc.pid}"
-        claims = conn.execute(sqlalchemy.text("SELECT item, done FROM autotune_claims WHERE owner = :o"),
-                              {"o": owner}).fetchall()
-        workers = conn.execute(sqlalchemy.text("SELECT owner FROM autotune_workers")).fetchall()
-    engine.dispose()
-    assert [c for c in claims if not c.done] == [], "no claim held by the stopped worker"
-    assert workers == [], "the stopped worker's heartbeat row is gone"
+    owner = f"{os.uname().nodename}:{proc.pid}"
+    coordination = [t for s in optuna.get_all_study_summaries(storage, include_best_trial=False)
+                    if is_coordination_study(s.study_name)
+                    for t in optuna.load_study(study_name=s.study_name, storage=storage).get_trials()
+                    if t.user_attrs.get("owner") == owner]
+    [worker] = [t for t in coordination if "host" in t.user_attrs]
+    assert worker.state == States.COMPLETE, "the stopped worker closed its worker trial"
+    assert not [t for t in coordination if t.state == States.RUNNING], "no claim held by the stopped worker"
     done_before = [t for t in trials if t.state == States.COMPLETE]
     again = _tune(bundle, storage, limit, "again")
     _out, err = again.communicate(timeout=480)

@@ -36,6 +36,7 @@ from pg_fixtures import PostgresCluster, pg_cluster, pg_database_url, postgres_u
 from probe_fixtures import limit_for_patches, one_window_unet, two_fold_work
 
 from autotune.bundles.config import load_bundle_config
+from autotune.search.storage.liveness import is_coordination_study
 from autotune.stages import tune
 
 pytestmark = pytest.mark.postgres
@@ -99,21 +100,17 @@ def _start(work: Path, url: str, limit: int, name: str, *extra: str) -> Worker:
 
 
 def _prepare(url: str) -> None:
-    """Create the tables once, so these tests see the workers, not the empty-database race
+    """Create Optuna's tables once, so these tests see the workers, not the empty-database race
     (which ``test_workers_started_together_on_an_empty_database`` covers)."""
-    from autotune.search.storage.claims import ClaimStore
-    from autotune.search.storage.liveness import Liveness
     from autotune.search.storage.study import open_storage
 
     open_storage(url).engine.dispose()
-    liveness = Liveness(url, "test:0")
-    ClaimStore(liveness)
-    liveness.close()
 
 
 def _trials(storage: optuna.storages.RDBStorage) -> list[optuna.trial.FrozenTrial]:
-    """All trials of the storage's one tuning key: its training study and its ``-infer`` study (none yet: [])."""
-    names = sorted(s.study_name for s in storage.get_all_studies())
+    """All trials of the storage's one tuning key: its training study and its ``-infer`` study (none yet: []);
+    the workers' and claims' studies left out."""
+    names = sorted(s.study_name for s in storage.get_all_studies() if not is_coordination_study(s.study_name))
     assert len(names) <= 2 and all(n == names[0] or n == names[0] + "-infer" for n in names), \
         f"one tuning key, one study per phase: {names}"
     return [t for name in names for t in storage.get_all_trials(storage.get_study_id_from_name(name), deepcopy=False)]
@@ -165,9 +162,11 @@ def test_workers_started_together_on_an_empty_database(pg_database_url: str, tmp
         "from autotune.search.storage.liveness import Liveness\n"
         "from autotune.search.storage.study import open_storage\n"
         f"time.sleep(max(0.0, {start_at} - time.time()))\n"
-        "open_storage(sys.argv[1]).engine.dispose()\n"
-        "liveness = Liveness(sys.argv[1], 'w')\n"
-        "ClaimStore(liveness)\n"
+        "storage = open_storage(sys.argv[1])\n"
+        "liveness = Liveness(storage, 'w')\n"
+        "claims = ClaimStore(liveness)\n"
+        "print('held' if claims.claim('s', 'key:k') else 'waits', flush=True)\n"
+        "time.sleep(3.0)\n"  # all claim while the first holder is live
         "liveness.close()\n"
         "print('opened')\n"
     )
@@ -177,6 +176,7 @@ def test_workers_started_together_on_an_empty_database(pg_database_url: str, tmp
     failed = [err.strip().splitlines()[-1] for (out, err), p in zip(outcomes, procs, strict=True)
               if p.returncode != 0 or "opened" not in out]
     assert not failed, failed
+    assert sum("held" in out for out, _err in outcomes) == 1, "one of the workers starting at once holds the claim"
 
 
 def test_four_workers_one_study(work: Path, pg_database_url: str, limit: int,  # noqa: F811

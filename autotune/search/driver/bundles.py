@@ -19,7 +19,7 @@ from autotune.bundles.config import Bundle, load_bundle
 from autotune.errors import ConfigError, SpecError
 from autotune.search.driver.key import answer_key
 from autotune.search.driver.options import TuningOptions
-from autotune.search.driver.session import Session, make_budget, open_store
+from autotune.search.driver.session import Session, close_store, make_budget, open_store
 from autotune.search.driver.writeback import check_writable, write_bundle
 from autotune.search.storage.liveness import TakenOver
 from autotune.search.strategies.registry import STRATEGIES as _REGISTRY
@@ -78,26 +78,64 @@ def _group(bundles: Mapping[str, Bundle], session: Session) -> tuple[dict[str, l
     return groups, keys
 
 
+def _studies(session: Session) -> dict[str, dict[str, Any]]:
+    """Every study of the storage, by name, with its user attributes: one call, however many keys."""
+    return {s.study_name: s.user_attrs for s in session.store.storage.get_all_studies()}
+
+
 def _answer_all(session: Session, bundles: Mapping[str, Bundle], groups: Mapping[str, list[str]],
                 keys: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    """Each key's record: the keys this worker can take first, then those other workers held."""
+    """Each key's record: the keys this worker can take first, then those other workers started.
+
+    With workers sharing the storage, one read of every study says which keys are done (answered at once)
+    and which another worker has started (left for later, so a worker passing by costs the storage nothing);
+    this worker claims and searches the others, then waits for the started ones one at a time (taking over
+    any whose worker is not live)."""
     records: dict[str, dict[str, Any]] = {}
+    shared = session.store.claims is not None
+    order = list(groups)
+    if shared and order:  # workers that start together begin at different keys
+        import zlib
+
+        start = zlib.crc32(session.store.liveness.owner.encode()) % len(order)
+        order = order[start:] + order[:start]
+    seen = _studies(session) if shared else {}
     pending: list[str] = []
-    for study_name, paths in groups.items():
-        first = bundles[paths[0]].config
-        try:
-            record = answer_key(session, keys[study_name], first, len(paths), wait=False)
-        except TakenOver as exc:  # this worker hung past its promise: the taker's result is awaited
-            session.say(f"[{first['algo']}] {exc}")
-            record = None
+    for study_name in order:
+        record = _answer(session, bundles, groups, keys, study_name, False, seen.get(study_name) if shared else None)
         if record is None:
             pending.append(study_name)
         else:
             records[study_name] = record
-    for study_name in pending:  # keys other workers hold: wait for their results (or take over)
-        paths = groups[study_name]
-        records[study_name] = answer_key(session, keys[study_name], bundles[paths[0]].config, len(paths), wait=True)
+            if shared and not record.get("from_storage"):
+                seen = _studies(session)  # a search took minutes: read again what the others did
+    while pending:  # keys other workers started: answer those done, wait for the next (or take it over)
+        seen = _studies(session)
+        waiting = []
+        for study_name in pending:
+            record = _answer(session, bundles, groups, keys, study_name, False, seen.get(study_name) or {})
+            if record is None:
+                waiting.append(study_name)
+            else:
+                records[study_name] = record
+        if waiting:
+            record = _answer(session, bundles, groups, keys, waiting[0], True, None)
+            if record is not None:  # None: this worker was taken over meanwhile; it waits for the taker's result
+                records[waiting.pop(0)] = record
+        pending = waiting
     return records
+
+
+def _answer(session: Session, bundles: Mapping[str, Bundle], groups: Mapping[str, list[str]],
+            keys: Mapping[str, Any], study_name: str, wait: bool, known: Mapping[str, Any] | None) -> Any:
+    """``answer_key`` for one key; None while another worker holds it (and not ``wait``)."""
+    paths = groups[study_name]
+    first = bundles[paths[0]].config
+    try:
+        return answer_key(session, keys[study_name], first, len(paths), wait=wait, known=known)
+    except TakenOver as exc:  # this worker hung past its promise: the taker's result is awaited
+        session.say(f"[{first['algo']}] {exc}")
+        return None
 
 
 def known_templates() -> list[str]:
@@ -162,7 +200,7 @@ def search_bundles(bundles: Sequence[str | Path], specs: Mapping[str, Any] | Non
         groups, keys = _group(loaded, session)
         records = _answer_all(session, loaded, groups, keys)
     finally:
-        session.store.liveness.close()
+        close_store(session.store)
     results = [write_bundle(path, loaded[path], records[name], settings.write_back, say)
                for name, paths in groups.items() for path in paths]
     if summary_path:

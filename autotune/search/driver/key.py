@@ -24,7 +24,9 @@ from autotune.search.strategies.objective import metric_name
 from autotune.search.strategies.space import AlgoSpec, spec_for
 from autotune.utils import format_bytes
 
-__all__ = ["answer_key", "result_tag", "validation_devices"]
+__all__ = ["answer_key", "result_tag", "validation_devices", "MAX_POLL_SECONDS"]
+
+MAX_POLL_SECONDS = 15.0  # the longest pause between two looks at a key another worker holds
 
 
 def result_tag(strategy: str, margin: float, spec: AlgoSpec, devices: tuple[str, ...], estimate_only: bool,
@@ -64,29 +66,48 @@ def _sampler(session: Session, cfg: Mapping[str, Any], spec: AlgoSpec) -> Any:
     return session.strategy.sampler(int(cfg.get("seed", 0)), spec, session.store.claims is not None)
 
 
-def _stored_or_claimed(session: Session, key: TuningKey, study: Any, tag: str, sampler: Any,
-                       wait: bool, algo: str) -> tuple[Any, dict[str, Any] | None]:
-    """(study, stored result) once the result is stored, or (study, None) once this worker holds the key;
-    (None, None) when another worker holds it and not ``wait``."""
+def _stored_result(session: Session, key: TuningKey, tag: str) -> dict[str, Any] | None:
+    """The key's stored result, read without opening its study (one call of the storage once its study's id is
+    known; none is written)."""
+    storage = session.store.storage
+    study_id = session.store.study_ids.get(key.study_name)
+    if study_id is None:
+        try:
+            study_id = session.store.study_ids[key.study_name] = storage.get_study_id_from_name(key.study_name)
+        except KeyError:
+            return None
+    return storage.get_study_user_attrs(study_id).get(tag)
+
+
+def _stored_or_claimed(session: Session, key: TuningKey, tag: str, wait: bool,
+                       algo: str) -> tuple[bool, dict[str, Any] | None]:
+    """(True, stored result) once the result is stored, or (True, None) once this worker holds the key;
+    (False, None) when another worker holds it and not ``wait``. Nothing is opened or written while another
+    worker holds the key. A waiter looks for the result with a growing pause (up to ``MAX_POLL_SECONDS``) and
+    asks for the claim (to take over a key whose worker is not live) at most every half grace."""
     claims = session.store.claims if session.strategy.claims_key else None
-    announced = False
+    announced, pause, asked = False, 2.0, -float("inf")
     while True:
         session.store.liveness.progress()
-        stored = study.user_attrs.get(tag)
+        stored = _stored_result(session, key, tag)
         if stored is not None:
-            return study, stored
-        if claims is None or claims.claim(key.study_name, "key:" + tag):
-            return study, None
+            return True, stored
+        if claims is None:
+            return True, None
+        if time.monotonic() - asked >= session.store.liveness.stale_after / 2:
+            asked = time.monotonic()
+            if claims.claim(key.study_name, "key:" + tag):
+                return True, None
         if not wait:
             holder = claims.holder(key.study_name, "key:" + tag) or {}
             session.say(f"[{algo}] {key.study_name} is being tuned by {holder.get('owner', 'another worker')}; "
                         "will wait")
-            return None, None
+            return False, None
         if not announced:
             session.say(f"[{algo}] waiting for another worker's result on {key.study_name}")
             announced = True
-        time.sleep(2.0)
-        study = _open(session, key, sampler=sampler)
+        time.sleep(pause)
+        pause = min(pause * 1.5, MAX_POLL_SECONDS)  # a search takes minutes: hundreds of waiters poll gently
 
 
 def _fail_stale(session: Session, studies: tuple[Any, ...], algo: str) -> None:
@@ -130,8 +151,12 @@ def _provenance(session: Session, key: TuningKey, infer_study: Any, started: flo
 
 
 def answer_key(session: Session, key: TuningKey, cfg: Mapping[str, Any], n_bundles: int,
-               wait: bool) -> dict[str, Any] | None:
-    """The key's record: from storage, or searched now; None when another worker holds it (and not ``wait``)."""
+               wait: bool, known: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
+    """The key's record: from storage, or searched now; None when another worker holds it (and not ``wait``).
+
+    ``known``: the user attributes of the key's study as just read (``get_all_studies``), when it exists: its
+    stored result is then answered with no further call, and, without ``wait``, a key another worker has
+    started is left for later without asking for its claim."""
     algo = cfg["algo"]
     if not cfg.get("tuning_supported", True):
         session.say(f"[{algo}] this template does not support tuning; bundles left as generated")
@@ -141,15 +166,22 @@ def answer_key(session: Session, key: TuningKey, cfg: Mapping[str, Any], n_bundl
     reference = family_for(cfg).handoff_reference(cfg)
     tag = result_tag(session.strategy.search, session.budget.margin, spec, devices, session.strategy.estimates_only,
                      session.handoff, reference)
-    sampler = _sampler(session, cfg, spec)
-    study, stored = _stored_or_claimed(session, key, _open(session, key, sampler=sampler),
-                                       tag, sampler, wait, algo)
-    if study is None:
+    if known is not None and known.get(tag) is not None:
+        ready, stored = True, known[tag]
+    elif known is not None and not wait and session.store.claims is not None:
+        return None  # started by another worker: waited for once this worker has tried every key not started
+    else:
+        ready, stored = _stored_or_claimed(session, key, tag, wait, algo)
+    if not ready:
         return None
-    if stored is not None:
-        session.say(f"[{algo}] answered from storage ({key.study_name}); no new trial")
-        return dict(stored, from_storage=True, probes=0)
+    study = None
     try:
+        if stored is None:
+            study = _open(session, key, sampler=_sampler(session, cfg, spec))
+            stored = study.user_attrs.get(tag)  # stored by a worker that let the key go just before this one took it
+        if stored is not None:
+            session.say(f"[{algo}] answered from storage ({key.study_name}); no new trial")
+            return dict(stored, from_storage=True, probes=0)
         infer_study = None if session.strategy.joint else _open(session, key, "infer")
         _fail_stale(session, (study, infer_study), algo)
         _announce(session, key, spec, n_bundles, algo)
@@ -166,7 +198,7 @@ def answer_key(session: Session, key: TuningKey, cfg: Mapping[str, Any], n_bundl
     finally:
         claims = session.store.claims if session.strategy.claims_key else None
         if claims is not None:
-            claims.release(key.study_name, "key:" + tag, done=False)
+            claims.release(key.study_name, "key:" + tag)
 
 
 def predicted_fit(curve: Any, batch_cap: Mapping[str, Any], budget: int) -> int | None:

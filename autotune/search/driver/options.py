@@ -42,7 +42,7 @@ class TuningOptions:
     device: str = _option("auto", "where probes run: cpu or cuda:N (default: the first GPU if there is one, else cpu)",
                           types.device)
     memory_limit: int | str | None = _option(None, "e.g. 8GiB; default the device's total memory", types.size)
-    storage: str | None = _option(None, "SQLAlchemy URL of the Optuna storage (default sqlite under studies/)",
+    storage: str | None = _option(None, "the Optuna storage: an SQLAlchemy URL, grpc://HOST:PORT (autotune proxy) or journal:///PATH (default sqlite under studies/)",
                                   types.storage)
     strategy: str = _option("fast", "fast (default), tpe (Auto3DSeg baseline) or estimate (no probes)")
     objective: str = _option("max-batch", "max-batch (default: the largest batch that fits) or throughput (the "

@@ -9,7 +9,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from autotune.errors import SpecError
@@ -24,7 +24,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from autotune.search.storage.liveness import Liveness
     from autotune.search.strategies.registry import Strategy
 
-__all__ = ["DEFAULT_MARGIN", "Budget", "Store", "Session", "make_budget", "open_store"]
+__all__ = ["DEFAULT_MARGIN", "Budget", "Store", "Session", "make_budget", "open_store", "close_store"]
 
 DEFAULT_MARGIN = 0.10
 
@@ -67,6 +67,7 @@ class Store:
     shown: str
     liveness: Liveness
     claims: ClaimStore | None = None
+    study_ids: dict[str, int] = field(default_factory=dict)  # study name -> id, once looked up
 
 
 @dataclass
@@ -139,14 +140,23 @@ def open_store(storage: str | None, workers_share: bool, timeout: float) -> Stor
 
     Raises:
         SpecError: a bad ``$AUTOTUNE_CLAIM_STALE_SECONDS`` (before the storage is touched).
-        StorageError: the storage cannot be opened.
+        StorageError: the storage cannot be opened, or a worker of an earlier autotune is live on it.
     """
     from autotune.search.storage.claims import ClaimStore
+    from autotune.search.storage.legacy import refuse_live_legacy_workers
     from autotune.search.storage.liveness import Liveness, owner_tag, stale_after_default
     from autotune.search.storage.study import default_storage_url, open_storage, redact_url
 
     url = storage or default_storage_url()
     stale_after = stale_after_default()
     opened = open_storage(url)
-    liveness = Liveness(url, owner_tag(), stale_after=stale_after, promise=timeout)
+    refuse_live_legacy_workers(opened, redact_url(url), stale_after)
+    liveness = Liveness(opened, owner_tag(), stale_after=stale_after, promise=timeout)
     return Store(opened, redact_url(url), liveness, ClaimStore(liveness) if workers_share else None)
+
+
+def close_store(store: Store) -> None:
+    """Give back what this run holds and close its worker trial."""
+    if store.claims is not None:
+        store.claims.release_all()
+    store.liveness.close()

@@ -23,10 +23,17 @@ __all__ = ["search_key"]
 
 
 def _prober(cfg: Mapping[str, Any], session: Session) -> Any:
-    """Real probes in isolated children, or the estimator alone (``estimate``)."""
+    """Real probes in isolated children, or the estimator alone (``estimate``); the fake probes of
+    ``AUTOTUNE_FAKE_PROBE`` where that test hook is set."""
+    from autotune.checks.environment import setting
     from autotune.search.curves.probers import EstimateProber, ProbeProber
 
     budget = session.budget
+    fake = setting("AUTOTUNE_FAKE_PROBE")
+    if fake is not None:  # the test hook (autotune.search.curves.fake): a sleep and a synthetic answer
+        from autotune.search.curves.fake import FakeProber
+
+        return FakeProber(fake, budget.limit, cfg)
     scale, offset = budget.allowance.affine()
     if session.strategy.estimates_only:
         return EstimateProber(cfg["bundle_root"], budget.device, budget.budget, scale=scale, offset=offset,

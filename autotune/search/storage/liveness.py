@@ -1,25 +1,41 @@
-"""Worker liveness: one heartbeat per worker, renewed only while the worker makes progress.
+"""Worker liveness through Optuna's storage API: one heartbeat per worker, renewed only while it makes progress.
 
-Every tuning run (``autotune tune`` or ``autotune worker``) registers itself as a row of
-``autotune_workers`` (owner ``host:pid``, heartbeat) in the studies' database. A background
-thread writes the heartbeat every ``min(10, stale_after / 3)`` seconds, but only while the
-run keeps its promise: each step of the main thread (a point evaluated, a poll for another
-worker's result, a claim taken) calls ``progress()``, which promises the next step within
-``promise`` seconds (the probe timeout: the probe runner kills a child that takes longer,
-so a live worker always comes back in time). A worker whose main thread hangs stops
-beating once its promise runs out; ``stale_after`` seconds later (the grace,
-``AUTOTUNE_CLAIM_STALE_SECONDS``, default 60 s, the same for every worker on one storage)
-it is no longer live, so a hung or dead worker blocks others for at most ``promise +
-stale_after`` seconds (plus one beat). Whatever it held is then taken over: its claims
-(``autotune.search.storage.claims``) go to the next worker that asks, and ``fail_stale_trials``
-marks its RUNNING trials FAIL with ``fail_reason`` ``stale: ...``. One shortcut answers the
-same question sooner: on the same host, a worker whose process no longer exists is not
-live (a rerun after a kill does not wait for the grace). A RUNNING trial with no owner yet
-(its worker died between asking it and tagging it) counts as stale a grace after it started.
-The thread lets a probe run up to its timeout with a grace much shorter than that timeout;
-the grace covers what the probe's own timer does not (starting the child, reading its
-result). A worker that comes back after it was taken over has its late result refused
-(``TakenOver``, raised by the evaluator) and waits for the taker's.
+Every tuning run (``autotune tune`` or ``autotune worker``) is a RUNNING trial of the study
+``autotune-workers`` in the storage it tunes in (its *worker trial*), whose system attribute
+``autotune:heartbeat`` (the worker's clock, seconds since the epoch) a background thread rewrites every
+``min(10, stale_after / 3)`` seconds, but only while the run keeps its promise: each step of the main
+thread (a point evaluated, a poll for another worker's result, a claim taken) calls ``progress()``,
+which promises the next step within ``promise`` seconds (the probe timeout: the probe runner kills a
+child that takes longer, so a live worker always comes back in time). A worker whose main thread
+hangs stops beating once its promise runs out; ``stale_after`` seconds after its last beat (the grace,
+``AUTOTUNE_CLAIM_STALE_SECONDS``, default 60 s, the same for every worker on one storage) it is not
+live, so a hung or dead worker blocks others for at most ``promise + stale_after`` seconds (plus one
+beat). On the same host a worker whose process no longer exists is not live at once (a rerun after a
+kill does not wait for the grace).
+
+A worker found not live is *declared dead*: its worker trial goes RUNNING -> FAIL with the reason
+(``set_trial_state_values``). That transition is Optuna's compare-and-set: on an RDB storage the
+trial's row is locked (``SELECT ... FOR UPDATE``) while its state is checked and changed, on a journal
+the log's order decides and a later writer's replay raises, and the gRPC proxy passes the call to
+the database storage behind it; every backend raises ``UpdateFinishedTrialError`` to all but the one
+that changed it. So a death is final and every worker sees the same verdict: whatever the dead worker
+held (its claims, ``autotune.search.storage.claims``; its RUNNING trials, failed by ``fail_stale_trials``
+with ``fail_reason`` ``stale: ...``) goes to the others. A hung worker that comes back finds its
+heartbeat refused (``UpdateFinishedTrialError``): it carries on as a new worker trial, and its late
+result is refused (``TakenOver``, raised by the evaluator) while it waits for the taker's.
+
+Probe trials name their worker by its worker trial's id (user attribute ``worker``, beside the
+``owner`` tag ``host:pid``), claims by the system attribute ``autotune:worker``; trials written by
+autotune before worker trials carry only the ``owner`` tag, judged by the worker trials of that tag
+(a tag with none is not live). A worker that ends normally closes
+its worker trial (COMPLETE, valued by its seconds alive).
+
+Why not Optuna's own heartbeat (``RDBStorage(heartbeat_interval=..., grace_period=...)``,
+``fail_stale_trials``, ``RetryFailedTrialCallback``): only ``RDBStorage`` implements it
+(``GrpcStorageProxy`` and ``JournalStorage`` do not, in Optuna 5.0), so a worker behind the proxy
+could not beat; its staleness is read through a private method; and it beats per trial only inside
+``study.optimize``, while autotune asks and tells trials itself and needs a worker live between
+trials (claims on keys and points) and a beat that stops when the worker stops making progress.
 """
 
 from __future__ import annotations
@@ -29,21 +45,25 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from autotune.errors import StorageError
 
 if TYPE_CHECKING:  # pragma: no cover
     import optuna
-    import sqlalchemy as sa
 
-__all__ = ["Liveness", "TakenOver", "STALE_AFTER", "STALE_ENV", "stale_after_default", "create_tables", "owner_tag"]
+__all__ = ["Liveness", "TakenOver", "STALE_AFTER", "STALE_ENV", "WORKERS_STUDY", "HEARTBEAT", "WORKER", "OWNER",
+           "stale_after_default", "owner_tag", "ensure_study", "running_template", "is_coordination_study"]
 
-_T = TypeVar("_T")
 STALE_AFTER = 60.0
 HEARTBEAT_EVERY = 10.0
 STALE_ENV = "AUTOTUNE_CLAIM_STALE_SECONDS"
+WORKERS_STUDY = "autotune-workers"
+CLAIMS_SUFFIX = "-claims"  # a key's claims study (``autotune.search.storage.claims``)
+HEARTBEAT = "autotune:heartbeat"  # system attribute of a worker trial: its last beat (epoch seconds)
+OWNER = "autotune:owner"  # host:pid of a worker trial, or of the worker a claim or trial belongs to
+WORKER = "autotune:worker"  # on a probe trial or a claim: the id of its worker trial
+DEATH = "autotune:fail_reason"  # on a worker trial declared dead: why
 
 
 class TakenOver(StorageError):
@@ -63,19 +83,33 @@ def stale_after_default() -> float:
     return STALE_AFTER if value is None else float(value)
 
 
-def create_tables(engine: sa.engine.Engine, meta: sa.MetaData) -> None:
-    """Create ``meta``'s tables; workers starting together on an empty database may race."""
-    import sqlalchemy as sa
+def is_coordination_study(name: str) -> bool:
+    """True for the studies that hold workers and claims, not measurements."""
+    return name == WORKERS_STUDY or name.endswith(CLAIMS_SUFFIX)
 
-    for attempt in range(5):
-        try:
-            meta.create_all(engine, checkfirst=True)
-            return
-        except (sa.exc.IntegrityError, sa.exc.ProgrammingError):
-            # PostgreSQL: duplicate pg_type entry, or "relation already exists"; the winner's table is there now
-            if attempt == 4:
-                raise
-            time.sleep(0.2 * (attempt + 1))
+
+def ensure_study(storage: optuna.storages.BaseStorage, name: str, phase: str) -> int:
+    """The id of study ``name``, created (with user attribute ``phase``) when missing; workers starting
+    together race to create it and all get the one that won (the study name is unique on every backend)."""
+    from optuna.exceptions import DuplicatedStudyError
+    from optuna.study import StudyDirection
+
+    try:
+        study_id = storage.create_new_study([StudyDirection.MAXIMIZE], name)
+    except DuplicatedStudyError:
+        return storage.get_study_id_from_name(name)
+    storage.set_study_user_attr(study_id, "phase", phase)
+    return study_id
+
+
+def running_template(user_attrs: dict[str, Any], system_attrs: dict[str, Any]) -> Any:
+    """A RUNNING trial carrying ``user_attrs`` and ``system_attrs`` from its creation (one write on every
+    backend: its attributes are never seen missing)."""
+    from optuna.trial import FrozenTrial, TrialState
+
+    return FrozenTrial(number=-1, state=TrialState.RUNNING, value=None, datetime_start=_dt.datetime.now(),
+                       datetime_complete=None, params={}, distributions={}, user_attrs=dict(user_attrs),
+                       system_attrs=dict(system_attrs), intermediate_values={}, trial_id=-1)
 
 
 def _process_gone(owner: str) -> bool:
@@ -96,73 +130,100 @@ class Liveness:
     """This worker's heartbeat, and the liveness of the others.
 
     Args:
-        url: the SQLAlchemy URL of the Optuna storage (the table is created there).
+        storage: the Optuna storage the run tunes in (any backend).
         owner: this worker's tag (``host:pid``).
         stale_after: the grace: seconds without a heartbeat after which a worker is not live
             (default ``$AUTOTUNE_CLAIM_STALE_SECONDS``, else 60).
         promise: seconds within which the main thread promises its next step (the probe timeout).
     """
 
-    def __init__(self, url: str, owner: str, stale_after: float | None = None, promise: float = 300.0) -> None:
-        import sqlalchemy as sa
-
-        from autotune.search.storage.study import redact_url
-
+    def __init__(self, storage: optuna.storages.BaseStorage, owner: str, stale_after: float | None = None,
+                 promise: float = 300.0) -> None:
+        self.storage = storage
         self.owner = owner
-        self.url, self.shown = url, redact_url(url)
         self.stale_after = float(stale_after) if stale_after is not None else stale_after_default()
         self.promise = float(promise)
         self.beat_every = min(HEARTBEAT_EVERY, self.stale_after / 3.0)
-        connect_args: dict[str, Any] = {"timeout": 60} if url.startswith("sqlite") else {}
-        self.engine = sa.create_engine(url, connect_args=connect_args, pool_pre_ping=True)
-        self.meta = sa.MetaData()
-        self.table = sa.Table(
-            "autotune_workers",
-            self.meta,
-            sa.Column("owner", sa.String(256), primary_key=True),
-            sa.Column("heartbeat", sa.Float, nullable=False),
-        )
-        create_tables(self.engine, self.meta)
+        self.started = time.time()
+        self.study_id = ensure_study(storage, WORKERS_STUDY, "workers")
+        self.revivals = 0  # times this worker was declared dead and carried on as a new worker trial
+        self.worker_id = self._register()
         self._deadline = time.monotonic() + self.promise
-        self._write(insert=True)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, name="autotune-liveness", daemon=True)
         self._thread.start()
 
-    def db(self, call: Callable[[], _T]) -> _T:
-        """``call()`` on this run's database: on a server, retried while the server is briefly gone; a full
-        disk under any storage is ``HostWriteError`` (``autotune.search.storage.retry``)."""
-        from autotune.search.storage.retry import retrying
-
-        return retrying(call, self.shown, retry=not self.url.startswith("sqlite"))
+    def _register(self) -> int:
+        host, _, pid = self.owner.rpartition(":")
+        return self.storage.create_new_trial(self.study_id, running_template(
+            {"owner": self.owner, "host": host, "pid": pid},
+            {OWNER: self.owner, HEARTBEAT: time.time(), "autotune:stale_after": self.stale_after}))
 
     def progress(self) -> None:
         """The main thread made a step: keep beating for another ``promise`` seconds."""
         self._deadline = time.monotonic() + self.promise
 
-    def age(self, owner: str) -> float | None:
-        """Seconds since ``owner``'s last heartbeat; None when it has no row (never started, or closed)."""
-        import sqlalchemy as sa
+    def tags(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(user, system) attributes that name this worker on a trial or claim it holds."""
+        return {"owner": self.owner}, {WORKER: self.worker_id, OWNER: self.owner}
 
-        def read() -> Any:
-            with self.engine.connect() as conn:
-                return conn.execute(sa.select(self.table.c.heartbeat).where(self.table.c.owner == owner)).scalar()
+    def verdict(self, worker_id: int) -> str | None:
+        """Why the worker of worker trial ``worker_id`` is not live (a sentence for ``fail_reason``), or None
+        while it is. A worker found not live is declared dead (its worker trial fails) for everyone."""
+        from optuna.trial import TrialState
 
-        beat = self.db(read)
-        return None if beat is None else time.time() - float(beat)
+        if worker_id == self.worker_id:
+            return None
+        try:
+            trial = self.storage.get_trial(int(worker_id))
+        except KeyError:
+            return f"worker trial {worker_id} does not exist"
+        owner = str(trial.system_attrs.get(OWNER, "?"))
+        if trial.state == TrialState.FAIL:
+            return str(trial.system_attrs.get(DEATH) or f"worker {owner} is gone")
+        if trial.state != TrialState.RUNNING:
+            return f"worker {owner} is gone (no heartbeat)"
+        why = None
+        if _process_gone(owner):
+            why = f"worker {owner} is gone"
+        else:
+            age = time.time() - float(trial.system_attrs.get(HEARTBEAT) or 0.0)
+            if age > self.stale_after:
+                why = f"worker {owner} made no progress for {age:.0f} s"
+        if why is not None:
+            self._declare_dead(int(worker_id), why)
+        return why
 
-    def gone(self, owner: str) -> str | None:
-        """Why ``owner`` is not live (a sentence for ``fail_reason``), or None while it is."""
+    def gone(self, owner: str | int) -> str | None:
+        """Why ``owner`` (a worker trial's id, or a ``host:pid`` tag of a trial written before worker trials)
+        is not live, or None while it is."""
+        if not isinstance(owner, str):
+            return self.verdict(owner)
         if owner == self.owner:
             return None
-        if _process_gone(owner):
-            return f"worker {owner} is gone"
-        age = self.age(owner)
-        if age is None:
-            return f"worker {owner} is gone (no heartbeat)"
-        if age > self.stale_after:
-            return f"worker {owner} made no progress for {age:.0f} s"
-        return None
+        from optuna.trial import TrialState
+
+        tagged = [t for t in self.storage.get_all_trials(self.study_id, deepcopy=False, states=(TrialState.RUNNING,))
+                  if t.system_attrs.get(OWNER) == owner]
+        verdicts = [self.verdict(self.storage.get_trial_id_from_study_id_trial_number(self.study_id, t.number))
+                    for t in tagged]
+        if any(v is None for v in verdicts):
+            return None
+        if verdicts:
+            return verdicts[0]
+        return f"worker {owner} is gone" if _process_gone(owner) else f"worker {owner} is gone (no heartbeat)"
+
+    def _declare_dead(self, worker_id: int, why: str) -> None:
+        """Fail worker trial ``worker_id`` with ``why`` (a sweep that lost the race to another finds it failed)."""
+        import optuna
+        from optuna.trial import TrialState
+
+        try:
+            self.storage.set_trial_system_attr(worker_id, DEATH, why)
+            self.storage.set_trial_user_attr(worker_id, "fail_reason", f"stale: {why}")
+            self.storage.set_trial_state_values(worker_id, TrialState.FAIL)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            pass  # another worker declared it first, or it closed meanwhile: either way it is not live
 
     def fail_stale_trials(self, storage: optuna.storages.BaseStorage, study: optuna.Study) -> list[int]:
         """Mark RUNNING trials of ``study`` whose worker is not live as FAIL; return their numbers.
@@ -175,13 +236,13 @@ class Liveness:
         study_id = storage.get_study_id_from_name(study.study_name)
         now = _dt.datetime.now()
         failed: list[int] = []
-        verdicts: dict[str, str | None] = {}
+        verdicts: dict[Any, str | None] = {}
         for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-            owner = str(trial.user_attrs.get("owner", ""))
-            if owner:
-                if owner not in verdicts:
-                    verdicts[owner] = self.gone(owner)
-                why = verdicts[owner]
+            ref = trial.user_attrs.get("worker", trial.user_attrs.get("owner", ""))
+            if ref != "":
+                if ref not in verdicts:
+                    verdicts[ref] = self.gone(ref)
+                why = verdicts[ref]
             elif trial.datetime_start is not None and (now - trial.datetime_start).total_seconds() > self.stale_after:
                 why = f"no worker took this trial within {self.stale_after:.0f} s"
             else:
@@ -197,37 +258,33 @@ class Liveness:
                 pass  # another worker's sweep failed it first (or its worker came back and finished it)
         return failed
 
-    def _write(self, insert: bool = False) -> None:
-        import sqlalchemy.exc
+    def _write(self) -> None:
+        """One beat; a worker declared dead meanwhile carries on as a new worker trial."""
+        import optuna
 
-        t = self.table
-        with self.engine.begin() as conn:
-            if conn.execute(t.update().where(t.c.owner == self.owner).values(heartbeat=time.time())).rowcount:
-                return
-            if not insert:
-                return
-            try:
-                conn.execute(t.insert().values(owner=self.owner, heartbeat=time.time()))
-            except sqlalchemy.exc.IntegrityError:  # pragma: no cover - a row of a reused pid appeared meanwhile
-                pass
+        try:
+            self.storage.set_trial_system_attr(self.worker_id, HEARTBEAT, time.time())
+        except optuna.exceptions.UpdateFinishedTrialError:
+            self.worker_id = self._register()
+            self.revivals += 1
 
     def _beat(self) -> None:
         while not self._stop.wait(self.beat_every):
             if time.monotonic() > self._deadline:
                 continue  # the main thread broke its promise: let the heartbeat age
             try:
-                self._write(insert=True)
-            except Exception:  # a missed beat is retried at the next one
+                self._write()
+            except Exception:  # noqa: BLE001 - a missed beat is retried at the next one
                 continue
 
     def close(self) -> None:
-        """Stop beating and remove this worker's row (its RUNNING trials are stale at once)."""
+        """Stop beating and close this worker's trial (what it still holds is free for others at once)."""
+        from optuna.trial import TrialState
+
         self._stop.set()
         self._thread.join(timeout=2.0)
         try:
-            with self.engine.begin() as conn:
-                conn.execute(self.table.delete().where(self.table.c.owner == self.owner))
-        except Exception:  # noqa: BLE001 - the server is gone: the row ages out as a dead worker's does
+            self.storage.set_trial_state_values(self.worker_id, TrialState.COMPLETE,
+                                                [round(time.time() - self.started, 3)])
+        except Exception:  # noqa: BLE001 - declared dead already, or the server is gone: it ages out as a dead one
             pass
-        finally:
-            self.engine.dispose()

@@ -1,4 +1,5 @@
-"""Riding out a database server that goes away for a while (a restart, a failover, a network blip).
+"""Riding out a database server (or the storage proxy in front of one) that goes away for a while (a restart,
+a failover, a network blip).
 
 A study's storage is a database server when many workers share it (PostgreSQL, MySQL). A call that
 finds the server gone is retried with a growing pause until ``$AUTOTUNE_STORAGE_RETRY_SECONDS``
@@ -63,8 +64,17 @@ def is_disconnect(exc: BaseException) -> bool:
             return True
         if isinstance(current, sqlalchemy.exc.DBAPIError) and current.connection_invalidated:
             return True
+        if _proxy_unavailable(current):
+            return True
         current, seen = current.__cause__ or current.__context__, seen + 1
     return False
+
+
+def _proxy_unavailable(exc: BaseException) -> bool:
+    """True for a gRPC call that found the storage proxy (``autotune proxy``) gone: status UNAVAILABLE."""
+    if type(exc).__module__.split(".")[0] != "grpc" or not callable(getattr(exc, "code", None)):
+        return False
+    return getattr(exc.code(), "name", "") == "UNAVAILABLE"  # type: ignore[attr-defined]
 
 
 def _reason(exc: BaseException) -> str:
@@ -72,6 +82,8 @@ def _reason(exc: BaseException) -> str:
     cause: BaseException = exc
     while cause.__cause__ is not None:
         cause = cause.__cause__
+    if _proxy_unavailable(cause):  # a gRPC error's text spans lines; its details are the reason
+        return f"the storage proxy is unavailable: {' '.join(str(cause.details()).split())}"[:160]  # type: ignore[attr-defined]
     text = str(getattr(cause, "orig", cause)).strip().splitlines()
     return (text[0] if text else type(cause).__name__)[:160]
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune.errors import StorageError
+from autotune.search.storage.backends import quiet_optuna
 
 if TYPE_CHECKING:  # pragma: no cover
     import optuna
@@ -28,6 +29,7 @@ __all__ = [
     "default_storage_url",
     "redact_url",
     "open_storage",
+    "quiet_optuna",
     "check_storage",
     "make_key",
     "open_study",
@@ -62,19 +64,14 @@ def redact_url(url: str) -> str:
         return f"{scheme}://{user}:***@{tail}"
 
 
-def quiet_optuna() -> None:
-    """Keep Optuna's INFO lines and its experimental-feature warnings out of the progress output."""
-    import warnings
+def open_storage(url: str | None = None, pool: int | str | None = None) -> optuna.storages.BaseStorage:
+    """Open (and create) the Optuna storage at ``url``: an SQLAlchemy URL (Optuna's RDB storage),
+    ``grpc://HOST:PORT`` (Optuna's gRPC storage proxy) or ``journal:///PATH`` (Optuna's journal file,
+    ``autotune.search.storage.backends``). Workers coordinate through the storage's API alone
+    (``autotune.search.storage.liveness``, ``claims``), so any of them serves many workers.
 
-    import optuna
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-
-
-def open_storage(url: str | None = None) -> optuna.storages.BaseStorage:
-    """Open (and create) the Optuna RDB storage at ``url``. Optuna's trial heartbeats are not
-    used: a worker's liveness is ``autotune.search.storage.liveness``.
+    ``pool``: the database connections this process keeps (a server only): a number N (at most N at once),
+    ``none`` (one per call, closed after it), default ``$AUTOTUNE_STORAGE_POOL``, else SQLAlchemy's (up to 15).
 
     Raises:
         StorageError: the URL is malformed, its driver is missing, the database is unreachable, or
@@ -82,8 +79,13 @@ def open_storage(url: str | None = None) -> optuna.storages.BaseStorage:
     """
     import sqlalchemy.exc
 
+    from autotune.search.storage.backends import open_grpc, open_journal, storage_kind
+
     quiet_optuna()
     url = url or default_storage_url()
+    kind = storage_kind(url)
+    if kind != "sql":
+        return open_grpc(url) if kind == "grpc" else open_journal(url)
     shown = redact_url(url)
     engine_kwargs: dict[str, Any] = {}
     if url.startswith("sqlite:///"):
@@ -99,7 +101,7 @@ def open_storage(url: str | None = None) -> optuna.storages.BaseStorage:
                 raise StorageError(f"storage {shown}: cannot create {path.parent} ({reason}); pass --storage") from exc
         engine_kwargs = {"connect_args": {"timeout": 60}}
     elif url.startswith(("postgresql", "mysql")):
-        engine_kwargs = {"pool_pre_ping": True, "connect_args": {"connect_timeout": 10}}
+        engine_kwargs = {"pool_pre_ping": True, "connect_args": {"connect_timeout": 10}, **_pool_kwargs(pool)}
     try:
         for attempt in range(4):
             try:
@@ -132,6 +134,20 @@ def open_storage(url: str | None = None) -> optuna.storages.BaseStorage:
                            "give another storage") from exc
 
 
+def _pool_kwargs(pool: int | str | None) -> dict[str, Any]:
+    """SQLAlchemy's pool options for ``pool`` (see ``open_storage``)."""
+    from autotune.checks.environment import setting
+
+    pool = setting("AUTOTUNE_STORAGE_POOL") if pool is None else pool
+    if pool is None:
+        return {}
+    if str(pool) == "none":
+        import sqlalchemy.pool
+
+        return {"poolclass": sqlalchemy.pool.NullPool}
+    return {"pool_size": int(pool), "max_overflow": 0, "pool_timeout": 600}
+
+
 def _sqlite_path(url: str) -> Path | None:
     """The file of an SQLite URL, absolute (``sqlite:///rel.db`` is relative to the working folder,
     ``sqlite:////abs.db`` absolute); None for an in-memory database."""
@@ -148,8 +164,9 @@ def _sqlite_path(url: str) -> Path | None:
 
 def check_storage(url: str | None = None, *, must_exist: bool = False) -> None:
     """What opening the storage would refuse, found before anything is written, writing nothing itself: a
-    malformed URL, a driver not installed, an SQLite file that is a folder or whose folder cannot be created;
-    a database server is connected to (nothing is written there), so that one out of reach refuses now.
+    malformed URL, a driver not installed, an SQLite or journal file that is a folder or whose folder cannot be
+    created; a database server or a storage proxy is connected to (nothing is written there), so that one out
+    of reach refuses now.
 
     Args:
         url: The storage URL (default ``default_storage_url()``).
@@ -163,7 +180,18 @@ def check_storage(url: str | None = None, *, must_exist: bool = False) -> None:
     import sqlalchemy.exc
     from sqlalchemy.engine import make_url
 
+    from autotune.search.storage.backends import grpc_address, journal_path, storage_kind
+
     url = url or default_storage_url()
+    if storage_kind(url) == "grpc":  # the proxy is asked whether it answers; nothing is written
+        from autotune.search.storage.backends import open_grpc
+
+        grpc_address(url)
+        open_grpc(url).close()
+        return
+    if storage_kind(url) == "journal":
+        _check_file(url, journal_path(url), must_exist, "journal file", "autotune.log")
+        return
     shown = redact_url(url)
     try:
         parsed = make_url(url)
@@ -175,20 +203,8 @@ def check_storage(url: str | None = None, *, must_exist: bool = False) -> None:
         raise StorageError(f"storage {shown}: not a valid SQLAlchemy URL; e.g. sqlite:///studies/autotune.db") from exc
     if parsed.get_backend_name() == "sqlite":
         path = _sqlite_path(url)
-        if path is None:
-            return
-        if path.is_dir():
-            raise StorageError(f"storage {shown}: {path} is a folder; give the database file, e.g. {path}/autotune.db")
-        if must_exist and not path.is_file():
-            raise StorageError(f"storage {shown}: no such database file {path}; give the --storage that tuning "
-                               "wrote to (the default is studies/autotune.db in the folder tune ran from)")
-        folder = path.parent
-        while not folder.exists() and folder != folder.parent:
-            folder = folder.parent
-        if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
-            why = "is not a folder" if not folder.is_dir() else "may not be written"
-            raise StorageError(f"storage {shown}: cannot create the database there: {folder} {why}; give another "
-                               "--storage")
+        if path is not None:
+            _check_file(shown, path, must_exist, "database file", "autotune.db")
         return
     engine = sqlalchemy.create_engine(url, connect_args={"connect_timeout": 10})
     try:
@@ -199,6 +215,23 @@ def check_storage(url: str | None = None, *, must_exist: bool = False) -> None:
         raise StorageError(f"storage {shown}: cannot connect ({reason}); check the server and the URL") from exc
     finally:
         engine.dispose()
+
+
+def _check_file(shown: str, path: Path, must_exist: bool, what: str, example: str) -> None:
+    """Refuse a storage file that is a folder, that is missing when it must exist, or whose folder cannot be
+    created or written."""
+    if path.is_dir():
+        raise StorageError(f"storage {shown}: {path} is a folder; give the {what}, e.g. {path}/{example}")
+    if must_exist and not path.is_file():
+        raise StorageError(f"storage {shown}: no such {what} {path}; give the --storage that tuning "
+                           "wrote to (the default is studies/autotune.db in the folder tune ran from)")
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+        why = "is not a folder" if not folder.is_dir() else "may not be written"
+        raise StorageError(f"storage {shown}: cannot create the {what} there: {folder} {why}; give another "
+                           "--storage")
 
 
 def _rdb_storage(url: str, shown: str, engine_kwargs: dict[str, Any]) -> optuna.storages.RDBStorage:
@@ -323,9 +356,10 @@ def open_study(
     )
     if metric and not study.metric_names:
         study.set_metric_names([metric])
-    if "phase" not in study.user_attrs:
+    attrs = study.user_attrs
+    if "phase" not in attrs:
         study.set_user_attr("phase", phase)
-    if "tuning_key" not in study.user_attrs:
+    if "tuning_key" not in attrs:
         study.set_user_attr("tuning_key", key.as_dict())
         for name, value in key.as_dict().items():
             study.set_user_attr(f"key.{name}", value)

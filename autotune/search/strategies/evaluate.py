@@ -11,7 +11,8 @@ measurement as user attributes, so the dashboard tells the whole story:
   (one unit per study), joint trials (tpe) to the key's study;
 - a crash, kill or timeout is a FAIL trial with ``fail_reason``.
 A point already measured in the study is answered from it (resume, folds, reruns);
-a point that failed twice is taken as infeasible without a third try.
+a point that failed twice is taken as infeasible without a third try (a probe lost with its worker,
+killed, stopped or hung, is not the point's failure, unless it happens ``MAX_LOST`` times).
 Each point is a step of this worker's liveness (``autotune.search.storage.liveness``); a worker
 whose trial was failed as stale meanwhile (it hung past its promise) gets ``TakenOver``.
 """
@@ -26,7 +27,6 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.probe import cuda_result_keys
 from autotune.search.storage.liveness import TakenOver, owner_tag
-from autotune.search.storage.study import trial_id
 from autotune.search.strategies.objective import NO_FIT, trial_value
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -39,6 +39,12 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["Evaluation", "Evaluator", "point_id", "trial_fits", "MAX_FAILURES"]
 
 MAX_FAILURES = 2
+MAX_LOST = 4  # probes of a point lost with their worker before the point is taken as what kills workers
+
+
+def _lost_with_worker(trial: Any) -> bool:
+    """A FAIL trial whose worker stopped or was declared dead while probing it (not the point's own failure)."""
+    return str(trial.user_attrs.get("fail_reason", "")).startswith(("stale: ", "interrupted: "))
 # user attributes copied from a probe result onto its trial
 _RESULT_ATTRS = (
     "status",
@@ -143,6 +149,8 @@ class Evaluator:
         self.infer_study = infer_study
         self.storage = storage
         self.liveness = liveness
+        self._revivals = liveness.revivals if liveness is not None else 0
+        self._study_ids: dict[str, int] = {}
         self.owner = liveness.owner if liveness is not None else owner_tag()
         self.claims = claims
         self.poll_seconds = float(poll_seconds)
@@ -168,15 +176,18 @@ class Evaluator:
         from optuna.trial import TrialState
 
         done = None
-        failures = 0
+        failures = lost = 0
         for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)):
             if trial.user_attrs.get("point_id") != pid:
                 continue
             if trial.state == TrialState.COMPLETE and done is None:
                 done = trial
+            elif trial.state == TrialState.FAIL and _lost_with_worker(trial):
+                lost += 1
             elif trial.state == TrialState.FAIL:
                 failures += 1
-        return done, failures
+        # a probe lost with its worker (killed, stopped, hung) says nothing of the point, unless it keeps happening
+        return done, failures if lost < MAX_LOST else max(failures, MAX_FAILURES)
 
     def _skipped(self, pid: str, point: dict[str, Any], phases: tuple[str, ...]) -> Evaluation:
         from optuna.trial import TrialState
@@ -214,27 +225,48 @@ class Evaluator:
         if trial is not None:
             # a trial the sampler asked is RUNNING already: mark it as this worker's at once, so a worker
             # that stops at any moment leaves a trial its liveness answers for (autotune.search.storage.liveness)
-            trial.set_user_attr("owner", self.owner)
+            self._tag(trial)
         self._step()
         return self._evaluate(dict(point), phases, trial, repeat)
 
+    def _tag(self, trial: Any) -> None:
+        """Mark ``trial`` as this worker's: its ``owner`` tag and the id of its worker trial."""
+        trial.set_user_attr("owner", self.owner)
+        if self.liveness is not None:
+            trial.set_user_attr("worker", self.liveness.worker_id)
+
     def _step(self) -> None:
-        """Tell the liveness that this worker made a step (it keeps beating for another promise)."""
+        """Tell the liveness that this worker made a step (it keeps beating for another promise).
+
+        Raises:
+            TakenOver: this worker was declared dead since the search began (it made no progress within its
+                promise and the grace): what it held is another's now, so its search stops here.
+        """
         if self.liveness is not None:
             self.liveness.progress()
+            if self.liveness.revivals != self._revivals:
+                self._revivals = self.liveness.revivals
+                raise TakenOver(f"this worker ({self.owner}) was declared dead while searching {self.study.study_name} "
+                                "(no progress within its promise and the grace); another worker takes it over")
 
     def _known(self, pid: str, study: optuna.Study) -> tuple[optuna.trial.FrozenTrial | None, int, bool]:
         """(the point's finished trial, its failures, whether this worker holds its claim). With several
         workers a point is probed only while holding its claim; otherwise this waits for the holder's
         trial (or for its claim to go stale, then takes it over)."""
         previous, failures = self._previous(pid, study)
+        first = True
         while self.claims is not None and previous is None and failures < MAX_FAILURES:
-            if self.claims.claim(study.study_name, "point:" + pid):
+            # a point is rarely held by another (a key's points are its holder's): the first ask writes at once
+            if self.claims.claim(study.study_name, "point:" + pid, look_first=not first):
+                if self.claims.took_over and self.liveness is not None:
+                    # the dead holder's trial fails before the look below: a late result of it is refused
+                    self.liveness.fail_stale_trials(self.storage, study)
                 previous, failures = self._previous(pid, study)  # it may have finished just before
                 if previous is None and failures < MAX_FAILURES:
                     return None, failures, True
-                self.claims.release(study.study_name, "point:" + pid, done=previous is not None)
+                self.claims.release(study.study_name, "point:" + pid)
                 break
+            first = False
             time.sleep(self.poll_seconds)
             self._step()
             previous, failures = self._previous(pid, study)
@@ -255,21 +287,27 @@ class Evaluator:
 
     def _new_trial(self, study: optuna.Study, point: dict[str, Any], phases: tuple[str, ...], pid: str,
                    repeat: int, trial: Any) -> Any:
-        """The trial a probe of ``point`` is recorded in (asked here unless the sampler asked it), tagged."""
-        if trial is None:
-            trial = study.ask()
-            trial.set_user_attr("owner", self.owner)
-            stored_id = trial_id(self.storage, study, trial.number)
-            for name, value in point.items():
-                dist = self.distributions[name]
-                self.storage.set_trial_param(stored_id, name, dist.to_internal_repr(value), dist)
-        trial.set_user_attr("point_id", pid)
-        trial.set_user_attr("phases", list(phases))
-        if repeat:
-            trial.set_user_attr("repeat", repeat)
-        trial.set_user_attr("kind", "probe" if self.prober.measured else "estimate")
-        trial.set_user_attr("budget_bytes", self.budget_bytes)
-        return trial
+        """The trial a probe of ``point`` is recorded in, tagged: made here with its parameters and tags in one
+        write (no moment where a worker or a sweep sees it untagged), unless the sampler asked it."""
+        tags: dict[str, Any] = {"point_id": pid, "phases": list(phases), **({"repeat": repeat} if repeat else {}),
+                                "kind": getattr(self.prober, "kind", "probe" if self.prober.measured else "estimate"),
+                                "budget_bytes": self.budget_bytes}
+        if trial is not None:
+            for name, value in tags.items():
+                trial.set_user_attr(name, value)
+            return trial
+        import optuna
+
+        from autotune.search.storage.liveness import running_template
+
+        owner = {"owner": self.owner, **({"worker": self.liveness.worker_id} if self.liveness is not None else {})}
+        template = running_template({**owner, **tags}, {})
+        template.params = dict(point)
+        template.distributions = {name: self.distributions[name] for name in point}
+        if study.study_name not in self._study_ids:
+            self._study_ids[study.study_name] = self.storage.get_study_id_from_name(study.study_name)
+        created = self.storage.create_new_trial(self._study_ids[study.study_name], template)
+        return optuna.trial.Trial(study, created)
 
     def _abandon(self, study: optuna.Study, trial: Any, exc: BaseException) -> None:
         """Fail the trial a probe was interrupted in (a signal, Ctrl-C, an error), so the study keeps no
@@ -309,7 +347,7 @@ class Evaluator:
             self._abandon(study, trial, exc)
             raise
         if claimed:
-            self.claims.release(study.study_name, "point:" + pid, done=not evaluation.failed)
+            self.claims.release(study.study_name, "point:" + pid)
         self._report(evaluation, phases, reused=False)
         return evaluation
 
