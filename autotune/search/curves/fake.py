@@ -52,17 +52,17 @@ def parse_fake_probe(raw: str, where: str = FAKE_PROBE_ENV) -> FakeModel:
     for part in raw.split(","):
         name, sep, value = part.partition("=")
         if not sep or name.strip() not in _FIELDS or name.strip() in fields:
-            raise SpecError(f"{where}={raw!r}: {part.strip()!r} is not one of {', '.join(_FIELDS)}; {rule}")
+            raise SpecError(f"{where}: {raw!r}: {part.strip()!r} is not one of {', '.join(_FIELDS)}; {rule}")
         fields[name.strip()] = value.strip()
     if set(fields) != set(_FIELDS):
-        raise SpecError(f"{where}={raw!r}: missing {', '.join(sorted(set(_FIELDS) - set(fields)))}; {rule}")
+        raise SpecError(f"{where}: {raw!r}: missing {', '.join(sorted(set(_FIELDS) - set(fields)))}; {rule}")
     try:
         sleep = float(fields["sleep"])
         sizes = {k: parse_bytes(fields[k], k) for k in ("base", "patch", "window")}
     except (ValueError, SpecError) as exc:
-        raise SpecError(f"{where}={raw!r}: {exc}; {rule}") from exc
+        raise SpecError(f"{where}: {raw!r}: {exc}; {rule}") from exc
     if not 0.0 <= sleep < 3600.0:
-        raise SpecError(f"{where}={raw!r}: sleep must be 0 to 3600 seconds; {rule}")
+        raise SpecError(f"{where}: {raw!r}: sleep must be 0 to 3600 seconds; {rule}")
     return FakeModel(sleep, sizes["base"], sizes["patch"], sizes["window"])
 
 
