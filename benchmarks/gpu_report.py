@@ -62,8 +62,13 @@ REQUIRED: dict[str, list[str]] = {
 
 
 def missing_fields(results: Mapping[str, Any], call: str) -> list[str]:
-    """The fields of ``REQUIRED[call]`` that ``results`` lacks (an empty list when it holds them all)."""
-    return [path for path in REQUIRED[call] if not _present(results, path.split("."))]
+    """The fields of ``REQUIRED[call]`` that ``results`` lacks (an empty list when it holds them all); a dry run's
+    section whose material was not at hand (``not_at_hand``, e.g. MONAI's templates outside a clone) owes none."""
+    sections = results.get("sections") or {}
+    absent = {f"sections.{name}." for name, s in sections.items()
+              if results.get("dry_run") and isinstance(s, Mapping) and s.get("not_at_hand")}
+    return [path for path in REQUIRED[call]
+            if not any(path.startswith(prefix) for prefix in absent) and not _present(results, path.split("."))]
 
 
 def _present(value: Any, parts: list[str]) -> bool:

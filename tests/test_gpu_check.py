@@ -282,8 +282,12 @@ def test_both_dry_runs_hold_every_field(tmp_path: Path) -> None:
     contract = sections["contract"]
     assert contract["within_budget"] is True and contract["full_step_seen"] is True
     monai = sections["monai_dints"]
-    assert monai["points"][0]["train_peak_bytes"] == monai["points"][0]["estimate_train_bytes"]  # the CPU: one tracker
-    assert monai["largest_n_that_trains"] == monai["predicted_largest_n"] == 1
+    if any((t / "dints" / "scripts" / "algo.py").is_file() for t in (ROOT / ".gpu_data" / "monai" / "algorithm_templates",
+                                                                    ROOT.parent / "shared" / "monai" / "algorithm_templates")):
+        assert monai["points"][0]["train_peak_bytes"] == monai["points"][0]["estimate_train_bytes"]  # one tracker
+        assert monai["largest_n_that_trains"] == monai["predicted_largest_n"] == 1
+    else:  # MONAI's templates are test material outside the repository: the section says it did not run
+        assert "neither in .gpu_data/monai nor ../shared/monai" in monai["not_at_hand"] and "points" not in monai
     assert sections["expandable"]["points"][0]["child_alloc_conf"] == "expandable_segments:True"
 
     sections = results["training"]["sections"]
