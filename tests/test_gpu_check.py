@@ -209,6 +209,14 @@ def test_missing_fields_reads_lists_and_mappings() -> None:
         del REQUIRED["_test"]
 
 
+def test_only_a_dry_runs_section_without_its_material_owes_no_fields() -> None:
+    monai = [f for f in REQUIRED["memory"] if f.startswith("sections.monai_dints.")]
+    results: dict[str, Any] = {"dry_run": True, "sections": {"monai_dints": {"status": OK, "not_at_hand": "no templates"}}}
+    assert monai and not set(monai) & set(missing_fields(results, "memory"))
+    results["dry_run"] = False  # on a GPU the material must be there: every field is owed
+    assert set(monai) <= set(missing_fields(results, "memory"))
+
+
 def _result_folder(folder: Path, call: str, gpu: str, dry_run: bool = False) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / f"gpu_check_{call}.json").write_text(json.dumps({"call": call, "dry_run": dry_run, "gpu": {"name": gpu},
