@@ -54,18 +54,15 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def run_variant(bundle: Path, variant: dict[str, Any], args: argparse.Namespace) -> None:
-    """Train ``variant`` for ``--steps`` steps in this process, printing one JSON row per record."""
+def _setup(bundle: Path, variant: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """The variant's data, network, loss, optimizer and schedule, seeded as every variant is."""
     import numpy as np
     import torch
     from monai.data import CacheDataset, DataLoader
-    from monai.losses import DiceLoss
 
     import autotune.build as build
-    from autotune.autocast import autocast
     from autotune.bundles.config import load_bundle_config
     from autotune.bundles.scaling import plan_schedule
-    from autotune.step import make_dice_metric, score_case, sliding_window_predict
     from autotune.trainer import data as tdata
 
     torch.set_num_threads(1)
@@ -78,35 +75,65 @@ def run_variant(bundle: Path, variant: dict[str, Any], args: argparse.Namespace)
     torch.manual_seed(0)
     np.random.seed(0)
     net = build.build_network(cfg)
-    loss_fn = build.build_loss(cfg)
     optimizer = build.build_optimizer(cfg, net.parameters())
     plan = plan_schedule(cfg, len(train_ds), args.sched_epochs)
-    scheduler = build.build_lr_scheduler(cfg, optimizer, plan.total_steps, plan.warmup_steps, plan.warmup_start_factor)
-    dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[variant["precision"]]
-    dice_part = DiceLoss(include_background=(cfg["loss"].get("args") or {}).get("include_background", True),
-                         to_onehot_y=True, softmax=True, smooth_nr=1e-5, smooth_dr=1e-5)
     transforms.set_random_state(seed=0)
-    loader = DataLoader(train_ds, batch_size=int(cfg["num_images_per_batch"]), shuffle=True, num_workers=0)
+    return {"cfg": cfg, "val_ds": val_ds, "net": net, "loss_fn": build.build_loss(cfg), "optimizer": optimizer,
+            "scheduler": build.build_lr_scheduler(cfg, optimizer, plan.total_steps, plan.warmup_steps,
+                                                  plan.warmup_start_factor),
+            "dtype": {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[variant["precision"]],
+            "loader": DataLoader(train_ds, batch_size=int(cfg["num_images_per_batch"]), shuffle=True, num_workers=0)}
 
-    def validate() -> tuple[float, float]:
-        net.eval()
-        metric, scores, shares = make_dice_metric(cfg), [], []
-        for item in val_ds:
-            image, label = item["image"].unsqueeze(0).as_tensor(), item["label"].unsqueeze(0).as_tensor()
-            logits = sliding_window_predict(net, image, cfg["roi_size"], 4, "cpu", 0.5, dtype)
-            shares.append(float((logits.argmax(1) > 0).float().mean()))
-            scores.append(score_case(logits, label, cfg, metric))
-        net.train()
-        return float(torch.nanmean(torch.cat(scores))), float(np.mean(shares))
 
+def _validate(parts: dict[str, Any]) -> tuple[float, float]:
+    """Mean Dice on the validation cases and the share of their voxels predicted foreground."""
+    import numpy as np
+    import torch
+
+    from autotune.step import make_dice_metric, score_case, sliding_window_predict
+
+    net, cfg = parts["net"], parts["cfg"]
+    net.eval()
+    metric, scores, shares = make_dice_metric(cfg), [], []
+    for item in parts["val_ds"]:
+        image, label = item["image"].unsqueeze(0).as_tensor(), item["label"].unsqueeze(0).as_tensor()
+        logits = sliding_window_predict(net, image, cfg["roi_size"], 4, "cpu", 0.5, parts["dtype"])
+        shares.append(float((logits.argmax(1) > 0).float().mean()))
+        scores.append(score_case(logits, label, cfg, metric))
+    net.train()
+    return float(torch.nanmean(torch.cat(scores))), float(np.mean(shares))
+
+
+def _record(step: int, loss: Any, logits: Any, labels: Any, grad_norm: float, lr: float, dice_part: Any) -> dict[str, Any]:
+    """One step's row: the loss split into its Dice and cross-entropy terms, foreground predicted and true."""
+    import torch
+
+    with torch.no_grad():
+        dice_loss = float(dice_part(logits.detach().float(), labels))
+        return {"step": step, "loss": float(loss.detach()), "dice_loss": dice_loss, "ce": float(loss.detach()) - dice_loss,
+                "fg_pred": float((logits.argmax(1) > 0).float().mean()), "fg_true": float((labels > 0).float().mean()),
+                "grad_norm": grad_norm, "lr": lr, "val_dice": None, "val_fg": None}
+
+
+def run_variant(bundle: Path, variant: dict[str, Any], args: argparse.Namespace) -> None:
+    """Train ``variant`` for ``--steps`` steps in this process, printing one JSON row per record."""
+    import torch
+    from monai.losses import DiceLoss
+
+    from autotune.autocast import autocast
+
+    parts = _setup(bundle, variant, args)
+    net, optimizer, scheduler = parts["net"], parts["optimizer"], parts["scheduler"]
+    dice_part = DiceLoss(include_background=(parts["cfg"]["loss"].get("args") or {}).get("include_background", True),
+                         to_onehot_y=True, softmax=True, smooth_nr=1e-5, smooth_dr=1e-5)
     step, t0 = 0, time.monotonic()
     while step < args.steps:
-        for batch in loader:
+        for batch in parts["loader"]:
             images, labels = batch["image"].as_tensor(), batch["label"].as_tensor()
             optimizer.zero_grad(set_to_none=True)
-            with autocast("cpu", dtype):
+            with autocast("cpu", parts["dtype"]):
                 logits = net(images)
-                loss = loss_fn(logits, labels)
+                loss = parts["loss_fn"](logits, labels)
             loss.backward()
             grad_norm = float(torch.nn.utils.clip_grad_norm_(net.parameters(), float("inf")))
             optimizer.step()
@@ -114,15 +141,9 @@ def run_variant(bundle: Path, variant: dict[str, Any], args: argparse.Namespace)
                 scheduler.step()
             step += 1
             if step % args.every == 0 or step == 1:
-                with torch.no_grad():
-                    dice_loss = float(dice_part(logits.detach().float(), labels))
-                    row = {"step": step, "loss": float(loss.detach()), "dice_loss": dice_loss,
-                           "ce": float(loss.detach()) - dice_loss,
-                           "fg_pred": float((logits.argmax(1) > 0).float().mean()),
-                           "fg_true": float((labels > 0).float().mean()), "grad_norm": grad_norm,
-                           "lr": optimizer.param_groups[0]["lr"], "val_dice": None, "val_fg": None}
+                row = _record(step, loss, logits, labels, grad_norm, optimizer.param_groups[0]["lr"], dice_part)
                 if step % (4 * args.every) == 0:
-                    row["val_dice"], row["val_fg"] = validate()
+                    row["val_dice"], row["val_fg"] = _validate(parts)
                 row["seconds"] = round(time.monotonic() - t0, 1)
                 print(json.dumps(row), flush=True)
             if step >= args.steps:
