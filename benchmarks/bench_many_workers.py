@@ -67,6 +67,7 @@ SPECS = {"universal": {"range_num_images_per_batch": [1, 16], "range_num_sw_batc
 ANSWER = ("num_patches_per_iter", "num_sw_batch_size", "validation_device", "sw_input_on_cpu")  # a stored answer
 MONITOR = "bench-monitor"
 LOW_MEMORY = 3 * 2**30  # MemAvailable below which a run is given up
+MEMORY_EVERY = 20.0  # seconds between two samples of the workers' memory (reading 256 smaps takes a core for ~1 s)
 
 from common import cpu_name, write_json  # noqa: E402  (benchmarks/ is the script's folder)
 
@@ -125,6 +126,7 @@ def _worker(index: int, storage: str, bundles: list[str], env: dict[str, str], l
                        progress=lambda line: print(line, file=sys.stderr, flush=True))
         code = 0 if all(r.get("status") == "tuned" for r in results) else 1
         print("CALLS " + json.dumps({n: [c, round(CALL_SECONDS[n], 3)] for n, c in CALLS.items()}), flush=True)
+        print("SITES " + json.dumps(dict(CALL_SITES)), flush=True)
     except BaseException as exc:  # noqa: BLE001 - the exit code and the log say it
         import traceback
 
@@ -162,6 +164,20 @@ def _preload(bundles: list[str]) -> None:
 
 CALLS: Counter[str] = Counter()  # storage calls of this process (a worker's, after the fork), by method
 CALL_SECONDS: Counter[str] = Counter()
+CALL_SITES: Counter[str] = Counter()  # "outer autotune function > inner one: method", for where the calls come from
+
+
+def _call_site(name: str) -> str:
+    """Where a storage call comes from: the two innermost functions of autotune on the stack (the storage's own
+    wrappers, ``retry`` and ``backends``, left out) and the method."""
+    frame = sys._getframe(2)
+    names: list[str] = []
+    while frame is not None and len(names) < 2:
+        path = frame.f_code.co_filename
+        if "/autotune/" in path and not path.endswith(("retry.py", "backends.py")):
+            names.append(f"{Path(path).stem}.{frame.f_code.co_name}")
+        frame = frame.f_back
+    return " > ".join(reversed(names)) + f": {name}"
 
 
 def _count_calls(cls: type) -> None:
@@ -178,6 +194,7 @@ def _count_calls(cls: type) -> None:
             finally:
                 CALLS[__n] += 1
                 CALL_SECONDS[__n] += time.perf_counter() - started
+                CALL_SITES[_call_site(__n)] += 1
 
         setattr(cls, name, functools.wraps(method)(counted))
 
@@ -287,7 +304,7 @@ def watch(fleet: Fleet, url: str, database: str, kill_at: list[float], churn_eve
             sample = fleet.memory()
             if sample["pss"] > memory["pss"]:
                 memory = sample
-            next_memory = now + 5.0
+            next_memory = now + MEMORY_EVERY
             if _available_memory() < LOW_MEMORY:  # the machine is shared: give the run up before it swaps or OOMs
                 low_memory = True
                 break
@@ -488,13 +505,17 @@ def run(name: str, admin_url: str, prepared: dict[str, Any], args: argparse.Name
 def _storage_calls(logs: Path) -> dict[str, Any]:
     """The storage calls of the workers that finished (each prints its count on its last line), summed."""
     total: Counter[str] = Counter()
+    sites: Counter[str] = Counter()
     workers = 0
     for path in sorted(logs.glob("w*.log")):
-        lines = [line for line in path.read_text(errors="replace").splitlines() if line.startswith("CALLS ")]
-        if lines:
+        lines = path.read_text(errors="replace").splitlines()
+        calls = [line for line in lines if line.startswith("CALLS ")]
+        if calls:
             workers += 1
-            total.update({n: c for n, (c, _s) in json.loads(lines[-1][6:]).items()})
-    return {"workers_reporting": workers, "calls": sum(total.values()), "by_method": dict(total.most_common())}
+            total.update({n: c for n, (c, _s) in json.loads(calls[-1][6:]).items()})
+            sites.update(json.loads(next((line[6:] for line in reversed(lines) if line.startswith("SITES ")), "{}")))
+    return {"workers_reporting": workers, "calls": sum(total.values()), "by_method": dict(total.most_common()),
+            "by_site": dict(sites.most_common(40))}
 
 
 def _tail(path: Path) -> str:

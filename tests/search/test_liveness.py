@@ -177,3 +177,67 @@ def test_autotune_uses_only_public_optuna_names() -> None:
                                   "storage._get_stale_trial_ids(study._study_id)"])
 def test_private_name_pattern_catches_the_old_uses(line: str) -> None:
     assert PRIVATE_OPTUNA.search(line)
+
+
+def test_a_worker_beats_while_it_holds_something_and_not_while_it_waits(tmp_path: Path) -> None:
+    """Hundreds of workers waiting for others' results would each write a beat every few seconds for nothing:
+    one that holds nothing lets its beat age (no one judges it), beats at once before it takes a claim, beats
+    while it holds one or evaluates a point, and stops once it holds nothing again."""
+    from autotune.search.storage.liveness import HEARTBEAT
+
+    storage = open_storage(f"sqlite:///{tmp_path / 'live.db'}")
+    study = optuna.create_study(storage=storage, study_name="s", direction="maximize")
+    live, evaluator = _worker("host-a:1", QuickProber(), study, storage)
+    other = Liveness(storage, "host-b:2", stale_after=GRACE, promise=PROMISE)
+
+    def beat() -> float:
+        return float(storage.get_trial(live.worker_id).system_attrs[HEARTBEAT])
+
+    try:
+        registered = beat()
+        time.sleep(GRACE + 2 * live.beat_every)  # waiting, holding nothing: not one write
+        live.progress()
+        assert beat() == registered
+        claims = ClaimStore(live)
+        assert claims.claim("s", "key:x")  # its beat is renewed before its ticket is written
+        taken = beat()
+        assert taken > registered + GRACE
+        assert other.verdict(live.worker_id) is None, "a worker that just took a claim is live"
+        deadline = time.monotonic() + 10 * live.beat_every
+        while beat() == taken and time.monotonic() < deadline:  # holding: it beats
+            live.progress()
+            time.sleep(0.05)
+        assert beat() > taken, "a worker holding a claim stopped beating"
+        claims.release("s", "key:x")
+        time.sleep(live.beat_every)  # a beat under way when it let go may land
+        released = beat()
+        time.sleep(2 * live.beat_every)
+        live.progress()
+        assert beat() == released, "a worker holding nothing went on beating"
+        time.sleep(live.beat_every)
+        assert evaluator.evaluate(POINT, ("train",)).status == "ok"  # an evaluation beats first, if due
+        assert beat() > released
+    finally:
+        live.close()
+        other.close()
+
+
+def test_a_live_verdict_is_not_read_again_until_the_beat_could_be_stale(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker of another host seen live with a beat of age a cannot be stale before grace - a: asking again
+    before then reads nothing; after it, the worker trial is read again (and judged on what it finds)."""
+    storage = open_storage(f"sqlite:///{tmp_path / 'live.db'}")
+    holder = Liveness(storage, "host-a:1", stale_after=GRACE, promise=PROMISE)
+    judge = Liveness(storage, "host-b:2", stale_after=GRACE, promise=PROMISE)
+    reads: list[int] = []
+    real = storage.get_trial
+    monkeypatch.setattr(storage, "get_trial", lambda trial_id: reads.append(trial_id) or real(trial_id))
+    try:
+        assert judge.verdict(holder.worker_id) is None and judge.verdict(holder.worker_id) is None
+        assert reads == [holder.worker_id], "a worker known live within its grace was read again"
+        time.sleep(GRACE + 0.2)  # holding nothing, it has not beaten since: stale now
+        assert judge.verdict(holder.worker_id) is not None
+        assert reads == [holder.worker_id] * 2
+    finally:
+        holder.close()
+        judge.close()

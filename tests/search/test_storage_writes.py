@@ -167,3 +167,49 @@ def test_tune_on_a_full_disk_under_sqlite_exits_4(full_tmpfs: Path, tmp_path_fac
     assert lines == [f"autotune tune: error: cannot write the tuning storage {full_tmpfs / 'autotune.db'}: no space "
                      f"left on the device (0 B free there); kept: every trial finished before this write; free space "
                      "(or give another --storage), then run the same command to continue"]
+
+
+@pytest.mark.parametrize(("driver_line", "says"), [
+    ("FATAL:  sorry, too many clients already", "connections are all taken"),
+    ("connection refused", "database server was unreachable"),
+])
+def test_a_server_refusing_past_the_budget_is_one_line_that_says_why(driver_line: str, says: str) -> None:
+    """A server that keeps refusing connections ends in one line; one whose connections are all taken (hundreds of
+    workers each holding its own) says to share a pool through the proxy, not that the server is down."""
+    from autotune.errors import StorageError
+    from autotune.search.storage.retry import retrying
+
+    class DriverError(Exception):
+        pass
+
+    def refuse() -> None:
+        raise sa.exc.OperationalError("connect", {}, DriverError(driver_line))
+
+    pauses: list[float] = []
+    with pytest.raises(StorageError) as caught:
+        retrying(refuse, "postgresql://u:***@db/x", budget=1.0, sleep=pauses.append)
+    line = str(caught.value)
+    assert "\n" not in line and says in line and "postgresql://u:***@db/x" in line
+    assert pauses, "the refusal was retried before giving up"
+    assert ("autotune proxy" in line) == (says == "connections are all taken")
+
+
+def test_only_a_retried_new_trial_looks_for_its_lost_commit(server_like: optuna.storages.RDBStorage,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The look for a trial an earlier try wrote (a join made with the study's row locked) is made by a retry
+    only: a first try cannot follow a lost commit, and on a busy proxy that look was most of its work."""
+    from autotune.search.storage import retry
+
+    looks: list[int] = []
+    real = retry._written_trial
+    monkeypatch.setattr(retry, "_written_trial", lambda *a: looks.append(1) or real(*a))
+    study = optuna.create_study(storage=server_like, study_name="s", direction="maximize")
+    for _ in range(3):
+        study.ask()
+    assert looks == [], "first tries looked for a lost commit"
+    lost = LostCommits(server_like)
+    lost.armed = 1
+    study.ask()  # committed, then dropped: the retry looks, finds it, and does not write it again
+    assert looks == [1] and lost.dropped == 1
+    assert [t.number for t in study.get_trials(deepcopy=False)] == [0, 1, 2, 3]
+    assert retry._TRIED == set(), "a write's id is forgotten once it is written"

@@ -105,6 +105,8 @@ def _answer_all(session: Session, bundles: Mapping[str, Bundle], groups: Mapping
         record = _answer(session, bundles, groups, keys, study_name, False, seen.get(study_name) if shared else None)
         if record is None:
             pending.append(study_name)
+            if study_name not in seen:  # started since the read: others started too, read again (one call, not a
+                seen = _studies(session)  # claim asked of every key: hundreds of workers start together)
         else:
             records[study_name] = record
             if shared and not record.get("from_storage"):

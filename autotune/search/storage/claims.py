@@ -66,6 +66,8 @@ class ClaimStore:
         self._studies: dict[str, int] = {}
         self._held: dict[tuple[str, str], dict[str, Any]] = {}  # (study, item) -> ticket id, token, since
         self.took_over = False  # the last claim taken ended a ticket of a worker declared dead
+        self._holders: dict[tuple[str, str], str] = {}  # (study, item) -> owner of the live holder its claim met
+        liveness.add_holder(lambda: bool(self._held))  # its worker beats while it holds a claim
 
     def _study(self, study_name: str) -> int:
         name = claims_study_name(study_name)
@@ -113,21 +115,32 @@ class ClaimStore:
             if any(t.system_attrs.get(TICKET) == held["token"] for t in self._tickets(study_id, key)):
                 return True
             self._held.pop((study_name, item))  # taken over while this worker made no progress
-        if look_first and self._live_before(study_id, self._tickets(study_id, key), None) is not None:
-            return False  # a live holder: nothing written
+        if look_first:
+            older = self._live_before(study_id, self._tickets(study_id, key), None)
+            if older is not None:
+                self._holders[(study_name, item)] = str(older.system_attrs.get(OWNER, "?"))
+                return False  # a live holder: nothing written
+        self.liveness.fresh()  # the ticket names this worker: its beat must be recent when others read it
         user, system = self.liveness.tags()
         token = uuid.uuid4().hex
         ticket_id = self.storage.create_new_trial(study_id, running_template(
             {**user, "study": study_name, "item": item}, {**system, ITEM: key, TICKET: token}))
-        if self._live_before(study_id, self._tickets(study_id, key), token) is not None:
+        older = self._live_before(study_id, self._tickets(study_id, key), token)
+        if older is not None:
+            self._holders[(study_name, item)] = str(older.system_attrs.get(OWNER, "?"))
             self._end(ticket_id, False, "withdrawn: an older claim holds it")
             return False
         self._held[(study_name, item)] = {"id": ticket_id, "token": token, "since": time.monotonic(),
                                           "worker": system[WORKER]}
+        self._holders[(study_name, item)] = self.owner
         return True
 
     def holder(self, study_name: str, item: str) -> dict[str, Any] | None:
-        """Who holds ``item`` (its owner tag), or None."""
+        """Who holds ``item`` (its owner tag), or None: the holder this worker's last claim of it met, else
+        read from the storage."""
+        met = self._holders.get((study_name, item))
+        if met is not None:
+            return {"owner": met}
         study_id = self._study(study_name)
         tickets = self._tickets(study_id, f"{study_name}|{item}")
         return {"owner": str(tickets[0].system_attrs.get(OWNER, "?"))} if tickets else None
@@ -135,6 +148,7 @@ class ClaimStore:
     def release(self, study_name: str, item: str) -> None:
         """Give ``item`` back."""
         held = self._held.pop((study_name, item), None)
+        self._holders.pop((study_name, item), None)
         if held is not None:
             self._end(held["id"], True, None, time.monotonic() - held["since"])
 

@@ -36,12 +36,11 @@ def refuse_live_legacy_workers(storage: Any, shown: str, stale_after: float) -> 
     engine = getattr(storage, "engine", None)
     if engine is None:
         return
-    import sqlalchemy as sa
+    from autotune.search.storage.retry import retrying
 
-    if not sa.inspect(engine).has_table(LEGACY_TABLES[0]):
-        return
-    with engine.connect() as conn:
-        rows = conn.execute(sa.text(f"SELECT owner, heartbeat FROM {LEGACY_TABLES[0]}")).fetchall()
+    # read as every storage call is: a server that refuses a connection for a while (its connections all taken,
+    # a restart) is waited for, then one line; never a driver's traceback
+    rows = retrying(lambda: _legacy_heartbeats(engine), shown, retry=getattr(storage, "retries", True))
     now = time.time()
     live = sorted(((now - float(beat), str(owner)) for owner, beat in rows if now - float(beat) <= stale_after))
     if live:
@@ -51,3 +50,13 @@ def refuse_live_legacy_workers(storage: Any, shown: str, stale_after: float) -> 
             "with the autotune_workers and autotune_claims tables, which this version no longer reads; let the "
             "older workers finish or stop them, upgrade every worker to this version, then run again (its "
             "studies are kept; the two tables may then be dropped)")
+
+
+def _legacy_heartbeats(engine: Any) -> list[Any]:
+    """(owner, heartbeat) rows of the older workers' table; none when it does not exist."""
+    import sqlalchemy as sa
+
+    with engine.connect() as conn:
+        if not sa.inspect(conn).has_table(LEGACY_TABLES[0]):
+            return []
+        return list(conn.execute(sa.text(f"SELECT owner, heartbeat FROM {LEGACY_TABLES[0]}")).fetchall())

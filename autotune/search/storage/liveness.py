@@ -1,9 +1,13 @@
-"""Worker liveness through Optuna's storage API: one heartbeat per worker, renewed only while it makes progress.
+"""Worker liveness through Optuna's storage API: one heartbeat per worker, renewed only while it makes progress
+and holds something.
 
 Every tuning run (``autotune tune`` or ``autotune worker``) is a RUNNING trial of the study
 ``autotune-workers`` in the storage it tunes in (its *worker trial*), whose system attribute
 ``autotune:heartbeat`` (the worker's clock, seconds since the epoch) a background thread rewrites every
-``min(10, stale_after / 3)`` seconds, but only while the run keeps its promise: each step of the main
+``min(10, stale_after / 3)`` seconds while the worker holds something others could judge it by (a claim,
+``autotune.search.storage.claims``, or a trial it is evaluating), and only while the run keeps its promise:
+a worker that holds nothing (one of hundreds waiting for others' results) is never judged, so its beat is
+left to age, and it beats at once before it next takes something (``fresh``). Each step of the main
 thread (a point evaluated, a poll for another worker's result, a claim taken) calls ``progress()``,
 which promises the next step within ``promise`` seconds (the probe timeout: the probe runner kills a
 child that takes longer, so a live worker always comes back in time). A worker whose main thread
@@ -40,11 +44,13 @@ trials (claims on keys and points) and a beat that stops when the worker stops m
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import os
 import socket
 import threading
 import time
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from autotune.errors import StorageError
@@ -90,10 +96,17 @@ def is_coordination_study(name: str) -> bool:
 
 def ensure_study(storage: optuna.storages.BaseStorage, name: str, phase: str) -> int:
     """The id of study ``name``, created (with user attribute ``phase``) when missing; workers starting
-    together race to create it and all get the one that won (the study name is unique on every backend)."""
+    together race to create it and all get the one that won (the study name is unique on every backend).
+
+    Looked up first: most callers find it made (one read; a failed create is a rolled-back insert on a
+    database, and hundreds of workers asking for the same claims study would make thousands of them)."""
     from optuna.exceptions import DuplicatedStudyError
     from optuna.study import StudyDirection
 
+    try:
+        return storage.get_study_id_from_name(name)
+    except KeyError:
+        pass
     try:
         study_id = storage.create_new_study([StudyDirection.MAXIMIZE], name)
     except DuplicatedStudyError:
@@ -147,7 +160,12 @@ class Liveness:
         self.started = time.time()
         self.study_id = ensure_study(storage, WORKERS_STUDY, "workers")
         self.revivals = 0  # times this worker was declared dead and carried on as a new worker trial
+        self._live_until: dict[int, float] = {}  # worker trial id -> monotonic time before which it cannot be stale
+        self._lock = threading.Lock()  # one beat at a time (the main thread's ``fresh`` and the beating thread's)
+        self._holders: list[Callable[[], bool]] = []  # what this worker holds (its claims): it beats while any does
+        self._busy = 0  # evaluations under way (each holds a RUNNING trial)
         self.worker_id = self._register()
+        self._last_beat = time.monotonic()
         self._deadline = time.monotonic() + self.promise
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, name="autotune-liveness", daemon=True)
@@ -158,6 +176,30 @@ class Liveness:
         return self.storage.create_new_trial(self.study_id, running_template(
             {"owner": self.owner, "host": host, "pid": pid},
             {OWNER: self.owner, HEARTBEAT: time.time(), "autotune:stale_after": self.stale_after}))
+
+    def holds(self) -> bool:
+        """True while this worker holds something another worker may judge it by (a claim, a trial)."""
+        return self._busy > 0 or any(held() for held in self._holders)
+
+    def add_holder(self, held: Callable[[], bool]) -> None:
+        """Beat while ``held()`` is True (a claim store: while it holds a claim)."""
+        self._holders.append(held)
+
+    def fresh(self) -> None:
+        """Beat now unless the last beat is newer than a beat's interval: before this worker takes something
+        others may judge it by (a claim's ticket, a trial), after holding nothing for a while."""
+        if time.monotonic() - self._last_beat >= self.beat_every:
+            self._write()
+
+    @contextlib.contextmanager
+    def busy(self) -> Iterator[None]:
+        """Hold a trial for the block's length (an evaluation): beat now if due, and beat throughout."""
+        self.fresh()
+        self._busy += 1
+        try:
+            yield
+        finally:
+            self._busy -= 1
 
     def progress(self) -> None:
         """The main thread made a step: keep beating for another ``promise`` seconds."""
@@ -174,6 +216,9 @@ class Liveness:
 
         if worker_id == self.worker_id:
             return None
+        until = self._live_until.get(int(worker_id))
+        if until is not None and time.monotonic() < until:
+            return None  # its last beat was read less than a grace ago: it cannot be stale yet (no storage call)
         try:
             trial = self.storage.get_trial(int(worker_id))
         except KeyError:
@@ -190,6 +235,10 @@ class Liveness:
             age = time.time() - float(trial.system_attrs.get(HEARTBEAT) or 0.0)
             if age > self.stale_after:
                 why = f"worker {owner} made no progress for {age:.0f} s"
+            elif not owner.startswith(socket.gethostname() + ":"):
+                # a worker of another host is live until its beat is a grace old, whatever it does meanwhile; one
+                # of this host is asked again each time (its process may be gone: taken over at once)
+                self._live_until[int(worker_id)] = time.monotonic() + self.stale_after - max(age, 0.0)
         if why is not None:
             self._declare_dead(int(worker_id), why)
         return why
@@ -262,16 +311,20 @@ class Liveness:
         """One beat; a worker declared dead meanwhile carries on as a new worker trial."""
         import optuna
 
-        try:
-            self.storage.set_trial_system_attr(self.worker_id, HEARTBEAT, time.time())
-        except optuna.exceptions.UpdateFinishedTrialError:
-            self.worker_id = self._register()
-            self.revivals += 1
+        with self._lock:
+            try:
+                self.storage.set_trial_system_attr(self.worker_id, HEARTBEAT, time.time())
+            except optuna.exceptions.UpdateFinishedTrialError:
+                self.worker_id = self._register()
+                self.revivals += 1
+            self._last_beat = time.monotonic()
 
     def _beat(self) -> None:
         while not self._stop.wait(self.beat_every):
             if time.monotonic() > self._deadline:
                 continue  # the main thread broke its promise: let the heartbeat age
+            if not self.holds():
+                continue  # nothing to judge it by: no write (hundreds of waiters would each beat for nothing)
             try:
                 self._write()
             except Exception:  # noqa: BLE001 - a missed beat is retried at the next one

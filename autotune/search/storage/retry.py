@@ -37,6 +37,7 @@ RETRY_ENV = "AUTOTUNE_STORAGE_RETRY_SECONDS"
 WRITE_ID = "autotune:write_id"  # the system attribute that makes a new trial's write idempotent
 DEFAULT_RETRY_SECONDS = 60.0
 _T = TypeVar("_T")
+_TRIED: set[str] = set()  # write ids of new trials tried once already (set.add and discard are atomic)
 
 
 def retry_seconds() -> float:
@@ -115,8 +116,15 @@ def retrying(call: Callable[[], _T], shown: str, budget: float | None = None,
             if not retry or not is_disconnect(exc):
                 raise
             if time.monotonic() + pause > deadline:
+                reason = _reason(exc)
+                if "too many clients" in reason or "too many connections" in reason.lower():
+                    raise StorageError(
+                        f"storage {shown}: the database refused a connection for {budget:g} s ({reason}): its "
+                        "connections are all taken; let many workers share one pool through the storage proxy "
+                        "(autotune proxy, then --storage grpc://HOST:PORT), or raise the server's max_connections; "
+                        "every finished trial is stored: run the same command to continue") from exc
                 raise StorageError(
-                    f"storage {shown}: the database server was unreachable for {budget:g} s ({_reason(exc)}); "
+                    f"storage {shown}: the database server was unreachable for {budget:g} s ({reason}); "
                     "every finished trial is stored: once the server is back, run the same command to continue"
                 ) from exc
             sleep(pause)
@@ -176,12 +184,24 @@ def _idempotent_methods(base: type) -> dict[str, Callable[..., Any]]:
     """Trial creation and ending that a retry after a lost commit does not repeat."""
 
     def _create_new_trial(self: Any, study_id: int, template_trial: Any = None) -> Any:
-        tagged = _tagged(template_trial, uuid.uuid4().hex)  # one id for every try of this one write
-        return retrying(lambda: base._create_new_trial(self, study_id, tagged), _shown(self), retry=self.retries)
+        write_id = uuid.uuid4().hex
+        tagged = _tagged(template_trial, write_id)  # one id for every try of this one write
+        try:
+            return retrying(lambda: base._create_new_trial(self, study_id, tagged), _shown(self), retry=self.retries)
+        finally:
+            _TRIED.discard(write_id)
 
     def _get_prepared_new_trial(self: Any, study_id: int, template_trial: Any, session: Any) -> Any:
-        # called with the study's row locked (Optuna numbers trials under that lock): no other try races this one
-        written = _written_trial(session, study_id, template_trial)
+        # called with the study's row locked (Optuna numbers trials under that lock): no other try races this one.
+        # Only a try after another (ours, or Optuna's own retry inside _create_new_trial) can follow a lost commit,
+        # so only such a try looks for the trial it may have written (a join over the study's attributes, made
+        # with the study's row locked: on the first try of every write it was most of a proxy's work)
+        write_id = (template_trial.system_attrs if template_trial is not None else {}).get(WRITE_ID)
+        written = None
+        if write_id in _TRIED:
+            written = _written_trial(session, study_id, template_trial)
+        elif write_id is not None:
+            _TRIED.add(write_id)
         return written if written is not None else base._get_prepared_new_trial(self, study_id, template_trial, session)
 
     def set_trial_state_values(self: Any, trial_id: int, state: Any, values: Sequence[float] | None = None) -> bool:

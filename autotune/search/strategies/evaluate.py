@@ -19,6 +19,7 @@ whose trial was failed as stale meanwhile (it hung past its promise) gets ``Take
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Callable, Mapping
@@ -222,12 +223,13 @@ class Evaluator:
         ``trial`` may be a trial already asked (the TPE strategy); otherwise one is made.
         ``repeat`` > 0 asks for a repeated measurement of a point (a point of its own in the study).
         """
-        if trial is not None:
-            # a trial the sampler asked is RUNNING already: mark it as this worker's at once, so a worker
-            # that stops at any moment leaves a trial its liveness answers for (autotune.search.storage.liveness)
-            self._tag(trial)
-        self._step()
-        return self._evaluate(dict(point), phases, trial, repeat)
+        with self.liveness.busy() if self.liveness is not None else contextlib.nullcontext():
+            if trial is not None:
+                # a trial the sampler asked is RUNNING already: mark it as this worker's at once, so a worker
+                # that stops at any moment leaves a trial its liveness answers for (autotune.search.storage.liveness)
+                self._tag(trial)
+            self._step()
+            return self._evaluate(dict(point), phases, trial, repeat)
 
     def _tag(self, trial: Any) -> None:
         """Mark ``trial`` as this worker's: its ``owner`` tag and the id of its worker trial."""
