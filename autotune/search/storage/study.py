@@ -338,7 +338,7 @@ def open_study(
     storage: optuna.storages.BaseStorage, key: TuningKey, sampler: optuna.samplers.BaseSampler | None = None,
     phase: str | None = None, metric: str | None = None,
 ) -> optuna.Study:
-    """Create or load a study of ``key``; the key's fields are stored as study attributes.
+    """Create or load a study of ``key``; the key is stored as the study's user attribute ``tuning_key``.
 
     ``phase``: ``train`` (the key's study, the default), ``infer`` (its sibling ``<name>-infer``) or ``joint``
     (one trial sizes both phases: ``Strategy.phase`` of a tpe search). ``metric``: the name
@@ -359,10 +359,8 @@ def open_study(
     attrs = study.user_attrs
     if "phase" not in attrs:
         study.set_user_attr("phase", phase)
-    if "tuning_key" not in attrs:
+    if "tuning_key" not in attrs:  # one attribute (the dashboard shows it whole): one write, not one per field
         study.set_user_attr("tuning_key", key.as_dict())
-        for name, value in key.as_dict().items():
-            study.set_user_attr(f"key.{name}", value)
     return study
 
 
