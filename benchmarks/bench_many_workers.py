@@ -1,7 +1,6 @@
 """Hundreds of workers on one storage: 256 worker processes through Optuna's gRPC storage proxy over
 PostgreSQL, and directly on PostgreSQL with one connection per call (``AUTOTUNE_STORAGE_POOL=none``, the
-pool that fits its 100 connections); then 32 workers, one SIGKILLed every few seconds and replaced. A run
-named ``proxyN`` serves the study through N proxy processes on one port (``autotune proxy --processes N``).
+pool that fits its 100 connections); then 32 workers, one SIGKILLed every few seconds and replaced.
 
 Each worker runs what ``autotune worker`` runs (``tune(..., workers_share=True)``, the fast strategy) on one
 work folder of ``--keys`` bundles: copies of a tiny UNet bundle that differ in the optimizer's weight decay,
@@ -37,7 +36,7 @@ PostgreSQL: a throw-away server on 127.0.0.1 (``tests/pg_fixtures.py``), default
 (``max_connections`` 100) but for ``fsync``, ``synchronous_commit`` and ``full_page_writes`` (off).
 A run is given up when the machine's available memory falls under 3 GiB (``given_up_low_memory``).
 
-    python benchmarks/bench_many_workers.py [--workers 256] [--keys 64] [--sleep 2] [--runs proxy,proxy2,direct,churn]
+    python benchmarks/bench_many_workers.py [--workers 256] [--keys 64] [--sleep 2] [--runs proxy,direct,churn]
         [--out benchmarks/results/many_workers.json]
 """
 
@@ -157,7 +156,7 @@ def _preload(bundles: list[str]) -> None:
     from autotune.search.storage.retry import rdb_storage_class
 
     _count_calls(backends._grpc_class())
-    _count_calls(rdb_storage_class(True))
+    _count_calls(rdb_storage_class(retry=True))  # the key open_storage asks for (lru_cache keys by keyword)
     for path in bundles:
         _BUNDLES[str(Path(path))] = load_bundle(path)
     driver.load_bundle = lambda bundle: _BUNDLES[str(Path(bundle))]  # type: ignore[assignment]
@@ -442,14 +441,13 @@ def _new_database(admin_url: str) -> tuple[str, str]:
     return make_url(admin_url).set(database=name).render_as_string(hide_password=False), name
 
 
-def _start_proxy(url: str, threads: int, processes: int, logs: Path) -> tuple[subprocess.Popen, str]:
+def _start_proxy(url: str, threads: int, logs: Path) -> tuple[subprocess.Popen, str]:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     log = open(logs / "proxy.log", "w")  # noqa: SIM115 - open for the proxy's life
     proc = subprocess.Popen([sys.executable, "-m", "autotune", "proxy", "--storage", url, "--port", str(port),
-                             "--threads", str(threads), "--processes", str(processes)], stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+                             "--threads", str(threads)], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.time() + 120
     while time.time() < deadline:
         with socket.socket() as sock:
@@ -461,12 +459,6 @@ def _start_proxy(url: str, threads: int, processes: int, logs: Path) -> tuple[su
     raise RuntimeError("the proxy did not start")
 
 
-def _proxy_processes(name: str) -> int:
-    """The proxy's processes of a run: ``proxy`` and ``churn`` 1, ``proxyN`` N."""
-    tail = name.removeprefix("proxy")
-    return int(tail) if name.startswith("proxy") and tail.isdigit() else 1
-
-
 def run(name: str, admin_url: str, prepared: dict[str, Any], args: argparse.Namespace, workers: int,
         kill_at: list[float], churn_every: float | None, via_proxy: bool, logs: Path, grace: float) -> dict[str, Any]:
     """One run: a fresh database, the proxy (or not), ``workers`` forked workers; its figures."""
@@ -474,8 +466,7 @@ def run(name: str, admin_url: str, prepared: dict[str, Any], args: argparse.Name
 
     url, database = _new_database(admin_url)
     open_storage(url).engine.dispose()  # Optuna's tables, before the workers race to make them
-    processes = _proxy_processes(name) if via_proxy else 0
-    proxy, storage = (_start_proxy(url, args.threads, processes, logs) if via_proxy else (None, url))
+    proxy, storage = (_start_proxy(url, args.threads, logs) if via_proxy else (None, url))
     env = {"AUTOTUNE_FAKE_PROBE": FAKE.format(sleep=args.sleep), "AUTOTUNE_CLAIM_STALE_SECONDS": str(grace)}
     if not via_proxy:
         env["AUTOTUNE_STORAGE_POOL"] = "none"
@@ -505,8 +496,7 @@ def run(name: str, admin_url: str, prepared: dict[str, Any], args: argparse.Name
     result["storage_calls_per_probe"] = round(calls["calls"] / result["probes_complete"], 1) \
         if result["probes_complete"] else None
     result.update(name=name, storage="gRPC proxy over PostgreSQL" if via_proxy else "PostgreSQL, a connection per call",
-                  proxy_threads=args.threads if via_proxy else None, proxy_processes=processes or None,
-                  worker_errors=len(bad),
+                  proxy_threads=args.threads if via_proxy else None, worker_errors=len(bad),
                   worker_error_tails=[_tail(run_logs / f"w{i:03d}.log") for i in sorted(bad)[:3]])
     print(json.dumps({k: v for k, v in result.items() if k not in ("kills", "takeovers")}), file=sys.stderr, flush=True)
     return result
@@ -549,14 +539,6 @@ def _stale(r: dict[str, Any]) -> str:
     return f"{min(stale):.0f}-{max(stale):.0f}" if stale else "-"
 
 
-def _storage_cell(r: dict[str, Any]) -> str:
-    if not r["proxy_threads"]:
-        return r["storage"]
-    processes = r.get("proxy_processes") or 1
-    served = f"{r['proxy_threads']} threads" if processes == 1 else f"{processes} processes x {r['proxy_threads']} threads"
-    return f"{r['storage']} ({served})"
-
-
 def _memory(r: dict[str, Any]) -> str:
     mem = r["memory_at_peak"]
     return f"{_gib(mem['rss'])} / {_gib(mem['pss'])} ({mem['workers']} live)"
@@ -567,7 +549,7 @@ def markdown_table(report: dict[str, Any]) -> str:
     runs, single = report["runs"], report["setup"]["single_worker"]["probes"]
     max_conn = report["postgres"]["max_connections"]
     rows = [
-        ("storage", "", _storage_cell),
+        ("storage", "", lambda r: r["storage"] + (f" ({r['proxy_threads']} threads)" if r["proxy_threads"] else "")),
         ("workers started (SIGKILLed)", "", lambda r: f"{r['workers_started']} ({r['workers_killed']})"),
         ("keys answered / keys", "every key is tuned", lambda r: f"{r['keys_answered']} / {r['keys']}"),
         ("probes completed of keys x one worker's (s each)", "",
@@ -613,8 +595,7 @@ def main() -> int:
     parser.add_argument("--churn-grace", type=float, default=10.0, help="AUTOTUNE_CLAIM_STALE_SECONDS of the churn run")
     parser.add_argument("--threads", type=int, default=16, help="the proxy's threads (its database connections)")
     parser.add_argument("--kills", default="20,40", help="seconds after the start at which a probing worker is killed")
-    parser.add_argument("--runs", default="proxy,direct,churn",
-                        help="proxy (one proxy process), proxyN (N processes on one port), direct, churn")
+    parser.add_argument("--runs", default="proxy,direct,churn")
     parser.add_argument("--churn-workers", type=int, default=32)
     parser.add_argument("--churn-every", type=float, default=3.0, help="seconds between kills in the churn run")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds before a run is given up")

@@ -111,11 +111,7 @@ def _proxy_args(p: argparse.ArgumentParser) -> None:
                    help="address to bind (default 127.0.0.1; 0.0.0.0 for workers on other nodes)")
     p.add_argument("--port", type=types.port, default=13000, help="port, 1 to 65535 (default 13000)")
     p.add_argument("--threads", type=types.positive_int(1024), default=16,
-                   help="requests served at once by each process, and the most database connections it holds "
-                        "(default 16)")
-    p.add_argument("--processes", type=types.positive_int(256), default=1,
-                   help="server processes on the one port (default 1; one process serves about one core: give "
-                        "several on a node with cores to spare)")
+                   help="requests served at once, and the most database connections held (default 16)")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -182,9 +178,8 @@ def worker_command(args: argparse.Namespace) -> int:
 def proxy_command(args: argparse.Namespace) -> int:
     """Serve a database to many workers through Optuna's gRPC storage proxy.
 
-    Run next to the database: it holds the database connections (at most --threads per process, --processes
-    processes on the one port) and workers on any node reach it with --storage grpc://HOST:PORT, however many
-    they are. Runs until stopped (SIGTERM,
+    Run next to the database: one process holds the database connections (at most --threads) and workers on
+    any node reach it with --storage grpc://HOST:PORT, however many they are. Runs until stopped (SIGTERM,
     Ctrl-C). No login: bind it to an address only the cluster reaches.
     """
     from autotune.errors import StorageError
@@ -204,10 +199,9 @@ def proxy_command(args: argparse.Namespace) -> int:
     import socket
 
     reach = socket.gethostname() if args.host in ("0.0.0.0", "::") else args.host
-    served = f"{args.threads} threads" if args.processes == 1 else f"{args.processes} processes of {args.threads} threads"
-    print(f"storage proxy for {redact_url(args.storage)} on {args.host}:{args.port} ({served}); "
+    print(f"storage proxy for {redact_url(args.storage)} on {args.host}:{args.port} ({args.threads} threads); "
           f"workers: --storage grpc://{reach}:{args.port}", flush=True)
-    serve_proxy(storage, args.host, args.port, args.threads, args.processes)
+    serve_proxy(storage, args.host, args.port, args.threads)
     return 0
 
 

@@ -213,3 +213,33 @@ def test_only_a_retried_new_trial_looks_for_its_lost_commit(server_like: optuna.
     assert looks == [1] and lost.dropped == 1
     assert [t.number for t in study.get_trials(deepcopy=False)] == [0, 1, 2, 3]
     assert retry._TRIED == set(), "a write's id is forgotten once it is written"
+
+
+def test_opening_a_full_server_waits_for_a_connection_and_a_missing_one_does_not(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hundreds of workers starting together may find every connection taken: opening the storage waits for one
+    (as any call does) rather than ending the worker; a server that is not there is said at once."""
+    from autotune.errors import StorageError
+    from autotune.search.storage import study as study_module
+
+    class DriverError(Exception):
+        pass
+
+    tries: list[str] = []
+
+    def opens(line: str, times: int) -> object:
+        def fake(url: str, shown: str, kwargs: dict) -> object:
+            tries.append(line)
+            if len(tries) <= times:
+                raise sa.exc.OperationalError("connect", {}, DriverError(line))
+            return "opened"
+        return fake
+
+    url = "postgresql+psycopg://autotune@db.invalid/x"
+    monkeypatch.setattr(study_module, "_rdb_storage", opens("FATAL:  sorry, too many clients already", 2))
+    assert study_module.open_storage(url) == "opened" and len(tries) == 3
+    tries.clear()
+    monkeypatch.setattr(study_module, "_rdb_storage", opens("could not translate host name", 5))
+    with pytest.raises(StorageError, match="cannot connect"):
+        study_module.open_storage(url)
+    assert len(tries) == 1, "a server that is not there was waited for"

@@ -15,7 +15,6 @@ is briefly gone (restarted) is ridden out like a database server (``autotune.sea
 from __future__ import annotations
 
 import functools
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -163,27 +162,25 @@ def open_journal(url: str) -> optuna.storages.BaseStorage:
     return storage
 
 
-def serve_proxy(storage: optuna.storages.BaseStorage, host: str, port: int, threads: int, processes: int = 1) -> None:
+def serve_proxy(storage: optuna.storages.BaseStorage, host: str, port: int, threads: int) -> None:
     """Serve ``storage`` through Optuna's gRPC storage proxy (``optuna.storages.run_grpc_proxy_server``) on
-    ``host:port`` with ``threads`` request threads in each of ``processes`` processes, until stopped.
+    ``host:port`` with ``threads`` request threads, until the process is stopped.
 
     The storage is wrapped in Optuna's in-process cache (``optuna.storages.get_storage``), as Optuna
-    advises for a proxy: finished trials are read from the database once. Each process holds at most
-    ``threads`` database connections in use at a time, whatever the number of workers. One Python process
-    serves about one core (its requests share one interpreter lock); with ``processes`` > 1 the others are
-    forked before any gRPC thread exists and listen on the same port (``SO_REUSEPORT``: the kernel spreads
-    the workers' connections over them). They share nothing but the database, as separate proxies would (the
-    cache keeps finished trials only, which never change), and each ends with the first (parent-death signal).
+    advises for a proxy: finished trials are read from the database once. The proxy holds at most
+    ``threads`` database connections in use at a time, whatever the number of workers.
 
     Raises:
         StorageError: grpcio is not installed, or the address is taken or not this machine's.
     """
     import socket
+    from concurrent.futures import ThreadPoolExecutor
 
     try:
         import grpc  # noqa: F401
     except ImportError as exc:
         raise StorageError("the gRPC proxy needs grpcio; pip install 'autotune[grpc]'") from exc
+    import optuna
 
     # gRPC binds with SO_REUSEPORT, so a second proxy on a taken port would start and share it: ask first
     try:
@@ -192,32 +189,6 @@ def serve_proxy(storage: optuna.storages.BaseStorage, host: str, port: int, thre
     except OSError as exc:
         raise StorageError(f"--host {host} --port {port}: cannot listen there ({exc.strerror or exc}); choose "
                            "another port, or a host address of this machine") from exc
-    for _ in range(max(int(processes), 1) - 1):
-        if os.fork() == 0:  # a sibling server: the database connections are its own from here on
-            code = 0
-            try:
-                from autotune.stopping import watch_parent
-
-                watch_parent()
-                engine = getattr(storage, "engine", None)
-                if engine is not None:
-                    engine.dispose(close=False)  # the parent's pooled connections stay the parent's
-                _serve(storage, host, port, threads)
-            except BaseException:  # noqa: BLE001 - a sibling that fails says so on the shared stderr
-                import traceback
-
-                traceback.print_exc()
-                code = 1
-            finally:
-                os._exit(code)
-    _serve(storage, host, port, threads)
-
-
-def _serve(storage: optuna.storages.BaseStorage, host: str, port: int, threads: int) -> None:
-    from concurrent.futures import ThreadPoolExecutor
-
-    import optuna
-
     pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="autotune-proxy")
     optuna.storages.run_grpc_proxy_server(optuna.storages.get_storage(storage), host=host, port=port,
                                           thread_pool=pool)

@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 
 from autotune.errors import StorageError
 
-__all__ = ["RETRY_ENV", "DEFAULT_RETRY_SECONDS", "WRITE_ID", "retry_seconds", "is_disconnect", "retrying",
+__all__ = ["RETRY_ENV", "DEFAULT_RETRY_SECONDS", "WRITE_ID", "retry_seconds", "is_disconnect", "is_full", "retrying",
            "retrying_rdb_storage", "rdb_storage_class"]
 
 RETRY_ENV = "AUTOTUNE_STORAGE_RETRY_SECONDS"
@@ -89,11 +89,25 @@ def _reason(exc: BaseException) -> str:
     return (text[0] if text else type(cause).__name__)[:160]
 
 
+def is_full(exc: BaseException) -> bool:
+    """True when ``exc`` (or what caused it) is a database server refusing a connection because its connections
+    are all taken ("too many clients"): it is there, and will take one once another worker lets one go."""
+    seen = 0
+    current: BaseException | None = exc
+    while current is not None and seen < 8:
+        text = str(current).lower()
+        if "too many clients" in text or "too many connections" in text:
+            return True
+        current, seen = current.__cause__ or current.__context__, seen + 1
+    return False
+
+
 def retrying(call: Callable[[], _T], shown: str, budget: float | None = None,
-             sleep: Callable[[float], None] = time.sleep, retry: bool = True) -> _T:
-    """``call()``, retried while the server is unreachable, for at most ``budget`` seconds (default
-    ``retry_seconds()``); with ``retry`` False (SQLite) not retried. A write the host refused is never
-    retried, under any storage.
+             sleep: Callable[[float], None] = time.sleep, retry: bool = True,
+             retry_if: Callable[[BaseException], bool] | None = None) -> _T:
+    """``call()``, retried while the server is unreachable (or, with ``retry_if``, while that says so), for at
+    most ``budget`` seconds (default ``retry_seconds()``); with ``retry`` False (SQLite) not retried. A write
+    the host refused is never retried, under any storage.
 
     Raises:
         StorageError: the server was still unreachable when the budget ran out (names ``shown``, the
@@ -113,11 +127,11 @@ def retrying(call: Callable[[], _T], shown: str, budget: float | None = None,
             refusal = storage_refusal(exc)
             if refusal is not None:
                 raise refusal_error(refusal, shown) from exc
-            if not retry or not is_disconnect(exc):
+            if not retry or not (retry_if or is_disconnect)(exc):
                 raise
             if time.monotonic() + pause > deadline:
                 reason = _reason(exc)
-                if "too many clients" in reason or "too many connections" in reason.lower():
+                if is_full(exc):
                     raise StorageError(
                         f"storage {shown}: the database refused a connection for {budget:g} s ({reason}): its "
                         "connections are all taken; let many workers share one pool through the storage proxy "

@@ -102,16 +102,24 @@ def open_storage(url: str | None = None, pool: int | str | None = None) -> optun
         engine_kwargs = {"connect_args": {"timeout": 60}}
     elif url.startswith(("postgresql", "mysql")):
         engine_kwargs = {"pool_pre_ping": True, "connect_args": {"connect_timeout": 10}, **_pool_kwargs(pool)}
+    from autotune.errors import HostWriteError
+    from autotune.search.storage.retry import is_full, retrying
+
     try:
         for attempt in range(4):
             try:
-                return _rdb_storage(url, shown, engine_kwargs)
+                # a server whose connections are all taken (workers starting together) is waited for as a call
+                # is, then one line; one that is not there is said at once (a wrong address must not wait)
+                return retrying(lambda: _rdb_storage(url, shown, engine_kwargs), shown,
+                                retry=not url.startswith("sqlite"), retry_if=is_full)
             except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError):
                 # workers started together on an empty database race to create the tables
                 if attempt == 3:
                     raise
                 time.sleep(0.25 * (attempt + 1))
         raise AssertionError("unreachable")
+    except (StorageError, HostWriteError):
+        raise  # said in one line already (retrying)
     except (sqlalchemy.exc.ArgumentError, ValueError) as exc:
         raise StorageError(f"storage {shown}: not a valid SQLAlchemy URL; e.g. sqlite:///studies/autotune.db") from exc
     except ImportError as exc:  # optuna re-raises the driver's ModuleNotFoundError as a plain ImportError
