@@ -8,6 +8,7 @@ import errno
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import optuna
 import pytest
@@ -215,31 +216,28 @@ def test_only_a_retried_new_trial_looks_for_its_lost_commit(server_like: optuna.
     assert retry._TRIED == set(), "a write's id is forgotten once it is written"
 
 
-def test_opening_a_full_server_waits_for_a_connection_and_a_missing_one_does_not(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Hundreds of workers starting together may find every connection taken: opening the storage waits for one
-    (as any call does) rather than ending the worker; a server that is not there is said at once."""
+def test_opening_a_full_server_says_to_share_a_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hundreds of workers each opening its own connections fill the server's: the one that finds it full is
+    told, in one line, to share a pool through the proxy, not to check the server's address."""
     from autotune.errors import StorageError
     from autotune.search.storage import study as study_module
 
     class DriverError(Exception):
         pass
 
-    tries: list[str] = []
-
-    def opens(line: str, times: int) -> object:
+    def refused(line: str) -> Any:
         def fake(url: str, shown: str, kwargs: dict) -> object:
-            tries.append(line)
-            if len(tries) <= times:
-                raise sa.exc.OperationalError("connect", {}, DriverError(line))
-            return "opened"
+            raise sa.exc.OperationalError("connect", {}, DriverError(line))
         return fake
 
-    url = "postgresql+psycopg://autotune@db.invalid/x"
-    monkeypatch.setattr(study_module, "_rdb_storage", opens("FATAL:  sorry, too many clients already", 2))
-    assert study_module.open_storage(url) == "opened" and len(tries) == 3
-    tries.clear()
-    monkeypatch.setattr(study_module, "_rdb_storage", opens("could not translate host name", 5))
-    with pytest.raises(StorageError, match="cannot connect"):
+    url = "postgresql+psycopg://autotune:secret@db.invalid/x"
+    monkeypatch.setattr(study_module, "_rdb_storage", refused("FATAL:  sorry, too many clients already"))
+    with pytest.raises(StorageError) as full:
         study_module.open_storage(url)
-    assert len(tries) == 1, "a server that is not there was waited for"
+    monkeypatch.setattr(study_module, "_rdb_storage", refused("could not translate host name"))
+    with pytest.raises(StorageError) as missing:
+        study_module.open_storage(url)
+    for caught in (full, missing):
+        assert "\n" not in str(caught.value) and "secret" not in str(caught.value)
+    assert "connections are all taken" in str(full.value) and "autotune proxy" in str(full.value)
+    assert "cannot connect" in str(missing.value) and "check the server and the URL" in str(missing.value)

@@ -103,11 +103,10 @@ def is_full(exc: BaseException) -> bool:
 
 
 def retrying(call: Callable[[], _T], shown: str, budget: float | None = None,
-             sleep: Callable[[float], None] = time.sleep, retry: bool = True,
-             retry_if: Callable[[BaseException], bool] | None = None) -> _T:
-    """``call()``, retried while the server is unreachable (or, with ``retry_if``, while that says so), for at
-    most ``budget`` seconds (default ``retry_seconds()``); with ``retry`` False (SQLite) not retried. A write
-    the host refused is never retried, under any storage.
+             sleep: Callable[[float], None] = time.sleep, retry: bool = True) -> _T:
+    """``call()``, retried while the server is unreachable, for at most ``budget`` seconds (default
+    ``retry_seconds()``); with ``retry`` False (SQLite) not retried. A write the host refused is never
+    retried, under any storage.
 
     Raises:
         StorageError: the server was still unreachable when the budget ran out (names ``shown``, the
@@ -127,7 +126,7 @@ def retrying(call: Callable[[], _T], shown: str, budget: float | None = None,
             refusal = storage_refusal(exc)
             if refusal is not None:
                 raise refusal_error(refusal, shown) from exc
-            if not retry or not (retry_if or is_disconnect)(exc):
+            if not retry or not is_disconnect(exc):
                 raise
             if time.monotonic() + pause > deadline:
                 reason = _reason(exc)

@@ -103,15 +103,11 @@ def open_storage(url: str | None = None, pool: int | str | None = None) -> optun
     elif url.startswith(("postgresql", "mysql")):
         engine_kwargs = {"pool_pre_ping": True, "connect_args": {"connect_timeout": 10}, **_pool_kwargs(pool)}
     from autotune.errors import HostWriteError
-    from autotune.search.storage.retry import is_full, retrying
 
     try:
         for attempt in range(4):
             try:
-                # a server whose connections are all taken (workers starting together) is waited for as a call
-                # is, then one line; one that is not there is said at once (a wrong address must not wait)
-                return retrying(lambda: _rdb_storage(url, shown, engine_kwargs), shown,
-                                retry=not url.startswith("sqlite"), retry_if=is_full)
+                return _rdb_storage(url, shown, engine_kwargs)
             except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError):
                 # workers started together on an empty database race to create the tables
                 if attempt == 3:
@@ -135,6 +131,12 @@ def open_storage(url: str | None = None, pool: int | str | None = None) -> optun
             raise refusal_error(refusal, shown) from exc
         reason = str(getattr(exc, "orig", exc)).strip().splitlines()[0] if str(getattr(exc, "orig", exc)).strip() else ""
         reason = reason.replace(url, shown)
+        from autotune.search.storage.retry import is_full
+
+        if is_full(exc):  # the server is there; its connections are all taken (hundreds of workers, each its own)
+            raise StorageError(f"storage {shown}: the database refused a connection ({reason[:160]}): its connections "
+                               "are all taken; let many workers share one pool through the storage proxy (autotune "
+                               "proxy, then --storage grpc://HOST:PORT), or raise the server's max_connections") from exc
         raise StorageError(f"storage {shown}: cannot connect ({reason[:160]}); check the server and the URL") from exc
     except Exception as exc:  # noqa: BLE001 - anything else that keeps it closed (a schema of another Optuna version)
         reason = " ".join(str(exc).replace(url, shown).split())[:160]
