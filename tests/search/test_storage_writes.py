@@ -234,6 +234,17 @@ def test_opening_a_full_server_says_to_share_a_pool(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(study_module, "_rdb_storage", refused("FATAL:  sorry, too many clients already"))
     with pytest.raises(StorageError) as full:
         study_module.open_storage(url)
+
+    def in_a_commit(url: str, shown: str, kwargs: dict) -> object:  # Optuna's wrapping of the same refusal
+        try:
+            raise sa.exc.OperationalError("commit", {}, DriverError("FATAL:  sorry, too many clients already"))
+        except sa.exc.OperationalError as exc:
+            raise optuna.exceptions.StorageInternalError("An exception is raised during the commit.") from exc
+
+    monkeypatch.setattr(study_module, "_rdb_storage", in_a_commit)
+    with pytest.raises(StorageError) as full_in_commit:
+        study_module.open_storage(url)
+    assert "connections are all taken" in str(full_in_commit.value)
     monkeypatch.setattr(study_module, "_rdb_storage", refused("could not translate host name"))
     with pytest.raises(StorageError) as missing:
         study_module.open_storage(url)

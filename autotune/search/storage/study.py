@@ -131,17 +131,24 @@ def open_storage(url: str | None = None, pool: int | str | None = None) -> optun
             raise refusal_error(refusal, shown) from exc
         reason = str(getattr(exc, "orig", exc)).strip().splitlines()[0] if str(getattr(exc, "orig", exc)).strip() else ""
         reason = reason.replace(url, shown)
-        from autotune.search.storage.retry import is_full
-
-        if is_full(exc):  # the server is there; its connections are all taken (hundreds of workers, each its own)
-            raise StorageError(f"storage {shown}: the database refused a connection ({reason[:160]}): its connections "
-                               "are all taken; let many workers share one pool through the storage proxy (autotune "
-                               "proxy, then --storage grpc://HOST:PORT), or raise the server's max_connections") from exc
+        _refuse_if_full(exc, shown)
         raise StorageError(f"storage {shown}: cannot connect ({reason[:160]}); check the server and the URL") from exc
     except Exception as exc:  # noqa: BLE001 - anything else that keeps it closed (a schema of another Optuna version)
+        _refuse_if_full(exc, shown)  # Optuna says a refused connection in its commit as StorageInternalError
         reason = " ".join(str(exc).replace(url, shown).split())[:160]
         raise StorageError(f"storage {shown}: cannot be opened ({type(exc).__name__}: {reason}); check the URL, or "
                            "give another storage") from exc
+
+
+def _refuse_if_full(exc: BaseException, shown: str) -> None:
+    """Raise the one line for a server whose connections are all taken (it is there: hundreds of workers
+    each hold their own), when ``exc`` is that."""
+    from autotune.search.storage.retry import is_full
+
+    if is_full(exc):
+        raise StorageError(f"storage {shown}: the database refused a connection (too many clients): its connections "
+                           "are all taken; let many workers share one pool through the storage proxy (autotune "
+                           "proxy, then --storage grpc://HOST:PORT), or raise the server's max_connections") from exc
 
 
 def _pool_kwargs(pool: int | str | None) -> dict[str, Any]:
