@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench_early_training import make_bundle, parse_variant  # noqa: E402  (benchmarks/ is the script's folder)
-from common import cpu_name, read_json, write_json  # noqa: E402
+from common import cpu_name, read_or_run  # noqa: E402
 
 DEFAULT_DATA = "/work/shared/datasets/Task04_Hippocampus"
 SHOWN_STEPS = (16, 64, 128, 192, 256, 320)
@@ -214,11 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         run_variant(Path(args.work) / f"{args.algo}_0", parse_variant(args.one), args)
         return 0
     out = Path(args.out or REPO / "benchmarks" / "results" / f"early_steps_{args.algo}.json")
-    report = read_json(out) if args.report_only else run(args)
-    if not args.report_only:
-        write_json(out, report)
-    print(table(report))
-    return 0
+    return read_or_run(out, args.report_only, lambda: run(args), table)
 
 
 if __name__ == "__main__":

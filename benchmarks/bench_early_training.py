@@ -28,7 +28,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from common import LoadSampler, cpu_name, read_json, write_json  # noqa: E402  (benchmarks/ is the script's folder)
+from common import LoadSampler, cpu_name, read_json, read_or_run  # noqa: E402  (benchmarks/ is the script's folder)
 
 DEFAULT_DATA = "/work/shared/datasets/Task04_Hippocampus"
 SHOWN_EPOCHS = (1, 2, 3, 5, 10, 15, 20, 30)
@@ -153,11 +153,7 @@ def table(report: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = _args(argv)
     out = Path(args.out or REPO / "benchmarks" / "results" / f"early_training_{args.algo}.json")
-    report = read_json(out) if args.report_only else run(args)
-    if not args.report_only:
-        write_json(out, report)
-    print(table(report))
-    return 0
+    return read_or_run(out, args.report_only, lambda: run(args), table)
 
 
 if __name__ == "__main__":

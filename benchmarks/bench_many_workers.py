@@ -164,8 +164,7 @@ def _preload(bundles: list[str]) -> None:
     import gc
 
     # every object made so far is the workers' shared memory: kept out of the collector's passes, so a worker's
-    # collection does not write to (and copy) each of their pages (two runs of 256 workers, whose stuck retries
-    # collected often, were given up for memory: 16-17 GiB PSS against 7 without them)
+    # collection does not write to each of their pages and copy it (256 copies of the preloaded heap)
     gc.collect()
     gc.freeze()
 
@@ -625,13 +624,7 @@ def main() -> int:
     cluster = pg_fixtures._start_cluster()
     runs = []
     try:
-        import sqlalchemy
-
-        engine = sqlalchemy.create_engine(cluster.url)
-        with engine.connect() as conn:
-            pg = {"version": conn.execute(sqlalchemy.text("SHOW server_version")).scalar_one(),
-                  "max_connections": int(conn.execute(sqlalchemy.text("SHOW max_connections")).scalar_one())}
-        engine.dispose()
+        pg = _postgres_facts(cluster.url)
         _preload(prepared["bundles"][: args.keys])
         kills = [float(s) for s in args.kills.split(",") if s.strip()]
         wanted = [r.strip() for r in args.runs.split(",") if r.strip()]
@@ -642,7 +635,30 @@ def main() -> int:
                             args.churn_grace if churn else args.grace))
     finally:
         cluster.stop()
-    report = {
+    report = _report(args, prepared, pg, runs)
+    write_json(Path(args.out), report)
+    print(markdown_table(report))
+    print(f"wrote {args.out}; logs in {root}")
+    return 0
+
+
+def _postgres_facts(url: str) -> dict[str, Any]:
+    """The server's version and ``max_connections``."""
+    import sqlalchemy
+
+    engine = sqlalchemy.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            return {"version": conn.execute(sqlalchemy.text("SHOW server_version")).scalar_one(),
+                    "max_connections": int(conn.execute(sqlalchemy.text("SHOW max_connections")).scalar_one())}
+    finally:
+        engine.dispose()
+
+
+def _report(args: argparse.Namespace, prepared: dict[str, Any], pg: dict[str, Any],
+            runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The JSON written: the command, the machine, the server, the set-up and the runs."""
+    return {
         "command": ("python benchmarks/bench_many_workers.py " + " ".join(sys.argv[1:])).strip(),
         "machine": {"cpu": cpu_name(), "cpus": os.cpu_count(), "gpu": None, "platform": platform.platform(),
                     "python": platform.python_version(), "load_average_at_end": os.getloadavg(),
@@ -653,10 +669,6 @@ def main() -> int:
                   "single_worker": {k: prepared[k] for k in ("answer", "probes", "single_seconds")}},
         "runs": runs,
     }
-    write_json(Path(args.out), report)
-    print(markdown_table(report))
-    print(f"wrote {args.out}; logs in {root}")
-    return 0
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import re
 import statistics
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -115,6 +116,16 @@ def write_json(path: Path, data: Any) -> None:
 
 def read_json(path: Path) -> Any:
     return json.loads(Path(path).read_text(encoding="utf-8"))
+
+
+def read_or_run(out: Path, report_only: bool, run: Callable[[], Any], table: Callable[[Any], str]) -> int:
+    """A benchmark's last step: its report measured now (``run``) and written to ``out``, or read from ``out``
+    (``--report-only``); its table printed either way."""
+    report = read_json(out) if report_only else run()
+    if not report_only:
+        write_json(out, report)
+    print(table(report))
+    return 0
 
 
 def _block_pattern(name: str) -> re.Pattern[str]:

@@ -30,8 +30,8 @@ from typing import Any, TypeVar
 
 from autotune.errors import StorageError
 
-__all__ = ["RETRY_ENV", "DEFAULT_RETRY_SECONDS", "WRITE_ID", "retry_seconds", "is_disconnect", "is_full", "retrying",
-           "retrying_rdb_storage", "rdb_storage_class"]
+__all__ = ["RETRY_ENV", "DEFAULT_RETRY_SECONDS", "WRITE_ID", "retry_seconds", "is_disconnect", "is_full",
+           "full_server_error", "retrying", "retrying_rdb_storage", "rdb_storage_class"]
 
 RETRY_ENV = "AUTOTUNE_STORAGE_RETRY_SECONDS"
 WRITE_ID = "autotune:write_id"  # the system attribute that makes a new trial's write idempotent
@@ -102,6 +102,15 @@ def is_full(exc: BaseException) -> bool:
     return False
 
 
+def full_server_error(shown: str, how: str, then: str = "") -> StorageError:
+    """The one line for a database server whose connections are all taken (``is_full``): it is there, and
+    hundreds of workers each hold their own. ``how``: how it refused (for how long, with the driver's words);
+    ``then``: what the line ends with."""
+    return StorageError(f"storage {shown}: the database refused a connection {how}: its connections are all taken; "
+                        "let many workers share one pool through the storage proxy (autotune proxy, then --storage "
+                        f"grpc://HOST:PORT), or raise the server's max_connections{then}")
+
+
 def retrying(call: Callable[[], _T], shown: str, budget: float | None = None,
              sleep: Callable[[float], None] = time.sleep, retry: bool = True) -> _T:
     """``call()``, retried while the server is unreachable, for at most ``budget`` seconds (default
@@ -131,11 +140,8 @@ def retrying(call: Callable[[], _T], shown: str, budget: float | None = None,
             if time.monotonic() + pause > deadline:
                 reason = _reason(exc)
                 if is_full(exc):
-                    raise StorageError(
-                        f"storage {shown}: the database refused a connection for {budget:g} s ({reason}): its "
-                        "connections are all taken; let many workers share one pool through the storage proxy "
-                        "(autotune proxy, then --storage grpc://HOST:PORT), or raise the server's max_connections; "
-                        "every finished trial is stored: run the same command to continue") from exc
+                    raise full_server_error(shown, f"for {budget:g} s ({reason})",
+                                            "; every finished trial is stored: run the same command to continue") from exc
                 raise StorageError(
                     f"storage {shown}: the database server was unreachable for {budget:g} s ({reason}); "
                     "every finished trial is stored: once the server is back, run the same command to continue"
@@ -208,7 +214,7 @@ def _idempotent_methods(base: type) -> dict[str, Callable[..., Any]]:
         # called with the study's row locked (Optuna numbers trials under that lock): no other try races this one.
         # Only a try after another (ours, or Optuna's own retry inside _create_new_trial) can follow a lost commit,
         # so only such a try looks for the trial it may have written (a join over the study's attributes, made
-        # with the study's row locked: on the first try of every write it was most of a proxy's work)
+        # with the study's row locked: the costliest part of a write on a busy proxy)
         write_id = (template_trial.system_attrs if template_trial is not None else {}).get(WRITE_ID)
         written = None
         if write_id in _TRIED:

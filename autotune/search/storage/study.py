@@ -77,8 +77,6 @@ def open_storage(url: str | None = None, pool: int | str | None = None) -> optun
         StorageError: the URL is malformed, its driver is missing, the database is unreachable, or
             it cannot be opened for any other reason (the message holds the redacted URL).
     """
-    import sqlalchemy.exc
-
     from autotune.search.storage.backends import open_grpc, open_journal, storage_kind
 
     quiet_optuna()
@@ -87,7 +85,11 @@ def open_storage(url: str | None = None, pool: int | str | None = None) -> optun
     if kind != "sql":
         return open_grpc(url) if kind == "grpc" else open_journal(url)
     shown = redact_url(url)
-    engine_kwargs: dict[str, Any] = {}
+    return _open_rdb(url, shown, _engine_kwargs(url, shown, pool))
+
+
+def _engine_kwargs(url: str, shown: str, pool: int | str | None) -> dict[str, Any]:
+    """SQLAlchemy's engine options for ``url``; an SQLite file's folder is created here."""
     if url.startswith("sqlite:///"):
         path = _sqlite_path(url)
         if path is not None:
@@ -99,9 +101,16 @@ def open_storage(url: str | None = None, pool: int | str | None = None) -> optun
             except (OSError, HostWriteError) as exc:
                 reason = getattr(exc, "strerror", None) or str(exc)
                 raise StorageError(f"storage {shown}: cannot create {path.parent} ({reason}); pass --storage") from exc
-        engine_kwargs = {"connect_args": {"timeout": 60}}
-    elif url.startswith(("postgresql", "mysql")):
-        engine_kwargs = {"pool_pre_ping": True, "connect_args": {"connect_timeout": 10}, **_pool_kwargs(pool)}
+        return {"connect_args": {"timeout": 60}}
+    if url.startswith(("postgresql", "mysql")):
+        return {"pool_pre_ping": True, "connect_args": {"connect_timeout": 10}, **_pool_kwargs(pool)}
+    return {}
+
+
+def _open_rdb(url: str, shown: str, engine_kwargs: dict[str, Any]) -> optuna.storages.RDBStorage:
+    """Optuna's RDB storage at ``url``, or one ``StorageError`` line saying why not (``open_storage``)."""
+    import sqlalchemy.exc
+
     from autotune.errors import HostWriteError
 
     try:
@@ -115,7 +124,7 @@ def open_storage(url: str | None = None, pool: int | str | None = None) -> optun
                 time.sleep(0.25 * (attempt + 1))
         raise AssertionError("unreachable")
     except (StorageError, HostWriteError):
-        raise  # said in one line already (retrying)
+        raise  # one line already (a refused write, a storage error)
     except (sqlalchemy.exc.ArgumentError, ValueError) as exc:
         raise StorageError(f"storage {shown}: not a valid SQLAlchemy URL; e.g. sqlite:///studies/autotune.db") from exc
     except ImportError as exc:  # optuna re-raises the driver's ModuleNotFoundError as a plain ImportError
@@ -141,14 +150,11 @@ def open_storage(url: str | None = None, pool: int | str | None = None) -> optun
 
 
 def _refuse_if_full(exc: BaseException, shown: str) -> None:
-    """Raise the one line for a server whose connections are all taken (it is there: hundreds of workers
-    each hold their own), when ``exc`` is that."""
-    from autotune.search.storage.retry import is_full
+    """Raise the one line for a server whose connections are all taken, when ``exc`` is that."""
+    from autotune.search.storage.retry import full_server_error, is_full
 
     if is_full(exc):
-        raise StorageError(f"storage {shown}: the database refused a connection (too many clients): its connections "
-                           "are all taken; let many workers share one pool through the storage proxy (autotune "
-                           "proxy, then --storage grpc://HOST:PORT), or raise the server's max_connections") from exc
+        raise full_server_error(shown, "(too many clients)") from exc
 
 
 def _pool_kwargs(pool: int | str | None) -> dict[str, Any]:
