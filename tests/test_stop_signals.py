@@ -101,20 +101,20 @@ def _file(path: Path) -> Callable[[Tree], bool]:
     return lambda _tree: path.exists()
 
 
-def _ranks(count: int, with_torch: bool = False) -> Callable[[Tree], bool]:
-    """``count`` DDP ranks have started (``with_torch``: and imported torch, so they reach autotune's code at
-    once)."""
+def _ranks(count: int, joined: bool = False) -> Callable[[Tree], bool]:
+    """``count`` DDP ranks have started (``joined``: and each has a TCP connection, the process group's store,
+    which it opens after ``watch_parent``; a rank still importing torch would end only once it got there)."""
     def ready(tree: Tree) -> bool:
         ranks = [p for p in tree.seen.values() if p.is_running() and "spawn_main" in " ".join(_cmdline(p))]
-        return len(ranks) >= count and (not with_torch or all(_has_torch(p.pid) for p in ranks))
+        return len(ranks) >= count and (not joined or all(_connected(p) for p in ranks))
 
     return ready
 
 
-def _has_torch(pid: int) -> bool:
+def _connected(process: psutil.Process) -> bool:
     try:
-        return "libtorch_python" in Path(f"/proc/{pid}/maps").read_text()
-    except OSError:
+        return bool(process.net_connections(kind="tcp"))
+    except psutil.Error:
         return False
 
 
@@ -231,7 +231,7 @@ def test_children_end_when_their_parent_is_killed_outright(name: str, tmp_path: 
     argv, env, ready = _case(name, tmp_path, unet, small_demo_bundles, small_demo_data, checkpoint)
     tree = _start(argv, tmp_path, **env)
     try:
-        tree.wait_for(_ranks(2, with_torch=True) if name == "train-nproc" else ready)
+        tree.wait_for(_ranks(2, joined=True) if name == "train-nproc" else ready)
         assert tree.seen, "the command has children to outlive it"
         tree.proc.send_signal(signal.SIGKILL)
         tree.ends_within(GONE_WITHIN_S)
