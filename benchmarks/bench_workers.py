@@ -51,7 +51,7 @@ def _install_model_answers(models: dict[str, Any], crash_every: int) -> None:
     from autotune.search.curves import fake
 
     train, infer = models["train"], models["infer"]
-    os.environ["AUTOTUNE_FAKE_PROBE"] = "sleep=0,base=0,patch=0,window=0"  # a FakeProber, answering as below
+    os.environ["AUTOTUNE_FAKE_PROBE"] = "sleep=0,base=1,patch=1,window=1"  # a FakeProber, answering as below
 
     def probe(self: Any, point: dict[str, Any], phases: tuple[str, ...]) -> dict[str, Any]:
         n = int(point.get("num_patches_per_iter") or 1)
@@ -241,6 +241,8 @@ def run(url: str, workers: int, spec_path: Path, args: argparse.Namespace, crash
     finished = [t for t in trials if t.state.is_finished()]
     lost = [n for n, state in seen_finished.items()
             if n >= len(trials) or trials[n].state.name != state]
+    if not finished:
+        raise SystemExit(f"no trial finished with {workers} worker(s); their errors: {errors or 'none'}")
     start = min(t.datetime_start for t in finished)
     end = max(t.datetime_complete for t in finished)
     seconds = (end - start).total_seconds()
