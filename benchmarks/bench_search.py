@@ -7,13 +7,18 @@ round figures (not from the estimator). For each case:
 
 - truth: on the CPU the probe and the estimator count bytes with the same tracker, so the
   estimator scanned at every N from 1 up to the first that does not fit gives the true
-  edge for the tracked peak (``est_max``); the search's own real probes at N (fits) and
-  N+1 (does not) confirm it, and where the edge is small (``--exhaustive-probe-max``) real
+  edge for the tracked peak (``est_max``); the search's own real probe at N (fits) and at
+  N+1 (does not), or N+1 settled by the CPU calibration's stated bound (``edge_check``: 0%, the
+  probe and the estimator share one tracker), confirm it, and where the edge is small (``--exhaustive-probe-max``) real
   probes at every N = 1 .. edge+1 check it again;
 - ``fast`` undisturbed (fresh study): maximum found, real training probes, all probes, wall s;
 - the same search killed with SIGKILL after its first finished trial and resumed;
 - two workers started together on one fresh study (``workers_share``);
 - ``tpe`` with 20 trials on the cases in ``--tpe-cases`` (wall time against ``fast``).
+
+Every search is given the template's range of patches per iteration explicitly (``[1, top]``), so the
+training-set cap (``autotune.search.handoff.cap_range``: 2 on the 6-case demo data) does not stop it
+below the memory edge this benchmark checks.
 
     python benchmarks/bench_search.py                      # writes benchmarks/results/search.json
     python benchmarks/bench_search.py --cases demo:unet:256MiB --tpe-cases ''
@@ -47,7 +52,7 @@ WORKER = """
 import json, sys
 sys.path.insert(0, {repo!r})
 from autotune.stages import tune
-r = tune([{bundle!r}], device="cpu", memory_limit={limit}, storage={storage!r}, margin={margin},
+r = tune([{bundle!r}], {specs!r}, device="cpu", memory_limit={limit}, storage={storage!r}, margin={margin},
                  workers_share=True, write_back=False, progress=None)[0]
 print(json.dumps({{k: r.get(k) for k in {values!r}}}))
 """
@@ -100,10 +105,16 @@ def _trials(storage: str, study_name: str) -> list[Any]:
             for t in optuna.load_study(study_name=name, storage=storage).get_trials()]
 
 
-def _fast(bundle: Path, limit: int, storage: str, strategy: str = "fast", trials: int = 20) -> dict[str, Any]:
+def _specs(hi: int, trials: int | None = None) -> dict[str, Any]:
+    """The template's whole range, given explicitly (past the training-set cap); ``trials`` for tpe."""
+    return {"universal": {"range_num_patches_per_iter": [1, hi], **({"num_trials": trials} if trials else {})}}
+
+
+def _fast(bundle: Path, limit: int, storage: str, hi: int, strategy: str = "fast", trials: int = 20
+          ) -> dict[str, Any]:
     from autotune.stages import tune
 
-    specs = {"universal": {"num_trials": trials}} if strategy == "tpe" else None
+    specs = _specs(hi, trials if strategy == "tpe" else None)
     start = time.perf_counter()
     with LoadSampler() as load:
         res = tune([bundle], specs, device="cpu", memory_limit=limit, storage=storage, strategy=strategy,
@@ -115,16 +126,17 @@ def _fast(bundle: Path, limit: int, storage: str, strategy: str = "fast", trials
     return {"values": {k: res.get(k) for k in VALUES}, "status": res.get("status"), "seconds": round(seconds, 1),
             "probes": len(done), "train_probes": len(train), "study_name": res["study_name"],
             "train_points": {n: [a.get("status"), a.get("peak_bytes")] for n, a in sorted(train.items())},
+            "edge_check": res.get("edge_check"),
             "load_during_search": load.summary()}
 
 
-def _killed_and_resumed(bundle: Path, limit: int, storage: str, study_name: str) -> dict[str, Any]:
+def _killed_and_resumed(bundle: Path, limit: int, storage: str, study_name: str, hi: int) -> dict[str, Any]:
     from optuna.trial import TrialState
 
     from autotune.stages import tune
 
     cmd = [sys.executable, "-m", "autotune", "tune", str(bundle), "--device", "cpu", "--memory-limit", str(limit),
-           "--storage", storage, "--quiet"]
+           "--storage", storage, "--range-num-images-per-batch", "1", str(hi), "--quiet"]
     env = dict(os.environ, PYTHONPATH=str(REPO))
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, env=env)
     killed_after = None
@@ -140,15 +152,15 @@ def _killed_and_resumed(bundle: Path, limit: int, storage: str, study_name: str)
             os.killpg(proc.pid, signal.SIGKILL)
             break
     proc.wait()
-    res = tune([bundle], device="cpu", memory_limit=limit, storage=storage, margin=MARGIN, progress=None,
-                       write_back=False)[0]
+    res = tune([bundle], _specs(hi), device="cpu", memory_limit=limit, storage=storage, margin=MARGIN,
+               progress=None, write_back=False)[0]
     return {"values": {k: res.get(k) for k in VALUES}, "killed_after_trials": killed_after,
             "finished_before_kill": killed_after is None}
 
 
-def _two_workers(bundle: Path, limit: int, storage: str) -> list[dict[str, Any]]:
-    code = WORKER.format(repo=str(REPO), bundle=str(bundle), limit=limit, storage=storage, margin=MARGIN,
-                         values=VALUES)
+def _two_workers(bundle: Path, limit: int, storage: str, hi: int) -> list[dict[str, Any]]:
+    code = WORKER.format(repo=str(REPO), bundle=str(bundle), specs=_specs(hi), limit=limit, storage=storage,
+                         margin=MARGIN, values=VALUES)
     procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                               text=True) for _ in range(2)]
     out = []
@@ -173,12 +185,16 @@ def _case(root: Path, bundle: Path, dataset: str, algo: str, limit_text: str, ar
                            "budget_bytes": budget, "range_hi": hi}
     est_max, est_peaks, est_s = _estimate_edge(bundle, budget, hi)
     row["estimate_scan"] = {"edge": est_max, "estimates": len(est_peaks), "seconds": round(est_s, 1)}
-    fast = _fast(bundle, limit, f"sqlite:///{root / f'{tag}-fast.db'}")
+    fast = _fast(bundle, limit, f"sqlite:///{root / f'{tag}-fast.db'}", hi)
     row["fast"] = fast
     points = fast["train_points"]
     found = fast["values"]["max_num_patches_per_iter"]
+    bounded = (fast.get("edge_check") or {}).get("train") or {}
+    above = found + 1 if found else None
     row["confirmed"] = bool(found and points.get(found, [None])[0] == "ok" and points[found][1] <= budget and (
-        found == hi or (found + 1 in points and (points[found + 1][0] == "oom" or points[found + 1][1] > budget))))
+        found == hi or (above in points and (points[above][0] == "oom" or points[above][1] > budget))
+        or (bounded.get("how") == "bounded" and bounded.get("n") == above)))
+    row["edge_above"] = "top of range" if found == hi else ("probed" if above in points else bounded.get("how"))
     row["estimate_equals_measured"] = all(est_peaks.get(n) == p[1] for n, p in points.items() if p[0] == "ok"
                                           and n in est_peaks)
     row["estimates_at_probes"] = {n: est_peaks.get(n) for n in points}
@@ -189,17 +205,17 @@ def _case(root: Path, bundle: Path, dataset: str, algo: str, limit_text: str, ar
           f"({fast['probes']} in all); estimator edge {est_max}", flush=True)
     if not args.skip_kill:
         row["killed_resumed"] = _killed_and_resumed(bundle, limit, f"sqlite:///{root / f'{tag}-kill.db'}",
-                                                    fast["study_name"])
+                                                    fast["study_name"], hi)
         print(f"  {tag}: killed+resumed {row['killed_resumed']}", flush=True)
     if not args.skip_workers:
-        row["two_workers"] = _two_workers(bundle, limit, f"sqlite:///{root / f'{tag}-workers.db'}")
+        row["two_workers"] = _two_workers(bundle, limit, f"sqlite:///{root / f'{tag}-workers.db'}", hi)
         print(f"  {tag}: two workers {row['two_workers']}", flush=True)
     same = [fast["values"]]
     same += [row["killed_resumed"]["values"]] if "killed_resumed" in row else []
     same += row.get("two_workers", [])
     row["same_values_everywhere"] = all(v == fast["values"] for v in same)
     if f"{dataset}:{algo}:{limit_text}" in args.tpe_cases.split(","):
-        row["tpe"] = _fast(bundle, limit, f"sqlite:///{root / f'{tag}-tpe.db'}", "tpe", args.tpe_trials)
+        row["tpe"] = _fast(bundle, limit, f"sqlite:///{root / f'{tag}-tpe.db'}", hi, "tpe", args.tpe_trials)
         print(f"  {tag}: tpe {row['tpe']['values']} in {row['tpe']['seconds']} s", flush=True)
     return row
 
@@ -222,9 +238,10 @@ def _table(rows: list[dict[str, Any]]) -> str:
         work_txt = "-" if workers is None else ("same" if all(w == f["values"] for w in workers) else "DIFFERENT")
         tpe = r.get("tpe")
         tpe_txt = "-" if tpe is None else f"{tpe['values']['max_num_patches_per_iter']} / {tpe['seconds']}"
+        above = f" (N+1 {r['edge_above']})" if r.get("edge_above") else ""
         lines.append(f"| {r['dataset']} | {r['algo']} | {r['limit']} | {r['estimate_scan']['edge']} | {scan} | "
                      f"{f['values']['max_num_patches_per_iter']} (N={f['values']['num_patches_per_iter']}, "
-                     f"sw {f['values']['num_sw_batch_size']}) | {'yes' if r['confirmed'] else 'NO'} | "
+                     f"sw {f['values']['num_sw_batch_size']}) | {'yes' if r['confirmed'] else 'NO'}{above} | "
                      f"{'yes' if r['estimate_equals_measured'] else 'NO'} | {f['train_probes']} ({f['probes']}) | "
                      f"{f['seconds']} | {kill_txt} | {work_txt} | {tpe_txt} |")
     return "\n".join(lines)
