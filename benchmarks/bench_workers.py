@@ -177,17 +177,11 @@ def _study_trials(url: str) -> list[Any]:
         storage.engine.dispose()
 
 
-def run(url: str, workers: int, spec_path: Path, args: argparse.Namespace, crash_every: int = 0,
-        kill_after: int | None = None) -> dict[str, Any]:
-    """Start ``workers`` processes on ``url``; with ``kill_after``, SIGKILL one once the study holds
-    that many finished trials. Returns the figures of the run."""
-    import optuna
-    from optuna.trial import TrialState
-
-    _prepare(url)
+def _start_workers(url: str, workers: int, spec_path: Path, args: argparse.Namespace,
+                   crash_every: int) -> list[subprocess.Popen]:
+    """``workers`` worker processes, released together once every one has imported what it needs."""
     env = {**os.environ, "AUTOTUNE_CLAIM_STALE_SECONDS": str(STALE_SECONDS)}
     procs = []
-    load = LoadSampler(interval_s=1.0).start()  # runs last seconds: sample often
     barrier = Path(tempfile.mkdtemp(prefix="barrier-", dir=spec_path.parent))
     for index in range(workers):
         cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--spec", str(spec_path), "--storage", url,
@@ -200,7 +194,15 @@ def run(url: str, workers: int, spec_path: Path, args: argparse.Namespace, crash
     while len(list(barrier.glob("ready.*"))) < workers and all(p.poll() is None for p in procs):
         time.sleep(0.05)
     (barrier / "go").touch()
-    seen_finished: dict[int, str] = {}  # every trial seen finished during the run, with its state
+    return procs
+
+
+def _watch(url: str, procs: list[subprocess.Popen], kill_after: int | None) -> tuple[dict[int, str], int | None]:
+    """Until every worker has ended: every trial seen finished (number -> state), and the pid SIGKILLed once
+    ``kill_after`` trials had finished (None when none was)."""
+    from optuna.trial import TrialState
+
+    seen_finished: dict[int, str] = {}
     killed_pid = None
     while any(p.poll() is None for p in procs):
         time.sleep(0.5)
@@ -221,40 +223,42 @@ def run(url: str, workers: int, spec_path: Path, args: argparse.Namespace, crash
                 killed_pid = victims[0]
                 os.killpg(killed_pid, signal.SIGKILL)
                 alive[killed_pid].wait()
-    load_during_run = load.stop()
-    errors = [p.stderr.read().strip()[-300:] for p in procs if p.returncode not in (0, -signal.SIGKILL)]
-    stale_failed: list[int] = []
-    if killed_pid is not None:  # what the next worker to start does first: fail the dead worker's trials
-        from autotune.search.storage.liveness import Liveness, is_coordination_study, owner_tag
-        from autotune.search.storage.study import open_storage
+    return seen_finished, killed_pid
 
-        storage = open_storage(url)
-        liveness = Liveness(storage, owner_tag())
-        for summary in storage.get_all_studies():  # a key's studies: training and -infer
-            if is_coordination_study(summary.study_name):
-                continue
-            study = optuna.load_study(study_name=summary.study_name, storage=storage)
-            stale_failed += liveness.fail_stale_trials(storage, study)
-        liveness.close()
-        storage.engine.dispose()
-    trials = _study_trials(url)
+
+def _sweep_stale(url: str) -> list[int]:
+    """What the next worker to start does first: fail the dead worker's trials (their numbers)."""
+    import optuna
+
+    from autotune.search.storage.liveness import Liveness, is_coordination_study, owner_tag
+    from autotune.search.storage.study import open_storage
+
+    stale_failed: list[int] = []
+    storage = open_storage(url)
+    liveness = Liveness(storage, owner_tag())
+    for summary in storage.get_all_studies():  # a key's studies: training and -infer
+        if is_coordination_study(summary.study_name):
+            continue
+        study = optuna.load_study(study_name=summary.study_name, storage=storage)
+        stale_failed += liveness.fail_stale_trials(storage, study)
+    liveness.close()
+    storage.engine.dispose()
+    return stale_failed
+
+
+def _figures(trials: list[Any], seen_finished: dict[int, str]) -> dict[str, Any]:
+    """The run's figures from the study's trials at the end (``finished`` is checked non-empty first)."""
+    from optuna.trial import TrialState
+
     finished = [t for t in trials if t.state.is_finished()]
-    lost = [n for n, state in seen_finished.items()
-            if n >= len(trials) or trials[n].state.name != state]
-    if not finished:
-        raise SystemExit(f"no trial finished with {workers} worker(s); their errors: {errors or 'none'}")
-    start = min(t.datetime_start for t in finished)
-    end = max(t.datetime_complete for t in finished)
-    seconds = (end - start).total_seconds()
+    lost = [n for n, state in seen_finished.items() if n >= len(trials) or trials[n].state.name != state]
+    seconds = (max(t.datetime_complete for t in finished) - min(t.datetime_start for t in finished)).total_seconds()
     new_points = [t for t in finished if "reused_trial" not in t.user_attrs]
     complete_per_point: dict[str, int] = {}
     for t in new_points:
         if t.state == TrialState.COMPLETE:
             complete_per_point[t.user_attrs["point_id"]] = complete_per_point.get(t.user_attrs["point_id"], 0) + 1
     return {
-        "storage": url.split("+")[0].split(":")[0],
-        "workers": workers,
-        "trials_per_worker": args.trials,
         "finished_trials": len(finished),
         "new_points": len(new_points),
         "seconds": round(seconds, 2),
@@ -264,10 +268,32 @@ def run(url: str, workers: int, spec_path: Path, args: argparse.Namespace, crash
         "left_running": sum(1 for t in trials if t.state == TrialState.RUNNING),
         "crash_answers": sum(1 for t in trials if t.state == TrialState.FAIL
                              and str(t.user_attrs.get("fail_reason", "")).startswith("killed")),
-        "workers_killed": int(killed_pid is not None),
-        "stale_trials_failed": len(stale_failed),
         "finished_trials_lost": len(lost),
-        "worker_errors": errors,
+    }
+
+
+def run(url: str, workers: int, spec_path: Path, args: argparse.Namespace, crash_every: int = 0,
+        kill_after: int | None = None) -> dict[str, Any]:
+    """Start ``workers`` processes on ``url``; with ``kill_after``, SIGKILL one once the study holds
+    that many finished trials. Returns the figures of the run."""
+    _prepare(url)
+    load = LoadSampler(interval_s=1.0).start()  # runs last seconds: sample often
+    procs = _start_workers(url, workers, spec_path, args, crash_every)
+    seen_finished, killed_pid = _watch(url, procs, kill_after)
+    load_during_run = load.stop()
+    errors = [p.stderr.read().strip()[-300:] for p in procs if p.returncode not in (0, -signal.SIGKILL)]
+    stale_failed = _sweep_stale(url) if killed_pid is not None else []
+    trials = _study_trials(url)
+    if not any(t.state.is_finished() for t in trials):
+        raise SystemExit(f"no trial finished with {workers} worker(s); their errors: {errors or 'none'}")
+    figures = _figures(trials, seen_finished)
+    return {
+        "storage": url.split("+")[0].split(":")[0], "workers": workers, "trials_per_worker": args.trials,
+        **{k: figures[k] for k in ("finished_trials", "new_points", "seconds", "trials_per_minute",
+                                   "new_points_per_minute", "points_evaluated_twice", "left_running",
+                                   "crash_answers")},
+        "workers_killed": int(killed_pid is not None), "stale_trials_failed": len(stale_failed),
+        "finished_trials_lost": figures["finished_trials_lost"], "worker_errors": errors,
         "load_during_run": load_during_run,
     }
 
@@ -305,7 +331,7 @@ def fault_summary(report: dict[str, Any]) -> str:
             + ".")
 
 
-def main() -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--trials", type=int, default=40, help="the study's trial budget, shared by its workers (default 40)")
     parser.add_argument("--workers", default="1,2,4", help="PostgreSQL worker counts (default 1,2,4)")
@@ -320,10 +346,11 @@ def main() -> int:
     parser.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--crash-every", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--barrier", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.worker:
-        return worker_main(args)
+    return parser
 
+
+def _measure(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any] | None, int]:
+    """The runs (PostgreSQL at each worker count, then SQLite), the fault run (or None) and the memory limit."""
     from autotune.search.storage.study import redact_url
 
     counts = [int(c) for c in args.workers.split(",") if c.strip()]
@@ -351,6 +378,14 @@ def main() -> int:
                 print(json.dumps(fault), file=sys.stderr)
         finally:
             pg.close()
+    return rows, fault, limit
+
+
+def main() -> int:
+    args = _parser().parse_args()
+    if args.worker:
+        return worker_main(args)
+    rows, fault, limit = _measure(args)
     command = "python benchmarks/bench_workers.py " + " ".join(sys.argv[1:])
     report = {
         "command": command.strip(),
