@@ -286,16 +286,9 @@ def run(url: str, workers: int, spec_path: Path, args: argparse.Namespace, crash
     trials = _study_trials(url)
     if not any(t.state.is_finished() for t in trials):
         raise SystemExit(f"no trial finished with {workers} worker(s); their errors: {errors or 'none'}")
-    figures = _figures(trials, seen_finished)
-    return {
-        "storage": url.split("+")[0].split(":")[0], "workers": workers, "trials_per_worker": args.trials,
-        **{k: figures[k] for k in ("finished_trials", "new_points", "seconds", "trials_per_minute",
-                                   "new_points_per_minute", "points_evaluated_twice", "left_running",
-                                   "crash_answers")},
-        "workers_killed": int(killed_pid is not None), "stale_trials_failed": len(stale_failed),
-        "finished_trials_lost": figures["finished_trials_lost"], "worker_errors": errors,
-        "load_during_run": load_during_run,
-    }
+    return {"storage": url.split("+")[0].split(":")[0], "workers": workers, "trials_per_worker": args.trials,
+            **_figures(trials, seen_finished), "workers_killed": int(killed_pid is not None),
+            "stale_trials_failed": len(stale_failed), "worker_errors": errors, "load_during_run": load_during_run}
 
 
 STORAGE_NAMES = {"postgresql": "PostgreSQL", "sqlite": "SQLite"}

@@ -3,25 +3,16 @@
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
-
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+from bench_loader import BENCHMARKS, load_benchmark
 
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    sys.path.insert(0, str(BENCHMARKS))  # the script imports its sibling common.py
-    spec = importlib.util.spec_from_file_location("_bench_batch_scaling", BENCHMARKS / "bench_batch_scaling.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("bench_batch_scaling")
 
 
 @pytest.fixture(scope="module")

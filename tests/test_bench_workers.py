@@ -1,25 +1,17 @@
-"""benchmarks/bench_workers.py: its workers' fake probes pass autotune's own check of the hook and answer from
-the fitted models (the hook's placeholder once fell foul of a stricter byte-size check and no trial finished)."""
+"""benchmarks/bench_workers.py: its workers' fake probes pass autotune's own check of the fake-probe setting
+(byte sizes must be positive) and answer from the fitted models."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
-
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+from bench_loader import load_benchmark
 
 
 def test_the_workers_benchmark_answers_its_points_from_the_fitted_models(monkeypatch: pytest.MonkeyPatch) -> None:
     from autotune.checks.environment import setting
     from autotune.search.curves import fake
 
-    monkeypatch.syspath_prepend(str(BENCHMARKS))  # the script imports its sibling common.py
-    spec = importlib.util.spec_from_file_location("_bench_workers", BENCHMARKS / "bench_workers.py")
-    assert spec is not None and spec.loader is not None
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_benchmark("bench_workers")
     monkeypatch.setattr(fake.FakeProber, "probe", fake.FakeProber.probe)  # restored after the test
     monkeypatch.setenv(fake.FAKE_PROBE_ENV, "unset by the benchmark")  # restored after the test
 

@@ -2,30 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import subprocess
 import sys
 import time
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+from bench_loader import BENCHMARKS, load_benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
-BENCHMARKS = ROOT / "benchmarks"
 
 
-def _load(name: str) -> ModuleType:
-    """Import benchmarks/<name>.py by path (benchmarks/ is scripts, not a package)."""
-    spec = importlib.util.spec_from_file_location(f"_bench_{name}", BENCHMARKS / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-common = _load("common")
+common = load_benchmark("common")
 
 
 def _tables(*args: str) -> subprocess.CompletedProcess[str]:

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from autotune.errors import StorageError
+from autotune.errors import HostWriteError, StorageError
 from autotune.search.storage.backends import quiet_optuna
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -93,7 +93,6 @@ def _engine_kwargs(url: str, shown: str, pool: int | str | None) -> dict[str, An
     if url.startswith("sqlite:///"):
         path = _sqlite_path(url)
         if path is not None:
-            from autotune.errors import HostWriteError
             from autotune.files import make_folder
 
             try:
@@ -110,8 +109,6 @@ def _engine_kwargs(url: str, shown: str, pool: int | str | None) -> dict[str, An
 def _open_rdb(url: str, shown: str, engine_kwargs: dict[str, Any]) -> optuna.storages.RDBStorage:
     """Optuna's RDB storage at ``url``, or one ``StorageError`` line saying why not (``open_storage``)."""
     import sqlalchemy.exc
-
-    from autotune.errors import HostWriteError
 
     try:
         for attempt in range(4):
