@@ -57,6 +57,8 @@ def reestimate(results: dict[str, Any], work: Path | None = None, record: bool =
 
     Call with CUDA hidden (``CUDA_VISIBLE_DEVICES=""`` before torch is imported), as ``gpu_check.py
     reestimate`` does."""
+    from autotune.bundles.config import load_bundle_config
+    from autotune.probe.domain import bundle_domain
     from autotune.probe.estimate import estimate
 
     ct = ct_of(results)
@@ -69,6 +71,7 @@ def reestimate(results: dict[str, Any], work: Path | None = None, record: bool =
         for p in points:
             est = estimate(str(bundles[p["algo"]]), num_patches_per_iter=p["n"], num_sw_batch_size=p["m"],
                            device="cuda:0", record=record)
+            est["domain"] = {**bundle_domain(load_bundle_config(bundles[p["algo"]]), "cuda:0"), "n": p["n"], "m": p["m"]}
             device_estimate = {ph: p[ph]["estimate_bytes"] for ph in ("train", "infer")}
             p["estimate_emulated"] = {
                 "train": est["train_peak_bytes"], "infer": est["infer_peak_bytes"], "semantics": est.get("semantics"),
@@ -97,9 +100,15 @@ def fit_from_run(memory: dict[str, Any], estimates: list[dict[str, Any] | None],
     allowance = device_calibration.get("allowance") or {}
     v1 = {**allowance, "max_over_prediction": (device_calibration.get("fit") or {}).get("max_over_prediction"),
           "points": (device_calibration.get("fit") or {}).get("points")}
+    from autotune.probe.domain import fit_domain
+
+    fitted = {(p.algo, p.n, p.m) for p in model_points(points, estimates)}
+    domain = fit_domain(e["domain"] for e in estimates
+                        if e and e.get("domain") and (e["domain"]["template"], e["domain"]["n"], e["domain"]["m"]) in fitted)
     model = {"kind": "device-model", "context_bytes": int(allowance.get("context_bytes") or 0),
              "workspace": fit["workspace"], "release_after_search": True, "alloc_conf": None, "band": list(BAND),
-             "traces": "estimated on a CPU with CUDA hidden (cpu-emulating-cuda), the peaks measured on the GPU"}
+             "traces": "estimated on a CPU with CUDA hidden (cpu-emulating-cuda), the peaks measured on the GPU",
+             "domain": domain, "bounds": fit["bounds"]}
     record = calibration_record(memory["gpu"], v1, calibration_rows(points), command, model=model)
     record["measured_at"] = device_calibration.get("measured_at", record["measured_at"])
     loo = fit["by_template"]["leave_one_out"]
@@ -109,6 +118,7 @@ def fit_from_run(memory: dict[str, Any], estimates: list[dict[str, Any] | None],
                                      for a, e in loo.items()},
                      "model": fit["summary"], "model_by_template": fit["by_template"],
                      "affine_version_1": device_calibration.get("fit")}
+    record["fit"]["out_of_sample"] = fit["out_of_sample"]
     record["model_points"] = fit["point_factors"]
     return record, fit
 
@@ -153,7 +163,7 @@ def install(memory_dir: Path, training_dir: Path | None, results_dir: Path, cali
         record, fit = fit_from_run(memory, estimates, json.loads(calibration.read_text(encoding="utf-8")),
                                    "python benchmarks/gpu_check.py install (refitted on a CPU from the GPU's points)")
         merged["device_model"] = {k: fit[k] for k in ("workspace", "point_factors", "fitted", "leave_one_out",
-                                                      "summary", "by_template")}
+                                                      "summary", "by_template", "out_of_sample", "bounds", "verdict")}
         written["calibration"] = write_calibration(calibrations_dir, record)
     else:
         written["calibration"] = Path(shutil.copyfile(calibration, calibrations_dir / name))

@@ -335,7 +335,7 @@ def _largest_under(bundle: str, allowance: Any, device: str, budget: int, measur
 
     cfg = resolve_request(bundle, check_device=False)["config"]
     crops = int(cfg.get("num_crops_per_image", 1) or 1)
-    factors = allowance.factors(None) if str(device).startswith("cuda") else None
+    factors = allowance.factors_for(cfg, device)[0] if str(device).startswith("cuda") else None
     try:
         traced = estimate(bundle, device=device, phases=("train",), num_patches_per_iter=marker_batch(crops),
                           record=True)

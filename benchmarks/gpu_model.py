@@ -70,6 +70,126 @@ def _old_fitted(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
              / r["reserved_bytes"] - 1} for r in rows]
 
 
+def _old_loto(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The version-1 allowance, each template's rows predicted from a fit on the other templates' rows only."""
+    from autotune.probe.calibration import fit_allowance
+
+    out = []
+    for algo in sorted({r["algo"] for r in rows}):
+        fit = fit_allowance([r for r in rows if r["algo"] != algo])
+        for row in (r for r in rows if r["algo"] == algo):
+            predicted = row["estimate_bytes"] * (1 + fit["allocator_slack_fraction"]) + fit["cudnn_workspace_bytes"]
+            out.append({**{k: row[k] for k in ("algo", "n", "m", "phase")}, "predicted_bytes": int(predicted),
+                        "reserved_bytes": row["reserved_bytes"], "error": predicted / row["reserved_bytes"] - 1})
+    return out
+
+
+def out_of_sample_report(fit: dict[str, Any], rows: list[dict[str, Any]], card: int) -> dict[str, Any]:
+    """Every scheme's summary for the old models and the new one (rows kept for the JSON)."""
+    validation = fit["out_of_sample_rows"]
+    loto = validation["leave_one_template_out"]
+    old_loto = _old_loto(rows)
+    return {
+        "schemes": [
+            {"scheme": "leave one point out", "model": "v1 affine (one allowance for all)",
+             "summary": _summary(_old_loo(rows), card)},
+            {"scheme": "leave one point out", "model": "device model, template's factor (v2 and v3 alike)",
+             "summary": validation["leave_one_out"]["summary"]},
+            {"scheme": "leave one scale out", "model": "device model, template's factor (v2 and v3 alike)",
+             "summary": validation["leave_one_scale_out"]["summary"]},
+            {"scheme": "leave one phase out", "model": "device model, the other phase's factor (not used)",
+             "summary": validation["leave_one_phase_out"]["summary"]},
+            {"scheme": "leave one template out", "model": "v1 affine, fitted on the other two templates",
+             "summary": _summary(old_loto, card)},
+            {"scheme": "leave one template out", "model": "v2: the largest factor measured (old: MONAI's templates)",
+             "summary": loto["largest"]["summary"]},
+            {"scheme": "leave one template out", "model": "pooled: the mean factor of the other templates",
+             "summary": loto["pooled"]["summary"]},
+            {"scheme": "leave one template out", "model": "raw estimator, tensors only",
+             "summary": loto["raw"]["summary"]},
+            {"scheme": "leave one template out", "model": "v3 outside the domain: the allocator's rules (chosen)",
+             "summary": loto["allocator"]["summary"]},
+        ],
+        "rows": {**{k: v for k, v in validation.items()}, "old_leave_one_template_out": old_loto},
+        "bounds": fit["bounds"], "verdict": fit["verdict"],
+    }
+
+
+def explain_monai(work: Path, n_values: tuple[int, ...] = (8, 16)) -> dict[str, Any]:
+    """MONAI's DiNTS (``BundleGen`` on MONAI's templates, the Heart-shaped set call A measures it on, 96^3, fp16
+    on CUDA): the device model's terms at each N with the workspace the version-2 file gave it (the largest
+    factor measured: UNet's), with none (the allocator's rules: what version 3 uses outside the domain) and the
+    version-1 defaults (the estimator without the file). One trace per N, made here with CUDA hidden."""
+    from gpu_data import make_heart_dataset
+    from gpu_memory import FULL, monai_templates
+
+    import autotune
+    from autotune.probe.allowances import DEFAULT_CUDA_ALLOWANCE, default_allowance
+    from autotune.probe.device_model import explain_terms
+    from autotune.probe.estimate import estimate
+    from autotune.probe.runner import resolve_request
+
+    templates = monai_templates()
+    if templates is None:
+        return {"not_at_hand": "MONAI's templates are neither in .gpu_data/monai nor ../shared/monai"}
+    cfg = FULL["monai"]
+    source = make_heart_dataset(work / "heart", cfg["cases"], cfg["in_plane"], cfg["depths"], cfg["spacing"])
+    analysed = autotune.analyze(str(source), str(work), num_fold=1, progress=False)
+    gen = autotune.BundleGen(algo_path=str(work), algos="dints", data_stats_filename=analysed.datastats,
+                             data_src_cfg_name=analysed.data_src, templates_path_or_url=str(templates))
+    cwd = os.getcwd()
+    try:
+        os.chdir(work)
+        bundle = Path(gen.generate(str(work), num_fold=1)[0])
+    finally:
+        os.chdir(cwd)
+    resolved = resolve_request(str(bundle), check_device=False)["config"]
+    shipped = default_allowance()
+    _, check = shipped.factors_for(resolved)
+    # the version-2 file's factors are the shipped file's (the same fit); v2 gave a template it lacked the largest
+    largest = {phase: max(float(f[phase]) for f in (shipped.workspace_factors or {}).values()) for phase in ("train", "infer")}
+    points = []
+    for n in n_values:
+        est = estimate(str(bundle), num_patches_per_iter=n, device="cuda:0", record=True)
+        v1 = {p: int(est[f"{p}_peak_bytes"] * (1 + DEFAULT_CUDA_ALLOWANCE.allocator_slack_fraction))
+              + DEFAULT_CUDA_ALLOWANCE.cudnn_workspace_bytes for p in ("train", "infer")}
+        points.append({"n": n, "m": est.get("num_sw_batch_size"), "v2_largest": explain_terms(est, largest),
+                       "v3_allocator": explain_terms(est, {"train": 0.0, "infer": 0.0}), "v1_default": v1})
+    return {"bundle": str(bundle), "roi_size": resolved.get("roi_size"), "largest_factor": largest,
+            "domain_check": check.why, "points": points}
+
+
+def explain_table(report: dict[str, Any]) -> str:
+    """Markdown: MONAI's DiNTS at 96^3, each term of the reserved peak per model."""
+    entry = report.get("explain_monai") or {}
+    if not entry.get("points"):
+        return f"(not made: {entry.get('not_at_hand', 'no MONAI templates')})"
+    lines = ["| N | phase | tensors | + allocator | + cuDNN release | + workspace: v2 (UNet's factor) | v2 reserved | "
+             "v3 reserved (allocator's rules) | v2 / v3 | v1 defaults (no file) |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for p in entry["points"]:
+        for phase in ("train", "infer"):
+            old, new = p["v2_largest"].get(phase), p["v3_allocator"].get(phase)
+            if not old:
+                continue
+            lines.append(f"| {p['n']} | {phase} | {format_bytes(old['tensors'])} | {format_bytes(old['allocator'])} | "
+                         f"{format_bytes(old['cudnn_release'])} | {format_bytes(old['workspace'])} | "
+                         f"{format_bytes(old['reserved'])} | {format_bytes(new['reserved'])} | "
+                         f"{old['reserved'] / new['reserved']:.2f}x | {format_bytes(p['v1_default'][phase])} |")
+    return "\n".join(lines)
+
+
+def oos_table(report: dict[str, Any]) -> str:
+    """Markdown: every out-of-sample scheme, the old models against the new one."""
+    lines = ["| held out | model | within 10% | worst over | worst under | worst under, share of the card |",
+             "|---|---|---:|---:|---:|---:|"]
+    for entry in report["out_of_sample"]["schemes"]:
+        s = entry["summary"]
+        lines.append(f"| {entry['scheme']} | {entry['model']} | {s['within']} of {s['points']} | {_pct(s['max_over'])} | "
+                     f"{_pct(s['max_under'])} | {100 * -s['max_under_of_card']:.1f}% |")
+    return "\n".join(lines)
+
+
 def _weight_copy_bytes(bundle: str) -> int:
     """autocast's fp16 copies of the weights: 2 bytes a parameter (what its cache holds in a forward pass)."""
     from autotune.build import build_network
@@ -139,6 +259,7 @@ def run(path: Path) -> dict[str, Any]:
         "accounting": account(mpoints, fit["workspace"], bundles),
         "emulated_vs_device_estimate": [{"algo": p["algo"], "n": p["n"], **(p.get("estimate_emulated") or {})
                                          .get("over_device_estimate", {})} for p in points],
+        "out_of_sample": out_of_sample_report(fit, rows, card),
     }
     return report
 
@@ -201,13 +322,23 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--run", default=str(RUN), help="the installed GPU run (benchmarks/results/gpu_check_<gpu>.json)")
     parser.add_argument("--out", default=str(OUT))
+    parser.add_argument("--no-monai", action="store_true", help="leave MONAI's DiNTS at 96^3 out (a few minutes)")
     args = parser.parse_args(argv)
     os.environ["CUDA_VISIBLE_DEVICES"] = ""  # before torch is imported: a machine without a GPU planning for one
     report = run(Path(args.run))
+    if not args.no_monai:
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="gpu_model_monai_") as tmp:
+            report["explain_monai"] = explain_monai(Path(tmp))
     write_json(Path(args.out), report)
     print(accounting_table(report))
     print()
     print(loo_table(report))
+    print()
+    print(oos_table(report))
+    print()
+    print(explain_table(report))
     small = report["accounting"]
     print(f"\ncounted by the fake pass already: sliding-window output and count buffers up to "
           f"{format_bytes(max(a['sliding_window_buffers_bytes'] or 0 for a in small))}, autocast's fp16 weight copies "

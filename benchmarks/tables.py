@@ -70,6 +70,8 @@ TABLES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "test-suite": ("bench_suite", "table", ("test_suite.json",)),
     "gpu-model-accounting": ("gpu_model", "accounting_table", ("gpu_model.json",)),
     "gpu-model-loo": ("gpu_model", "loo_table", ("gpu_model.json",)),
+    "gpu-model-out-of-sample": ("gpu_model", "oos_table", ("gpu_model.json",)),
+    "gpu-model-explain-monai": ("gpu_model", "explain_table", ("gpu_model.json",)),
     "early-steps-unet": ("bench_early_steps", "table", ("early_steps_unet.json",)),
     "early-training-unet-long": ("bench_early_training", "table", ("early_training_unet_long.json",)),
     "early-training-unet-lr": ("bench_early_training", "table", ("early_training_unet.json",)),

@@ -95,6 +95,7 @@ class TuningPlan:
     key: Mapping[str, Any] | None = None
     recipe: Mapping[str, Any] | None = None
     allowances: Mapping[str, Any] | None = None
+    device_model: Mapping[str, Any] | None = None
     target: Mapping[str, Any] | None = None
     verified: Mapping[str, Any] | None = None
     version: int = PLAN_VERSION
@@ -204,7 +205,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     **{name: _BOOL for name in ("sw_input_on_cpu", "allowances_validated_on_gpu")},
     **{name: _LIST for name in ("trials", "infer_trials")},
     **{name: _MAP for name in ("estimator_passes", "edge_check", "handoff", "batch", "key", "recipe", "allowances",
-                               "target", "verified")},
+                               "device_model", "target", "verified")},
 }
 _TUNED = tuple(t.name for t in TUNABLES)
 _REQUIRED = (BATCH.name, SW_BATCH.name, "memory_limit", "device")  # a tunable added later may be absent

@@ -11,6 +11,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from autotune.calibrate.validate import OUT_OF_DOMAIN, bounds_of, out_of_sample
 from autotune.probe.model_fit import (
     ModelPoint,
     error_summary,
@@ -20,7 +21,7 @@ from autotune.probe.model_fit import (
     predict_point,
 )
 
-__all__ = ["model_points", "solve_factors", "fit_model", "by_template"]
+__all__ = ["model_points", "solve_factors", "fit_model", "by_template", "install_verdict"]
 
 
 def model_points(points: Sequence[Mapping[str, Any]], estimates: Sequence[Mapping[str, Any] | None]) -> list[ModelPoint]:
@@ -90,10 +91,44 @@ def fit_model(points: Sequence[ModelPoint], card_bytes: float | None, release: b
                            "reserved_bytes": int(point.reserved[phase]),
                            "error": predicted[phase] / float(point.reserved[phase]) - 1.0})
     loo = leave_one_out(points, per_point, release=release, expandable=expandable)
+    validation = out_of_sample(points, per_point, card_bytes, release=release, expandable=expandable, loo=loo)
     return {
         "workspace": factors,
         "point_factors": [{"algo": p.algo, "n": p.n, "m": p.m, **f} for p, f in zip(points, per_point, strict=True)],
         "fitted": fitted, "leave_one_out": loo,
         "summary": {"fitted": error_summary(fitted, card_bytes), "leave_one_out": error_summary(loo, card_bytes)},
         "by_template": {"fitted": by_template(fitted, card_bytes), "leave_one_out": by_template(loo, card_bytes)},
+        "out_of_sample": {name: _summaries(entry) for name, entry in validation.items()},
+        "out_of_sample_rows": validation,
+        "bounds": bounds_of(validation),
+        "verdict": install_verdict(validation),
     }
+
+
+def _summaries(entry: Mapping[str, Any]) -> dict[str, Any]:
+    """A scheme's summaries without its rows (per model for leave one template out)."""
+    if "summary" in entry:
+        return dict(entry["summary"])
+    return {model: dict(e["summary"]) for model, e in entry.items()}
+
+
+def install_verdict(validation: Mapping[str, Any]) -> dict[str, Any]:
+    """Whether a fit may be installed: its out-of-sample error (the worst of leave one point out and leave one
+    scale out, over- or under-prediction) must be no worse than that of what an estimate uses without it, the
+    raw estimator with the allocator's rules, on the same points. ``{"install": bool, "fit_error",
+    "raw_error", "line"}``; a fit with no out-of-sample point (one batch size per template) is not installed."""
+    inside = [*((validation.get("leave_one_out") or {}).get("rows") or []),
+              *((validation.get("leave_one_scale_out") or {}).get("rows") or [])]
+    raw = ((validation.get("leave_one_template_out") or {}).get(OUT_OF_DOMAIN) or {}).get("rows") or []
+    raw_error = max((abs(float(r["error"])) for r in raw), default=None)
+    if not inside:
+        return {"install": False, "fit_error": None, "raw_error": raw_error,
+                "line": "no point could be predicted from the others (one batch size per template): the fit cannot be "
+                        "checked out of sample; calibrate two or more batch sizes per template (--points)"}
+    fit_error = max(abs(float(r["error"])) for r in inside)
+    ok = raw_error is None or fit_error <= raw_error
+    verdict = "installed" if ok else "not installed"
+    line = (f"fit {verdict}: its worst out-of-sample error {100 * fit_error:.1f}% (leave one point out, leave one "
+            f"scale out) against {'-' if raw_error is None else f'{100 * raw_error:.1f}%'} for the raw estimator with "
+            "the allocator's rules on the same points")
+    return {"install": ok, "fit_error": fit_error, "raw_error": raw_error, "line": line}

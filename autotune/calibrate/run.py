@@ -211,7 +211,9 @@ def _fit_and_write(gpu: dict[str, Any], points: list[dict[str, Any]], estimates:
     by_template_bound = {algo: {"max_over_prediction": entry["all"]["max_over"], "points": entry["all"]["points"]}
                          for algo, entry in loo.items()}
     model = {"kind": "device-model", "context_bytes": int(v1["context_bytes"]), "workspace": model_fit["workspace"],
-             "release_after_search": True, "alloc_conf": conf, "band": list(BAND)}
+             "release_after_search": True, "alloc_conf": conf, "band": list(BAND),
+             "domain": points_domain(points, fit_points, "cpu" if dry_run else "cuda:0"),
+             "bounds": model_fit["bounds"]}
     record = calibration_record(gpu, v1, rows, " ".join(["autotune", "calibrate", *(["--dry-run"] if dry_run else [])]),
                                 model=model)
     overall = model_fit["summary"]["leave_one_out"] if model_fit["summary"]["leave_one_out"]["points"] else \
@@ -219,14 +221,41 @@ def _fit_and_write(gpu: dict[str, Any], points: list[dict[str, Any]], estimates:
     record["fit"] = {"max_over_prediction": float(overall["max_over"]), "points": len(fit_points),
                      "by_template": by_template_bound, "model": model_fit["summary"],
                      "model_by_template": model_fit["by_template"], "affine_version_1": dict(v1)}
+    record["fit"]["out_of_sample"] = model_fit["out_of_sample"]
     record["model_points"] = model_fit["point_factors"]
+    verdict = model_fit["verdict"]
+    say(f"[calibrate] {verdict['line']}")
     if dry_run:  # named so that no GPU's (nor the CPU's own calibration, cpu.json) lookup ever finds it
         record["gpu_name"] = "dry-run"
         record["dry_run"] = "CPU dry run: tracked peaks, not a device's memory; never install this file"
-    folder = Path(out_dir) if out_dir else (work / "calibration" if dry_run else user_folder())
+    installed = verdict["install"] and not dry_run
+    if not verdict["install"]:  # kept for a person to read, where no lookup finds it
+        record["refused"] = verdict["line"]
+    if dry_run:
+        folder = Path(out_dir) if out_dir else work / "calibration"
+    elif installed:
+        folder = Path(out_dir) if out_dir else user_folder()
+    else:
+        folder = work / "calibration"
     path = write_calibration(folder, record)
     return {"gpu": gpu, "points": points, "skipped": skipped, "fit": model_fit, "file": str(path),
-            "dry_run": dry_run, "work": str(work)}
+            "dry_run": dry_run, "work": str(work), "installed": installed,
+            "refused": None if verdict["install"] else verdict["line"]}
+
+
+def points_domain(points: Sequence[dict[str, Any]], fit_points: Sequence[Any], device: str) -> dict[str, Any]:
+    """The fit's domain (``autotune.probe.domain.fit_domain``) from its points' bundles: each fitted point's
+    template and source, network hash, patch and volume sizes and precision on ``device``, with its N and M."""
+    from autotune.bundles.config import load_bundle_config
+    from autotune.probe.domain import bundle_domain, fit_domain
+
+    fitted = {(p.algo, p.n, p.m) for p in fit_points}
+    entries = []
+    for point in points:
+        if (point["algo"], point["n"], point["m"]) in fitted and point.get("bundle"):
+            cfg = load_bundle_config(point["bundle"])
+            entries.append({**bundle_domain(cfg, device), "n": point["n"], "m": point["m"]})
+    return fit_domain(entries)
 
 
 def _span(summary: dict[str, Any]) -> str:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+from typing import Any
 
 from autotune.checks import options as types
 from autotune.commands import add_command, progress_printer
@@ -61,8 +63,10 @@ def calibrate_command(args: argparse.Namespace) -> int:
 
     Probe autotune's templates at a few batch sizes on a synthetic CT set, fit the device model's cuDNN
     workspace per template and phase, write the calibration to the user's calibration folder (used from then
-    on for this GPU by tune, estimate and plans), and print each template's error: on its own points and
-    leave one out. Exit codes: 0 written, 2 no CUDA device (without --dry-run) or bad input.
+    on for this GPU by tune, estimate and plans), and print each template's error: on its own points, leave one
+    out, leave one scale out and leave one template out. A fit whose out-of-sample error is worse than the raw
+    estimator's with the allocator's rules is not installed (kept in the work folder). Exit codes: 0 written,
+    1 the fit refused, 2 no CUDA device (without --dry-run) or bad input.
     """
     from autotune.calibrate import calibrate, per_template_lines
     from autotune.files import atomic_write_json
@@ -79,12 +83,33 @@ def calibrate_command(args: argparse.Namespace) -> int:
         s = before["summary"]
         print(f"the calibration in force before ({before['source']}) on these points: {s['within']} of {s['points']} "
               f"within 10%, worst over {100 * s['max_over']:+.1f}%, worst under {100 * s['max_under']:+.1f}%")
-    loo = report["fit"]["summary"]["leave_one_out"]
-    if loo.get("points"):
-        print(f"leave one out: {loo['within']} of {loo['points']} within {loo['tolerance']:.0%}, worst over "
-              f"{100 * loo['max_over']:+.1f}%, worst under {100 * loo['max_under']:+.1f}%")
+    for line in out_of_sample_lines(report["fit"]):
+        print(line)
+    if report.get("refused"):
+        print(f"autotune: calibration {report['refused']}; kept for reading in {report['file']}", file=sys.stderr)
+        return 1
     print(f"calibration: {report['file']}" + (" (a dry run's: not a calibration of any GPU)" if report["dry_run"] else ""))
     return 0
+
+
+def out_of_sample_lines(fit: dict[str, Any]) -> list[str]:
+    """The fit's out-of-sample figures, one line per scheme: points within 10%, worst over and under."""
+    def line(name: str, s: dict[str, Any]) -> str:
+        if not s.get("points"):
+            return f"{name}: no point (too few to hold any out)"
+        return (f"{name}: {s['within']} of {s['points']} within {s['tolerance']:.0%}, worst over "
+                f"{100 * s['max_over']:+.1f}%, worst under {100 * s['max_under']:+.1f}%")
+
+    oos = fit.get("out_of_sample") or {}
+    lines = [line("leave one out", fit["summary"]["leave_one_out"])]
+    if oos.get("leave_one_scale_out"):
+        lines.append(line("leave one scale out", oos["leave_one_scale_out"]))
+    from autotune.calibrate.validate import OUT_OF_DOMAIN
+
+    template = (oos.get("leave_one_template_out") or {}).get(OUT_OF_DOMAIN)
+    if template:
+        lines.append(line("leave one template out (the allocator's rules, used outside the fit's domain)", template))
+    return lines
 
 
 def register(sub: argparse._SubParsersAction) -> None:

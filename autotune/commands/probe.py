@@ -99,6 +99,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _add_common(est)
+    est.add_argument("--explain", action="store_true",
+                     help="for a CUDA device, print each term of the predicted reserved peak per phase (tensors, the "
+                          "allocator, cuDNN's release, cuDNN's workspace; the context outside them) and which fit "
+                          "was used and why")
     est.set_defaults(func=estimate_command)
 
 
@@ -174,6 +178,27 @@ def probe_command(args: argparse.Namespace) -> int:
     return {"ok": EXIT_OK, "oom": EXIT_OOM, "nonfinite": EXIT_NONFINITE}.get(result["status"], EXIT_FAILED)
 
 
+def model_lines(result: dict[str, Any]) -> list[str]:
+    """Which fit a CUDA estimate used and why, its out-of-sample bound, and with ``device_terms`` each term."""
+    from autotune.utils import format_bytes
+
+    lines = []
+    if result.get("device_model_fit"):
+        bound = result.get("device_model_bound")
+        said = (f"; out-of-sample error {100 * bound['max_under']:+.1f}% .. {100 * bound['max_over']:+.1f}% "
+                f"({bound['source']})" if bound else "; no out-of-sample bound stated by the calibration")
+        what = ("the calibration's fit" if result["device_model_fit"] == "fitted"
+                else "the raw estimator and the allocator's rules, no fitted workspace")
+        lines.append(f"  device model: {what}: {result['device_model_domain']}{said}")
+    for phase, terms in (result.get("device_terms") or {}).items():
+        parts = " ".join(f"{'+' if v >= 0 else '-'} {name.replace('_', ' ')} {format_bytes(abs(v))}"
+                         for name, v in terms.items() if name not in ("tensors", "reserved"))
+        lines.append(f"  {phase}: tensors {format_bytes(terms['tensors'])} {parts} = reserved "
+                     f"{format_bytes(terms['reserved'])}; + context {format_bytes(result.get('context_bytes') or 0)} "
+                     "outside the allocator")
+    return lines
+
+
 def estimate_command(args: argparse.Namespace) -> int:
     """Handler of ``autotune estimate``: prints the estimate, both fits and what fits a limit."""
     from autotune.probe.report import estimate_report
@@ -182,7 +207,8 @@ def estimate_command(args: argparse.Namespace) -> int:
 
     device, validation_device, limit = _resolve_defaults(args)
     tuned = {**tunable_args(args), "validation_device": validation_device}
-    report = estimate_report(args.bundle, device=device, memory_limit=limit, **tuned)
+    report = estimate_report(args.bundle, device=device, memory_limit=limit, explain=bool(getattr(args, "explain", False)),
+                             **tuned)
     result = report["estimate"]
     cuda = device.startswith("cuda")
     if args.json:
@@ -198,6 +224,7 @@ def estimate_command(args: argparse.Namespace) -> int:
         phases = ", ".join(f"{p} {format_bytes(result[f'{p}_device_reserved_bytes'])}" for p in ("train", "infer")
                            if result.get(f"{p}_device_reserved_bytes") is not None)
         print(f"  on the GPU, reserved ({how} from {report['allowance']['source']}): {phases}")
+        print("\n".join(model_lines(result)))
     for phase, entry in report["fits"].items():
         size = sized_by(phase)  # the tunable the phase's memory grows with (autotune.tunables)
         knob = f"{size.metavar} ({size.name})"

@@ -62,19 +62,69 @@ class CudaAllowance:
     source: str = DEFAULT_SOURCE
     workspace_factors: Mapping[str, Mapping[str, float]] | None = None
     release_after_search: bool = True
+    #: what the factors were fitted on (``autotune.probe.domain.fit_domain``; None: a file from before domains)
+    domain: Mapping[str, Any] | None = None
+    #: the out-of-sample bounds per situation (``autotune.calibrate.validate.bounds_of``; None: not validated)
+    bounds: Mapping[str, Any] | None = None
 
     def affine(self) -> tuple[float, int]:
         """``(scale, offset)`` with ``raw * scale + offset`` = :func:`apply_allowance` without the context."""
         return 1.0 + float(self.allocator_slack_fraction), int(self.cudnn_workspace_bytes)
 
     def factors(self, template: str | None) -> dict[str, float] | None:
-        """The device model's workspace factor per phase for ``template``; for a template the calibration
-        did not measure, the largest it measured per phase; None without a device model (version 1)."""
+        """The device model's workspace factor per phase for autotune's own ``template`` by name; for a template
+        the calibration did not measure, none (0: the allocator's rules alone; another template's factor
+        over-predicted by up to 148% out of sample); None without a device model (version 1). Prefer
+        ``factors_for``, which holds a bundle against the fit's whole domain."""
         if not self.workspace_factors:
             return None
         if template and template in self.workspace_factors:
             return {phase: float(w) for phase, w in self.workspace_factors[template].items()}
-        return {phase: max(float(f[phase]) for f in self.workspace_factors.values()) for phase in ("train", "infer")}
+        return {phase: 0.0 for phase in ("train", "infer")}
+
+    def factors_for(self, cfg: Mapping[str, Any], device: str = "cuda:0") -> tuple[dict[str, float] | None, Any]:
+        """The workspace factors for a bundle (its view ``cfg``) and the ``DomainCheck`` that chose them: inside
+        the fit's domain (``autotune.probe.domain``) the fitted template's factors, outside it none (the raw
+        estimator and the allocator's rules). ``(None, None)`` without a device model."""
+        if not self.workspace_factors:
+            return None, None
+        from autotune.probe.domain import bundle_domain, domain_check
+
+        check = domain_check(self.domain, self.workspace_factors, bundle_domain(cfg, device))
+        if check.inside:
+            return self.factors(str(cfg.get("algo"))), check
+        return {phase: 0.0 for phase in ("train", "infer")}, check
+
+    def bound_for(self, check: Any, template: str | None = None) -> dict[str, Any] | None:
+        """The out-of-sample bound for an estimate in ``check``'s situation (``in_domain``: the template's, else
+        every template's; ``out_of_domain``), ``{"situation", "max_over", "max_under", "source"}``; None when the
+        calibration states no validated bound (a file from before it was validated out of sample)."""
+        if not self.bounds or check is None:
+            return None
+        situation = "in_domain" if check.inside else "out_of_domain"
+        entry = self.bounds.get(situation) or {}
+        if situation == "in_domain":
+            per_template = entry.get("by_template") or {}
+            entry = per_template.get(template or "", entry) if template else entry
+        try:
+            over, under = float(entry["max_over"]), float(entry["max_under"])
+        except (KeyError, TypeError, ValueError):
+            return None
+        if not (math.isfinite(over) and math.isfinite(under)) or over < 0 or not -1.0 < under <= 0:
+            return None
+        return {"situation": situation, "max_over": over, "max_under": under,
+                "by_phase": dict(entry.get("by_phase") or {}),
+                "source": str(entry.get("source") or situation.replace("_", " "))}
+
+    def plan_scale(self, check: Any, template: str | None, phase: str) -> float:
+        """What a plan (``--strategy estimate``) multiplies an estimate of ``phase`` by so that the device's peak
+        stays under it by the out-of-sample bound of its situation: ``1 / (1 + max_under)`` (1 where none is
+        stated)."""
+        found = self.bound_for(check, template)
+        if found is None:
+            return 1.0
+        under = float((found["by_phase"].get(phase) or {}).get("max_under", found["max_under"]))
+        return 1.0 / (1.0 + under) if -1.0 < under < 0 else 1.0
 
 
 DEFAULT_CUDA_ALLOWANCE = CudaAllowance()
@@ -100,6 +150,8 @@ def _from_calibration(found: Mapping[str, Any], source: str) -> CudaAllowance:
         source=source,
         workspace_factors=model_factors(found),
         release_after_search=bool(model.get("release_after_search", True)) if isinstance(model, Mapping) else True,
+        domain=model.get("domain") if isinstance(model, Mapping) and isinstance(model.get("domain"), Mapping) else None,
+        bounds=model.get("bounds") if isinstance(model, Mapping) and isinstance(model.get("bounds"), Mapping) else None,
     )
 
 
@@ -139,8 +191,9 @@ def allowance_for(device: str, gpu_name: str | None = None) -> CudaAllowance:
 
 
 def workspace_template(cfg: Mapping[str, Any]) -> str | None:
-    """The template a calibration's workspace factors are looked up by for a bundle config (its family's
-    ``calibrated_as``: autotune's own templates by name; MONAI's none, so they take the largest factor)."""
+    """The template a calibration's stated edge bound is looked up by for a bundle config (its family's
+    ``calibrated_as``: autotune's own templates by name; MONAI's none). The workspace factors themselves are
+    chosen by the fit's domain (``CudaAllowance.factors_for``)."""
     from autotune.families import family_for
 
     return family_for(cfg).calibrated_as(cfg)

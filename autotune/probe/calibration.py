@@ -4,11 +4,17 @@ A calibration file is JSON written by ``autotune calibrate`` on a real GPU. It h
 GPU's name, the driver, torch, CUDA and cuDNN versions it was measured with, what was fitted
 and the points it was fitted from. Its format is versioned (``calibration_version``):
 
+- **3**: version 2 and what the fit knows of itself: ``model.domain``, what it was fitted on (per template
+  and source: the network configuration's hash, the patch and volume sizes, the precision, the phases, the
+  batch sizes: ``autotune.probe.domain``), and ``model.bounds``, its error out of sample per situation
+  (inside that domain, and outside it with the allocator's rules alone: ``autotune.calibrate.validate``).
+  An estimate uses the fitted workspace only inside the domain.
 - **2**: ``model``: the device model's calibrated part (``autotune.probe.device_model``): per
   template and phase the workspace factor ``w`` (``model.workspace``), the CUDA context, the
   allocator setting the points were measured under; ``fit`` says how well it predicts its points
   (per template: in-sample and leave-one-out). It keeps a version-1 ``allowance`` block too, for
-  autotune versions that read only that.
+  autotune versions that read only that. Still read: its factors apply to autotune's own templates of
+  those names (never to MONAI's), its bound is its stated leave-one-out one.
 - **1** (the first GPU run's): ``allowance`` only: one context, one workspace and one allocator
   slack for every template and phase (``fit_allowance``). Still read: it applies as before.
 
@@ -54,7 +60,7 @@ __all__ = [
     "stated_bound",
 ]
 
-CALIBRATION_VERSION = 2
+CALIBRATION_VERSION = 3
 PACKAGE_DIR = Path(__file__).resolve().parent / "calibrations"
 _MIB = 1024**2
 

@@ -33,13 +33,15 @@ off the limit.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from autotune.probe.allocator import Allocator
 
-__all__ = ["BAND", "PHASES", "SETUP_LABELS", "DeviceFigures", "simulate", "device_figures", "predict_reserved"]
+__all__ = ["BAND", "PHASES", "SETUP_LABELS", "DeviceFigures", "simulate", "device_figures", "predict_reserved",
+           "explain_terms", "estimate_on_device"]
 
 PHASES = ("train", "infer")
 BAND = (0.8, 0.9, 1.0, 1.1, 1.2)
@@ -198,37 +200,85 @@ def device_figures(result: Mapping[str, Any], workspace: Mapping[str, float], *,
     return out
 
 
+def explain_terms(result: Mapping[str, Any], workspace: Mapping[str, float], *, release: bool = True,
+                  expandable: bool = False) -> dict[str, dict[str, int]]:
+    """Per phase of an ``estimate(..., record=True)`` result, the device model's reserved peak term by term,
+    each the difference the term makes when added to the ones before it:
+
+    - ``tensors``: the estimator's live tensor storages (its raw peak);
+    - ``allocator``: what the caching allocator reserves beyond them (rounding, segments, blocks cached
+      between steps and kept from training into validation), without cuDNN's cache release;
+    - ``cudnn_release``: what the release after each new convolution's algorithm search gives back (negative);
+    - ``workspace``: cuDNN's workspace at ``workspace[phase]`` times each convolution's largest activation.
+
+    They add up to ``reserved`` (``{phase}_device_reserved_bytes`` of ``device_figures``) exactly."""
+    train, infer = result.get("train_events"), result.get("infer_events")
+    zero = {"train": 0.0, "infer": 0.0}
+    bare = predict_reserved(train, infer, zero, band=(1.0,), release=False, expandable=expandable)
+    released = predict_reserved(train, infer, zero, band=(1.0,), release=release, expandable=expandable)
+    full = predict_reserved(train, infer, workspace, release=release, expandable=expandable)
+    out: dict[str, dict[str, int]] = {}
+    for phase, entry in full.items():
+        tensors = int(result[f"{phase}_peak_bytes"])
+        reserved = int(round(entry["reserved"]))
+        allocator = int(round(bare[phase]["reserved"])) - tensors
+        cudnn_release = int(round(released[phase]["reserved"])) - int(round(bare[phase]["reserved"]))
+        out[phase] = {"tensors": tensors, "allocator": allocator, "cudnn_release": cudnn_release,
+                      "workspace": reserved - tensors - allocator - cudnn_release, "reserved": reserved}
+    return out
+
+
 def estimate_on_device(bundle: Any, allowance: Any, *, device: str, template: str | None = None,
-                       **estimate_kwargs: Any) -> dict[str, Any]:
+                       explain: bool = False, **estimate_kwargs: Any) -> dict[str, Any]:
     """``estimate`` of ``bundle`` with the device's figures added (``autotune.probe.estimate``'s keyword
-    arguments pass through). With a device model (``allowance.factors``), the trace is recorded and
-    simulated: ``{phase}_device_allocated_bytes``, ``{phase}_device_reserved_bytes`` and
-    ``device_peak_bytes``; with a version-1 allowance its affine formula on the raw peaks
-    (``{phase}_device_reserved_bytes`` and ``device_peak_bytes``); on the CPU the raw peaks.
-    ``device_model`` says which (``simulated``, ``affine``, ``none``). The recorded events are dropped."""
+    arguments pass through). With a device model (``allowance.workspace_factors``), the trace is recorded and
+    simulated: ``{phase}_device_allocated_bytes``, ``{phase}_device_reserved_bytes`` and ``device_peak_bytes``,
+    with cuDNN's workspace fitted where the bundle lies inside the calibration's domain and none outside it
+    (``CudaAllowance.factors_for``): ``device_model_fit`` says which (``fitted``, ``allocator rules``),
+    ``device_model_domain`` why, ``device_model_bound`` the out-of-sample bound of that situation (None where
+    the calibration states none); with a version-1 allowance its affine formula on the raw peaks; on the CPU
+    the raw peaks. ``device_model`` says which (``simulated``, ``affine``, ``none``). ``explain``: each term of
+    the reserved peak per phase (``device_terms``: ``explain_terms``, or the affine formula's). ``template``:
+    the name a version-2 calibration without a domain is read by (default the bundle's). The recorded events
+    are dropped."""
     from autotune.cuda_alloc import alloc_conf, expandable_segments
-    from autotune.probe.allowances import apply_allowance, workspace_template
+    from autotune.probe.allowances import apply_allowance
     from autotune.probe.estimate import estimate
     from autotune.probe.runner import resolve_request
 
     cuda = str(device).startswith("cuda")
-    if cuda and template is None:
-        template = workspace_template(resolve_request(bundle, check_device=False)["config"])
-    factors = allowance.factors(template) if cuda else None
+    factors, check = None, None
+    if cuda:
+        cfg = resolve_request(bundle, check_device=False)["config"]
+        factors, check = allowance.factors_for(cfg, device)
+        template = template or str(cfg.get("algo"))
     result = dict(estimate(bundle, device=device, record=factors is not None, **estimate_kwargs))
     if factors is not None:
-        result.update(device_figures(result, factors, release=allowance.release_after_search,
-                                     expandable=expandable_segments(alloc_conf())))
+        release, expandable = allowance.release_after_search, expandable_segments(alloc_conf())
+        result.update(device_figures(result, factors, release=release, expandable=expandable))
         result["device_model"] = "simulated"
+        result["device_model_fit"] = "fitted" if check.inside else "allocator rules"
+        result["device_model_domain"] = check.why
+        result["device_model_bound"] = allowance.bound_for(check, template)
+        if explain:
+            result["device_terms"] = explain_terms(result, factors, release=release, expandable=expandable)
     else:
         for phase in PHASES:
             raw = result.get(f"{phase}_peak_bytes")
             if raw is not None:
                 result[f"{phase}_device_reserved_bytes"] = (apply_allowance(int(raw), allowance, include_context=False)
                                                             if cuda else int(raw))
+                if explain and cuda:
+                    slack = int(math.ceil(int(raw) * float(allowance.allocator_slack_fraction)))
+                    workspace = int(result[f"{phase}_device_reserved_bytes"]) - int(raw) - slack
+                    result.setdefault("device_terms", {})[phase] = {
+                        "tensors": int(raw), "slack": slack, "workspace": workspace,
+                        "reserved": int(result[f"{phase}_device_reserved_bytes"])}
         peaks = [result[f"{p}_device_reserved_bytes"] for p in PHASES if f"{p}_device_reserved_bytes" in result]
         result["device_peak_bytes"] = max(peaks) if peaks else None
         result["device_model"] = "affine" if cuda else "none"
+    if cuda:
+        result["context_bytes"] = int(allowance.context_bytes)
     result.pop("train_events", None)
     result.pop("infer_events", None)
     return result

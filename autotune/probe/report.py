@@ -26,10 +26,12 @@ def estimate_report(
     memory_limit: int | str | None = None,
     num_patches_per_iter: int | None = None,
     num_sw_batch_size: int | None = None,
+    explain: bool = False,
     **tuned: Any,
 ) -> dict[str, Any]:
     """Estimate ``bundle`` at one point and fit its memory model per phase (any other tunable, ``tuned``, by
-    its name as in ``autotune.probe.estimate.estimate``).
+    its name as in ``autotune.probe.estimate.estimate``). ``explain``: on CUDA, the device model's terms per
+    phase in ``estimate["device_terms"]`` (``autotune.probe.device_model.explain_terms``).
 
     Returns:
         ``{"estimate": ..., "fits": {"train"|"infer": {"intercept", "slope", "points", "n_cap",
@@ -52,12 +54,12 @@ def estimate_report(
     allowance = allowance_for(device)
     cuda = device.startswith("cuda")
     template = workspace_template(resolve_request(bundle, check_device=False)["config"])
-    result = estimate_on_device(bundle, allowance, device=device, template=template,
+    result = estimate_on_device(bundle, allowance, device=device, template=template, explain=explain,
                                 num_patches_per_iter=num_patches_per_iter, num_sw_batch_size=num_sw_batch_size,
                                 validation_device=validation_device, **tuned)
     result["memory_limit"] = limit
     report: dict[str, Any] = {"estimate": result, "fits": {}, "allowance": allowance.__dict__ if cuda else None}
-    simulated = cuda and allowance.factors(template) is not None
+    simulated = cuda and bool(allowance.workspace_factors)
     for phase in ("train", "infer"):
         model = fit_memory_model(bundle, phase=phase, device=device, validation_device=validation_device, **tuned)
         entry: dict[str, Any] = {"intercept": model.intercept, "slope": model.slope, "points": model.points,

@@ -125,7 +125,7 @@ def test_a_version_2_calibration_gives_the_device_model_and_version_1_still_load
     found = allowance_for("cuda:0", gpu_name="NVIDIA X1")
     assert is_calibrated(found) and found.context_bytes == 700 * MiB
     assert found.factors("dints") == {"train": 4.0, "infer": 2.0}
-    assert found.factors("swinunetr") == {"train": 12.0, "infer": 8.0}  # not measured: the largest per phase
+    assert found.factors("swinunetr") == {"train": 0.0, "infer": 0.0}  # not measured: no other template's factor
     bad = json.loads((tmp_path / "nvidia-x1.json").read_text())
     bad["model"]["workspace"]["unet"]["train"] = -1
     (tmp_path / "nvidia-x1.json").write_text(json.dumps(bad))

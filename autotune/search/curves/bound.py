@@ -25,15 +25,25 @@ def probe_edge_forced() -> bool:
     return bool(setting(PROBE_EDGE_ENV))
 
 
-def edge_bound(device_name: str | None, measured: bool, template: str | None = None) -> dict[str, Any] | None:
-    """The stated over-prediction bound of a calibration for ``device_name``, or None (probe N+1).
+def edge_bound(device_name: str | None, measured: bool, template: str | None = None, allowance: Any = None,
+               cfg: Any = None, device: str = "cuda:0") -> dict[str, Any] | None:
+    """The over-prediction bound that settles N+1 for a bundle, or None (probe N+1).
 
-    Only for real probes on a device with a calibration file whose fit states ``max_over_prediction``:
-    a GPU's from ``autotune calibrate`` (or the GPU check's install), the CPU's (``calibrations/cpu.json``) from
-    ``benchmarks/calibrate_cpu.py``. A bound stated for ``template`` alone is preferred to the
-    calibration's overall one. ``$AUTOTUNE_PROBE_EDGE=1`` ignores any bound."""
+    Only for real probes on a device with a calibration file that states one. On CUDA, where the
+    calibration was validated out of sample (``allowance.bounds``), the bound of the bundle's situation
+    (``CudaAllowance.factors_for``: inside the fit's domain, the template's; outside it, that of the raw
+    estimator with the allocator's rules on templates the fit never saw); else the file's stated bound
+    (``max_over_prediction``: a version-2 GPU file's, or the CPU's ``calibrations/cpu.json`` from
+    ``benchmarks/calibrate_cpu.py``), ``template``'s own where stated. ``$AUTOTUNE_PROBE_EDGE=1`` ignores any
+    bound."""
     if not measured or probe_edge_forced():
         return None
+    if allowance is not None and cfg is not None and getattr(allowance, "bounds", None):
+        _, check = allowance.factors_for(cfg, device)
+        found = allowance.bound_for(check, template)
+        if found is not None:
+            return {"bound": found["max_over"], "scope": f"{found['source']}; {check.why}",
+                    "calibration": str(allowance.source), "gpu_name": device_name}
     from autotune.probe import stated_bound
 
     return stated_bound(device_name, template=template)

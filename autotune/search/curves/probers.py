@@ -74,12 +74,24 @@ class _ModelMixin:
     allowance: Any = None
 
     def factors(self) -> dict[str, float] | None:
-        """The device model's workspace factors for this bundle (None: no device model applies)."""
+        """The device model's workspace factors for this bundle: fitted inside the calibration's domain, none
+        outside it (``CudaAllowance.factors_for``); None: no device model applies."""
         if self.allowance is None or not str(self.device).startswith("cuda"):
             return None
-        from autotune.probe import workspace_template
+        return self.allowance.factors_for(self.config(), self.device)[0]
 
-        return self.allowance.factors(workspace_template(self.config()))
+    def plan_scale(self, phase: str) -> float:
+        """What an estimate of ``phase`` is multiplied by before it is held against the budget: 1 for real probes
+        (they measure); a plan's out-of-sample margin for ``EstimateProber``."""
+        return 1.0
+
+    def _planned(self, curve: Any, phase: str) -> Any:
+        scale = self.plan_scale(phase)
+        if curve is None or scale == 1.0:
+            return curve
+        from autotune.search.curves.edge import CorrectedCurve
+
+        return CorrectedCurve(curve, scale, 0.0)
 
     def _expandable(self) -> bool:
         from autotune.cuda_alloc import alloc_conf, expandable_segments
@@ -152,7 +164,7 @@ class _ModelMixin:
             from autotune.search.curves.device import RatioCurve
 
             scale, offset = self.allowance.affine()
-            return RatioCurve(raw_curve, scale, float(offset), ratios)
+            return self._planned(RatioCurve(raw_curve, scale, float(offset), ratios), phase)
         return self._allowed(raw_curve)
 
     def training_replay(self, infer_point: Mapping[str, Any] | None = None) -> tuple[Any, int | None]:
@@ -183,8 +195,8 @@ class _ModelMixin:
         if factors is not None:
             from autotune.search.curves.device import DeviceCurve
 
-            return DeviceCurve(curve, factors=factors, release=self.allowance.release_after_search,
-                               expandable=self._expandable()), infer_raw
+            return self._planned(DeviceCurve(curve, factors=factors, release=self.allowance.release_after_search,
+                                             expandable=self._expandable()), "train"), infer_raw
         return self._allowed(curve), infer_raw
 
     def config(self) -> dict[str, Any]:
@@ -254,6 +266,22 @@ class EstimateProber(_ModelMixin):
         self.budget_bytes = int(budget_bytes)
         self.scale, self.offset = float(scale), int(offset)
         self.allowance = allowance
+        self._scales: dict[str, float] = {}
+
+    def plan_scale(self, phase: str) -> float:
+        """``1 / (1 + max_under)``: the out-of-sample under-prediction of the bundle's situation (inside the
+        calibration's domain or not, ``CudaAllowance.plan_scale``), so that a plan holds where the device model
+        is as far under as it was on points it never saw. 1 on the CPU and without a validated calibration."""
+        if phase not in self._scales:
+            scale = 1.0
+            if self.allowance is not None and str(self.device).startswith("cuda") and self.allowance.bounds:
+                from autotune.probe import workspace_template
+
+                cfg = self.config()
+                _, check = self.allowance.factors_for(cfg, self.device)
+                scale = self.allowance.plan_scale(check, workspace_template(cfg), phase)
+            self._scales[phase] = scale
+        return self._scales[phase]
 
     def probe(self, point: Mapping[str, Any], phases: tuple[str, ...]) -> dict[str, Any]:
         """The estimator's answer at ``point``: on CUDA with a device model, the phases simulated as a probe
@@ -268,9 +296,13 @@ class EstimateProber(_ModelMixin):
             raw = int(result.get("peak_bytes") or 0)
             result["raw_peak_bytes"] = raw
             result["peak_bytes"] = int(result["device_peak_bytes"])
-            for phase in phases:  # each phase's own peak in device bytes, as a probe reports it
+            planned = []
+            for phase in phases:  # each phase's own peak in device bytes, with the plan's margin
                 if result.get(f"{phase}_device_reserved_bytes") is not None:
-                    result[f"{phase}_peak_bytes"] = int(result[f"{phase}_device_reserved_bytes"])
+                    result[f"{phase}_peak_bytes"] = int(result[f"{phase}_device_reserved_bytes"] * self.plan_scale(phase))
+                    planned.append(result[f"{phase}_peak_bytes"])
+            result["peak_bytes"] = max(planned) if planned else result["peak_bytes"]
+            result["plan_scale"] = {phase: self.plan_scale(phase) for phase in phases}
         else:
             result = dict(estimate(self.bundle, device=self.device, phases=tuple(phases), **_point_kwargs(point)))
             raw = int(result.get("peak_bytes") or 0)

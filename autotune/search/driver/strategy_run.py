@@ -50,8 +50,33 @@ def _edge(cfg: Mapping[str, Any], session: Session, prober: Any) -> tuple[dict[s
     # the template a calibration's stated bound covers, if any (``autotune.families``): else N+1 is probed
     family = family_for(cfg)
     covered = family.calibrated_as(cfg)
-    stated = edge_bound(session.budget.info.get("device_name"), prober.measured, covered) if covered else None
+    budget = session.budget
+    stated = edge_bound(budget.info.get("device_name"), prober.measured, covered, budget.allowance, cfg,
+                        budget.device) if covered else None
     return stated, (family.uncalibrated_reason if covered is None else None)
+
+
+def _device_model(cfg: Mapping[str, Any], session: Session, prober: Any) -> dict[str, Any] | None:
+    """On CUDA with a device model: which fit the key's estimates use and why (the calibration's domain), the
+    out-of-sample bound of that situation and, for a plan, the margin it puts on each phase; said once."""
+    budget = session.budget
+    if not budget.device.startswith("cuda") or not budget.allowance.workspace_factors:
+        return None
+    from autotune.probe import workspace_template
+
+    _, check = budget.allowance.factors_for(cfg, budget.device)
+    bound = budget.allowance.bound_for(check, workspace_template(cfg))
+    model: dict[str, Any] = {"fit": "fitted" if check.inside else "allocator rules", "domain": check.why,
+                             "bound": bound}
+    said = (f"; out of sample {100 * bound['max_under']:+.1f}% .. {100 * bound['max_over']:+.1f}%" if bound
+            else "; the calibration states no out-of-sample bound")
+    if not prober.measured:
+        model["plan_scale"] = {phase: prober.plan_scale(phase) for phase in ("train", "infer")}
+        said += ("; planned with peaks x " + ", ".join(f"{p} {v:.2f}" for p, v in model["plan_scale"].items())
+                 + " (the out-of-sample under-prediction)")
+    what = "the calibration's fit" if check.inside else "the allocator's rules alone (no fitted workspace)"
+    session.say(f"[{cfg['algo']}] device model: {what}: {check.why}{said}")
+    return model
 
 
 def _infeasible(outcome: Any, spec: AlgoSpec) -> str | None:
@@ -107,6 +132,7 @@ def search_key(
     from autotune.search.strategies.registry import KeyRun
 
     prober = _prober(cfg, session)
+    model = _device_model(cfg, session, prober)
     store = session.store
     evaluator = Evaluator(
         study, prober, session.budget.budget, distributions(spec, devices), storage=store.storage,
@@ -121,6 +147,7 @@ def search_key(
         "algo": cfg["algo"], "objective": session.objective, "method": "measured" if prober.measured else "estimated",
         "probes": evaluator.probes, "reused_points": evaluator.reused,
         "trials": evaluator.trial_numbers, "infer_trials": evaluator.infer_trial_numbers, **searched.fields,
+        **({"device_model": model} if model else {}),
     }
     reason = _infeasible(outcome, spec)
     if reason is not None:

@@ -1,0 +1,140 @@
+"""A calibration knows its domain (issue 57): the fit is used inside it only, MONAI's template is not ours, the
+estimate's terms add up, a fit worse out of sample than the raw estimator is not installed, old files still load."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from test_device_model import _point, _v2
+
+from autotune.probe.allowances import CudaAllowance
+from autotune.probe.domain import bundle_domain, domain_check, fit_domain
+
+MiB = 1 << 20
+FACTORS = {"unet": {"train": 4.0, "infer": 3.0}, "dints": {"train": 2.0, "infer": 1.0}}
+
+
+@pytest.fixture(scope="module")
+def unet_cfg(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    from probe_fixtures import shared_tiny_bundles
+
+    from autotune.bundles.config import load_bundle_config
+
+    return load_bundle_config(shared_tiny_bundles(tmp_path_factory)["unet"])
+
+
+def test_a_bundle_is_inside_only_where_the_fit_measured_it(unet_cfg: dict) -> None:
+    own = bundle_domain(unet_cfg, "cuda:0")
+    assert own["source"] == "autotune" and own["precision"] in ("fp16", "fp32") and len(own["network_hash"]) == 16
+    domain = fit_domain([{**own, "n": 1, "m": 2}, {**own, "n": 4, "m": 8}])
+    entry = domain["autotune:unet"]
+    assert entry["n"] == [1, 4] and entry["roi_sizes"] == [own["roi_size"]] and entry["phases"] == ["train", "infer"]
+    assert domain_check(domain, FACTORS, own).inside
+    other_patch = {**own, "roi_size": [v * 2 for v in own["roi_size"]]}
+    check = domain_check(domain, FACTORS, other_patch)
+    assert not check.inside and "patch" in check.why
+    other_network = {**own, "network_hash": "0" * 16}
+    assert "network" in domain_check(domain, FACTORS, other_network).why
+    other_precision = {**own, "precision": "bf16" if own["precision"] != "bf16" else "fp32"}
+    assert not domain_check(domain, FACTORS, other_precision).inside
+    # MONAI's template of the same name is another network: never held by our fit, nor by a name-only file
+    monai = {**own, "source": "monai"}
+    for fitted in (domain, None):
+        check = domain_check(fitted, FACTORS, monai)
+        assert not check.inside and "monai:unet is not among" in check.why
+    assert domain_check(None, FACTORS, own).inside  # a version-2 file: autotune's own templates by name
+
+
+def test_the_allowance_uses_the_fit_inside_and_the_allocator_outside(unet_cfg: dict) -> None:
+    own = bundle_domain(unet_cfg, "cuda:0")
+    bounds = {"in_domain": {"max_over": 0.1, "max_under": -0.05, "by_template": {"unet": {"max_over": 0.02,
+                                                                                          "max_under": -0.01}}},
+              "out_of_domain": {"max_over": 0.0, "max_under": -0.5, "by_phase": {"train": {"max_under": -0.25}}}}
+    allowance = CudaAllowance(workspace_factors=FACTORS, domain=fit_domain([{**own, "n": 1, "m": 1}]), bounds=bounds)
+    factors, check = allowance.factors_for(unet_cfg)
+    assert check.inside and factors == FACTORS["unet"]
+    assert allowance.bound_for(check, "unet")["max_over"] == 0.02  # the template's own out-of-sample bound
+    moved = {**unet_cfg, "roi_size": [v + 16 for v in unet_cfg["roi_size"]]}
+    factors, check = allowance.factors_for(moved)
+    assert not check.inside and factors == {"train": 0.0, "infer": 0.0}
+    bound = allowance.bound_for(check, "unet")
+    assert bound["situation"] == "out_of_domain" and bound["max_under"] == -0.5
+    assert allowance.plan_scale(check, "unet", "train") == pytest.approx(1 / 0.75)  # its phase's own bound
+    assert allowance.plan_scale(check, "unet", "infer") == pytest.approx(2.0)
+    # an unknown template by name: no other template's factor (the largest over-predicted by up to 148%)
+    assert allowance.factors("swinunetr") == {"train": 0.0, "infer": 0.0}
+    assert CudaAllowance().factors_for(unet_cfg) == (None, None)  # version 1: no device model
+
+
+def test_explain_adds_the_terms_up_to_the_estimate(tmp_path_factory: pytest.TempPathFactory,
+                                                   capsys: pytest.CaptureFixture) -> None:
+    from probe_fixtures import shared_tiny_bundles
+
+    from autotune.cli import main
+    from autotune.probe import estimate_on_device
+
+    bundle = shared_tiny_bundles(tmp_path_factory)["unet"]
+    for allowance in (CudaAllowance(workspace_factors=FACTORS), CudaAllowance()):  # the device model, the affine one
+        result = estimate_on_device(bundle, allowance, device="cuda:0", explain=True, num_patches_per_iter=2,
+                                    num_sw_batch_size=2)
+        for phase, terms in result["device_terms"].items():
+            parts = sum(v for k, v in terms.items() if k != "reserved")
+            assert parts == terms["reserved"] == result[f"{phase}_device_reserved_bytes"]
+            assert terms["tensors"] == result[f"{phase}_peak_bytes"]
+    assert result["device_model"] == "affine"
+    simulated = estimate_on_device(bundle, CudaAllowance(workspace_factors=FACTORS), device="cuda:0", explain=True,
+                                   num_patches_per_iter=2, num_sw_batch_size=2)
+    assert simulated["device_model_fit"] == "fitted" and simulated["device_terms"]["train"]["workspace"] > 0
+    assert main(["estimate", str(bundle), "--device", "cuda:0", "--explain", "--num-patches-per-iter", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "device model:" in out and "+ workspace" in out and "= reserved" in out and "context" in out
+
+
+def test_a_fit_worse_out_of_sample_than_the_raw_estimator_is_not_installed(tmp_path: Path) -> None:
+    from autotune.calibrate.fit import fit_model
+
+    # each template's workspace factor jumps with the batch: a mean fits its own points, predicts the others badly
+    jumping = [_point(1, 0.0, "a"), _point(2, 3.0, "a"), _point(1, 0.0, "b"), _point(3, 3.0, "b")]
+    fit = fit_model(jumping, None, workers=1)
+    fitted = max(abs(r["error"]) for r in fit["fitted"])
+    verdict = fit["verdict"]
+    assert not verdict["install"] and verdict["fit_error"] > verdict["raw_error"] and verdict["fit_error"] > fitted
+    assert "not installed" in verdict["line"] and f"{100 * verdict['raw_error']:.1f}%" in verdict["line"]
+    steady = fit_model([_point(1, 2.0, "a"), _point(2, 2.0, "a"), _point(1, 2.0, "b"), _point(3, 2.0, "b")], None,
+                       workers=1)
+    assert steady["verdict"]["install"]
+    assert steady["bounds"]["out_of_domain"]["max_over"] == 0.0  # the allocator alone never over-predicts here
+    assert steady["bounds"]["in_domain"]["by_template"]["a"]["points"] > 0
+    single = fit_model([_point(1, 2.0, "a"), _point(1, 2.0, "b")], None, workers=1)
+    assert not single["verdict"]["install"] and "two or more batch sizes" in single["verdict"]["line"]
+
+
+def test_old_calibration_files_still_load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, unet_cfg: dict) -> None:
+    from autotune.probe.allowances import allowance_for
+    from autotune.probe.calibration import PACKAGE_DIR, stated_bound
+
+    _v2(tmp_path, "NVIDIA X2", {"unet": {"train": 12.0, "infer": 8.0}})  # version 2: no domain, no bounds
+    monkeypatch.setenv("AUTOTUNE_CALIBRATION_DIR", str(tmp_path))
+    v2 = allowance_for("cuda:0", gpu_name="NVIDIA X2")
+    factors, check = v2.factors_for(unet_cfg)
+    assert check.inside and "records no domain" in check.why and factors == {"train": 12.0, "infer": 8.0}
+    assert v2.bound_for(check, "unet") is None and stated_bound("NVIDIA X2")["bound"] == 0.1  # its stated one
+    v1 = json.loads((tmp_path / "nvidia-x2.json").read_text())
+    for key in ("model", "calibration_version"):
+        v1.pop(key)
+    (tmp_path / "nvidia-x2.json").write_text(json.dumps(v1))
+    old = allowance_for("cuda:0", gpu_name="NVIDIA X2")
+    assert old.workspace_factors is None and old.cudnn_workspace_bytes == 64 * MiB  # the affine allowance
+    # the first GPU run's version-2 file, as it shipped before domains, reads as before
+    shipped = tmp_path / "h200-v2"
+    shipped.mkdir()
+    shutil.copy(Path(__file__).with_name("calibration_h200_v2.json"), shipped / "nvidia-h200.json")
+    monkeypatch.setenv("AUTOTUNE_CALIBRATION_DIR", str(shipped))
+    legacy = allowance_for("cuda:0", gpu_name="NVIDIA H200")
+    assert legacy.factors("dints") == {"train": 4.1335, "infer": 2.6947} and legacy.bounds is None
+    monkeypatch.delenv("AUTOTUNE_CALIBRATION_DIR")
+    now = json.loads((PACKAGE_DIR / "nvidia-h200.json").read_text())
+    assert now["calibration_version"] == 3 and now["model"]["domain"] and now["model"]["bounds"]["out_of_domain"]
