@@ -240,7 +240,7 @@ def _fit_and_write(gpu: dict[str, Any], points: list[dict[str, Any]], estimates:
     path = write_calibration(folder, record)
     return {"gpu": gpu, "points": points, "skipped": skipped, "fit": model_fit, "file": str(path),
             "dry_run": dry_run, "work": str(work), "installed": installed,
-            "refused": None if verdict["install"] else verdict["line"]}
+            "refused": None if verdict["install"] or dry_run else verdict["line"], "verdict": verdict}
 
 
 def points_domain(points: Sequence[dict[str, Any]], fit_points: Sequence[Any], device: str) -> dict[str, Any]:
