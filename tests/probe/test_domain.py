@@ -138,3 +138,48 @@ def test_old_calibration_files_still_load(tmp_path: Path, monkeypatch: pytest.Mo
     monkeypatch.delenv("AUTOTUNE_CALIBRATION_DIR")
     now = json.loads((PACKAGE_DIR / "nvidia-h200.json").read_text())
     assert now["calibration_version"] == 3 and now["model"]["domain"] and now["model"]["bounds"]["out_of_domain"]
+
+
+def _records(points: list, bundle: str) -> tuple[list, list]:
+    """``measure_point``'s records and estimates for synthetic points (their peaks the model's own)."""
+    records, estimates = [], []
+    for p in points:
+        phase = {ph: {"estimate_bytes": 1 << 20, "max_memory_allocated": p.reserved[ph],
+                      "max_memory_reserved": p.reserved[ph], "tracked_peak_bytes": None, "nvml_used_bytes": None,
+                      "reserved_now": None} for ph in ("train", "infer")}
+        records.append({"algo": p.algo, "n": p.n, "m": p.m, "bundle": bundle, "probe": {"status": "ok"}, **phase})
+        estimates.append({"train_events": p.train_events, "infer_events": p.infer_events,
+                          "train_peak_bytes": 1 << 20, "infer_peak_bytes": 1 << 20})
+    return records, estimates
+
+
+def test_calibrate_keeps_a_refused_fit_out_of_the_users_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               capsys: pytest.CaptureFixture,
+                                                               tmp_path_factory: pytest.TempPathFactory) -> None:
+    from probe_fixtures import shared_tiny_bundles
+
+    import autotune.calibrate as calibrate_pkg
+    from autotune.calibrate.run import _fit_and_write
+    from autotune.cli import main
+
+    bundle = str(shared_tiny_bundles(tmp_path_factory)["unet"])
+    users = tmp_path / "users"
+    users.mkdir()
+    monkeypatch.setenv("AUTOTUNE_CALIBRATION_DIR", str(users))
+    gpu = {"name": "NVIDIA X3", "torch_total_memory": 80 << 30, "total_memory": 80 << 30}
+    jumping = [_point(1, 0.0, "a"), _point(2, 3.0, "a"), _point(1, 0.0, "b"), _point(3, 3.0, "b")]
+    report = _fit_and_write(gpu, *_records(jumping, bundle), [], tmp_path / "work", None, False, None, False,
+                            lambda line: None)
+    assert not report["installed"] and "not installed" in report["refused"]
+    assert not any(users.iterdir()) and Path(report["file"]).parent == tmp_path / "work" / "calibration"
+    kept = json.loads(Path(report["file"]).read_text())
+    assert kept["refused"] == report["refused"] and kept["model"]["domain"]["autotune:unet"]["n"] == [1, 2, 3]
+    steady = [_point(1, 2.0, "a"), _point(2, 2.0, "a"), _point(1, 2.0, "b"), _point(3, 2.0, "b")]
+    installed = _fit_and_write(gpu, *_records(steady, bundle), [], tmp_path / "work2", None, False, None, False,
+                               lambda line: None)
+    assert installed["installed"] and Path(installed["file"]).parent == users
+    # the command: the refusal is one line with both figures, exit 1
+    monkeypatch.setattr(calibrate_pkg, "calibrate", lambda **kwargs: report)
+    assert main(["calibrate"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not installed" in err[0] and "%" in err[0] and str(report["file"]) in err[0]
