@@ -28,7 +28,9 @@ from autotune.trainer import faults
 from autotune.trainer.checkpoint import RunState, checkpoint_state, resume, save_checkpoint
 from autotune.trainer.ddp import all_ranks_max, broadcast_flag
 from autotune.trainer.epoch import EpochParts, EpochProgress, epoch_row, train_epoch, validate
+from autotune.trainer.fallback import RestartRun
 from autotune.trainer.faults import continue_command, holds, stop_error, with_kept, write_refusal
+from autotune.trainer.learn import start_fallbacks
 from autotune.trainer.memory import PhaseMemory, out_of_memory_error, training_limit
 from autotune.trainer.room import check_cache_room, check_checkpoint_room, checkpoint_bytes
 from autotune.trainer.setup import setup_data, setup_model
@@ -178,10 +180,16 @@ def _check_trained_here(bundle: str | os.PathLike[str], cfg: Mapping[str, Any], 
 def run_worker(**kwargs: Any) -> dict[str, Any]:
     """Train as this process's rank (alone, spawned, or under torchrun)."""
     from autotune.trainer.ddp import cleanup, init_from_env
+    from autotune.trainer.fallback import release_memory
 
     ctx = init_from_env(kwargs.pop("device"))
     try:
-        return TrainingRun(ctx=ctx, **kwargs).run()
+        try:
+            return TrainingRun(ctx=ctx, **kwargs).run()
+        except RestartRun as restart:
+            left = restart.max_time_left  # the time budget left to the restarted run (None: no budget)
+        release_memory(ctx.device)  # the first run's model, optimizer and data are gone with its frames
+        return TrainingRun(ctx=ctx, **{**kwargs, "resume": True, "max_time": left}, restarted=True).run()
     finally:
         cleanup(ctx)
 
@@ -199,7 +207,7 @@ class TrainingRun:
 
     def __init__(self, *, ctx: Any, bundle: str, epochs: int | None, max_time: float | None,
                  val_every: int | None, resume: bool, mode: str, progress: bool,
-                 memory_limit: int | None = None) -> None:
+                 memory_limit: int | None = None, restarted: bool = False) -> None:
         from autotune.bundles.config import load_bundle_config
         from autotune.trainer.budget import schedule_set_by
         from autotune.trainer.infer import class_labels, model_dir
@@ -225,6 +233,7 @@ class TrainingRun:
         self.kept = ""  # what last.pt holds, for a fault's line ("" before the first checkpoint)
         self.best_saved = 0  # the epoch best.pt holds (0: none written)
         self.curves_at = self.t_start  # when curves.png was last drawn (monotonic seconds)
+        self.restarted = restarted  # this run is the restart after an out-of-memory (autotune.trainer.fallback)
 
     def say(self, message: str) -> None:
         if self.progress:
@@ -253,11 +262,12 @@ class TrainingRun:
         self.steps_per_epoch = self.data.plan.steps_per_epoch
         ctx = self.ctx
         guard = StepGuard(self.recipe.model, (lambda flag: all_ranks_max(ctx, [flag])[0]) if ctx.enabled else None)
+        self.fallbacks = start_fallbacks(self.cfg, ctx, self.memory_limit, self.recipe.model, self.restarted)
         self.parts = EpochParts(
             ctx=ctx, cfg=self.cfg, recipe=self.recipe, memory=self.memory, train_loader=self.data.train_loader,
             val_loader=self.data.val_loader, train_transforms=self.data.train_transforms,
             seed=int(self.cfg.get("seed", 0)), total_epochs=self.total_epochs, progress=self.progress, guard=guard,
-            clock=PhaseClock(ctx.device))
+            clock=PhaseClock(ctx.device), fallbacks=self.fallbacks)
         if self.set_by == "max_time":
             self.fit = TimeFit(budget_s=float(self.max_time), batches_per_epoch=len(self.data.train_loader),
                                planned_epochs=self.total_epochs, val_every=self.val_every,
@@ -271,8 +281,9 @@ class TrainingRun:
 
     def checkpoint(self, epoch: int, partial: dict[str, Any] | None = None) -> dict[str, Any]:
         """The checkpoint after ``epoch`` (and ``partial``: how far the next epoch got)."""
-        return checkpoint_state(self.state_parts(), self.state, epoch, mode=self.mode, elapsed_s=self.elapsed(),
-                                total_steps=self.total_epochs * self.steps_per_epoch, cfg=self.cfg, partial=partial)
+        state = checkpoint_state(self.state_parts(), self.state, epoch, mode=self.mode, elapsed_s=self.elapsed(),
+                                 total_steps=self.total_epochs * self.steps_per_epoch, cfg=self.cfg, partial=partial)
+        return {**state, "memory_fallbacks": self.fallbacks.state()}
 
     def continue_command(self, resume: bool = True) -> str:
         """The command that continues this run."""
@@ -312,6 +323,8 @@ class TrainingRun:
         self.state = (resume(self.out / "last.pt", self.mode, self.state_parts(),
                              None if self.fit else self.total_epochs * self.steps_per_epoch, self.say)
                       if self.resume else RunState())
+        if not self.fallbacks.load(self.state.fallbacks) and self.fallbacks.from_record:
+            self.say_always(self.fallbacks.from_record)
         if self.state.epoch or self.state.partial:
             self.metrics.load(self.state.epoch)
             self.kept = holds(self.state.epoch, self.state.partial, len(self.parts.train_loader))
@@ -333,6 +346,9 @@ class TrainingRun:
         try:
             with self.stop:
                 stopped, epoch = self._epochs()
+        except RestartRun as restart:
+            restart.max_time_left = self._restart_from(restart)
+            raise
         except Exception as exc:
             fault = self._fault(exc)
             if fault is None:
@@ -445,6 +461,27 @@ class TrainingRun:
         return self._stopped(f"in epoch {progress.epoch} after batch {progress.batches} of "
                              f"{len(self.parts.train_loader)}" if progress.batches else f"before epoch {progress.epoch}")
 
+    def _restart_from(self, restart: RestartRun) -> float | None:
+        """Write the checkpoint a restart continues from (rank 0), at the pass that failed, with the split in force;
+        returns the time budget left (None: none)."""
+        from autotune.trainer.ddp import all_gather_int, barrier
+
+        progress = restart.progress
+        rank_batches = all_gather_int(self.ctx, progress.batches)
+        self.memory.read({}, "train")
+        partial = {**progress.as_dict(), "rank_batches": rank_batches}
+        if self.ctx.is_main:
+            self._save_last(progress.epoch - 1, partial)
+            self.say_always(f"memory: restarting once from {self.out / 'last.pt'} ({self.kept}, pass "
+                            f"{progress.batch_passes + 1} of its batch) in {self.fallbacks.micro_batches} micro-batches")
+        barrier(self.ctx)
+        return None if self.max_time is None else max(1.0, self.max_time - (self.clock() - self.t_start))
+
+    def say_always(self, line: str) -> None:
+        """A line rank 0 prints to stderr whether or not progress is shown (a step-down, a restart)."""
+        if self.ctx.is_main:
+            print(line, file=sys.stderr, flush=True)
+
     def _stopped(self, where: str) -> TrainingStopped:
         return stop_error(self.stop.agreed, where, self.out / "last.pt", self.kept, self.continue_command())
 
@@ -526,7 +563,7 @@ class TrainingRun:
             "nonfinite_steps": sum(int(r.get("nonfinite_steps") or 0) for r in self.metrics.rows if r["epoch"] >= first),
             "alloc_conf": alloc_conf(),  # the CUDA allocator setting it trained under (autotune.cuda_alloc)
             "gpu_monitor": str(monitor.path) if monitor.samples else None,
-            **self.memory_report(),
+            **self.memory_report(), **self.fallbacks.in_force(), "memory_fallbacks": list(self.fallbacks.events),
         }
         if self.ctx.is_main:
             try:
