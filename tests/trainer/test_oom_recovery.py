@@ -206,3 +206,59 @@ def test_an_oom_at_one_patch_exits_3_in_one_line_keeping_last_pt(
     assert [line for line in err if line.startswith("memory:")] != []  # the step-down it tried, said as it happened
     assert hashlib.sha256(last.read_bytes()).hexdigest() == before
     assert torch.load(last, weights_only=True)["epoch"] == 1
+
+
+def _oom_when(monkeypatch: pytest.MonkeyPatch, fails: Any) -> list[tuple[float, int]]:
+    """Record the applied passes (``_record_losses``); a call of the training step for which
+    ``fails(call number from 1, micro-batches)`` is true runs out of memory before it computes anything."""
+    import torch
+
+    import autotune.step as step
+
+    seen = _record_losses(monkeypatch)
+    recorded, calls = step.train_step, [0]
+
+    def failing(*args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        if fails(calls[0], int(args[8] if len(args) > 8 else kwargs.get("micro_batches", 1))):
+            raise torch.OutOfMemoryError("fake: out of memory")
+        return recorded(*args, **kwargs)
+
+    monkeypatch.setattr(step, "train_step", failing)
+    return seen
+
+
+def test_a_fitted_split_that_fails_again_restarts_once_inside_its_batch_and_resume_keeps_the_split(
+        demo_bundles: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    import torch
+
+    from autotune.trainer.runner import train
+
+    monkeypatch.setenv("AUTOTUNE_PRECISION", "fp32")
+    # a loader batch of 4 images in passes of 2: a restart at the batch's second pass continues inside the batch
+    reference = copy_bundle(demo_bundles["unet_0"], tmp_path / "reference", num_images_per_batch=4)
+    with pytest.MonkeyPatch.context() as patch:
+        expected = _record_losses(patch)
+        train(reference, device="cpu", epochs=1, progress=False)
+    bundle = copy_bundle(demo_bundles["unet_0"], tmp_path / "unet_0", num_images_per_batch=4)
+    capsys.readouterr()
+    # the first pass fails whole (split 2 fits it); the second fails in 2 (a split that had fit: restart once)
+    seen = _oom_when(monkeypatch, lambda call, micro: micro == 1 or call == 3)
+    summary = train(bundle, device="cpu", epochs=1, progress=False)
+    err = capsys.readouterr().err
+    assert [e["done"].split(" ")[0] for e in summary["memory_fallbacks"]] == ["split", "restart"]
+    assert summary["micro_batches"] == 2 and "memory: restarting once from" in err and "pass 2 of its batch" in err
+    assert len(seen) == len(expected)  # no pass lost or trained twice across the restart
+    for (loss, micro), (want, _) in zip(seen, expected, strict=True):
+        assert micro == 2 and abs(loss - want) <= 1e-5 * abs(want), (loss, want)
+    for name, tensor in _weights(reference).items():
+        torch.testing.assert_close(_weights(bundle)[name], tensor, rtol=1e-5, atol=1e-6)
+    seen.clear()
+    monkeypatch.undo()
+    seen = _record_losses(monkeypatch)
+    resumed = train(bundle, device="cpu", epochs=2, resume=True, progress=False)
+    assert resumed["micro_batches"] == 2 and {micro for _, micro in seen} == {2}
+    assert len(resumed["memory_fallbacks"]) == 2  # the first run's record, kept
+    rows = json.loads((bundle / "model_fold0" / "metrics.json").read_text())["rows"]
+    assert [r["micro_batches"] for r in rows] == [2, 2]
