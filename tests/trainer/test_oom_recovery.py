@@ -262,3 +262,90 @@ def test_a_fitted_split_that_fails_again_restarts_once_inside_its_batch_and_resu
     assert len(resumed["memory_fallbacks"]) == 2  # the first run's record, kept
     rows = json.loads((bundle / "model_fold0" / "metrics.json").read_text())["rows"]
     assert [r["micro_batches"] for r in rows] == [2, 2]
+
+
+_RANK_HOOK = '''
+import json, os
+import autotune.step as _step
+import autotune.trainer.runner as _runner
+_train_step, _micro = _step.train_step, []
+def train_step(*args, **kwargs):
+    loss = _train_step(*args, **kwargs)
+    _micro.append(int(args[8] if len(args) > 8 else kwargs.get("micro_batches", 1)))
+    return loss
+_step.train_step = train_step
+_finish = _runner.TrainingRun._finish
+def _dump(self, *args, **kwargs):
+    import torch
+    torch.save(self.recipe.model.state_dict(), os.path.join(os.environ["RANK_DUMP"], f"rank{self.ctx.rank}.pt"))
+    with open(os.path.join(os.environ["RANK_DUMP"], f"rank{self.ctx.rank}.json"), "w") as handle:
+        json.dump(_micro, handle)
+    return _finish(self, *args, **kwargs)
+_runner.TrainingRun._finish = _dump
+'''
+
+
+@pytest.mark.slow
+def test_two_ddp_ranks_split_together_and_hold_the_same_weights(
+        reference: dict[str, Any], demo_bundles: dict[str, Path], tmp_path: Path) -> None:
+    """Two gloo ranks under a limit where a 2-patch pass (with DDP's gradient buckets) does not fit and a split
+    does: both split, the gradients are synchronised on the last micro-batch, and the ranks' weights stay equal."""
+    import os
+    import subprocess
+    import sys
+
+    import torch
+
+    repo = Path(__file__).resolve().parents[2]
+    (tmp_path / "hook").mkdir()
+    (tmp_path / "hook" / "sitecustomize.py").write_text(_RANK_HOOK)
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path / 'hook'}{os.pathsep}{repo}", "OMP_NUM_THREADS": "1",
+           "AUTOTUNE_PRECISION": "fp32", "RANK_DUMP": str(tmp_path)}
+    bundle = copy_bundle(demo_bundles["unet_0"], tmp_path / "unet_0")
+    # between the split's peak under DDP (0.95x the one process's unsplit peak) and the unsplit one's (1.15x)
+    limit = str(int(1.05 * reference["peak"]))
+    done = subprocess.run([sys.executable, "-m", "autotune", "train", str(bundle), "--device", "cpu", "--nproc", "2",
+                           "--epochs", "2", "-q", "--memory-limit", limit], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = json.loads((bundle / "model_fold0" / "train_summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["micro_batches"] == 2
+    assert "memory: out of memory in training pass of 2 patches" in done.stderr
+    micro = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    assert micro[0] == micro[1] and micro[0][-1] == 2  # the ranks stepped down at the same pass
+    rank0, rank1 = (torch.load(tmp_path / f"rank{rank}.pt", weights_only=True) for rank in (0, 1))
+    assert all(torch.equal(rank0[name], rank1[name]) for name in rank0)
+
+
+def test_a_split_step_syncs_gradients_on_its_last_micro_batch_only() -> None:
+    import contextlib
+
+    import torch
+
+    from autotune.step import micro_batch_sizes, train_step
+
+    class Wrapped(torch.nn.Module):
+        """Stands in for DistributedDataParallel: counts the micro-batches run outside ``no_sync``."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner, self.synced, self.unsynced, self.sync = torch.nn.Linear(3, 1), [], [], True
+
+        @contextlib.contextmanager
+        def no_sync(self):  # noqa: ANN202
+            self.sync = False
+            yield
+            self.sync = True
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            (self.synced if self.sync else self.unsynced).append(int(x.shape[0]))
+            return self.inner(x)
+
+    torch.manual_seed(0)
+    model = Wrapped()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    images, labels = torch.randn(5, 3), torch.randn(5, 1)
+    whole = torch.nn.functional.mse_loss(model.inner(images), labels).item()
+    loss = train_step(model, torch.nn.functional.mse_loss, optimizer, images, labels, micro_batches=3)
+    assert model.unsynced == [2, 2] and model.synced == [1]  # the gradient sync rides on the last micro-batch
+    assert abs(float(loss) - whole) <= 1e-6 and micro_batch_sizes(5, 3) == [2, 2, 1]
