@@ -3,9 +3,11 @@
 The full-size UNet template (no preset) on the first CASES hippocampus cases (one fold, a seeded fifth held out),
 trained twice with the same seed:
 
-- **training**: first under a limit it never meets (the tracker counts, nothing binds) at the template's batch;
-  its measured training peak P stands for the tuned peak (the batch is given, not tuned: L = P). Then under
-  ``--fraction`` x P (default 0.6), where that batch cannot fit whole, so its passes run in micro-batches.
+- **training**: at a given batch of ``--batch`` patches per pass (default 8: a batch a limit L would be tuned to;
+  at the template's 2, 0.6 of its peak holds no pass of one patch either, since the weights and optimizer state
+  stay whole), first under a limit it never meets (the tracker counts, nothing binds): its measured training
+  peak P stands for the tuned peak (L = P). Then under ``--fraction`` x P (default 0.6), where that batch cannot
+  fit whole, so its passes run in micro-batches.
 - **validation**: the same template with a ``--val-roi`` patch (default 32^3, so that a validation volume is
   several windows) and a sliding-window batch of ``--val-sw`` (default 8), unconstrained, then under a limit
   halfway between the validation peaks at window batch 1 and ``--val-sw`` (above the training peak), so that
@@ -16,7 +18,7 @@ window batch in force, the step-downs (each a failed attempt: the steps lost to 
 steps against the unsplit run's. Memory is the tracker's count of live tensor bytes, as the CPU probe counts it,
 not the RSS; times on a shared 2-core CPU are noisy (the load during each run is recorded).
 
-    python benchmarks/bench_oom_recovery.py [--data ../shared/datasets/Task04_Hippocampus] [--cases 10] [--epochs 3]
+    python benchmarks/bench_oom_recovery.py [--data ../shared/datasets/Task04_Hippocampus] [--cases 12] [--epochs 3]
 """
 
 from __future__ import annotations
@@ -90,7 +92,8 @@ def _train(source: Path, folder: Path, name: str, limit: int, epochs: int, **upd
     from autotune.bundles.config import update_bundle_config
     from autotune.trainer.runner import train
 
-    bundle = Path(shutil.copytree(source, folder / name))
+    slug = "".join(ch if ch.isalnum() else "_" for ch in name)
+    bundle = Path(shutil.copytree(source, folder / slug))
     shutil.rmtree(bundle / "model_fold0", ignore_errors=True)
     if updates:
         update_bundle_config(bundle, updates)
@@ -113,10 +116,11 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="bench-oom-") as tmp:
         root = Path(tmp)
         bundle = _bundle(Path(args.data), args.cases, root)
-        unsplit = _train(bundle, root, "unsplit", NEVER_BINDS, args.epochs)
+        given = {"num_patches_per_iter": args.batch, "num_images_per_batch": args.batch}
+        unsplit = _train(bundle, root, "unsplit", NEVER_BINDS, args.epochs, **given)
         print(json.dumps(unsplit), flush=True)
         limit = int(args.fraction * unsplit["train_peak_bytes"])
-        split = _train(bundle, root, f"{args.fraction:g} x training peak", limit, args.epochs)
+        split = _train(bundle, root, f"{args.fraction:g} x training peak", limit, args.epochs, **given)
         print(json.dumps(split), flush=True)
         roi = {"roi_size": [args.val_roi] * 3, "num_sw_batch_size": args.val_sw}
         wide = _train(bundle, root, f"sw batch {args.val_sw}", NEVER_BINDS, args.val_epochs, **roi)
@@ -128,7 +132,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "command": "python benchmarks/bench_oom_recovery.py " + " ".join(sys.argv[1:]),
         "environment": {"cpu": cpu_name(), "cores": os.cpu_count(), "native_bf16": list(cpu_bf16_native()),
                         "date": time.strftime("%Y-%m-%d", time.gmtime())},
-        "cases": args.cases, "epochs": args.epochs, "fraction": args.fraction,
+        "cases": args.cases, "epochs": args.epochs, "fraction": args.fraction, "batch": args.batch,
         "training": {"runs": [unsplit, split]},
         "validation": {"roi_size": roi["roi_size"], "sw_peak_at_1": narrow["val_peak_bytes"], "runs": [wide, stepped]},
     }
@@ -138,7 +142,8 @@ def _args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     default = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "Task04_Hippocampus"
     parser.add_argument("--data", default=str(default))
-    parser.add_argument("--cases", type=int, default=10)
+    parser.add_argument("--cases", type=int, default=12)
+    parser.add_argument("--batch", type=int, default=8, help="patches per pass in the training part (given)")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--fraction", type=float, default=0.6, help="the training limit, as a share of the peak")
     parser.add_argument("--val-roi", type=int, default=32)

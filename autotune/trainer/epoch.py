@@ -157,6 +157,8 @@ def _fitted_pass(parts: EpochParts, image: Any, label: Any, progress: EpochProgr
     fallbacks = parts.fallbacks
     while True:
         failed = False
+        # the optimizer's state is made by its first step: a split fits for good only once a pass fit beside it
+        with_state = bool(parts.recipe.optimizer.state)
         try:
             loss = _guarded_step(parts, image, label, fallbacks.micro_batches if fallbacks is not None else 1)
         except Exception as exc:
@@ -165,7 +167,7 @@ def _fitted_pass(parts: EpochParts, image: Any, label: Any, progress: EpochProgr
             failed = True  # handled below, once this frame no longer holds the failed step's traceback
         if not failed:
             if fallbacks is not None:
-                fallbacks.fitted_pass()
+                fallbacks.fitted_pass(with_state)
             return loss
         _drop_failed_step(parts)
         release_memory(parts.ctx.device)

@@ -3,7 +3,8 @@
 A training pass of N patches that runs out of memory is repeated in micro-batches (``autotune.step.train_step``
 with ``micro_batches``): split in 2, then 4, ... (at most N: micro-batches of one patch) until it fits, with the
 same samples, effective batch, learning rate and schedule. A split the run stepped down to that has already
-trained a pass in this process and fails again may be the allocator's fragmentation rather than the batch
+trained a pass in this process (beside the optimizer's state, which its first step makes) and fails again may be
+the allocator's fragmentation rather than the batch
 (AdaptDL's lesson: a plain retry often fails again): the run then writes its checkpoint and restarts itself once
 from it (``RestartRun``), keeping the split; after that one restart it steps down further. A validation case that runs
 out of memory is repeated with half the sliding-window batch, down to 1, then with the validation volume on the
@@ -97,6 +98,7 @@ class MemoryFallbacks:
         self.tried: list[int] = []  # splits tried on the pass that is failing now
         self.from_record = ""  # the line saying the run starts with an earlier run's step-downs ('' if not)
         self.on_event: Callable[[dict[str, Any]], None] | None = None  # told of every step-down (the record)
+        self.study: dict[str, Any] | None = None  # where this run's training failure went in the study (learn.py)
 
     @property
     def validation_device(self) -> str:
@@ -125,9 +127,11 @@ class MemoryFallbacks:
     def _under(self) -> str:
         return format_bytes(self.limit) if self.limit else "the device's memory"
 
-    def fitted_pass(self) -> None:
-        """The pass in force fit: its split is known to fit in this process."""
-        self.fitted.add(self.micro_batches)
+    def fitted_pass(self, with_state: bool = True) -> None:
+        """The pass in force fit; ``with_state``: beside the optimizer's state (made by its first step), so its
+        split is known to fit in this process."""
+        if with_state:
+            self.fitted.add(self.micro_batches)
         self.tried = []
 
     def training_oom(self, patches: int, peak: int | None, epoch: int, step: int) -> dict[str, Any]:

@@ -68,9 +68,9 @@ def learn_from(cfg: Mapping[str, Any], fallbacks: MemoryFallbacks, event: Mappin
     if plan is None:
         return
     patches = int(cfg["num_patches_per_iter"])
-    study = dict((plan.training_oom or {}).get("study") or {})
     if event["phase"] == "training":
-        study = record_in_study(plan, patches, event, str(cfg.get("bundle_root")), fallbacks.device)
+        fallbacks.study = record_in_study(plan, patches, event, str(cfg.get("bundle_root")), fallbacks.device)
+    study = fallbacks.study if fallbacks.study is not None else dict((plan.training_oom or {}).get("study") or {})
     record = {"num_patches_per_iter": patches, **fallbacks.in_force(), "memory_limit": fallbacks.limit,
               "device": fallbacks.device, "last": dict(event),
               "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "study": study}
