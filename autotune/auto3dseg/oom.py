@@ -5,7 +5,7 @@ smaller batch would change the batch, the learning rate and the schedule its tun
 saying so. So the launcher ends with one line naming the batch that failed, where (training or validation), the
 peak and the limit, and the command that re-tunes the bundle at that limit. A training step that failed under
 the key's own limit on the tuned device also becomes a point of the key's study
-(``autotune.trainer.learn.record_in_study``), so that re-tune searches again and does not hand that batch over.
+(``autotune.search.driver.training_oom``), so that re-tune searches again and does not hand that batch over.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from autotune.auto3dseg.view import TUNING_RELPATH
 from autotune.utils import format_bytes
 
 __all__ = ["oom_outcome"]
@@ -25,15 +26,17 @@ def oom_outcome(script: Path, record: dict[str, Any], limit: int, device: str) -
     phase = {"train": "training", "validation": "validation"}.get(str(record.get("phase_failed")), "the script")
     bundle = script.parent.parent if script.parent.name == "scripts" else None
     batch = study = None
-    if bundle is not None:
+    tuning = bundle / TUNING_RELPATH if bundle is not None else None
+    if tuning is not None and tuning.is_file():  # a bundle autotune tuned: its batch, and the key's study
         try:
-            from autotune.bundles.config import load_bundle_config
-            from autotune.bundles.plan import plan_of
+            from autotune.bundles.plan import TuningPlan
+            from autotune.errors import ConfigError
+            from autotune.utils import read_yaml
 
-            cfg = load_bundle_config(bundle)
-            batch, plan = int(cfg["num_patches_per_iter"]), plan_of(cfg)
-            if plan is not None and phase == "training":
-                from autotune.trainer.learn import record_in_study
+            plan = TuningPlan.from_dict(read_yaml(tuning, ConfigError), f"{tuning}: tuning")
+            batch = plan.num_patches_per_iter
+            if phase == "training":
+                from autotune.search.driver.training_oom import record_in_study
 
                 event = {"phase": "training", "peak_bytes": record.get("peak_bytes"), "limit_bytes": limit,
                          "failed": f"MONAI's train.py step of {batch} patches"}

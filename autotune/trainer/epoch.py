@@ -167,7 +167,7 @@ def _fitted_pass(parts: EpochParts, image: Any, label: Any, progress: EpochProgr
             failed = True  # handled below, once this frame no longer holds the failed step's traceback
         if not failed:
             if fallbacks is not None:
-                fallbacks.fitted_pass(with_state)
+                fallbacks.fitted_pass(int(image.shape[0]), with_state)
             return loss
         _drop_failed_step(parts)
         release_memory(parts.ctx.device)

@@ -2,9 +2,9 @@
 
 A training pass of N patches that runs out of memory is repeated in micro-batches (``autotune.step.train_step``
 with ``micro_batches``): split in 2, then 4, ... (at most N: micro-batches of one patch) until it fits, with the
-same samples, effective batch, learning rate and schedule. A split the run stepped down to that has already
-trained a pass in this process (beside the optimizer's state, which its first step makes) and fails again may be
-the allocator's fragmentation rather than the batch
+same samples, effective batch, learning rate and schedule. A split the run stepped down to whose micro-batches
+are no larger than some that already trained in this process (beside the optimizer's state, which its first
+step makes) and that fails again may be the allocator's fragmentation rather than the batch
 (AdaptDL's lesson: a plain retry often fails again): the run then writes its checkpoint and restarts itself once
 from it (``RestartRun``), keeping the split; after that one restart it steps down further. A validation case that runs
 out of memory is repeated with half the sliding-window batch, down to 1, then with the validation volume on the
@@ -93,7 +93,7 @@ class MemoryFallbacks:
         self.device, self.limit, self.say = str(device), limit, say
         self.exact_note = exact_note
         self.events: list[dict[str, Any]] = []
-        self.fitted: set[int] = set()  # splits that trained a pass in this process
+        self.fitted_size = 0  # the largest micro-batch (patches) that trained beside the optimizer's state here
         self.restarted = False  # this run is the one restart a run may take
         self.tried: list[int] = []  # splits tried on the pass that is failing now
         self.from_record = ""  # the line saying the run starts with an earlier run's step-downs ('' if not)
@@ -127,11 +127,11 @@ class MemoryFallbacks:
     def _under(self) -> str:
         return format_bytes(self.limit) if self.limit else "the device's memory"
 
-    def fitted_pass(self, with_state: bool = True) -> None:
-        """The pass in force fit; ``with_state``: beside the optimizer's state (made by its first step), so its
-        split is known to fit in this process."""
+    def fitted_pass(self, patches: int, with_state: bool = True) -> None:
+        """A pass of ``patches`` patches fit in the micro-batches in force; ``with_state``: beside the optimizer's
+        state (made by its first step), so micro-batches of that size are known to fit in this process."""
         if with_state:
-            self.fitted.add(self.micro_batches)
+            self.fitted_size = max(self.fitted_size, -(-int(patches) // self.micro_batches))
         self.tried = []
 
     def training_oom(self, patches: int, peak: int | None, epoch: int, step: int) -> dict[str, Any]:
@@ -145,8 +145,8 @@ class MemoryFallbacks:
         failed = self.micro_batches
         self.tried.append(failed)
         what = f"training pass of {patches} patches" + (f" in {failed} micro-batches" if failed > 1 else "")
-        if failed > 1 and failed in self.fitted and not self.restarted:
-            self.fitted.clear()
+        if failed > 1 and -(-int(patches) // failed) <= self.fitted_size and not self.restarted:
+            self.fitted_size = 0
             event = self._event("training", epoch, step, what, peak, f"restart from a checkpoint in {failed} "
                                 "micro-batches (the split had fit: the allocator's blocks are cut up)")
             raise RestartRun(event["done"])

@@ -4,7 +4,7 @@ Each step-down is written at once (rank 0) into the bundle's ``tuning:`` block a
 that failed, the limit and device, and the micro-batches, sliding-window batch and validation device in force.
 The next run of the bundle at the same batch, limit and device starts there (``start_fallbacks``): no OOM is paid
 twice. A training pass that failed under the key's own limit on the tuned device is also a point of the key's
-study (``record_in_study``): a COMPLETE trial of ``kind: training`` that does not fit, and the study's
+study (``autotune.search.driver.training_oom``): a COMPLETE trial of ``kind: training`` that does not fit, and the study's
 ``training_oom`` attribute, so the next ``autotune tune`` of the key searches again
 (``autotune.search.driver.key``) and its evaluator takes that batch as not fitting
 (``autotune.search.strategies.evaluate``). A record that cannot be written costs a warning, never the run.
@@ -13,16 +13,13 @@ study (``record_in_study``): a COMPLETE trial of ``kind: training`` that does no
 from __future__ import annotations
 
 import datetime as _dt
-import os
 import sys
 from collections.abc import Mapping
 from typing import Any
 
 from autotune.trainer.fallback import MemoryFallbacks, batch_reducing_parts
 
-__all__ = ["start_fallbacks", "learn_from", "record_in_study", "TRAINING_KIND"]
-
-TRAINING_KIND = "training"  # the ``kind`` of a study trial measured in training
+__all__ = ["start_fallbacks", "learn_from"]
 
 
 def _warn(line: str) -> None:
@@ -69,6 +66,8 @@ def learn_from(cfg: Mapping[str, Any], fallbacks: MemoryFallbacks, event: Mappin
         return
     patches = int(cfg["num_patches_per_iter"])
     if event["phase"] == "training":
+        from autotune.search.driver.training_oom import record_in_study
+
         fallbacks.study = record_in_study(plan, patches, event, str(cfg.get("bundle_root")), fallbacks.device)
     study = fallbacks.study if fallbacks.study is not None else dict((plan.training_oom or {}).get("study") or {})
     record = {"num_patches_per_iter": patches, **fallbacks.in_force(), "memory_limit": fallbacks.limit,
@@ -78,61 +77,3 @@ def learn_from(cfg: Mapping[str, Any], fallbacks: MemoryFallbacks, event: Mappin
         update_bundle_config(cfg["bundle_root"], {"tuning": plan.replace(training_oom=record).as_dict()})
     except Exception as exc:  # noqa: BLE001 - the record is worth a line, never the run
         _warn(f"could not record the step-down in {cfg.get('bundle_root')} (tuning.training_oom): {exc}")
-
-
-def _storage_url(shown: str) -> str | None:
-    """The storage's URL from the plan's (redacted) one: itself, or ``$AUTOTUNE_STORAGE`` when it hides a
-    password there; None when neither opens it."""
-    from autotune.search.storage.study import STORAGE_ENV, redact_url
-
-    if "***" not in shown:
-        return shown
-    env = os.environ.get(STORAGE_ENV)
-    return env if env and redact_url(env) == shown else None
-
-
-def record_in_study(plan: Any, patches: int, event: Mapping[str, Any], bundle: str, device: str) -> dict[str, Any]:
-    """Add the training pass that failed (``patches`` patches, ``event``) to the key's study as a point measured in
-    training that does not fit; returns where it went, or why not (another limit or device than the key's)."""
-    if plan.method != "measured" or plan.device != device or plan.memory_limit != event.get("limit_bytes"):
-        return {"recorded": False, "reason": f"trained on {device} under {event.get('limit_bytes')} bytes; the key "
-                                             f"is for {plan.device} under {plan.memory_limit} bytes"}
-    url = _storage_url(str(plan.storage or ""))
-    if not plan.study_name or not url:
-        return {"recorded": False, "reason": "the tuning block names no storage this run can open"}
-    try:
-        number = _add_training_trial(url, plan, patches, event, bundle)
-    except Exception as exc:  # noqa: BLE001 - the study is worth a line, never the run
-        _warn(f"could not record the out-of-memory in the study {plan.study_name}: {exc}")
-        return {"recorded": False, "reason": str(exc).splitlines()[0] if str(exc) else type(exc).__name__}
-    return {"recorded": True, "study_name": plan.study_name, "trial": number}
-
-
-def _add_training_trial(url: str, plan: Any, patches: int, event: Mapping[str, Any], bundle: str) -> int:
-    """The trial's number, once added (with the study's ``training_oom`` attribute)."""
-    import optuna
-    from optuna.distributions import IntDistribution
-
-    from autotune.search.storage.study import open_storage, quiet_optuna
-    from autotune.search.strategies.evaluate import point_id
-    from autotune.search.strategies.objective import NO_FIT
-
-    quiet_optuna()
-    study = optuna.load_study(study_name=plan.study_name, storage=open_storage(url))
-    point = {"num_patches_per_iter": int(patches)}
-    budget = int(plan.budget_bytes or plan.memory_limit)
-    peak = event.get("peak_bytes")
-    attrs = {"point_id": point_id(point, ("train",)), "phases": ["train"], "kind": TRAINING_KIND, "status": "oom",
-             "verdict": "does not fit", "peak_bytes": peak, "budget_bytes": budget, "bundle": bundle,
-             "epoch": event.get("epoch"), "step": event.get("step"), "failed": event.get("failed")}
-    trial = optuna.trial.create_trial(
-        value=NO_FIT, params=point, distributions={"num_patches_per_iter": IntDistribution(1, max(1, int(patches)))},
-        user_attrs={k: v for k, v in attrs.items() if v is not None},
-        constraints={"memory": float(max(int(peak or 0) - budget, 1))})
-    study.add_trial(trial)
-    number = int(study.get_trials(deepcopy=False)[-1].number)
-    known = list(study.user_attrs.get("training_oom") or [])
-    study.set_user_attr("training_oom", [*known, {"num_patches_per_iter": int(patches), "memory_limit":
-                                                  plan.memory_limit, "trial": number, "bundle": bundle,
-                                                  "epoch": event.get("epoch"), "peak_bytes": peak}])
-    return number

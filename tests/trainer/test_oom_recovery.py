@@ -131,11 +131,11 @@ def test_an_oom_at_one_patch_ends_with_what_was_tried_and_a_fitted_split_restart
     with pytest.raises(StepDownsExhausted, match="the 4-patch pass whole, then in 2 micro-batches, then in 4"):
         epoch._fitted_pass(parts, torch.zeros(4, 1), torch.zeros(4, 1), epoch.EpochProgress(1, passes=1))
     parts = _fake_parts(micro_batches=2)
-    parts.fallbacks.fitted.add(2)  # split 2 trained a pass in this process: failing now, it restarts the run
+    parts.fallbacks.fitted_size = 2  # micro-batches of 2 patches trained here: failing now, it restarts the run
     with pytest.raises(RestartRun):
         epoch._fitted_pass(parts, torch.zeros(4, 1), torch.zeros(4, 1), epoch.EpochProgress(1, passes=3))
     parts.fallbacks.restarted, parts.fallbacks.micro_batches = True, 2  # the restarted run steps down instead
-    parts.fallbacks.fitted.add(2)
+    parts.fallbacks.fitted_size = 2
     with pytest.raises(StepDownsExhausted):
         epoch._fitted_pass(parts, torch.zeros(4, 1), torch.zeros(4, 1), epoch.EpochProgress(1, passes=1))
     assert [e["done"].split(" ")[0] for e in parts.fallbacks.events] == ["restart", "split"]
