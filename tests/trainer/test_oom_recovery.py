@@ -350,3 +350,21 @@ def test_a_split_step_syncs_gradients_on_its_last_micro_batch_only() -> None:
     loss = train_step(model, torch.nn.functional.mse_loss, optimizer, images, labels, micro_batches=3)
     assert model.unsynced == [2, 2] and model.synced == [1]  # the gradient sync rides on the last micro-batch
     assert abs(float(loss) - whole) <= 1e-6 and micro_batch_sizes(5, 3) == [2, 2, 1]
+
+
+def test_a_split_says_where_it_is_not_exact() -> None:
+    import torch
+
+    from autotune.trainer.fallback import MemoryFallbacks, batch_reducing_parts
+
+    per_sample = torch.nn.Sequential(torch.nn.Conv3d(1, 2, 1), torch.nn.InstanceNorm3d(2), torch.nn.GroupNorm(1, 2))
+    assert batch_reducing_parts({"loss": {"name": "DiceCELoss", "args": {}}}, per_sample) == []
+    pooled = torch.nn.Sequential(torch.nn.Conv3d(1, 2, 1), torch.nn.BatchNorm3d(2))
+    parts = batch_reducing_parts({"loss": {"name": "DiceLoss", "args": {"batch": True}}}, pooled)
+    assert parts == ["BatchNorm3d", "DiceLoss with batch: true"]
+    lines: list[str] = []
+    fallbacks = MemoryFallbacks(1, False, "cpu", 1 << 20, say=lines.append, exact_note=", ".join(parts))
+    event = fallbacks.training_oom(4, 3 << 20, 1, 1)
+    assert "not exact here: BatchNorm3d, DiceLoss with batch: true reduce over the batch" in event["done"]
+    assert lines == [f"memory: out of memory in training pass of 4 patches (epoch 1, step 1, peak 3.00 MiB under "
+                     f"1.00 MiB): {event['done']}"]
