@@ -148,7 +148,7 @@ class MemoryFallbacks:
         if failed > 1 and -(-int(patches) // failed) <= self.fitted_size and not self.restarted:
             self.fitted_size = 0
             event = self._event("training", epoch, step, what, peak, f"restart from a checkpoint in {failed} "
-                                "micro-batches (the split had fit: the allocator's blocks are cut up)")
+                                "micro-batches (as large ones fit here before: the allocator's blocks may be cut up)")
             raise RestartRun(event["done"])
         if failed >= patches:
             tried = ", then ".join("whole" if k == 1 else f"in {k} micro-batches" for k in sorted(set(self.tried)))
@@ -157,7 +157,8 @@ class MemoryFallbacks:
         size = -(-patches // self.micro_batches)
         note = f"; not exact here: {self.exact_note} reduce over the batch" if self.exact_note else " (the same step)"
         return self._event("training", epoch, step, what, peak,
-                           f"split into {self.micro_batches} micro-batches of up to {size} patches{note}")
+                           f"split into {self.micro_batches} micro-batches of up to {size} "
+                           f"patch{'es' if size > 1 else ''}{note}")
 
     def validation_oom(self, peak: int | None, epoch: int, case: int) -> dict[str, Any]:
         """Validation of ``case`` ran out of memory: halve the sliding-window batch, then move the volume to the

@@ -65,11 +65,16 @@ def learn_from(cfg: Mapping[str, Any], fallbacks: MemoryFallbacks, event: Mappin
     if plan is None:
         return
     patches = int(cfg["num_patches_per_iter"])
-    if event["phase"] == "training":
-        from autotune.search.driver.training_oom import record_in_study
+    earlier = dict(plan.training_oom or {})
+    if event["phase"] == "training" and fallbacks.study is None:  # the batch's failure goes to the study once
+        if (earlier.get("num_patches_per_iter") == patches and earlier.get("memory_limit") == fallbacks.limit
+                and (earlier.get("study") or {}).get("recorded")):
+            fallbacks.study = dict(earlier["study"])  # an earlier run of this bundle recorded it
+        else:
+            from autotune.search.driver.training_oom import record_in_study
 
-        fallbacks.study = record_in_study(plan, patches, event, str(cfg.get("bundle_root")), fallbacks.device)
-    study = fallbacks.study if fallbacks.study is not None else dict((plan.training_oom or {}).get("study") or {})
+            fallbacks.study = record_in_study(plan, patches, event, str(cfg.get("bundle_root")), fallbacks.device)
+    study = fallbacks.study if fallbacks.study is not None else dict(earlier.get("study") or {})
     record = {"num_patches_per_iter": patches, **fallbacks.in_force(), "memory_limit": fallbacks.limit,
               "device": fallbacks.device, "last": dict(event),
               "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "study": study}
