@@ -15,7 +15,8 @@ trained twice with the same seed:
   batch 1 and ``--val-sw`` (and above the training peak), so that validation steps its window batch down. On the
   CPU the volume is on the CPU already: that step is not taken.
 
-Reported per run: seconds per epoch (training, validation), the mean Dice at every epoch, the micro-batches and
+Each run is ``autotune train`` in a process of its own. Reported per run: seconds per epoch (training, validation;
+and the mean after the first epoch, which pays the process's set-up), the mean Dice at every epoch, the micro-batches and
 window batch in force, the step-downs (each a failed attempt: the steps lost to the OOM itself) and the applied
 steps against the unsplit run's. Memory is the tracker's count of live tensor bytes, as the CPU probe counts it,
 not the RSS; times on a shared 2-core CPU are noisy (the load during each run is recorded).
@@ -29,6 +30,7 @@ import argparse
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -60,8 +62,9 @@ def markdown_table(report: dict[str, Any]) -> str:
                 lines.append(f"| {part} | {run['name']} | {_mib(run['limit'])} | {row['epoch']} | "
                              f"{row['micro_batches']} | {row['sw_batch']} | {row['train_s']:.1f} | {row['val_s']:.1f} | "
                              f"{row['steps']} | {row['loss']:.4f} | {_dice(row['mean_dice'])} |")
-    lines += ["", "| part | run | peak train (MiB) | peak val (MiB) | s/epoch | vs unsplit | step-downs (failed attempts) "
-              "| steps applied vs unsplit | largest Dice difference |", "|---|---|---:|---:|---:|---:|---|---|---:|"]
+    lines += ["", "| part | run | peak train (MiB) | peak val (MiB) | s/epoch | after the first | vs unsplit | "
+              "step-downs (failed attempts) | steps applied vs unsplit | largest Dice difference | load (mean) |",
+              "|---|---|---:|---:|---:|---:|---:|---|---|---:|---:|"]
     for part in ("training", "validation"):
         base = report[part]["runs"][0]
         for run in report[part]["runs"]:
@@ -70,9 +73,10 @@ def markdown_table(report: dict[str, Any]) -> str:
             dice = max((abs(r["mean_dice"] - b["mean_dice"]) for r, b in zip(run["rows"], base["rows"], strict=True)
                         if r["mean_dice"] is not None and b["mean_dice"] is not None), default=None)
             lines.append(f"| {part} | {run['name']} | {_mib(run['train_peak_bytes'])} | {_mib(run['val_peak_bytes'])} | "
-                         f"{run['seconds_per_epoch']:.1f} | {run['seconds_per_epoch'] / base['seconds_per_epoch']:.2f}x | "
+                         f"{run['seconds_per_epoch']:.1f} | {run['seconds_per_epoch_after_first']:.1f} | "
+                         f"{run['seconds_per_epoch_after_first'] / base['seconds_per_epoch_after_first']:.2f}x | "
                          f"{len(run['events'])}{': ' + events if events else ''} | {'same' if same_steps else 'differ'} | "
-                         f"{'-' if dice is None else f'{dice:.2g}'} |")
+                         f"{'-' if dice is None else f'{dice:.2g}'} | {run['load']['mean']:.1f} |")
     return "\n".join(lines)
 
 
@@ -91,24 +95,32 @@ def _bundle(data: Path, cases: int, root: Path) -> Path:
 
 
 def _train(source: Path, folder: Path, name: str, limit: int, epochs: int, **updates: Any) -> dict[str, Any]:
-    """A fresh copy of ``source`` (with config ``updates``) trained ``epochs`` epochs under ``limit``; its record."""
+    """A fresh copy of ``source`` (with config ``updates``) trained ``epochs`` epochs under ``limit`` by
+    ``autotune train`` in a process of its own (each run starts as cold as the others); its record."""
     from autotune.bundles.config import update_bundle_config
-    from autotune.trainer.runner import train
 
     slug = "".join(ch if ch.isalnum() else "_" for ch in name)
     bundle = Path(shutil.copytree(source, folder / slug))
     shutil.rmtree(bundle / "model_fold0", ignore_errors=True)
     if updates:
         update_bundle_config(bundle, updates)
+    command = [sys.executable, "-m", "autotune", "train", str(bundle), "--device", "cpu", "--epochs", str(epochs),
+               "--val-every", "1", "--memory-limit", str(limit), "--quiet"]
     t0 = time.perf_counter()
     with LoadSampler() as load:
-        summary = train(bundle, device="cpu", epochs=epochs, val_every=1, progress=False, memory_limit=limit)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=3600)
     wall = time.perf_counter() - t0
+    if done.returncode != 0:
+        raise RuntimeError(f"{name}: exit {done.returncode}: {done.stderr[-2000:]}")
+    summary = json.loads((bundle / "model_fold0" / "train_summary.json").read_text())
     rows = json.loads((bundle / "model_fold0" / "metrics.json").read_text())["rows"]
     keep = ("epoch", "loss", "mean_dice", "train_s", "val_s", "epoch_s", "steps", "samples", "micro_batches",
             "sw_batch", "validation_device", "train_peak_bytes", "val_peak_bytes")
+    later = rows[1:] or rows  # the first epoch pays the process's one-off set-up
     return {"name": name, "limit": limit, "wall_s": round(wall, 1), "rows": [{k: r.get(k) for k in keep} for r in rows],
-            "seconds_per_epoch": sum(r["epoch_s"] for r in rows) / len(rows), "events": summary["memory_fallbacks"],
+            "seconds_per_epoch": sum(r["epoch_s"] for r in rows) / len(rows),
+            "seconds_per_epoch_after_first": sum(r["epoch_s"] for r in later) / len(later),
+            "events": summary["memory_fallbacks"], "lines": [x for x in done.stderr.splitlines() if x.startswith("memory:")],
             "train_peak_bytes": summary["train_peak_bytes"], "val_peak_bytes": summary["val_peak_bytes"],
             "micro_batches": summary["micro_batches"], "sw_batch": summary["sw_batch"], "load": load.summary()}
 
@@ -129,6 +141,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                "num_images_per_batch": 1}
         wide = _train(bundle, root, f"sw batch {args.val_sw}", NEVER_BINDS, args.val_epochs, **roi)
         narrow = _train(bundle, root, "sw batch 1 (peak only)", NEVER_BINDS, 1, **{**roi, "num_sw_batch_size": 1})
+        print(json.dumps(wide), json.dumps(narrow), flush=True)
         val_limit = max((wide["val_peak_bytes"] + narrow["val_peak_bytes"]) // 2, int(1.05 * wide["train_peak_bytes"]))
         stepped = _train(bundle, root, "halfway between the sw peaks", val_limit, args.val_epochs, **roi)
         print(json.dumps(stepped), flush=True)
