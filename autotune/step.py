@@ -13,7 +13,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from autotune.finite import StepGuard
 
-__all__ = ["train_step", "split_patches", "sliding_window_predict", "num_windows", "make_grad_scaler",
+__all__ = ["train_step", "micro_batch_sizes", "split_patches", "sliding_window_predict", "num_windows", "make_grad_scaler",
            "loader_batch_patches", "make_dice_metric", "score_case"]
 
 
@@ -64,33 +64,68 @@ def train_step(
     amp_dtype: torch.dtype | None = None,
     scaler: Any = None,
     guard: StepGuard | None = None,
+    micro_batches: int = 1,
 ) -> torch.Tensor:
     """One optimizer step on one forward pass of ``images`` (N patches); returns the detached loss.
+
+    With ``micro_batches`` > 1 the N patches go through the network in that many micro-batches
+    (``micro_batch_sizes``) whose gradients are accumulated: each micro-batch's loss is weighted by its share
+    of the N patches, so the gradient and the returned loss are those of the whole pass (exact where nothing
+    reduces over the batch), and the optimizer (and fp16's GradScaler) steps once. Under
+    DistributedDataParallel the gradients are synchronised on the last micro-batch only (``no_sync``).
 
     With a ``guard`` (``autotune.finite``), a step whose loss or gradients are non-finite is not
     applied (``guard.applied`` says which), and too many in a row raise ``NonFiniteSteps``.
     """
+    import contextlib
 
     from autotune.autocast import autocast
 
     optimizer.zero_grad(set_to_none=True)
     if guard is not None:
         guard.before_forward()
-    with autocast(images.device.type, amp_dtype):  # on the CPU with CUDA's float32 list
-        logits = model(images)
-        loss = loss_fn(logits, labels)
-    if scaler is not None:
-        scaler.scale(loss).backward()
-    else:
-        loss.backward()
-    if guard is not None and not guard.permits(loss, scaler):
-        return loss.detach()
+    total = int(images.shape[0])
+    sizes = micro_batch_sizes(total, micro_batches)
+    loss_sum: Any = None
+    start = 0
+    for index, size in enumerate(sizes):
+        last = index == len(sizes) - 1
+        no_sync = getattr(model, "no_sync", None)
+        sync = contextlib.nullcontext() if last or no_sync is None else no_sync()
+        with sync:
+            with autocast(images.device.type, amp_dtype):  # on the CPU with CUDA's float32 list
+                logits = model(images[start : start + size])
+                loss = loss_fn(logits, labels[start : start + size])
+                if len(sizes) > 1:
+                    loss = loss * (size / total)  # the micro-batches' losses sum to the whole pass's mean
+            if len(sizes) > 1:
+                del logits  # not held into the next micro-batch's forward pass
+            if scaler is not None:
+                scaler.scale(loss).backward()
+            else:
+                loss.backward()
+        loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
+        start += size
+    if guard is not None and not guard.permits(loss_sum, scaler):
+        return loss_sum
     if scaler is not None:
         scaler.step(optimizer)
         scaler.update()
     else:
         optimizer.step()
-    return loss.detach()
+    return loss_sum
+
+
+def micro_batch_sizes(total: int, micro_batches: int) -> list[int]:
+    """The sizes of ``micro_batches`` micro-batches of a pass of ``total`` patches: as equal as they come, the
+    larger first, never empty (at most ``total`` of them).
+
+    >>> micro_batch_sizes(5, 2), micro_batch_sizes(4, 4), micro_batch_sizes(3, 8)
+    ([3, 2], [1, 1, 1, 1], [1, 1, 1])
+    """
+    count = max(1, min(int(micro_batches), int(total)))
+    base, extra = divmod(int(total), count)
+    return [base + 1 if i < extra else base for i in range(count)]
 
 
 def split_patches(

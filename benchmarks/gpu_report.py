@@ -57,6 +57,8 @@ REQUIRED: dict[str, list[str]] = {
                                             "noise_scale.all_steps.b_simple")),
         *(f"sections.ddp.{f}" for f in ("ddp_first_epoch_train_peak_bytes", "single_first_epoch_train_peak_bytes",
                                         "ddp_over_single_peak", "world_size")),
+        *(f"sections.oom_recovery.{f}" for f in ("limit_bytes", "reference_train_peak_bytes", "completed",
+                                                 "memory_fallbacks", "micro_batches", "samples_per_s_over_reference")),
     ],
 }
 

@@ -19,6 +19,8 @@ set with the full-size UNet and SegResNet:
   reference run, the squared gradient norms per step at both batches and B_simple.
 - ``ddp``: ``torchrun --nproc-per-node 1 -m autotune.trainer`` (NCCL, world size 1), one epoch:
   its training peak against the reference run's first epoch.
+- ``oom_recovery`` (``gpu_oom.py``): UNet at a batch of 8, unconstrained, then under 0.6 x its training peak: it
+  completes by stepping down; its step-downs, samples/s and Dice against the unconstrained run's.
 """
 
 from __future__ import annotations
@@ -49,7 +51,8 @@ FULL: dict[str, Any] = {
     "algos": ("unet", "segresnet"), "subset_cases": None, "regular_s": 120.0, "fast_s": 60.0, "ddp_epochs": 1,
     "checkpoints_s": (30, 45, 60, 90, 120), "precisions": {"fp16": "fp16", "bf16": "bf16", "fp32": "fp32"},
     "train_limit": None, "handoff_limit": None, "handoff_range": None, "probe_timeout": 120.0,
-    "needs_s": {"hippocampus_data": 20.0, "time_to_dice": 135.0, "handoff": 100.0, "ddp": 25.0},
+    "oom_batch": 8, "oom_epochs": 3,
+    "needs_s": {"hippocampus_data": 20.0, "time_to_dice": 135.0, "handoff": 100.0, "ddp": 25.0, "oom_recovery": 60.0},
 }
 DRY: dict[str, Any] = {
     # tiny bundles on the CPU: every run trains at least one epoch whatever its budget
@@ -58,7 +61,8 @@ DRY: dict[str, Any] = {
     # no native bf16 on this CPU (emulated, ~100x slower): every label trains in fp32 on a dry run
     "precisions": {"fp16": "fp32", "bf16": "fp32", "fp32": "fp32"}, "train_limit": "2GiB", "handoff_limit": None,
     "handoff_range": (1, 3), "probe_timeout": 300.0,
-    "needs_s": {"hippocampus_data": 20.0, "time_to_dice": 60.0, "handoff": 60.0, "ddp": 30.0},
+    "oom_batch": 8, "oom_epochs": 1,
+    "needs_s": {"hippocampus_data": 20.0, "time_to_dice": 60.0, "handoff": 60.0, "ddp": 30.0, "oom_recovery": 60.0},
 }
 
 
@@ -74,6 +78,9 @@ def run_training(check: Check, hippocampus: Path | None) -> None:
         return  # the later sections compare with the reference run
     check.section("handoff", lambda r: section_handoff(check, r, state), needs["handoff"])
     check.section("ddp", lambda r: section_ddp(check, r, state), needs["ddp"])
+    from gpu_oom import section_oom_recovery
+
+    check.section("oom_recovery", lambda r: section_oom_recovery(check, r, state), needs["oom_recovery"])
 
 
 def section_data(check: Check, record: dict[str, Any], state: dict[str, Any], hippocampus: Path | None) -> None:
@@ -133,16 +140,18 @@ class _UtilSampler:
 
 def train_run(check: Check, bundle: Path, label: str, *, mode: str, precision: str | None,
               max_time: float | None = None, epochs: int | None = None, val_every: int = 1,
-              record_grads: bool = False, ddp: bool = False) -> dict[str, Any]:
+              record_grads: bool = False, ddp: bool = False, memory_limit: str | None = None) -> dict[str, Any]:
     """Train a private copy of ``bundle`` (named ``label``) to a wall budget (``max_time``: the schedule
-    fitted to it) or for ``epochs``; returns its run record (``run_summary``)."""
+    fitted to it) or for ``epochs``, under ``memory_limit`` (default the call's); returns its run record
+    (``run_summary``)."""
     copy = copy_bundle(bundle, label)
     grads = check.work / f"grads_{label}.json"
     grads.unlink(missing_ok=True)
     length = ["--max-time", f"{max_time:g}s"] if max_time is not None else ["--epochs", str(epochs)]
     args = [str(copy), "--device", check.device, "--mode", mode, *length, "--val-every", str(val_every), "--quiet"]
     args += ["--precision", precision] if precision else []
-    args += ["--memory-limit", check.cfg["train_limit"]] if check.cfg["train_limit"] else []
+    limit = memory_limit or check.cfg["train_limit"]
+    args += ["--memory-limit", limit] if limit else []
     if ddp:
         env = dict(check.env, NCCL_DEBUG="INFO")
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1", "-m", "autotune.trainer", *args]

@@ -77,6 +77,7 @@ TABLES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "early-training-unet-lr": ("bench_early_training", "table", ("early_training_unet.json",)),
     "time-to-dice-unet": ("bench_time_to_dice", "table", ("time_to_dice_unet_cpu.json",)),
     "time-to-dice-unet-breakdown": ("bench_time_to_dice", "breakdown", ("time_to_dice_unet_cpu.json",)),
+    "oom-recovery": ("bench_oom_recovery", "markdown_table", ("oom_recovery.json",)),
 }
 
 

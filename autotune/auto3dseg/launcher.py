@@ -20,7 +20,8 @@ A template whose ``train.py`` hard-codes ``cuda`` (SwinUNETR) runs on the CPU in
 record as ``cpu_context``.
 
 The JSON record (``--peak-json``, default ``<bundle>/autotune/launch.json``) holds the limit, the peaks and the
-exit status; the exit code is the script's (3 when it ran out of memory under the limit). Stopped by SIGTERM,
+exit status; the exit code is the script's (3 when it ran out of memory under the limit: then one line names the
+batch that failed and the command that re-tunes, and the study learns the point, ``autotune.auto3dseg.oom``). Stopped by SIGTERM,
 SIGINT or SIGUSR1, the launcher writes the record (``status: stopped``, the signal, the peaks so far, the
 script's exit status if it had ended), stops every process the script started and exits 128 + the signal's
 number (``autotune.auto3dseg.supervise``). The templates log to
@@ -243,6 +244,7 @@ def launch(script: str | os.PathLike[str], args: Sequence[str], memory_limit: in
     except Exception as exc:  # the script's own failure: recorded, then its traceback as Python shows it
         status, code = ("oom", EXIT_OOM) if memory.is_oom_error(exc) else ("error", 1)
         record["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        record["phase_failed"] = getattr(tracker, "phase", None)  # on the CPU: training or validation
         if status == "error":
             import traceback
 
@@ -252,6 +254,10 @@ def launch(script: str | os.PathLike[str], args: Sequence[str], memory_limit: in
     record.update(status=status if code == 0 or status != "ok" else "error", exit_code=code,
                   seconds=round(time.perf_counter() - start, 3), **_peaks(device, tracker))
     record["within_limit"] = record["status"] != "oom" and int(record["peak_bytes"] or 0) <= memory_limit
+    if record["status"] == "oom":  # one line naming the batch and the re-tune; the study learns the point
+        from autotune.auto3dseg.oom import oom_outcome
+
+        record["line"] = oom_outcome(path, record, memory_limit, device)
     if target is not None:
         atomic_write_json(target, record)
         record["record_path"] = str(target)
@@ -281,6 +287,9 @@ def _run(command: Sequence[str], limit: int, device: str, peak_json: str | None,
     except AutotuneError as exc:  # e.g. a device this machine does not have
         print(f"python -m autotune.launch: error: {exc}", file=sys.stderr)
         return 2
+    if record.get("line"):  # out of memory: what failed and the command that re-tunes
+        print(record["line"], file=sys.stderr)
+        return int(record["exit_code"])
     print(f"autotune.launch: {record['status']}, peak {format_bytes(record['peak_bytes'])} of "
           f"{format_bytes(limit)} on {record['device']}"
           + (f" (record: {record['record_path']})" if record.get("record_path") else ""), file=sys.stderr)

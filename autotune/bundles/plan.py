@@ -52,6 +52,8 @@ class TuningPlan:
         method: ``measured`` (real probes) or ``estimated`` (the estimator alone: a plan to verify).
         precision: ``fp32``, ``bf16`` or ``fp16``: what the probes ran in.
         peak_bytes, train_peak_bytes, infer_peak_bytes: measured (or estimated) peaks of the answer.
+        training_oom: what a training run had to step down to after an out-of-memory (written by training,
+            ``autotune.trainer.learn``; the next run starts there, the next tune searches again).
     """
 
     tuned: Mapping[str, Any]
@@ -98,6 +100,7 @@ class TuningPlan:
     device_model: Mapping[str, Any] | None = None
     target: Mapping[str, Any] | None = None
     verified: Mapping[str, Any] | None = None
+    training_oom: Mapping[str, Any] | None = None
     version: int = PLAN_VERSION
 
     def value(self, name: str) -> Any:
@@ -205,7 +208,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     **{name: _BOOL for name in ("sw_input_on_cpu", "allowances_validated_on_gpu")},
     **{name: _LIST for name in ("trials", "infer_trials")},
     **{name: _MAP for name in ("estimator_passes", "edge_check", "handoff", "batch", "key", "recipe", "allowances",
-                               "device_model", "target", "verified")},
+                               "device_model", "target", "verified", "training_oom")},
 }
 _TUNED = tuple(t.name for t in TUNABLES)
 _REQUIRED = (BATCH.name, SW_BATCH.name, "memory_limit", "device")  # a tunable added later may be absent

@@ -27,7 +27,8 @@ __all__ = ["RunState", "save_checkpoint", "load_checkpoint", "rng_state", "set_r
 class RunState:
     """Where a training run stands: the last finished epoch, the best validation Dice so far and
     its epoch, validations since it last improved, seconds trained before this process, and how
-    far the next epoch got when a signal stopped it (``EpochProgress.as_dict``; None otherwise)."""
+    far the next epoch got when a signal stopped it (``EpochProgress.as_dict``; None otherwise), and the
+    out-of-memory step-downs in force (``autotune.trainer.fallback.MemoryFallbacks.state``; None: none saved)."""
 
     epoch: int = 0
     best: float | None = None
@@ -35,6 +36,7 @@ class RunState:
     stale: int = 0
     elapsed_before: float = 0.0
     partial: dict[str, Any] | None = None
+    fallbacks: dict[str, Any] | None = None
 
     def validated(self, mean: float | None, epoch: int) -> bool:
         """Count one validation; True when ``mean`` is a new best (then ``best.pt`` is due)."""
@@ -172,4 +174,4 @@ def resume(path: Path, mode: str, parts: Mapping[str, Any], total_steps: int | N
     saved = restore(path, mode, parts["model"], parts["optimizer"], parts["scaler"], parts["scheduler"], total_steps)
     return RunState(epoch=int(saved["epoch"]), best=saved.get("best_metric"), best_epoch=int(saved.get("best_epoch", 0)),
                     stale=int(saved.get("stale_validations", 0)), elapsed_before=float(saved.get("elapsed_s", 0.0)),
-                    partial=saved.get("partial"))
+                    partial=saved.get("partial"), fallbacks=saved.get("memory_fallbacks"))

@@ -24,6 +24,7 @@ from autotune.utils import bars_enabled
 if TYPE_CHECKING:  # pragma: no cover
     from autotune.finite import StepGuard
     from autotune.trainer.ddp import DistContext
+    from autotune.trainer.fallback import MemoryFallbacks
     from autotune.trainer.memory import PhaseMemory
     from autotune.trainer.setup import ModelSetup
     from autotune.trainer.timing import PhaseClock
@@ -45,6 +46,7 @@ class EpochParts:
         seed: the run's seed; ``total_epochs``: for the progress bar; ``progress``: show bars.
         guard: keeps non-finite steps from the weights (``autotune.finite``); None: every step applied.
         clock: times host-to-device copies and the training passes on the device's clock (None: untimed).
+        fallbacks: the out-of-memory step-downs in force (``autotune.trainer.fallback``); None: an OOM ends the run.
     """
 
     ctx: DistContext
@@ -59,6 +61,7 @@ class EpochParts:
     progress: bool
     guard: StepGuard | None = None
     clock: PhaseClock | None = None
+    fallbacks: MemoryFallbacks | None = None
 
 
 @dataclass
@@ -67,7 +70,9 @@ class EpochProgress:
     its metrics row, and (when stopped inside it) the RNG states at the stop. ``passes`` counts every
     training pass, ``skipped`` those the guard kept from the weights (their loss is not in ``loss_sum``);
     ``h2d_s`` and ``compute_s`` are the seconds of host-to-device copies and of training passes;
-    ``scaler_skipped`` the steps fp16's GradScaler skipped (an overflowed gradient lowers its scale)."""
+    ``scaler_skipped`` the steps fp16's GradScaler skipped (an overflowed gradient lowers its scale);
+    ``batch_passes`` the passes of the batch in progress already applied (a restart after an out-of-memory
+    continues inside that batch, and ``rng`` then holds the RNG states at the batch's start)."""
 
     epoch: int
     batches: int = 0
@@ -80,6 +85,7 @@ class EpochProgress:
     h2d_s: float = 0.0
     compute_s: float = 0.0
     scaler_skipped: int = 0
+    batch_passes: int = 0
     rng: dict[str, Any] | None = None
     complete: bool = False
 
@@ -104,12 +110,13 @@ def _skip_done(loader: Any, done: int) -> Iterator[Any]:
 
 
 def _train_batch(parts: EpochParts, batch: Mapping[str, Any], tracker: Any, loss_sum: Any,
-                 progress: EpochProgress, scaler_skips: Any = None) -> None:
+                 progress: EpochProgress, scaler_skips: Any = None, skip_passes: int = 0) -> None:
     """One loader batch in passes of ``num_patches_per_iter``, each applied pass's loss added to ``loss_sum``
     (a tensor, in place) and the passes, skipped passes and samples to ``progress``; the steps the GradScaler
-    skipped to ``scaler_skips`` (a device tensor, in place: counted without a synchronisation)."""
-    from autotune.finite import NonFiniteSteps, trace_nonfinite
-    from autotune.step import split_patches, train_step
+    skipped to ``scaler_skips`` (a device tensor, in place: counted without a synchronisation). The first
+    ``skip_passes`` passes were applied before a restart and are skipped. A pass that runs out of memory is
+    repeated in micro-batches (``_fitted_pass``)."""
+    from autotune.step import split_patches
     from autotune.trainer.infer import plain_tensor
 
     device, clock = parts.ctx.device, parts.clock
@@ -120,20 +127,15 @@ def _train_batch(parts: EpochParts, batch: Mapping[str, Any], tracker: Any, loss
         tracker.track([images, labels])
         tracker.set_reserved(images.untyped_storage().nbytes() + labels.untyped_storage().nbytes())
     recipe, guard = parts.recipe, parts.guard
+    progress.batch_passes = 0
     with parts.memory.tracking():
         for image, label in split_patches(images, labels, int(parts.cfg["num_patches_per_iter"])):
+            if progress.batch_passes < skip_passes:
+                progress.batch_passes += 1
+                continue
             progress.passes += 1  # counted first: a guard that stops the run names this pass
             scale = _scale_of(recipe.scaler) if scaler_skips is not None else None
-            try:
-                with clock.phase("compute") if clock is not None else contextlib.nullcontext():
-                    loss = train_step(recipe.net, recipe.loss_fn, recipe.optimizer, image, label, recipe.amp_dtype,
-                                      recipe.scaler, guard)
-            except NonFiniteSteps as exc:  # where this pass first went non-finite, for the run's last line
-                try:
-                    exc.first = trace_nonfinite(recipe.model, recipe.loss_fn, image, label, recipe.amp_dtype)
-                except Exception:  # noqa: BLE001 - the trace only adds to the line (it may hit the memory limit)
-                    exc.first = ""
-                raise
+            loss = _fitted_pass(parts, image, label, progress)
             if scale is not None:
                 count_scaler_skip(recipe.scaler, scale, scaler_skips)
             if recipe.scheduler is not None:  # a skipped step keeps the schedule's length, as fp16's scaler does
@@ -143,6 +145,62 @@ def _train_batch(parts: EpochParts, batch: Mapping[str, Any], tracker: Any, loss
             else:
                 progress.skipped += 1
             progress.samples += int(image.shape[0])
+            progress.batch_passes += 1
+
+
+def _fitted_pass(parts: EpochParts, image: Any, label: Any, progress: EpochProgress) -> Any:
+    """One training pass (``autotune.step.train_step``) in the micro-batches in force; a pass that runs out of
+    memory is released and repeated in more (``autotune.trainer.fallback``). Returns its loss."""
+    from autotune.probe.memory import is_oom_error
+    from autotune.trainer.fallback import release_memory
+
+    fallbacks = parts.fallbacks
+    while True:
+        failed = False
+        # the optimizer's state is made by its first step: a split fits for good only once a pass fit beside it
+        with_state = bool(parts.recipe.optimizer.state)
+        try:
+            loss = _guarded_step(parts, image, label, fallbacks.micro_batches if fallbacks is not None else 1)
+        except Exception as exc:
+            if fallbacks is None or not is_oom_error(exc):
+                raise
+            failed = True  # handled below, once this frame no longer holds the failed step's traceback
+        if not failed:
+            if fallbacks is not None:
+                fallbacks.fitted_pass(int(image.shape[0]), with_state)
+            return loss
+        _drop_failed_step(parts)
+        release_memory(parts.ctx.device)
+        peak = parts.memory.failed_peak()
+        fallbacks.training_oom(int(image.shape[0]), peak, progress.epoch, progress.passes)
+
+
+def _drop_failed_step(parts: EpochParts) -> None:
+    """Forget what a failed step left: its gradients, and the buffers its forward pass changed."""
+    parts.recipe.optimizer.zero_grad(set_to_none=True)
+    guard = parts.guard
+    if guard is not None and guard.buffers:
+        import torch
+
+        torch._foreach_copy_(guard.buffers, guard.saved)
+
+
+def _guarded_step(parts: EpochParts, image: Any, label: Any, micro_batches: int) -> Any:
+    """``train_step`` on one pass, timed; a run that diverged learns where the pass first went non-finite."""
+    from autotune.finite import NonFiniteSteps, trace_nonfinite
+    from autotune.step import train_step
+
+    recipe, clock = parts.recipe, parts.clock
+    try:
+        with clock.phase("compute") if clock is not None else contextlib.nullcontext():
+            return train_step(recipe.net, recipe.loss_fn, recipe.optimizer, image, label, recipe.amp_dtype,
+                              recipe.scaler, parts.guard, micro_batches)
+    except NonFiniteSteps as exc:  # where this pass first went non-finite, for the run's last line
+        try:
+            exc.first = trace_nonfinite(recipe.model, recipe.loss_fn, image, label, recipe.amp_dtype)
+        except Exception:  # noqa: BLE001 - the trace only adds to the line (it may hit the memory limit)
+            exc.first = ""
+        raise
 
 
 def _scale_of(scaler: Any) -> Any:
@@ -169,6 +227,7 @@ def train_epoch(parts: EpochParts, progress: EpochProgress, should_stop: Callabl
 
     from autotune.finite import NonFiniteSteps
     from autotune.trainer.checkpoint import rng_state, set_rng_state
+    from autotune.trainer.fallback import RestartRun
 
     ctx, epoch = parts.ctx, progress.epoch
     # Seeded per epoch: a resumed run draws the same shuffles and crops as an unbroken one.
@@ -184,6 +243,7 @@ def train_epoch(parts: EpochParts, progress: EpochProgress, should_stop: Callabl
     bar = tqdm(total=len(parts.train_loader), initial=progress.batches, desc=f"epoch {epoch}/{parts.total_epochs}",
                unit="batch", leave=False, disable=not bars_enabled(parts.progress), file=sys.stderr)
     t0, wait = time.perf_counter(), 0.0
+    skip_passes, batch_rng = progress.batch_passes, None
     while not should_stop():
         t_wait = time.perf_counter()
         with parts.recipe.nvtx.range("data"):
@@ -192,13 +252,27 @@ def train_epoch(parts: EpochParts, progress: EpochProgress, should_stop: Callabl
         if batch is None:
             progress.complete = True
             break
+        if parts.fallbacks is not None:
+            batch_rng = rng_state(ctx.device)  # where a restart inside this batch continues from
         try:
-            _train_batch(parts, batch, tracker, loss_sum, progress, scaler_skips)
+            _train_batch(parts, batch, tracker, loss_sum, progress, scaler_skips, skip_passes)
         except NonFiniteSteps as exc:
             exc.epoch, exc.step = epoch, progress.passes  # where the run diverged, for its line
             bar.close()
             raise
+        except RestartRun as restart:
+            progress.passes -= 1  # the pass that failed is trained again after the restart
+            progress.loss_sum, progress.rng = float(loss_sum.item()), batch_rng
+            if scaler_skips is not None:
+                progress.scaler_skipped += int(scaler_skips.item())
+            progress.data_wait_s += wait
+            progress.train_s += time.perf_counter() - t0
+            restart.progress = progress
+            bar.close()
+            raise
+        skip_passes = 0
         progress.batches += 1
+        progress.batch_passes = 0
         if on_batch is not None:
             on_batch(progress)
         bar.update(1)
@@ -241,6 +315,7 @@ def epoch_row(parts: EpochParts, progress: EpochProgress) -> dict[str, Any]:
         "samples_per_s": sum(rank_samples) / train_s if train_s > 0 else 0.0,
         "lr": float(parts.recipe.optimizer.param_groups[0]["lr"]), "world_size": ctx.world_size,
         "rank_samples": rank_samples,
+        **(parts.fallbacks.in_force() if parts.fallbacks is not None else {}),
     }
 
 
@@ -253,9 +328,11 @@ def validate(parts: EpochParts, row: dict[str, Any], dice_columns: list[str]) ->
     parts.memory.start(parts.recipe.model, parts.recipe.optimizer, "validation")
     with parts.memory.tracking():
         per_class, mean = evaluate(parts.recipe.model, parts.val_loader, parts.cfg, parts.ctx.device, parts.recipe.amp_dtype,
-                                   parts.ctx)
+                                   parts.ctx, fallbacks=parts.fallbacks, epoch=int(row["epoch"]), memory=parts.memory)
     row["val_s"] = time.perf_counter() - t0
     parts.memory.read(row, "val")
     row.update(dict(zip(dice_columns, per_class, strict=True)))
     row["mean_dice"] = mean
+    if parts.fallbacks is not None:
+        row.update(parts.fallbacks.in_force())
     return mean

@@ -22,7 +22,7 @@ from autotune.files import host_refusal, refused
 from autotune.finite import NonFiniteSteps
 
 __all__ = ["continue_command", "holds", "stop_error", "write_refusal", "kept_files", "with_kept", "skipped",
-           "overflowed", "diverged_error"]
+           "overflowed", "diverged_error", "run_diverged", "run_fault"]
 
 
 def continue_command(bundle_root: str, total_epochs: int, mode: str, world_size: int, resume: bool = True,
@@ -106,3 +106,28 @@ def diverged_error(what: str, precision: str, kept: str, resume_command: str, fr
     else:
         advice = f"{lower}, or check the data"
     return TrainingDiverged(f"{what} (precision {precision}); kept: {kept or 'nothing'}; try {advice}")
+
+
+def run_diverged(run: Any, what: str) -> TrainingDiverged:
+    """The line of a ``TrainingRun`` that diverged (``what``: where and how), with what was kept and what to try."""
+    group = run.recipe.optimizer.param_groups[0]
+    return diverged_error(what, run.recipe.precision.name, kept_files(run.out, run.kept, run.best_saved),
+                          run.continue_command(), run.continue_command(resume=False),
+                          float(group.get("initial_lr", group["lr"])), run.cfg["bundle_root"])
+
+
+def run_fault(run: Any, exc: Exception) -> Exception | None:
+    """The one-line error a ``TrainingRun`` ends with for ``exc``: out of memory with nothing left to step down to
+    (what was tried), a write the host refused (with what was kept), steps that stayed non-finite; None to let
+    ``exc`` through."""
+    from autotune.trainer.memory import out_of_memory_error
+
+    if isinstance(exc, (TrainingStopped, TrainingDiverged)):
+        return None
+    if isinstance(exc, NonFiniteSteps):
+        return run_diverged(run, skipped(exc, run.steps_per_epoch, run.ctx.world_size))
+    oom = out_of_memory_error(exc, run.cfg, run.memory_limit, run.memory.phase, run.epoch, run.out / "last.pt")
+    refusal = write_refusal(exc, run.data.opts.cache_dir) if oom is None else None
+    if refusal is None:
+        return oom
+    return with_kept(refusal, run.out, run.kept, run.best_saved, run.continue_command(bool(run.kept)))

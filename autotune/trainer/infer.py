@@ -113,11 +113,17 @@ def evaluate(
     amp_dtype: torch.dtype | None,
     ctx: DistContext,
     nvtx: Any = None,
+    fallbacks: Any = None,
+    epoch: int = 0,
+    memory: Any = None,
 ) -> tuple[list[float | None], float | None]:
     """Sliding-window Dice per class and their mean over the validation cases of every rank.
 
     Cases where a class is absent from the ground truth do not count for that class
     (MONAI ``DiceMetric`` with ``ignore_empty``); the background is left out for softmax bundles.
+    With ``fallbacks`` (``autotune.trainer.fallback.MemoryFallbacks``) its sliding-window batch and validation
+    device are used, and a case that runs out of memory is scored again after a step-down (``epoch``, and
+    ``memory``'s peak at the failure, go to its record); the ranks then agree on the step-downs.
 
     Returns:
         (Dice per class, None where no case has the class; mean over the classes with a value).
@@ -133,11 +139,14 @@ def evaluate(
     sums, counts = [0.0] * count, [0.0] * count
     was_training = model.training
     model.eval()
-    for batch in loader:
-        image = plain_tensor(batch["image"]).to(image_device)
-        label = plain_tensor(batch["label"]).to(image_device)
-        logits = sliding_window_predict(model, image, device=device, amp_dtype=amp_dtype, **predict_args(cfg))
-        scores = score_case(logits, label, cfg, metric).detach().cpu()
+    for case, batch in enumerate(loader, 1):
+        if fallbacks is None:
+            image = plain_tensor(batch["image"]).to(image_device)
+            label = plain_tensor(batch["label"]).to(image_device)
+            logits = sliding_window_predict(model, image, device=device, amp_dtype=amp_dtype, **predict_args(cfg))
+            scores = score_case(logits, label, cfg, metric).detach().cpu()
+        else:
+            scores = _score_stepping_down(model, batch, cfg, device, amp_dtype, metric, fallbacks, epoch, case, memory)
         for row in scores:
             for index, value in enumerate(row.tolist()[:count]):
                 if value == value:  # not NaN: the class is in this case's ground truth
@@ -145,10 +154,43 @@ def evaluate(
                     counts[index] += 1
         metric.reset()
     model.train(was_training)
+    if fallbacks is not None and ctx.enabled:  # every rank validates with the smallest step-downs any rank took
+        from autotune.trainer.ddp import all_ranks_max
+
+        negative_sw, on_cpu = all_ranks_max(ctx, [-fallbacks.sw_batch, int(fallbacks.on_cpu)])
+        fallbacks.sw_batch, fallbacks.on_cpu = -int(negative_sw), bool(on_cpu)
     totals = all_reduce_sum(ctx, sums + counts)
     per_class = [s / c if c else None for s, c in zip(totals[:count], totals[count:], strict=True)]
     present = [v for v in per_class if v is not None]
     return per_class, (sum(present) / len(present) if present else None)
+
+
+def _score_stepping_down(model: Any, batch: Mapping[str, Any], cfg: Mapping[str, Any], device: str, amp_dtype: Any,
+                         metric: Any, fallbacks: Any, epoch: int, case: int, memory: Any) -> Any:
+    """One case's Dice per class with the sliding-window batch and validation device in force, stepping down
+    (``fallbacks.validation_oom``) and scoring it again after each out-of-memory."""
+    from autotune.probe.memory import is_oom_error
+    from autotune.step import score_case, sliding_window_predict
+    from autotune.trainer.fallback import release_memory
+
+    while True:
+        image_device = "cpu" if fallbacks.on_cpu else device
+        failed = False
+        try:
+            image = plain_tensor(batch["image"]).to(image_device)
+            label = plain_tensor(batch["label"]).to(image_device)
+            logits = sliding_window_predict(model, image, device=device, amp_dtype=amp_dtype,
+                                            **{**predict_args(cfg), "sw_batch_size": fallbacks.sw_batch})
+            return score_case(logits, label, cfg, metric).detach().cpu()
+        except Exception as exc:
+            if not is_oom_error(exc):
+                raise
+            failed = True  # stepped down below, once this frame no longer holds the failed case's tensors
+        if failed:
+            image = label = logits = None
+            metric.reset()
+            release_memory(device)
+            fallbacks.validation_oom(memory.failed_peak() if memory is not None else None, epoch, case)
 
 
 def _input_files(images: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> list[Any]:

@@ -58,17 +58,20 @@ def alloc_conf_warning(plan: Any, device: str) -> str | None:
 
 def out_of_memory_error(exc: BaseException, cfg: dict[str, Any], limit: int | None, phase: str, epoch: int,
                         last_checkpoint: Any) -> Exception | None:
-    """``TrainingOutOfMemory`` (one line, what to do) when ``exc`` is an out-of-memory error in
-    ``phase`` of ``epoch``, else None."""
+    """``TrainingOutOfMemory`` (one line, what was tried, what to do) when ``exc`` is an out-of-memory error in
+    ``phase`` of ``epoch``, else None. ``exc.tried`` (``autotune.trainer.fallback.StepDownsExhausted``) says
+    which step-downs failed too."""
     from autotune.errors import TrainingOutOfMemory
     from autotune.probe.memory import is_oom_error
 
     if not is_oom_error(exc):
         return None
     under = format_bytes(limit) if limit else "the device's memory"
+    tried = getattr(exc, "tried", "")
+    what = (f"tried {tried}" if tried else
+            f"{cfg['num_patches_per_iter']} patches per pass, sw batch {cfg['num_sw_batch_size']}")
     return TrainingOutOfMemory(
-        f"{cfg['bundle_root']}: out of memory in {phase} of epoch {epoch} under {under} "
-        f"({cfg['num_patches_per_iter']} patches per pass, sw batch {cfg['num_sw_batch_size']}); "
+        f"{cfg['bundle_root']}: out of memory in {phase} of epoch {epoch} under {under} ({what}); "
         f"run 'autotune tune' again at this limit or lower num_patches_per_iter; {last_checkpoint} "
         f"holds epoch {epoch - 1}, continue with --resume")
 
@@ -109,6 +112,21 @@ class PhaseMemory:
     def tracking(self) -> Any:
         """``with phase_memory.tracking():`` around compute to count (a no-op without a tracker)."""
         return self.tracker if self.tracker is not None else contextlib.nullcontext()
+
+    def failed_peak(self) -> int | None:
+        """The peak of the attempt that just ran out of memory (None on the CPU without a limit); the next attempt's
+        peak is counted from here on."""
+        if self.cuda:
+            import torch
+
+            peak = int(torch.cuda.max_memory_reserved(self.device))
+            torch.cuda.reset_peak_memory_stats(self.device)
+            return peak
+        if self.tracker is None:
+            return None
+        peak = int(self.tracker.peak_bytes)
+        self.tracker.reset_peak()
+        return peak
 
     def read(self, row: dict[str, Any], phase: str) -> None:
         """Put the phase's peaks into ``row`` (``{phase}_peak_bytes``, ``{phase}_peak_allocated_bytes``)."""

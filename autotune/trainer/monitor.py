@@ -27,6 +27,7 @@ BASE_COLUMNS = (
     "epoch", "loss", "mean_dice", "epoch_s", "train_s", "data_wait_s", "data_wait_share",
     "samples", "samples_per_s", "lr", "nonfinite_steps", "val_s", "elapsed_s", "world_size", "rank_samples",
     "train_peak_bytes", "train_peak_allocated_bytes", "val_peak_bytes", "val_peak_allocated_bytes",
+    "micro_batches", "sw_batch", "validation_device",
 )
 
 

@@ -55,6 +55,11 @@ def test_crossing_the_limit_is_an_out_of_memory_exit(tmp_path: Path) -> None:
     proc, record = _launch(tmp_path, "6MiB", 4)
     assert proc.returncode == 3 and record["status"] == "oom" and record["within_limit"] is False
     assert "OutOfMemoryError" in record["error"] and "exceeds the memory limit" in record["error"]
+    # MONAI's train.py cannot split a step: one line names what failed and the command that re-tunes
+    [line] = [line for line in proc.stderr.splitlines() if line.startswith("autotune.launch:")]
+    assert line.startswith("autotune.launch: out of memory in training with its batch under 6.00 MiB on cpu (peak ")
+    assert f"re-tune with 'autotune tune {tmp_path / 'bundle'} --device cpu --memory-limit {6 * 2**20}'" in line
+    assert record["failed_point"]["phase"] == "training" and record["failed_point"]["study"] is None  # not tuned
 
 
 def test_bad_arguments_exit_2_in_one_line(tmp_path: Path) -> None:

@@ -27,6 +27,7 @@ from autotune.utils import format_bytes
 __all__ = ["answer_key", "result_tag", "validation_devices", "MAX_POLL_SECONDS"]
 
 MAX_POLL_SECONDS = 15.0  # the longest pause between two looks at a key another worker holds
+SEEN = "training_oom_seen"  # in a stored result: the training failures of the key's study it was searched after
 
 
 def result_tag(strategy: str, margin: float, spec: AlgoSpec, devices: tuple[str, ...], estimate_only: bool,
@@ -176,12 +177,17 @@ def answer_key(session: Session, key: TuningKey, cfg: Mapping[str, Any], n_bundl
         return None
     study = None
     try:
-        if stored is None:
+        failures = _training_failures(session, key, known)
+        if stored is not None and _refuted(session, stored, failures, algo):
+            stored = None
+        elif stored is None:
             study = _open(session, key, sampler=_sampler(session, cfg, spec))
             stored = study.user_attrs.get(tag)  # stored by a worker that let the key go just before this one took it
+            stored = None if stored is not None and _refuted(session, stored, failures, algo) else stored
         if stored is not None:
             session.say(f"[{algo}] answered from storage ({key.study_name}); no new trial")
-            return dict(stored, from_storage=True, probes=0)
+            return {**{k: v for k, v in stored.items() if k != SEEN}, "from_storage": True, "probes": 0}
+        study = study or _open(session, key, sampler=_sampler(session, cfg, spec))
         infer_study = None if session.strategy.joint else _open(session, key, "infer")
         _fail_stale(session, (study, infer_study), algo)
         _announce(session, key, spec, n_bundles, algo)
@@ -193,12 +199,41 @@ def answer_key(session: Session, key: TuningKey, cfg: Mapping[str, Any], n_bundl
 
         tell_story(study, record, infer_study)
         if record["status"] == "tuned":
-            study.set_user_attr(tag, {k: v for k, v in record.items() if k != "from_storage"})
+            study.set_user_attr(tag, {**{k: v for k, v in record.items() if k != "from_storage"}, SEEN: len(failures)})
         return record
     finally:
         claims = session.store.claims if session.strategy.claims_key else None
         if claims is not None:
             claims.release(key.study_name, "key:" + tag)
+
+
+def _training_failures(session: Session, key: TuningKey, known: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+    """The training passes that ran out of memory under this key (``autotune.trainer.learn``), from its study."""
+    attrs = known
+    if attrs is None:
+        study_id = session.store.study_ids.get(key.study_name)
+        try:
+            study_id = study_id if study_id is not None else session.store.storage.get_study_id_from_name(key.study_name)
+        except KeyError:
+            return []
+        attrs = session.store.storage.get_study_user_attrs(study_id)
+    return [dict(f) for f in attrs.get("training_oom") or []]
+
+
+def _refuted(session: Session, stored: Mapping[str, Any], failures: list[dict[str, Any]], algo: str) -> bool:
+    """True (said in a line) when training ran out of memory, after ``stored`` was searched, at a batch that
+    ``stored`` says fits: the key is searched again, and its evaluator takes that batch as not fitting."""
+    new = failures[int(stored.get(SEEN) or 0):]
+    largest = int(stored.get("max_num_patches_per_iter") or stored.get("num_patches_per_iter") or 0)
+    refuting = [f for f in new if int(f.get("num_patches_per_iter") or 0) <= largest]
+    if not refuting:
+        return False
+    first = refuting[0]
+    session.say(f"[{algo}] searched again: training ran out of memory at {first.get('num_patches_per_iter')} patches "
+                f"per pass under {format_bytes(first.get('memory_limit'))} ({first.get('bundle')}, epoch "
+                f"{first.get('epoch')}; trial #{first.get('trial')}), which the stored answer ({largest} fits) "
+                "does not hold: that batch is not handed over again without a probe")
+    return True
 
 
 def predicted_fit(curve: Any, batch_cap: Mapping[str, Any], budget: int) -> int | None:

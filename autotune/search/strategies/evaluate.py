@@ -10,7 +10,9 @@ measurement as user attributes, so the dashboard tells the whole story:
 - training-only trials go to the key's study, inference-only trials to its ``-infer`` study
   (one unit per study), joint trials (tpe) to the key's study;
 - a crash, kill or timeout is a FAIL trial with ``fail_reason``.
-A point already measured in the study is answered from it (resume, folds, reruns);
+A point already measured in the study is answered from it (resume, folds, reruns), and a point that ran out of
+memory in training (a trial of ``kind: training``, ``autotune.search.storage.points``) is answered by that, whatever a
+probe measured before;
 a point that failed twice is taken as infeasible without a third try (a probe lost with its worker,
 killed, stopped or hung, is not the point's failure, unless it happens ``MAX_LOST`` times).
 Each point is a step of this worker's liveness (``autotune.search.storage.liveness``); a worker
@@ -28,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.probe import cuda_result_keys
 from autotune.search.storage.liveness import TakenOver, owner_tag
+from autotune.search.storage.points import TRAINING_KIND, point_id
 from autotune.search.strategies.objective import NO_FIT, trial_value
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -69,12 +72,6 @@ _RESULT_ATTRS = (
     "allowance_bytes",
     *cuda_result_keys(),  # one definition with the trial that writes them, so the names cannot drift
 )
-
-
-def point_id(point: Mapping[str, Any], phases: tuple[str, ...]) -> str:
-    """A canonical string naming a point and the phases it ran, to find it again."""
-    parts = [f"{k}={point[k]}" for k in sorted(point)]
-    return "+".join(phases) + "|" + ",".join(parts)
 
 
 def trial_fits(trial: Any) -> bool:
@@ -181,6 +178,9 @@ class Evaluator:
         for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)):
             if trial.user_attrs.get("point_id") != pid:
                 continue
+            if trial.state == TrialState.COMPLETE and trial.user_attrs.get("kind") == TRAINING_KIND:
+                done = trial  # training ran out of memory at this point (autotune.trainer.learn): that answers it
+                break
             if trial.state == TrialState.COMPLETE and done is None:
                 done = trial
             elif trial.state == TrialState.FAIL and _lost_with_worker(trial):

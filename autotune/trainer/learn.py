@@ -1,0 +1,84 @@
+"""What a training run that stepped down after an out-of-memory tells its bundle and its study.
+
+Each step-down is written at once (rank 0) into the bundle's ``tuning:`` block as ``training_oom``: the batch
+that failed, the limit and device, and the micro-batches, sliding-window batch and validation device in force.
+The next run of the bundle at the same batch, limit and device starts there (``start_fallbacks``): no OOM is paid
+twice. A training pass that failed under the key's own limit on the tuned device is also a point of the key's
+study (``autotune.search.driver.training_oom``): a COMPLETE trial of ``kind: training`` that does not fit, and the study's
+``training_oom`` attribute, so the next ``autotune tune`` of the key searches again
+(``autotune.search.driver.key``) and its evaluator takes that batch as not fitting
+(``autotune.search.strategies.evaluate``). A record that cannot be written costs a warning, never the run.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from autotune.trainer.fallback import MemoryFallbacks, batch_reducing_parts
+
+__all__ = ["start_fallbacks", "learn_from"]
+
+
+def _warn(line: str) -> None:
+    print(f"warning: {line}", file=sys.stderr, flush=True)
+
+
+def start_fallbacks(cfg: Mapping[str, Any], ctx: Any, limit: int | None, model: Any,
+                    restarted: bool = False) -> MemoryFallbacks:
+    """The step-downs a run starts with: none, or those an earlier run of this bundle recorded at the same batch,
+    limit and device (``from_record`` then says so in a line); rank 0 learns from every new one."""
+    from autotune.bundles.plan import plan_of
+
+    def say(line: str) -> None:
+        if ctx.is_main:
+            print(line, file=sys.stderr, flush=True)
+
+    parts = batch_reducing_parts(cfg, model)
+    fallbacks = MemoryFallbacks(int(cfg.get("num_sw_batch_size") or 1), bool(cfg.get("sw_input_on_cpu")), ctx.device,
+                                limit, say=say, exact_note=", ".join(parts))
+    fallbacks.restarted = restarted
+    plan = plan_of(cfg)
+    record = dict((plan.training_oom if plan is not None else None) or {})
+    if (record and int(record.get("num_patches_per_iter", 0)) == int(cfg["num_patches_per_iter"])
+            and record.get("memory_limit") == limit and record.get("device") == str(ctx.device)):
+        fallbacks.micro_batches = max(1, int(record.get("micro_batches", 1)))
+        fallbacks.sw_batch = max(1, min(fallbacks.sw_batch, int(record.get("sw_batch", fallbacks.sw_batch))))
+        fallbacks.on_cpu = fallbacks.on_cpu or record.get("validation_device") == "cpu"
+        fallbacks.from_record = (f"memory: starting in {fallbacks.micro_batches} micro-batches, sw batch "
+                                 f"{fallbacks.sw_batch}, validation on the {fallbacks.validation_device}: an earlier "
+                                 "run of this bundle stepped down to them (tuning.training_oom)")
+    if ctx.is_main and plan is not None:
+        fallbacks.on_event = lambda event: learn_from(cfg, fallbacks, event)
+    return fallbacks
+
+
+def learn_from(cfg: Mapping[str, Any], fallbacks: MemoryFallbacks, event: Mapping[str, Any]) -> None:
+    """Write ``event`` (a step-down) into the bundle's ``tuning.training_oom`` and, for a training pass under the
+    key's own limit on the tuned device, into the key's study. A refused write is a warning."""
+    from autotune.bundles.config import update_bundle_config
+    from autotune.bundles.plan import plan_of
+
+    plan = plan_of(cfg)
+    if plan is None:
+        return
+    patches = int(cfg["num_patches_per_iter"])
+    earlier = dict(plan.training_oom or {})
+    if event["phase"] == "training" and fallbacks.study is None:  # the batch's failure goes to the study once
+        if (earlier.get("num_patches_per_iter") == patches and earlier.get("memory_limit") == fallbacks.limit
+                and (earlier.get("study") or {}).get("recorded")):
+            fallbacks.study = dict(earlier["study"])  # an earlier run of this bundle recorded it
+        else:
+            from autotune.search.driver.training_oom import record_in_study
+
+            fallbacks.study = record_in_study(plan, patches, event, str(cfg.get("bundle_root")), fallbacks.device)
+    study = fallbacks.study if fallbacks.study is not None else dict(earlier.get("study") or {})
+    record = {"num_patches_per_iter": patches, **fallbacks.in_force(), "memory_limit": fallbacks.limit,
+              "device": fallbacks.device, "last": dict(event),
+              "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "study": study}
+    try:
+        update_bundle_config(cfg["bundle_root"], {"tuning": plan.replace(training_oom=record).as_dict()})
+    except Exception as exc:  # noqa: BLE001 - the record is worth a line, never the run
+        _warn(f"could not record the step-down in {cfg.get('bundle_root')} (tuning.training_oom): {exc}")
