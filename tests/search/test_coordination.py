@@ -255,3 +255,18 @@ def test_the_fake_probe_answers_from_its_model() -> None:
     assert prober.probe({"num_patches_per_iter": 5}, ("train",))["status"] == "oom"
     infer = prober.probe({"num_sw_batch_size": 3}, ("infer",))
     assert infer["peak_bytes"] == (64 + 3 * 16) * 2**20 and infer["sw_seconds_per_volume"] > 0
+
+
+def test_the_bookkeeping_studies_say_what_they_are(tmp_path: Path) -> None:
+    """The dashboard lists ``autotune-workers`` and each ``<key>-claims`` beside the tuning studies: their notes say
+    they are bookkeeping and where the answer is."""
+    from optuna_dashboard._note import get_note_from_system_attrs
+
+    from autotune.search.storage.liveness import ensure_study
+
+    storage = open_storage(f"sqlite:///{tmp_path / 'notes.db'}")
+    for name, says in ((WORKERS_STUDY, "One trial per `autotune tune`, `run` or `worker` process"),
+                       (claims_study_name("autotune-unet-fast-abc"), "The answer is in `autotune-unet-fast-abc`")):
+        study_id = ensure_study(storage, name, "bookkeeping")
+        body = get_note_from_system_attrs(storage.get_study_system_attrs(study_id), None)["body"]
+        assert f"## {name}: bookkeeping, not a tuning study" in body and says in body, body
