@@ -268,10 +268,11 @@ def _forward_signals() -> Iterator[_Forwarder]:
     import signal
     import threading
 
+    from autotune.stopping import not_ignored
     from autotune.trainer.stop import STOP_SIGNALS
 
     forwarder = _Forwarder()
-    previous = ({s: signal.signal(s, forwarder) for s in STOP_SIGNALS}
+    previous = ({s: signal.signal(s, forwarder) for s in not_ignored(STOP_SIGNALS)}
                 if threading.current_thread() is threading.main_thread() else {})
     try:
         yield forwarder
