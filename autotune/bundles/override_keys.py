@@ -18,10 +18,12 @@ from typing import Any
 
 from autotune.errors import ConfigError
 
-__all__ = ["OPEN_KEYS", "STAGE_KEYS", "check_override_keys", "template_keys"]
+__all__ = ["CONSTRUCTORS", "OPEN_KEYS", "STAGE_KEYS", "check_override_keys", "template_keys"]
 
 #: mappings whose keys are not the template's to list
 OPEN_KEYS = frozenset({"args", "intensity_normalization"})
+#: the sections that name a class (``name``) and what it is built with (``args``)
+CONSTRUCTORS = frozenset({"network", "loss", "optimizer", "lr_scheduler"})
 #: keys a stage reads from any autotune bundle that a template need not state
 STAGE_KEYS = frozenset({"tuning", "lr_warmup_samples", "lr_warmup_start_factor", "sw_overlap_axes"})
 
@@ -73,6 +75,8 @@ def _check(values: Mapping[str, Any], holders: Mapping[str, Any], prefix: str, w
     the templates hold."""
     for key, value in values.items():
         path = f"{prefix}.{key}" if prefix else str(key)
+        if prefix in CONSTRUCTORS and key == "args":  # what the named class takes, stated or not by the template
+            continue
         takers = {algo: held[key] for algo, held in holders.items() if key in held}
         if not takers:
             candidates = [f"{prefix}.{k}" if prefix else str(k) for held in holders.values() for k in held]
