@@ -270,3 +270,20 @@ def test_the_bookkeeping_studies_say_what_they_are(tmp_path: Path) -> None:
         study_id = ensure_study(storage, name, "bookkeeping")
         body = get_note_from_system_attrs(storage.get_study_system_attrs(study_id), None)["body"]
         assert f"## {name}: bookkeeping, not a tuning study" in body and says in body, body
+
+
+@pytest.mark.parametrize(("url", "content", "says"), [
+    ("journal:///{}/notes.log", "notes, not a journal\n", "is not an Optuna journal file"),
+    ("sqlite:///{}/notes.db", "notes, not a database\n", "is not an SQLite database"),
+], ids=["journal", "sqlite"])
+def test_a_storage_file_of_another_kind_is_refused_before_any_write(tmp_path: Path, url: str, content: str,
+                                                                   says: str) -> None:
+    from autotune.search.storage.study import check_storage
+
+    url = url.format(tmp_path)
+    path = tmp_path / url.rpartition("/")[2]
+    path.write_text(content)
+    with pytest.raises(StorageError, match=says) as refused:
+        check_storage(url)
+    assert "\n" not in str(refused.value) and path.read_text() == content
+    check_storage(url.replace(path.name, "fresh" + path.suffix))  # a file not made yet: made by the run
