@@ -287,3 +287,25 @@ def test_a_storage_file_of_another_kind_is_refused_before_any_write(tmp_path: Pa
         check_storage(url)
     assert "\n" not in str(refused.value) and path.read_text() == content
     check_storage(url.replace(path.name, "fresh" + path.suffix))  # a file not made yet: made by the run
+
+
+def test_runs_racing_to_create_the_tables_of_a_new_sqlite_file_both_open_it(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two runs started together on a new SQLite file: the one that loses the race to create Optuna's tables is
+    told "table ... already exists" (an OperationalError on SQLite); it opens the storage the other made."""
+    import sqlalchemy.exc
+
+    from autotune.search.storage import study
+
+    real, calls = study._rdb_storage, []
+
+    def lost_the_race_once(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 1:
+            raise sqlalchemy.exc.OperationalError("CREATE TABLE trial_params", {}, Exception(
+                "table trial_params already exists"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(study, "_rdb_storage", lost_the_race_once)
+    storage = open_storage(f"sqlite:///{tmp_path / 'raced.db'}")
+    assert len(calls) == 2 and storage.get_all_studies() == []

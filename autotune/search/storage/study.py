@@ -114,9 +114,11 @@ def _open_rdb(url: str, shown: str, engine_kwargs: dict[str, Any]) -> optuna.sto
         for attempt in range(4):
             try:
                 return _rdb_storage(url, shown, engine_kwargs)
-            except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError):
-                # workers started together on an empty database race to create the tables
-                if attempt == 3:
+            except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError, sqlalchemy.exc.OperationalError) as exc:
+                # runs started together on an empty database race to create the tables (SQLite says "table ...
+                # already exists" as an OperationalError)
+                racing = not isinstance(exc, sqlalchemy.exc.OperationalError) or "already exists" in str(exc)
+                if attempt == 3 or not racing:
                     raise
                 time.sleep(0.25 * (attempt + 1))
         raise AssertionError("unreachable")
