@@ -256,6 +256,7 @@ def _check_before_generating(specs: Mapping[str, Any] | PathLike | None, generat
     analysis writes its first file."""
     from autotune.bundles.templates import list_templates
     from autotune.facade.bundlegen import parse_algos
+
     num_fold = int(generation.get("num_fold", 5))
     if folds and max(folds) >= num_fold:
         shown = ",".join(map(str, sorted(folds)))
