@@ -19,6 +19,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from autotune.errors import AutotuneError
+from autotune.trainer.stop import BEFORE_TRAINING
 from autotune.version import __version__
 
 # Stage modules, in the order their subcommands are listed in --help.
@@ -99,8 +100,8 @@ def _join_negative_values(argv: list[str]) -> list[str]:
     return out
 
 
-# What a command stopped by SIGTERM, SIGHUP or SIGUSR1 says after "stopped by SIG...; " (autotune.stopping);
-# every command stops so, with 128 + the signal. autotune train stops inside its epochs with a checkpoint
+# What a command stopped by SIGTERM, SIGHUP or SIGUSR1 says after "stopped by SIG...; " (autotune.stopping),
+# and by SIGINT after "interrupted by SIGINT; "; every command stops so, with 128 + the signal. autotune train stops inside its epochs with a checkpoint
 # (autotune.trainer.stop); this line is for a stop before them.
 _SEARCH_STOPPED = "finished trials are stored (a trial in flight was failed), run the same command to continue"
 STOPPED_LINES = {
@@ -109,8 +110,7 @@ STOPPED_LINES = {
     "estimate": "nothing was written",
     "proxy": "the proxy stopped: its workers retry for AUTOTUNE_STORAGE_RETRY_SECONDS; start it again on the same "
              "port for them to continue",
-    "train": "before training started (while the data was checked or cached): nothing was trained; run the same "
-             "command again",
+    "train": BEFORE_TRAINING,
     "infer": "the predictions already written are whole; run the same command again to predict every image",
 }
 _STOPPED_OTHERWISE = "every file written is whole; run the same command again"
@@ -161,9 +161,9 @@ def _run(args: argparse.Namespace, func: Callable[[argparse.Namespace], int | No
     except AutotuneError as exc:
         print(f"autotune {args.command}: {exc.label}: {exc}", file=sys.stderr)
         return int(exc.exit_code)
-    except KeyboardInterrupt:
-        print(f"autotune {args.command}: interrupted; finished work is saved, run the same command to resume",
-              file=sys.stderr)
+    except KeyboardInterrupt as exc:  # Ctrl-C; a trainer stopped at once by a second signal says what it kept
+        print(f"autotune {args.command}: interrupted by SIGINT; "
+              f"{str(exc) or STOPPED_LINES.get(args.command, _STOPPED_OTHERWISE)}", file=sys.stderr)
         return 130
 
 

@@ -29,12 +29,15 @@ from autotune.stages import (
     TuneOptions,
     TuningOptions,
     check_tune_kwargs,
+    check_tuning,
     stderr_lines,
     tune,
 )
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
+
+    from autotune.bundles.templates import Overrides
 
 __all__ = ["BundleGen", "GenerateOptions", "RunOptions", "RunResult", "generate", "run"]
 
@@ -61,8 +64,10 @@ class BundleGen(_BundleGen):
         import inspect
 
         bound = inspect.signature(_BundleGen.generate).bind(self, *args, **kwargs).arguments
-        if bound.get("gpu_customization"):
-            check_tune_kwargs(bound.get("tune_kwargs") or {}, "generate")
+        if bound.get("gpu_customization"):  # the specs, options and storage refuse before any bundle is written
+            tune_kwargs = bound.get("tune_kwargs") or {}
+            check_tune_kwargs(tune_kwargs, "generate")
+            check_tuning(bound.get("gpu_customization_specs"), self.algos, **tune_kwargs)
         return super().generate(*args, **kwargs)
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
@@ -116,7 +121,7 @@ def generate(
     if not isinstance(num_fold, int) or isinstance(num_fold, bool) or num_fold < 1:
         raise SpecError(f"num_fold must be a positive integer, got {num_fold!r}")
     overrides = load_overrides(overrides)  # bad overrides fail before the analysis (and before it is imported)
-    pending, gen = _checked_generation(input, work_dir, algos, num_fold, templates, progress)
+    pending, gen = _checked_generation(input, work_dir, algos, num_fold, templates, progress, overrides)
     from autotune.facade.bundlegen import data_src_entry
 
     rendered = gen.render(gen.algo_path, pending.datastats(), pending.result.content_hash,
@@ -126,9 +131,11 @@ def generate(
 
 
 def _checked_generation(input: PathLike, work_dir: PathLike, algos: str | Sequence[str] | None, num_fold: int,
-                        templates: PathLike | None, progress: bool) -> tuple[Any, _BundleGen]:
+                        templates: PathLike | None, progress: bool, overrides: Overrides) -> tuple[Any, _BundleGen]:
     """The analysis checked and computed but not written, and the generator of the named algorithms; the folds
-    checked against ``num_fold`` (a fold without a case refuses, before anything is written)."""
+    checked against ``num_fold`` (a fold without a case refuses, before anything is written), and the overrides'
+    keys against the templates (before the analysis reads a case)."""
+    from autotune.bundles.override_keys import check_override_keys
     from autotune.data.analyze import DATA_SRC, DATASTATS, prepare_analysis
     from autotune.data.datalist import load_data_source
     from autotune.data.source import check_folds
@@ -136,6 +143,7 @@ def _checked_generation(input: PathLike, work_dir: PathLike, algos: str | Sequen
     work = Path(work_dir)
     gen = _BundleGen(work, algos=algos, templates_path=templates, data_stats_filename=work / DATASTATS,
                      data_src_cfg_name=work / DATA_SRC)  # unknown algorithms or templates refuse here
+    check_override_keys(overrides, gen.algos, overrides.source, templates)
     check_folds(load_data_source(input, num_fold=num_fold), num_fold)  # before any case is read
     return prepare_analysis(input, work, num_fold=num_fold, progress=progress), gen
 
@@ -248,7 +256,6 @@ def _check_before_generating(specs: Mapping[str, Any] | PathLike | None, generat
     analysis writes its first file."""
     from autotune.bundles.templates import list_templates
     from autotune.facade.bundlegen import parse_algos
-    from autotune.stages import check_tuning
 
     num_fold = int(generation.get("num_fold", 5))
     if folds and max(folds) >= num_fold:

@@ -41,19 +41,24 @@ def _quiet(_line: str) -> None:
 
 
 def load_specs(specs: Mapping[str, Any] | PathLike | None) -> dict[str, Any]:
-    """Auto3DSeg ``gpu_customization_specs`` as a mapping, a YAML file or None -> a new dict ({} for None).
+    """Auto3DSeg ``gpu_customization_specs`` as a mapping, a YAML file or None -> a new dict ({} for None); one read
+    from a file is a ``SpecsFile``, whose errors name the file.
 
     Raises:
         SpecError: the file cannot be read or its top level is not a mapping.
     """
+    from autotune.search.strategies.space import SpecsFile
+
     if specs is None:
         return {}
+    if isinstance(specs, SpecsFile):
+        return SpecsFile(specs, specs.source)
     if isinstance(specs, Mapping):
         return dict(specs)
     loaded = read_yaml(expand_path(specs, SpecError), SpecError)
     if loaded is not None and not isinstance(loaded, Mapping):
         raise SpecError(f"{specs}: specs must be a mapping of 'universal' or algorithm names")
-    return dict(loaded or {})
+    return SpecsFile(loaded or {}, str(specs))  # its errors name the file
 
 
 def tune(

@@ -27,7 +27,7 @@ import time
 from collections.abc import Iterator
 from types import FrameType
 
-__all__ = ["Stopped", "STOP_SIGNALS", "stop_on_signals", "watch_parent"]
+__all__ = ["Stopped", "STOP_SIGNALS", "not_ignored", "stop_on_signals", "watch_parent"]
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)
 _PR_SET_PDEATHSIG = 1
@@ -50,14 +50,21 @@ def _raise(signum: int, _frame: FrameType | None) -> None:
     raise Stopped(signum)
 
 
+def not_ignored(signals: tuple[int, ...]) -> tuple[int, ...]:
+    """``signals`` less those this process ignores: a signal ignored when autotune is started (``nohup`` ignores
+    SIGHUP; a script's background job, ``cmd &``, SIGINT and SIGQUIT) stays ignored, as its starter asked,
+    and every handler autotune sets leaves it so."""
+    return tuple(s for s in signals if signal.getsignal(s) != signal.SIG_IGN)
+
+
 @contextlib.contextmanager
 def stop_on_signals(signals: tuple[int, ...] = STOP_SIGNALS) -> Iterator[None]:
-    """Within the block, ``signals`` raise ``Stopped`` in the main thread; the previous handlers come back
-    after it. Outside the main thread (where handlers cannot be set) it does nothing."""
+    """Within the block, ``signals`` raise ``Stopped`` in the main thread (those ignored stay ignored:
+    ``not_ignored``); the previous handlers come back after it. Outside the main thread (where handlers cannot be set) it does nothing."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {sig: signal.signal(sig, _raise) for sig in signals}
+    previous = {sig: signal.signal(sig, _raise) for sig in not_ignored(signals)}
     try:
         yield
     finally:

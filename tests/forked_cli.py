@@ -1,7 +1,8 @@
 """``autotune`` commands as real processes that skip the interpreter's start: each is forked from the
 probes' fork server (``autotune.probe.isolation``, torch and MONAI imported once per test run) and runs
-``autotune.cli.main(argv)``. It is a process of its own (its own pid and session, killed or signalled
-like any other, its exit code the command's), so tests of several workers, a killed worker or a stop
+``autotune.cli.main(argv)``, with the signal dispositions a terminal gives (``from_a_terminal``). It is a
+process of its own (its own pid and session, killed or signalled like any other, its exit code the
+command's), so tests of several workers, a killed worker or a stop
 signal keep their process boundary without paying seconds of imports for each process.
 
 Tests of what a fresh ``python -m autotune`` does on its own (the entry point, start-up) start one with
@@ -16,7 +17,9 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-__all__ = ["CliProcess", "start_cli"]
+__all__ = ["CliProcess", "from_a_terminal", "start_cli"]
+
+TARGET_ENV = "FORKED_CLI_TARGET"  # the child's target, read by ``from_a_terminal``
 
 
 class CliProcess:
@@ -74,6 +77,22 @@ def start_cli(argv: Sequence[str], out: Path, err: Path, env: Mapping[str, str] 
     with ``argv``) may wrap the command, e.g. with a test's hook."""
     from autotune.probe.isolation import start_forked_call
 
-    child = start_forked_call(target, list(argv), str(out), str(err), dict(os.environ if env is None else env),
+    child_env = {**(os.environ if env is None else env), TARGET_ENV: target}
+    child = start_forked_call("forked_cli:from_a_terminal", list(argv), str(out), str(err), child_env,
                               name="autotune-cli")
     return CliProcess(child, argv, Path(out), Path(err))
+
+
+def from_a_terminal(argv: Sequence[str]) -> object:
+    """In the forked child: the signal dispositions a command started from a terminal has (SIGINT raising
+    ``KeyboardInterrupt``, the other stop signals at their default), whatever the test run inherited (a run
+    started from a script's background job ignores SIGINT and SIGQUIT, and the fork server passes that on);
+    then the target ``start_cli`` was given."""
+    import importlib
+
+    target = os.environ.pop(TARGET_ENV)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for signum in (signal.SIGQUIT, signal.SIGHUP, signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(signum, signal.SIG_DFL)
+    module, _, function = target.partition(":")
+    return getattr(importlib.import_module(module), function)(argv)

@@ -1,7 +1,9 @@
 """A refused command writes nothing: every subcommand, given a good work folder and made to refuse in each way it
 can (bad data, options, specs, folds, storage, a bundle that does not fit its input, an output path), exits 2 with
 one line, and every file and folder under the test's root is byte for byte as it was (nothing written, nothing
-created: not the storage, not the output folder). Advice a refusal gives is followed once, and works.
+created: not the storage, not the output folder). The Python entry points (``BundleGen.generate``,
+``autotune.run``, ``tune``, ``train``) refuse the same way: one line, raised before their first write; a tuned work
+folder is not regenerated for a storage that is not a database. Advice a refusal gives is followed once, and works.
 
 The work folder is made once per module (``small_demo_data``: 6 cases of about 16^3; a tiny UNet bundle per fold).
 Every command runs in this process (``autotune.cli.main``): each refusal comes before any compute.
@@ -13,7 +15,9 @@ import gzip
 import hashlib
 import json
 import shutil
+import sqlite3
 import struct
+from collections.abc import Callable
 from pathlib import Path
 
 import nibabel as nib
@@ -74,7 +78,14 @@ def root(small_demo_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
     torch.save({"model": build_network(cfg).state_dict()}, base / "weights.pt")
     torch.save({"model": build_network({**cfg, "output_classes": 5}).state_dict()}, base / "five_classes.pt")
     (base / "bad_specs.yaml").write_text("universal:\n  range_num_images_per_batch: [8, 2]\n")
+    (base / "not_a_database.db").write_text("notes, not a database\n")
+    with sqlite3.connect(base / "other_program.db") as other:
+        other.execute("CREATE TABLE songs (title TEXT)")
+    tuned = Path(shutil.copytree(base / "work", base / "tuned"))
+    for fold in (0, 1):  # what tuning changes in a bundle: regenerating it would lose these
+        _edit_config(tuned / f"unet_{fold}", num_patches_per_iter=1, learning_rate=0.0123)
     (base / "breaks_a_config.yaml").write_text("batch_scaling: {lr_scaling: cubic}\n")
+    (base / "misspelt.yaml").write_text("num_patches_per_iterr: 2\n")
     return base
 
 
@@ -101,9 +112,19 @@ def _cases(r: Path) -> dict[str, tuple[list[str], str]]:
         "run-folds-not-generated": (["run", *generate, *tuning, "--train", "--folds", "3"], "fold 3 is not generated"),
         "run-storage-out-of-reach": (["run", *generate, "--device", "cpu", "--storage",
                                       "postgresql+psycopg://autotune@127.0.0.1:1/none"], "cannot connect"),
+        "run-storage-not-a-database": (["run", *generate[:2], "--work-dir", str(r / "tuned"), *generate[4:], "--device",
+                                        "cpu", "--storage", f"sqlite:///{r / 'not_a_database.db'}"],
+                                       "not_a_database.db is not an SQLite database"),
+        "tune-storage-of-another-program": (["tune", bundle, "--device", "cpu", "--storage",
+                                             f"sqlite:///{r / 'other_program.db'}"], "not an Optuna storage"),
+        "tune-specs-file-named": (["tune", bundle, *tuning, "--specs", str(r / "bad_specs.yaml")],
+                                  "bad_specs.yaml: specs.universal.range_num_images_per_batch: minimum 8 is above"),
         "run-limit-above-the-device": (["run", *generate, *tuning, "--memory-limit", "1000TiB"], "memory limit"),
         "tune-bundle-not-fitting-its-data": (["tune", bundle, str(r / "channels" / "unet_0"), *tuning],
                                              "input_channels is 2"),
+        "generate-unknown-override-key": (["generate", *generate[:-3], "--overrides", str(r / "misspelt.yaml"), "-q"],
+                                          "key 'num_patches_per_iterr' is not a key of the unet template; did you "
+                                          "mean 'num_patches_per_iter'?"),
         "tune-storage-under-a-file": (["tune", bundle, "--device", "cpu", "--storage",
                                        f"sqlite:///{work / 'datastats.yaml' / 'x.db'}"], "datastats.yaml is not a folder"),
         "tune-summary-is-a-folder": (["tune", bundle, *tuning, "--summary", str(work)], "give --summary a file"),
@@ -189,3 +210,73 @@ def test_a_folder_made_for_the_user_is_named(root: Path, tmp_path: Path, capsys:
     out, err = capsys.readouterr()
     assert err == f"created the predictions folder {predictions}\n"
     assert out.splitlines() == [str(predictions / "case_000_seg.nii.gz")]
+
+
+def _api_cases(r: Path) -> dict[str, tuple[Callable[[], object], str]]:
+    """Each refusal of a Python entry point: the call and a piece of its one line."""
+    import autotune
+
+    storage = f"sqlite:///{r / 'studies' / 'autotune.db'}"
+    text_db = f"sqlite:///{r / 'not_a_database.db'}"
+    work, data = r / "work", r / "data" / "input.yaml"
+
+    def bundlegen(specs: object) -> Callable[[], object]:
+        gen = autotune.BundleGen(work, algos="unet", data_stats_filename=work / "datastats.yaml",
+                                 data_src_cfg_name=work / "data_src.yaml")
+        return lambda: gen.generate(r / "api_out", num_fold=1, overrides="tiny", gpu_customization=True,
+                                    gpu_customization_specs=specs, device="cpu", storage=storage, progress=None)
+
+    def run(**options: object) -> Callable[[], object]:
+        given = {"algos": "unet", "num_fold": 2, "overrides": "tiny", "device": "cpu", "storage": storage, **options}
+        return lambda: autotune.run(data, r / "tuned", progress=None, **given)  # type: ignore[arg-type]
+
+    return {
+        "bundlegen-specs-min-above-max": (bundlegen({"universal": {"range_num_images_per_batch": [8, 2]}}),
+                                          "minimum 8 is above maximum 2"),
+        "bundlegen-specs-negative": (bundlegen({"universal": {"range_num_sw_batch_size": [-1, 4]}}),
+                                     "minimum must be at least 1"),
+        "bundlegen-specs-no-trials": (bundlegen({"unet": {"num_trials": 0}}), "num_trials must be a positive integer"),
+        "bundlegen-specs-file": (bundlegen(str(r / "bad_specs.yaml")), "bad_specs.yaml: specs.universal"),
+        "bundlegen-storage-not-a-database": (
+            lambda: autotune.BundleGen(work, algos="unet", data_stats_filename=work / "datastats.yaml",
+                                       data_src_cfg_name=work / "data_src.yaml").generate(
+                r / "api_out", num_fold=1, gpu_customization=True, device="cpu", storage=text_db),
+            "is not an SQLite database"),
+        "run-storage-not-a-database": (run(storage=text_db), "is not an SQLite database"),
+        "run-specs-file": (run(specs=str(r / "bad_specs.yaml")), "bad_specs.yaml: specs.universal"),
+        "run-misspelt-override-in-a-scope": (run(overrides={"unet": {"learning_rat": 0.1}}),
+                                             "unet: key 'learning_rat' is not a key of the unet template; did you "
+                                             "mean 'learning_rate'?"),
+        "tune-storage-not-a-database": (lambda: autotune.tune([r / "tuned" / "unet_0"], device="cpu", storage=text_db,
+                                                              progress=None), "is not an SQLite database"),
+        "tune-storage-of-another-program": (
+            lambda: autotune.tune([r / "tuned" / "unet_0"], device="cpu", progress=None,
+                                  storage=f"sqlite:///{r / 'other_program.db'}"), "not an Optuna storage"),
+        "tune-specs-file": (lambda: autotune.tune([r / "tuned" / "unet_0"], str(r / "bad_specs.yaml"), device="cpu",
+                                                  storage=storage, progress=None), "bad_specs.yaml: specs.universal"),
+        "train-labels-beyond-classes": (lambda: autotune.train(r / "classes" / "unet_0", device="cpu", progress=False),
+                                        "output_classes is 2"),
+        "train-bad-max-time": (lambda: autotune.train(r / "tuned" / "unet_0", device="cpu", max_time=-5,
+                                                      progress=False), "max-time"),
+    }
+
+
+API_NAMES = sorted(_api_cases(Path("/")))
+
+
+@pytest.mark.parametrize("name", API_NAMES)
+def test_a_refused_python_call_leaves_every_file_as_it_was(name: str, root: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """The Python entry points refuse as the commands do: an ``AutotuneError`` of one line, raised before the
+    first write (a tuned work folder is not regenerated, no output folder or storage is created)."""
+    from autotune.errors import AutotuneError
+
+    call, culprit = _api_cases(root)[name]
+    before = snapshot(root)
+    with pytest.raises(AutotuneError) as refused:
+        call()
+    line = str(refused.value)
+    assert "\n" not in line and culprit in line, line
+    after = snapshot(root)
+    assert {k: v for k, v in after.items() if before.get(k) != v} == {}, "written or created by a refused call"
+    assert set(before) == set(after), f"removed: {sorted(set(before) - set(after))}"

@@ -111,6 +111,23 @@ def _ranks(count: int, joined: bool = False) -> Callable[[Tree], bool]:
     return ready
 
 
+def _ranks_importing(count: int) -> Callable[[Tree], bool]:
+    """``count`` DDP ranks are importing torch: its library is mapped, and no rank has joined the process group (a
+    SIGINT there once raised ``KeyboardInterrupt`` inside an import: a traceback per rank)."""
+    def ready(tree: Tree) -> bool:
+        ranks = [p for p in tree.seen.values() if p.is_running() and "spawn_main" in " ".join(_cmdline(p))]
+        return len(ranks) >= count and all(_maps_torch(p) and not _connected(p) for p in ranks)
+
+    return ready
+
+
+def _maps_torch(process: psutil.Process) -> bool:
+    try:
+        return "libtorch" in Path(f"/proc/{process.pid}/maps").read_text()
+    except OSError:
+        return False
+
+
 def _connected(process: psutil.Process) -> bool:
     try:
         return bool(process.net_connections(kind="tcp"))
@@ -174,7 +191,8 @@ def _case(name: str, tmp_path: Path, unet: Path, small: dict[str, Path], small_d
         if name == "train":
             return (["train", str(bundle), "--device", "cpu", "--epochs", "2", "-q"],
                     {**held, "HOLD_AT": "autotune.step:train_step"}, _file(tmp_path / "held"))
-        return ["train", str(bundle), "--device", "cpu", "--epochs", "2", "-q", "--nproc", "2"], {}, _ranks(2)
+        ready = _ranks_importing(2) if name == "train-nproc-starting" else _ranks(2)
+        return ["train", str(bundle), "--device", "cpu", "--epochs", "2", "-q", "--nproc", "2"], {}, ready
     if name == "infer":
         image = small_data / "imagesTr" / "case_000.nii.gz"
         return (["infer", str(small["segresnet_0"]), "--images", str(image), "--output", str(tmp_path / "preds"),
@@ -192,7 +210,8 @@ def _case(name: str, tmp_path: Path, unet: Path, small: dict[str, Path], small_d
 # probe (the orphan it once left) under all three.
 CASES = [("probe", signal.SIGTERM), ("probe", signal.SIGINT), ("probe", signal.SIGHUP),
          ("estimate", signal.SIGHUP), ("tune", signal.SIGINT), ("worker", signal.SIGHUP), ("run", signal.SIGTERM),
-         ("train", signal.SIGINT), ("train-nproc", signal.SIGHUP), ("infer", signal.SIGTERM),
+         ("train", signal.SIGINT), ("train-nproc", signal.SIGHUP), ("train-nproc-starting", signal.SIGINT),
+         ("infer", signal.SIGTERM),
          ("launch", signal.SIGHUP)]
 
 
@@ -204,7 +223,10 @@ def test_a_stop_signal_ends_the_whole_tree_with_its_code(name: str, signum: int,
     tree = _start(argv, tmp_path, **env)
     try:
         tree.wait_for(ready)
-        tree.proc.send_signal(signum)
+        if name == "train-nproc-starting":  # Ctrl-C: the terminal signals the whole process group
+            os.killpg(tree.proc.pid, signum)
+        else:
+            tree.proc.send_signal(signum)
         took = tree.ends_within(GONE_WITHIN_S)
     finally:
         tree.kill_all()
@@ -218,6 +240,7 @@ def test_a_stop_signal_ends_the_whole_tree_with_its_code(name: str, signum: int,
     else:
         stop_lines = [line for line in err.splitlines() if line.startswith("autotune ")]
         assert len(stop_lines) == 1, err[-3000:]
+        assert "KeyboardInterrupt" not in err, err[-3000:]
         assert signal.Signals(signum).name in stop_lines[0] or (signum == signal.SIGINT and "interrupted" in
                                                                  stop_lines[0]), stop_lines
 

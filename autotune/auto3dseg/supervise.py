@@ -179,13 +179,13 @@ def _run_child(work: Callable[[SharedPeaks], int], shared: SharedPeaks) -> None:
     import atexit
     import traceback
 
-    from autotune.stopping import watch_parent
+    from autotune.stopping import not_ignored, watch_parent
 
     code = 1
     try:
         watch_parent()  # a supervisor killed outright takes its worker with it
         os.setsid()
-        for signum in STOP_SIGNALS:
+        for signum in not_ignored(STOP_SIGNALS):  # one ignored when the launcher started stays ignored
             signal.signal(signum, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
         code = int(work(shared))
@@ -225,7 +225,9 @@ def supervise(work: Callable[[SharedPeaks], int], record_path: Path | None, base
     def on_signal(signum: int, _frame: Any) -> None:
         raise _Stop(signum)
 
-    previous = {signum: signal.signal(signum, on_signal) for signum in STOP_SIGNALS}
+    from autotune.stopping import not_ignored
+
+    previous = {signum: signal.signal(signum, on_signal) for signum in not_ignored(STOP_SIGNALS)}
     signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)  # a signal during the fork waits for _wait
     shared = SharedPeaks()
     pid = os.fork()

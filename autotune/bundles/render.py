@@ -115,6 +115,23 @@ def _normalization(setting: Any, modality: str, datastats: Mapping[str, Any], sr
     return {"mode": "zscore"}
 
 
+def _volume_shape(size_mm: list[float], resolution: list[float]) -> list[int]:
+    """The voxels of ``size_mm`` at ``resolution`` (the volume the sliding window runs over)."""
+    return [int(math.ceil(size_mm[i] / resolution[i])) for i in range(3)]
+
+
+def _resolution(value: Any) -> list[float]:
+    """An overridden ``resample_resolution``: three positive numbers (mm per voxel).
+
+    Raises:
+        ConfigError: anything else.
+    """
+    if not (isinstance(value, list) and len(value) == 3
+            and all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in value)):
+        raise ConfigError(f"resample_resolution must be three positive numbers (mm per voxel), got {value!r}")
+    return [float(v) for v in value]
+
+
 def _template_parts(template: Mapping[str, Any]) -> dict[str, Any]:
     """What a bundle copies from its template as it is: network, loss, optimizer, schedule, tuning support."""
     return {
@@ -194,7 +211,7 @@ def render_config(
         "resample_resolution": resolution,
         "intensity_normalization": _normalization(training.get("intensity_normalization", "auto"), modality,
                                                   datastats, datastats_path),
-        "infer_volume_shape": [int(math.ceil(facts["sizemm_p995"][i] / resolution[i])) for i in range(3)],
+        "infer_volume_shape": _volume_shape(facts["sizemm_p995"], resolution),
         **_tuning_support(template),
     }
     if template.get("batch_scaling") is not None:
@@ -202,6 +219,10 @@ def render_config(
     if overrides:
         cfg = deep_merge(cfg, overrides)
         _follow_overrides(cfg, overrides)
+        if "resample_resolution" in overrides:  # the sizes measured at the template's spacing follow the new one
+            resolution = _resolution(cfg["resample_resolution"])
+            if "infer_volume_shape" not in overrides:
+                cfg["infer_volume_shape"] = _volume_shape(facts["sizemm_p995"], resolution)
     _set_roi(cfg, template["roi"], [facts["shape_median"][i] * spacing[i] / resolution[i] for i in range(3)])
     batch_scaling_of(cfg)  # a malformed block fails at generation, not at tuning
     cfg["infer_volume_shape"] = [max(int(a), int(b)) for a, b in zip(cfg["infer_volume_shape"], cfg["roi_size"], strict=True)]

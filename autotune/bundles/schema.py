@@ -27,6 +27,7 @@ __all__ = [
     "bundle_config_path",
     "check_bundle_config",
     "check_config_values",
+    "known_config_keys",
     "read_own_config",
     "write_own_config",
     "save_bundle_config",
@@ -102,6 +103,11 @@ def check_bundle_config(cfg: Any, where: str) -> dict[str, Any]:
             raise ConfigError(f"{where}: key {section!r} must be a mapping with a 'name'")
     plan_of(cfg, where)  # a malformed tuning block is named here, not where a stage reads it
     return cfg
+
+
+def known_config_keys() -> tuple[str, ...]:
+    """Every key the stages read from a bundle config (the table above), whatever its template."""
+    return ("algo", "network", "loss", "optimizer", *_REQUIRED, *_OPTIONAL)
 
 
 def check_config_values(values: Mapping[str, Any], where: str, scopes: tuple[str, ...] = ()) -> None:

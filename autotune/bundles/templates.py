@@ -28,6 +28,7 @@ __all__ = [
     "list_presets",
     "preset_path",
     "load_overrides",
+    "Overrides",
 ]
 
 TEMPLATE_FILE = "template.yaml"
@@ -90,28 +91,40 @@ def preset_path(name_or_path: str | os.PathLike[str], templates_path: str | os.P
     return expand_path(text)
 
 
+class Overrides(dict):  # type: ignore[type-arg]
+    """Overrides as ``load_overrides`` returns them; ``source`` (the preset or file, else ``overrides``) is named in
+    an error about them."""
+
+    def __init__(self, values: Mapping[str, Any], source: str) -> None:
+        super().__init__(values)
+        self.source = source
+
+
 def load_overrides(
     overrides: Mapping[str, Any] | str | os.PathLike[str] | None,
     templates_path: str | os.PathLike[str] | None = None,
-) -> dict[str, Any]:
+) -> Overrides:
     """Overrides as the CLI's ``--overrides`` takes them: a preset name (``tiny``), a YAML file or a mapping.
 
+    Its keys are held against what the templates know by ``autotune.bundles.override_keys``, once the
+    algorithms generated are known.
+
     Returns:
-        A new dict of plain data ({} for ``None`` or an empty file).
+        A new dict of plain data (empty for ``None`` or an empty file), naming where it came from.
 
     Raises:
         ConfigError: an unknown preset (the valid names are listed), an unreadable file,
-            a top level that is not a mapping, a ``$`` expression, a NaN or infinity, or a value a bundle
+            a top level that is not a mapping, a ``$`` expression, a NaN or infinity, a value a bundle
             config would refuse for its key (``check_config_values``).
     """
     if overrides is None:
-        return {}
+        return Overrides({}, "overrides")
     if isinstance(overrides, Mapping):
         data: Any = dict(overrides)
-        where = "overrides"
+        where = str(getattr(overrides, "source", "overrides"))
     elif isinstance(overrides, (str, os.PathLike)):
         if not str(overrides).strip():
-            return {}
+            return Overrides({}, "overrides")
         data = read_yaml(preset_path(overrides, templates_path), ConfigError)
         where = str(overrides)
     else:
@@ -119,11 +132,11 @@ def load_overrides(
             f"overrides must be a preset name (tiny), a YAML file or a mapping, got {type(overrides).__name__}"
         )
     if data is None:
-        return {}
+        return Overrides({}, where)
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: overrides must be a mapping of config keys to values")
     check_config_values(data, where, scopes=tuple(list_templates(templates_path)))
-    return data
+    return Overrides(data, where)
 
 
 def reject_expressions(value: Any, where: str) -> None:

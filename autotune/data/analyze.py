@@ -39,7 +39,7 @@ from autotune.data.datalist import (
 from autotune.data.integrity import check_dataset, check_duplicates, log_warnings
 from autotune.data.monai_stats import ANALYZER, ANALYZER_SETTINGS, case_stats, monai_version, summarize
 from autotune.data.validate import CaseInfo, check_cases
-from autotune.errors import AutotuneError, DataError, InputError
+from autotune.errors import AutotuneError, DataError, HostWriteError, InputError
 from autotune.files import atomic_write_json, atomic_write_yaml
 from autotune.utils import expand_path, read_json, read_yaml
 
@@ -183,11 +183,21 @@ class PendingAnalysis:
             return result
         make_folder(self.work, "the work folder")
         result.datastats.unlink(missing_ok=True)  # stale from here on: new datalist, statistics not yet written
-        _write_lists(self.source, result)
-        if self.cache is not None:
-            self.cache.save(self.keys)
-        atomic_write_json(self.work / DATASTATS_BY_CASE, self.by_case)
-        atomic_write_yaml(result.datastats, self.statistics)  # written last: its presence means it finished
+        written: list[Path] = []  # whole once written (each through the write path): a refusal names them
+        try:
+            write_datalist(self.source, result.datalist)
+            written.append(result.datalist)
+            write_data_src_config(self.source, result.datalist, result.data_src)
+            written.append(result.data_src)
+            if self.cache is not None:
+                self.cache.save(self.keys)
+                written.append(self.cache.path)
+            atomic_write_json(self.work / DATASTATS_BY_CASE, self.by_case)
+            written.append(self.work / DATASTATS_BY_CASE)
+            atomic_write_yaml(result.datastats, self.statistics)  # written last: its presence means it finished
+        except HostWriteError as exc:
+            kept = ", ".join(str(path) for path in written)
+            raise exc.with_outcome(kept=f"{kept} (whole; {result.datastats.name} not written)" if kept else "") from exc
         _say(self.progress, f"wrote {result.datastats}")
         return result
 

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.bundles.config import CONFIG_RELPATH, check_bundle_config
+from autotune.bundles.override_keys import check_override_keys
 from autotune.bundles.render import deep_merge, render_config
 from autotune.bundles.templates import list_templates, load_overrides, load_template
 from autotune.checks import refuse_non_finite
@@ -265,6 +266,7 @@ class BundleGen:
     def _overrides_per_algo(self, overrides: Mapping[str, Any] | str | os.PathLike[str] | None) -> dict[str, Any]:
         """The overrides each algorithm's configs get: the common keys, merged with those under its name."""
         overrides = load_overrides(overrides, self.templates_path)
+        check_override_keys(overrides, self.algos, overrides.source, self.templates_path)  # unknown keys refuse here
         templates = list_templates(self.templates_path)
         common = {k: v for k, v in overrides.items() if k not in self.algos and k not in templates}
         return {algo: deep_merge(common, overrides[algo]) if isinstance(overrides.get(algo), Mapping) else dict(common)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import tempfile
 from collections.abc import Callable, Iterator
@@ -161,7 +162,7 @@ def _free_port() -> int:
 
 
 def _spawn_entry(rank: int, nproc: int, port: int, target: Callable[..., Any], kwargs: dict,
-                 error_dir: str, spawner: int | None = None) -> None:
+                 error_dir: str, spawner: int | None = None, keep_ignored: bool = False) -> None:
     """What each spawned process runs: torchrun's environment, then ``target(**kwargs)``; a rank whose spawner
     (pid ``spawner``) is gone, or goes (killed outright), ends at once."""
     import torch
@@ -177,14 +178,35 @@ def _spawn_entry(rank: int, nproc: int, port: int, target: Callable[..., Any], k
     # Share the CPU cores instead of every rank starting one thread per core.
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // nproc))
     try:
+        _take_sigint_back(error_dir, rank, keep_ignored)
         target(**kwargs)
-    except AutotuneError as exc:  # a temp file the parent reads once: not a product file
-        Path(error_dir, f"rank{rank}.json").write_text(
-            json.dumps({"type": type(exc).__name__, "message": str(exc), "exit_code": exc.exit_code}),
-            encoding="utf-8")
+    except KeyboardInterrupt as exc:  # Ctrl-C before the trainer's handlers (or a second signal): one line, by rank 0
+        _report(error_dir, rank, TrainingStopped(str(exc), exit_code=130) if str(exc)
+                else stopped_before_training(signal.SIGINT))
+        raise SystemExit(128 + signal.SIGINT) from None  # a failed rank (not torch's silent exit 0): the others end
+    except AutotuneError as exc:
+        _report(error_dir, rank, exc)
         if isinstance(exc, (TrainingStopped, TrainingDiverged)):
             return  # every rank stops at the same step: a clean exit, no rank terminated by the spawner
         raise
+
+
+def _report(error_dir: str, rank: int, exc: AutotuneError) -> None:
+    """Leave ``exc`` for the spawner, which raises the lowest rank's (a temp file it reads once: not a product
+    file)."""
+    Path(error_dir, f"rank{rank}.json").write_text(
+        json.dumps({"type": type(exc).__name__, "message": str(exc), "exit_code": exc.exit_code}), encoding="utf-8")
+
+
+def _take_sigint_back(error_dir: str, rank: int, keep_ignored: bool) -> None:
+    """A rank starts with SIGINT ignored and blocked (``spawn``), so that a Ctrl-C while it imports raises no
+    ``KeyboardInterrupt`` (a traceback per rank) in the middle of an import. Here it takes SIGINT back (unless the
+    command was started with it ignored), then says so (``started<rank>``): from then on the spawner passes a
+    SIGINT on, before then it ends the rank outright."""
+    if not keep_ignored:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # one that came meanwhile raises here
+    Path(error_dir, f"started{rank}").touch()
 
 
 def spawn(target: Callable[..., Any], nproc: int, kwargs: dict) -> None:
@@ -193,7 +215,8 @@ def spawn(target: Callable[..., Any], nproc: int, kwargs: dict) -> None:
     ``target`` must be importable (a module-level function). An ``AutotuneError`` in a
     child is raised again here with its type, message and exit code. SIGTERM, SIGINT, SIGHUP and
     SIGUSR1 sent to this process are passed on to the children (which stop together); children
-    that such a signal ended before their training began make a ``TrainingStopped`` with its code.
+    that such a signal ended before their training began make a ``TrainingStopped`` with its code. A Ctrl-C
+    while the children start ends each one still starting outright, the others as any SIGINT: no traceback.
 
     Raises:
         SpecError: ``nproc`` below 2.
@@ -206,10 +229,12 @@ def spawn(target: Callable[..., Any], nproc: int, kwargs: dict) -> None:
         raise SpecError(f"--nproc must be at least 2 to spawn processes, got {nproc}")
     with tempfile.TemporaryDirectory(prefix="autotune-ddp-") as error_dir, _forward_signals() as forwarded:
         try:
-            context = mp.start_processes(_spawn_entry, args=(nproc, _free_port(), target, kwargs, error_dir,
-                                                             os.getpid()),
-                                         nprocs=nproc, join=False, start_method="spawn")
-            forwarded.to(context.processes)
+            keep_ignored = signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+            with _sigint_ignored_while_starting():
+                context = mp.start_processes(_spawn_entry, args=(nproc, _free_port(), target, kwargs, error_dir,
+                                                                 os.getpid(), keep_ignored),
+                                             nprocs=nproc, join=False, start_method="spawn")
+            forwarded.to(context.processes, Path(error_dir))
             while not context.join():
                 pass
         except Exception as exc:
@@ -222,8 +247,6 @@ def spawn(target: Callable[..., Any], nproc: int, kwargs: dict) -> None:
 
 def stopped_before_training(signum: int) -> TrainingStopped:
     """The stop of ranks that a signal ended before their training began (no checkpoint was written)."""
-    import signal
-
     return TrainingStopped(f"{signal.Signals(signum).name} received before training started (while the processes "
                            "started or the cache was built): nothing was trained or written; run the same command "
                            "again", exit_code=128 + int(signum))
@@ -238,40 +261,63 @@ def _raise_reported(error_dir: Path, cause: BaseException | None) -> None:
         raise error from cause
 
 
+@contextmanager
+def _sigint_ignored_while_starting() -> Iterator[None]:
+    """While the ranks are started: SIGINT ignored, which they inherit through exec (``_take_sigint_back``), and
+    blocked here, so one that comes meanwhile waits for this process's own handler, restored before it is
+    unblocked."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+
 class _Forwarder:
-    """The stop signals this process received (the first in ``signum``), passed on to the processes given."""
+    """The stop signals this process received (the first in ``signum``), passed on to the processes given; a
+    SIGINT ends outright a rank that has not yet taken SIGINT back (``_take_sigint_back``): it would ignore it."""
 
     def __init__(self) -> None:
         self.signum = 0
         self.processes: list[Any] = []
+        self.marks: Path | None = None
 
     def __call__(self, signum: int, frame: Any) -> None:
         self.signum = self.signum or signum
         self._send(signum)
 
-    def to(self, processes: list[Any]) -> None:
-        """Forward to ``processes`` from now on (and the signal that came while they started)."""
-        self.processes = list(processes)
+    def to(self, processes: list[Any], marks: Path | None = None) -> None:
+        """Forward to ``processes`` from now on (and the signal that came while they started); ``marks``: the
+        folder where rank k marks ``started<k>``."""
+        self.processes, self.marks = list(processes), marks
         if self.signum:
             self._send(self.signum)
 
     def _send(self, signum: int) -> None:
-        for process in self.processes:
+        for rank, process in enumerate(self.processes):
             if process.is_alive():
-                os.kill(process.pid, signum)
+                started = self.marks is None or (self.marks / f"started{rank}").exists()
+                os.kill(process.pid, signum if signum != signal.SIGINT or started else signal.SIGKILL)
 
 
 @contextmanager
 def _forward_signals() -> Iterator[_Forwarder]:
     """While inside, the stop signals this process receives are noted and passed on to the processes
     given to the ``_Forwarder`` (none until then: a signal while they start is passed on once they exist)."""
-    import signal
     import threading
 
+    from autotune.stopping import not_ignored
     from autotune.trainer.stop import STOP_SIGNALS
 
     forwarder = _Forwarder()
-    previous = ({s: signal.signal(s, forwarder) for s in STOP_SIGNALS}
+    previous = ({s: signal.signal(s, forwarder) for s in not_ignored(STOP_SIGNALS)}
                 if threading.current_thread() is threading.main_thread() else {})
     try:
         yield forwarder

@@ -20,9 +20,13 @@ from collections.abc import Callable
 from types import FrameType, TracebackType
 from typing import Any
 
-__all__ = ["STOP_SIGNALS", "StopSignals"]
+__all__ = ["AGAIN", "BEFORE_TRAINING", "STOP_SIGNALS", "StopSignals"]
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)
+BEFORE_TRAINING = ("before training started (while the data was checked or cached): nothing was trained; run the "
+                   "same command again")  # what a stop before the first step says
+AGAIN = ("stopped at once by a second signal, inside an epoch: the checkpoints of the epochs before it stay; "
+         "continue with --resume")
 _REPEAT_GRACE_S = 1.0  # a second signal within this many seconds is the first one delivered twice
 
 
@@ -43,7 +47,9 @@ class StopSignals:
 
     def __enter__(self) -> StopSignals:
         if threading.current_thread() is threading.main_thread():  # handlers can only be set there
-            for signum in STOP_SIGNALS:
+            from autotune.stopping import not_ignored
+
+            for signum in not_ignored(STOP_SIGNALS):  # one ignored when the run started stays ignored
                 self._previous[signum] = signal.signal(signum, self._handle)
         return self
 
@@ -57,7 +63,7 @@ class StopSignals:
         if self.signum is None:
             self.signum, self._first_at = signum, time.monotonic()
         elif time.monotonic() - self._first_at >= _REPEAT_GRACE_S:
-            raise KeyboardInterrupt  # asked again: stop now
+            raise KeyboardInterrupt(AGAIN)  # asked again: stop now
 
     def requested_everywhere(self) -> int:
         """The signal number any rank has seen (the highest), 0 for none, also kept as ``agreed``;

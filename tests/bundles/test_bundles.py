@@ -172,3 +172,49 @@ def test_corrupt_bundle_config_names_the_key(work: Path, tmp_path: Path) -> None
     path.write_text("algo: [unclosed\n")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_bundle_config(bundle)
+
+
+@pytest.mark.parametrize(("overrides", "line"), [
+    ({"num_patches_per_iterr": 2}, "key 'num_patches_per_iterr' is not a key of any template of dints, unet; did you "
+                                   "mean 'num_patches_per_iter'?"),
+    ({"dints": {"learning_rat": 0.1}}, "overrides: dints: key 'learning_rat' is not a key of the dints template; did "
+                                       "you mean 'learning_rate'?"),
+    ({"fast_training": {"cach": False}}, "key 'fast_training.cach' is not a key of any template of dints, unet; did "
+                                         "you mean 'fast_training.cache'?"),
+    ({"network": {"topology": {"num_blocks": 2}}}, "key 'network.topology' is taken by dints only (unet has no such "
+                                                   "key), and a top-level override applies to every algorithm "
+                                                   "generated; give it under its name (dints: {network: {topology: "
+                                                   "...}})"),
+], ids=["top-level", "in-a-scope", "nested", "only-some-templates"])
+def test_an_override_key_no_template_knows_is_refused(work: Path, tmp_path: Path, overrides: dict, line: str) -> None:
+    gen = BundleGen(work, algos="dints,unet", data_stats_filename=work / "datastats.yaml",
+                    data_src_cfg_name=work / "data_src.yaml")
+    with pytest.raises(ConfigError) as refused:
+        gen.generate(tmp_path / "out", num_fold=1, overrides={**load_overrides("tiny"), **overrides})
+    assert line in str(refused.value) and "\n" not in str(refused.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_keys_the_templates_know_are_taken(work: Path, tmp_path: Path) -> None:
+    """The tiny preset, a key every template reads (``cpu_bf16``, stated in one), one under the scope that knows
+    it, and the constructor's open ``args``."""
+    BundleGen(work, algos="dints,unet", data_stats_filename=work / "datastats.yaml",
+              data_src_cfg_name=work / "data_src.yaml").generate(
+        tmp_path / "out", num_fold=1, overrides={**load_overrides("tiny"), "cpu_bf16": True, "sw_overlap": 0.25,
+                                                 "dints": {"network": {"topology": {"num_blocks": 2}}},
+                                                 "unet": {"network": {"args": {"dropout": 0.1}}}})
+    assert load_bundle_config(tmp_path / "out" / "unet_0")["network"]["args"]["dropout"] == 0.1
+    assert load_bundle_config(tmp_path / "out" / "dints_0")["sw_overlap"] == 0.25
+
+
+def test_a_resample_override_recomputes_the_sizes_measured_at_it(work: Path, tmp_path: Path) -> None:
+    """Halving the spacing doubles the voxels of the volume the sliding window runs over; it is not the volume
+    computed at the template's spacing."""
+    gen = BundleGen(work, algos="unet", data_stats_filename=work / "datastats.yaml",
+                    data_src_cfg_name=work / "data_src.yaml")
+    plain = load_bundle_config(work / "unet_0")
+    assert all(v > r for v, r in zip(plain["infer_volume_shape"], plain["roi_size"], strict=True)), plain
+    fine = [v / 2 for v in plain["resample_resolution"]]
+    gen.generate(tmp_path / "fine", num_fold=1, overrides={**load_overrides("tiny"), "resample_resolution": fine})
+    at_fine = load_bundle_config(tmp_path / "fine" / "unet_0")["infer_volume_shape"]
+    assert all(2 * p - 2 <= f <= 2 * p for f, p in zip(at_fine, plain["infer_volume_shape"], strict=True)), at_fine

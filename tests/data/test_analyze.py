@@ -219,3 +219,23 @@ def test_hippocampus_analyze(tmp_path: Path) -> None:
     stats = _assert_datastats(result.datastats, result.n_cases)
     assert stats["stats_summary"]["label_stats"]["labels"] == [0, 1, 2]
     assert analyze(folder, tmp_path / "work", progress=False).skipped
+
+
+def test_a_full_disk_names_the_files_written_whole(demo_data: Path, tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The disk fills at datastats.yaml, the last file: the refusal's "kept" lists the files written before it (each
+    whole), not "nothing"."""
+    from host_faults import FullDisk
+
+    import autotune.files
+    from autotune.errors import HostWriteError
+
+    monkeypatch.setattr(autotune.files, "open", FullDisk("datastats.yaml").open, raising=False)
+    with pytest.raises(HostWriteError) as refused:
+        analyze(demo_data, tmp_path / "work", num_fold=1, progress=False)
+    line = str(refused.value)
+    assert "\n" not in line and "kept: nothing" not in line, line
+    for name in ("datalist.json", "data_src.yaml", "datastats_by_case.json"):
+        assert str(tmp_path / "work" / name) in line, line
+        assert (tmp_path / "work" / name).is_file()
+    assert "datastats.yaml not written" in line and not (tmp_path / "work" / "datastats.yaml").exists()

@@ -255,3 +255,57 @@ def test_the_fake_probe_answers_from_its_model() -> None:
     assert prober.probe({"num_patches_per_iter": 5}, ("train",))["status"] == "oom"
     infer = prober.probe({"num_sw_batch_size": 3}, ("infer",))
     assert infer["peak_bytes"] == (64 + 3 * 16) * 2**20 and infer["sw_seconds_per_volume"] > 0
+
+
+def test_the_bookkeeping_studies_say_what_they_are(tmp_path: Path) -> None:
+    """The dashboard lists ``autotune-workers`` and each ``<key>-claims`` beside the tuning studies: their notes say
+    they are bookkeeping and where the answer is."""
+    from optuna_dashboard._note import get_note_from_system_attrs
+
+    from autotune.search.storage.liveness import ensure_study
+
+    storage = open_storage(f"sqlite:///{tmp_path / 'notes.db'}")
+    for name, says in ((WORKERS_STUDY, "One trial per `autotune tune`, `run` or `worker` process"),
+                       (claims_study_name("autotune-unet-fast-abc"), "The answer is in `autotune-unet-fast-abc`")):
+        study_id = ensure_study(storage, name, "bookkeeping")
+        body = get_note_from_system_attrs(storage.get_study_system_attrs(study_id), None)["body"]
+        assert f"## {name}: bookkeeping, not a tuning study" in body and says in body, body
+
+
+@pytest.mark.parametrize(("url", "content", "says"), [
+    ("journal:///{}/notes.log", "notes, not a journal\n", "is not an Optuna journal file"),
+    ("sqlite:///{}/notes.db", "notes, not a database\n", "is not an SQLite database"),
+], ids=["journal", "sqlite"])
+def test_a_storage_file_of_another_kind_is_refused_before_any_write(tmp_path: Path, url: str, content: str,
+                                                                   says: str) -> None:
+    from autotune.search.storage.study import check_storage
+
+    url = url.format(tmp_path)
+    path = tmp_path / url.rpartition("/")[2]
+    path.write_text(content)
+    with pytest.raises(StorageError, match=says) as refused:
+        check_storage(url)
+    assert "\n" not in str(refused.value) and path.read_text() == content
+    check_storage(url.replace(path.name, "fresh" + path.suffix))  # a file not made yet: made by the run
+
+
+def test_runs_racing_to_create_the_tables_of_a_new_sqlite_file_both_open_it(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two runs started together on a new SQLite file: the one that loses the race to create Optuna's tables is
+    told "table ... already exists" (an OperationalError on SQLite); it opens the storage the other made."""
+    import sqlalchemy.exc
+
+    from autotune.search.storage import study
+
+    real, calls = study._rdb_storage, []
+
+    def lost_the_race_once(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 1:
+            raise sqlalchemy.exc.OperationalError("CREATE TABLE trial_params", {}, Exception(
+                "table trial_params already exists"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(study, "_rdb_storage", lost_the_race_once)
+    storage = open_storage(f"sqlite:///{tmp_path / 'raced.db'}")
+    assert len(calls) == 2 and storage.get_all_studies() == []

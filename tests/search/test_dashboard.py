@@ -151,9 +151,10 @@ def tuned_study(tmp_path_factory: pytest.TempPathFactory) -> TunedStudy:
     assert result["status"] == "tuned", result
 
     summaries = optuna.get_all_study_summaries(storage_url, include_best_trial=False)
-    # the key's two studies, and the one of the workers that tuned here (this run, ended)
+    # the key's two studies, its claims (every run claims what it probes) and the one of the workers that tuned
+    # here (this run, ended)
     assert sorted(s.study_name for s in summaries) == sorted([result["study_name"], result["infer_study_name"],
-                                                              "autotune-workers"])
+                                                              f"{result['study_name']}-claims", "autotune-workers"])
     [worker] = optuna.load_study(study_name="autotune-workers", storage=storage_url).get_trials()
     assert worker.state == optuna.trial.TrialState.COMPLETE and worker.user_attrs["pid"] == str(os.getpid())
     study = optuna.load_study(study_name=result["study_name"], storage=storage_url)
@@ -224,13 +225,16 @@ def _chromium(*args: str) -> str:
 
 def test_dashboard_api_lists_the_study(dashboard: Dashboard, tuned_study: TunedStudy) -> None:
     """The JSON API (what the page reads) lists the key's two studies (training, inference) by name and id, and
-    the workers' study."""
+    the bookkeeping studies: the workers' and the key's claims."""
+    from autotune.search.storage.liveness import is_coordination_study
+
     with urllib.request.urlopen(f"{dashboard.base_url}/api/studies", timeout=10) as response:
         summaries = json.load(response)["study_summaries"]
-    listed = [(s["study_id"], s["study_name"]) for s in summaries if s["study_name"] != "autotune-workers"]
+    listed = [(s["study_id"], s["study_name"]) for s in summaries if not is_coordination_study(s["study_name"])]
     assert sorted(listed) == sorted(
         [(tuned_study.study_id, tuned_study.name), (tuned_study.infer_study_id, tuned_study.infer_name)])
-    assert len(summaries) == 3
+    assert sorted(s["study_name"] for s in summaries if is_coordination_study(s["study_name"])) == [
+        f"{tuned_study.name}-claims", "autotune-workers"]
 
 
 def test_dashboard_listens_on_loopback_only(dashboard: Dashboard) -> None:

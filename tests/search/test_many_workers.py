@@ -1,5 +1,6 @@
 """Eight ``autotune worker`` processes through the storage proxy (``autotune proxy`` in front of the test
-PostgreSQL), fake probes (``AUTOTUNE_FAKE_PROBE``), four tuning keys, one worker SIGKILLed mid-probe: no point
+PostgreSQL), fake probes (``AUTOTUNE_FAKE_PROBE``), four tuning keys, one worker SIGKILLed mid-probe (its probe
+lasts until it is killed, so the kill lands mid-probe however busy the machine): no point
 probed twice, nothing finished lost, the killed worker's probe failed as stale and probed again by another,
 every key's answer that of one worker alone, and the database holding no more connections than the proxy's
 threads. The 256-worker version of this is ``benchmarks/bench_many_workers.py``.
@@ -103,6 +104,7 @@ def test_eight_workers_through_the_proxy_one_killed(work: Path, alone: dict, pg_
                    tmp_path, "proxy", dict(os.environ))
     monitor = _monitor(pg_database_url)
     workers: list[CliProcess] = []
+    peak, killed = 0, None
     try:
         deadline = time.time() + 60
         while socket.socket().connect_ex(("127.0.0.1", port)) != 0:
@@ -111,30 +113,34 @@ def test_eight_workers_through_the_proxy_one_killed(work: Path, alone: dict, pg_
         env = {**os.environ, "AUTOTUNE_FAKE_PROBE": FAKE, "AUTOTUNE_CLAIM_STALE_SECONDS": "5"}
         argv = ["worker", "--work-dir", str(work), "--storage", f"grpc://127.0.0.1:{port}", "--device", "cpu",
                 "--memory-limit", LIMIT, "--margin", "0.1", "--handoff", "largest", *RANGES]
-        workers = [_start(argv, tmp_path, f"w{i}", env) for i in range(WORKERS)]
-        by_pid = {w.pid: w for w in workers}
+        # the worker to kill probes for as long as it takes to see it mid-probe (killed, it never ends its
+        # probe): started first, it is killed once its probe is seen RUNNING, with the others at work
+        victim = _start(argv, tmp_path, "w0", {**env, "AUTOTUNE_FAKE_PROBE": FAKE.replace("sleep=0.3", "sleep=600")})
+        workers = [victim]
+        deadline = time.time() + 120
+        while killed is None:
+            assert time.time() < deadline and victim.poll() is None, victim.communicate()[1][-2000:]
+            running = [(n, t) for n, t in _trials(monitor) if t.state == States.RUNNING and "point_id" in t.user_attrs
+                       and int(t.user_attrs["owner"].rpartition(":")[2]) == victim.pid]
+            if running:
+                name, trial = running[0]
+                killed = (name, trial.number, trial.user_attrs["point_id"])
+            else:
+                time.sleep(0.1)
+        workers += [_start(argv, tmp_path, f"w{i}", env) for i in range(1, WORKERS)]
+        victim.kill()
         finished: dict[tuple[str, int], str] = {}
-        peak, killed, victim = 0, None, None
         deadline = time.time() + 180
         while any(w.poll() is None for w in workers):
             assert time.time() < deadline, "the workers did not finish"
             peak = max(peak, _connections(monitor, database))
-            trials = _trials(monitor)
-            finished.update({(n, t.number): t.state.name for n, t in trials if t.state.is_finished()})
-            if victim is None:
-                running = [(n, t) for n, t in trials if t.state == States.RUNNING and "point_id" in t.user_attrs]
-                for name, trial in running:
-                    pid = int(trial.user_attrs["owner"].rpartition(":")[2])
-                    if pid in by_pid and by_pid[pid].poll() is None:
-                        victim, killed = by_pid[pid], (name, trial.number, trial.user_attrs["point_id"])
-                        victim.kill()
-                        break
+            finished.update({(n, t.number): t.state.name for n, t in _trials(monitor) if t.state.is_finished()})
             time.sleep(0.2)
     finally:
         for worker in workers:
             worker.kill()
         proxy.kill()
-    assert victim is not None, "a worker was killed mid-probe"
+    assert killed is not None, "a worker was killed mid-probe"
     for worker in workers:
         if worker is not victim:
             code = worker.returncode

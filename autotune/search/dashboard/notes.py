@@ -6,6 +6,10 @@ tpe) a note (optuna-dashboard's ``save_note``) and the memory plot of its phase
 objective the study's best trial is the value written back (the largest fit; the sliding-window
 batch), and where training gets a smaller batch by the hand-off rule, the rule's one-line reason
 and the trial that measured it.
+
+The bookkeeping studies the dashboard lists beside them (``autotune-workers``, ``<key study>-claims``) get
+their note when they are created, in the storage family that creates them
+(``autotune.search.storage.liveness.bookkeeping_note``): that family sits below this one.
 """
 
 from __future__ import annotations

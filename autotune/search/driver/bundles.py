@@ -92,7 +92,7 @@ def _answer_all(session: Session, bundles: Mapping[str, Bundle], groups: Mapping
     this worker claims and searches the others, then waits for the started ones one at a time (taking over
     any whose worker is not live)."""
     records: dict[str, dict[str, Any]] = {}
-    shared = session.store.claims is not None
+    shared = session.store.workers_share
     order = list(groups)
     if shared and order:  # workers that start together begin at different keys
         import zlib

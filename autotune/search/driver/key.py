@@ -64,7 +64,7 @@ def _open(session: Session, key: TuningKey, phase: str | None = None, sampler: A
 
 def _sampler(session: Session, cfg: Mapping[str, Any], spec: AlgoSpec) -> Any:
     """The strategy's sampler of the key's study (None: Optuna's default)."""
-    return session.strategy.sampler(int(cfg.get("seed", 0)), spec, session.store.claims is not None)
+    return session.strategy.sampler(int(cfg.get("seed", 0)), spec, session.store.workers_share)
 
 
 def _stored_result(session: Session, key: TuningKey, tag: str) -> dict[str, Any] | None:

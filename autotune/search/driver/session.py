@@ -60,13 +60,17 @@ class Store:
         storage: the Optuna storage this run opened.
         shown: its URL with any password hidden (for messages and the provenance).
         liveness: this run's heartbeat (``autotune.search.storage.liveness``).
-        claims: key and point claims when workers share the storage, else None.
+        claims: key and point claims (every run takes them, so runs on one storage never probe a point
+            twice), or None (a store opened without them, as some tests do).
+        workers_share: this run is one of many workers (``autotune worker``): it starts at a key of its own and
+            leaves keys another started for later, and its TPE sampler is seeded apart from the others'.
     """
 
     storage: optuna.storages.BaseStorage
     shown: str
     liveness: Liveness
     claims: ClaimStore | None = None
+    workers_share: bool = False
     study_ids: dict[str, int] = field(default_factory=dict)  # study name -> id, once looked up
 
 
@@ -136,7 +140,8 @@ def make_budget(device: str, memory_limit: int | str | None, margin: float,
 
 
 def open_store(storage: str | None, workers_share: bool, timeout: float) -> Store:
-    """Open the storage and this run's liveness there (and claims when workers share it).
+    """Open the storage and this run's liveness and claims there: a plain run claims the keys and points it
+    searches as a worker does, so two runs started together on one storage probe no point twice.
 
     Raises:
         SpecError: a bad ``$AUTOTUNE_CLAIM_STALE_SECONDS`` (before the storage is touched).
@@ -152,7 +157,7 @@ def open_store(storage: str | None, workers_share: bool, timeout: float) -> Stor
     opened = open_storage(url)
     refuse_live_legacy_workers(opened, redact_url(url), stale_after)
     liveness = Liveness(opened, owner_tag(), stale_after=stale_after, promise=timeout)
-    return Store(opened, redact_url(url), liveness, ClaimStore(liveness) if workers_share else None)
+    return Store(opened, redact_url(url), liveness, ClaimStore(liveness), workers_share)
 
 
 def close_store(store: Store) -> None:

@@ -59,7 +59,8 @@ if TYPE_CHECKING:  # pragma: no cover
     import optuna
 
 __all__ = ["Liveness", "TakenOver", "STALE_AFTER", "STALE_ENV", "WORKERS_STUDY", "HEARTBEAT", "WORKER", "OWNER",
-           "stale_after_default", "owner_tag", "ensure_study", "running_template", "is_coordination_study"]
+           "stale_after_default", "owner_tag", "ensure_study", "running_template", "is_coordination_study",
+           "bookkeeping_note"]
 
 STALE_AFTER = 60.0
 HEARTBEAT_EVERY = 10.0
@@ -112,7 +113,38 @@ def ensure_study(storage: optuna.storages.BaseStorage, name: str, phase: str) ->
     except DuplicatedStudyError:
         return storage.get_study_id_from_name(name)
     storage.set_study_user_attr(study_id, "phase", phase)
+    _describe(storage, name)
     return study_id
+
+
+def bookkeeping_note(name: str) -> str:
+    """What a bookkeeping study (``autotune-workers``, ``<key study>-claims``) is, as its dashboard note says it."""
+    if name == WORKERS_STUDY:
+        return ("## autotune-workers: bookkeeping, not a tuning study\n\nOne trial per `autotune tune`, `run` or "
+                "`worker` process that used this storage (user attributes `owner`, `host`, `pid`): RUNNING while "
+                "it runs (its heartbeat: the system attribute `autotune:heartbeat`), COMPLETE when it ended "
+                "(value: the seconds it was alive), FAIL when it was declared dead (`autotune:fail_reason`). Its "
+                "values are no tuning result: the answers are in the `autotune-<algo>-...` studies (docs/workers.md).")
+    key = name.removesuffix(CLAIMS_SUFFIX)
+    return (f"## {name}: bookkeeping, not a tuning study\n\nThe claims on the key study `{key}`: each trial is "
+            "a ticket of a process about to search that key or probe one of its points (the system attribute "
+            "`autotune:claim`), RUNNING while held, COMPLETE when released (value: the seconds held), FAIL when "
+            f"given up or taken from a worker declared dead. The answer is in `{key}` and `{key}-infer` "
+            "(docs/workers.md).")
+
+
+def _describe(storage: optuna.storages.BaseStorage, name: str) -> None:
+    """Give a bookkeeping study its dashboard note (once, by the process that created it); without
+    optuna-dashboard, or when the storage refuses, the study goes without (nothing depends on the note)."""
+    try:
+        import optuna
+        from optuna_dashboard import save_note
+    except ImportError:
+        return
+    try:
+        save_note(optuna.load_study(study_name=name, storage=storage), bookkeeping_note(name))
+    except Exception:  # noqa: BLE001 - a note must never fail a run
+        return
 
 
 def running_template(user_attrs: dict[str, Any], system_attrs: dict[str, Any]) -> Any:

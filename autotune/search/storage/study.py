@@ -114,9 +114,11 @@ def _open_rdb(url: str, shown: str, engine_kwargs: dict[str, Any]) -> optuna.sto
         for attempt in range(4):
             try:
                 return _rdb_storage(url, shown, engine_kwargs)
-            except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError):
-                # workers started together on an empty database race to create the tables
-                if attempt == 3:
+            except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError, sqlalchemy.exc.OperationalError) as exc:
+                # runs started together on an empty database race to create the tables (SQLite says "table ...
+                # already exists" as an OperationalError)
+                racing = not isinstance(exc, sqlalchemy.exc.OperationalError) or "already exists" in str(exc)
+                if attempt == 3 or not racing:
                     raise
                 time.sleep(0.25 * (attempt + 1))
         raise AssertionError("unreachable")
@@ -185,7 +187,7 @@ def _sqlite_path(url: str) -> Path | None:
 def check_storage(url: str | None = None, *, must_exist: bool = False) -> None:
     """What opening the storage would refuse, found before anything is written, writing nothing itself: a
     malformed URL, a driver not installed, an SQLite or journal file that is a folder or whose folder cannot be
-    created; a database server or a storage proxy is connected to (nothing is written there), so that one out
+    created, a file there that is not a storage of its kind (``autotune.search.storage.kind``); a database server or a storage proxy is connected to (nothing is written there), so that one out
     of reach refuses now.
 
     Args:
@@ -201,6 +203,7 @@ def check_storage(url: str | None = None, *, must_exist: bool = False) -> None:
     from sqlalchemy.engine import make_url
 
     from autotune.search.storage.backends import grpc_address, journal_path, storage_kind
+    from autotune.search.storage.kind import check_journal_file, check_sqlite_file
 
     url = url or default_storage_url()
     if storage_kind(url) == "grpc":  # the proxy is asked whether it answers; nothing is written
@@ -211,6 +214,7 @@ def check_storage(url: str | None = None, *, must_exist: bool = False) -> None:
         return
     if storage_kind(url) == "journal":
         _check_file(url, journal_path(url), must_exist, "journal file", "autotune.log")
+        check_journal_file(url, journal_path(url))
         return
     shown = redact_url(url)
     try:
@@ -225,6 +229,7 @@ def check_storage(url: str | None = None, *, must_exist: bool = False) -> None:
         path = _sqlite_path(url)
         if path is not None:
             _check_file(shown, path, must_exist, "database file", "autotune.db")
+            check_sqlite_file(shown, path)
         return
     engine = sqlalchemy.create_engine(url, connect_args={"connect_timeout": 10})
     try:

@@ -34,7 +34,8 @@ from autotune.search.strategies.objective import SW_SCALE
 from autotune.tunables import BATCH, SW_BATCH, TUNABLES, VALIDATION_DEVICE, Tunable, spec_key_names
 from autotune.utils import look_up_option
 
-__all__ = ["AlgoSpec", "SPEC_KEYS", "SPEC_ALIASES", "SpecKeyWarning", "VALIDATION_DEVICES", "parse_specs", "spec_for"]
+__all__ = ["AlgoSpec", "SPEC_KEYS", "SPEC_ALIASES", "SpecKeyWarning", "SpecsFile", "VALIDATION_DEVICES", "parse_specs",
+           "spec_for"]
 
 SPEC_KEYS = ("num_trials", *sorted(spec_key_names()))  # each tunable's (``autotune.tunables``)
 #: the ``AlgoSpec`` field that holds each tunable's range or choices
@@ -42,6 +43,14 @@ _FIELDS = {BATCH.name: "patches_range", SW_BATCH.name: "sw_range", VALIDATION_DE
 
 #: a template's specs key as MONAI's own template spells it -> the template's name
 SPEC_ALIASES = {"swunetr": "swinunetr"}  # MONAI's swinunetr/scripts/algo.py, customize_param_for_gpu
+
+
+class SpecsFile(dict):  # type: ignore[type-arg]
+    """Specs read from a file: ``parse_specs`` names ``source`` in its error line."""
+
+    def __init__(self, values: Mapping[str, Any], source: str) -> None:
+        super().__init__(values)
+        self.source = source
 
 
 class SpecKeyWarning(UserWarning):
@@ -141,6 +150,17 @@ def parse_specs(specs: Mapping[str, Any] | None, algos: Sequence[str],
     Warns:
         SpecKeyWarning: a key in MONAI's spelling (``swunetr``), read as the template's name.
     """
+    source = getattr(specs, "source", None)
+    try:
+        return _parse_specs(specs, algos, known)
+    except SpecError as exc:
+        if source is None:
+            raise
+        raise SpecError(f"{source}: {exc}") from exc
+
+
+def _parse_specs(specs: Mapping[str, Any] | None, algos: Sequence[str],
+                 known: Sequence[str]) -> dict[str, dict[str, Any]]:
     if specs is None:
         specs = {}
     if not isinstance(specs, Mapping):
