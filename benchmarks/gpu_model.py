@@ -89,27 +89,22 @@ def out_of_sample_report(fit: dict[str, Any], rows: list[dict[str, Any]], card: 
     validation = fit["out_of_sample_rows"]
     loto = validation["leave_one_template_out"]
     old_loto = _old_loto(rows)
+    device, template_out = "device model, template's factor (v2 and v3 alike)", "leave one template out"
+    schemes = [
+        ("leave one point out", "v1 affine (one allowance for all)", _summary(_old_loo(rows), card)),
+        ("leave one point out", device, validation["leave_one_out"]["summary"]),
+        ("leave one scale out", device, validation["leave_one_scale_out"]["summary"]),
+        ("leave one phase out", "device model, the other phase's factor (not used)",
+         validation["leave_one_phase_out"]["summary"]),
+        (template_out, "v1 affine, fitted on the other two templates", _summary(old_loto, card)),
+        *((template_out, name, loto[model]["summary"]) for model, name in (
+            ("largest", "v2: the largest factor measured (old: MONAI's templates)"),
+            ("pooled", "pooled: the mean factor of the other templates"),
+            ("raw", "raw estimator, tensors only"),
+            ("allocator", "v3 outside the domain: the allocator's rules (chosen)"))),
+    ]
     return {
-        "schemes": [
-            {"scheme": "leave one point out", "model": "v1 affine (one allowance for all)",
-             "summary": _summary(_old_loo(rows), card)},
-            {"scheme": "leave one point out", "model": "device model, template's factor (v2 and v3 alike)",
-             "summary": validation["leave_one_out"]["summary"]},
-            {"scheme": "leave one scale out", "model": "device model, template's factor (v2 and v3 alike)",
-             "summary": validation["leave_one_scale_out"]["summary"]},
-            {"scheme": "leave one phase out", "model": "device model, the other phase's factor (not used)",
-             "summary": validation["leave_one_phase_out"]["summary"]},
-            {"scheme": "leave one template out", "model": "v1 affine, fitted on the other two templates",
-             "summary": _summary(old_loto, card)},
-            {"scheme": "leave one template out", "model": "v2: the largest factor measured (old: MONAI's templates)",
-             "summary": loto["largest"]["summary"]},
-            {"scheme": "leave one template out", "model": "pooled: the mean factor of the other templates",
-             "summary": loto["pooled"]["summary"]},
-            {"scheme": "leave one template out", "model": "raw estimator, tensors only",
-             "summary": loto["raw"]["summary"]},
-            {"scheme": "leave one template out", "model": "v3 outside the domain: the allocator's rules (chosen)",
-             "summary": loto["allocator"]["summary"]},
-        ],
+        "schemes": [{"scheme": scheme, "model": model, "summary": summary} for scheme, model, summary in schemes],
         "rows": {**{k: v for k, v in validation.items()}, "old_leave_one_template_out": old_loto},
         "bounds": fit["bounds"], "verdict": fit["verdict"],
     }

@@ -7,7 +7,9 @@ the bundles were regenerated.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 from autotune.errors import StorageError
 
@@ -18,6 +20,21 @@ OPTUNA_TABLES = frozenset({"studies", "trials", "version_info"})
 _FIRST_LINE_LIMIT = 1 << 20  # a journal line holds one operation: far below this
 
 
+def _head(shown: str, path: Path, read: Callable[[BinaryIO], bytes]) -> bytes:
+    """What ``read`` takes from the start of ``path`` (nothing when there is no such file).
+
+    Raises:
+        StorageError: the file cannot be read.
+    """
+    if not path.is_file():
+        return b""
+    try:
+        with path.open("rb") as handle:
+            return read(handle)
+    except OSError as exc:
+        raise StorageError(f"storage {shown}: cannot read {path} ({exc.strerror}); give another --storage") from exc
+
+
 def check_sqlite_file(shown: str, path: Path) -> None:
     """Refuse ``path`` unless it is missing, empty, or an SQLite database that is empty or holds Optuna's tables.
 
@@ -26,13 +43,7 @@ def check_sqlite_file(shown: str, path: Path) -> None:
     """
     import sqlite3
 
-    if not path.is_file():
-        return
-    try:
-        with path.open("rb") as handle:
-            head = handle.read(len(SQLITE_HEADER))
-    except OSError as exc:
-        raise StorageError(f"storage {shown}: cannot read {path} ({exc.strerror}); give another --storage") from exc
+    head = _head(shown, path, lambda handle: handle.read(len(SQLITE_HEADER)))
     if not head:
         return  # an empty file: SQLite makes it a database
     if head != SQLITE_HEADER:
@@ -60,13 +71,7 @@ def check_journal_file(shown: str, path: Path) -> None:
     Raises:
         StorageError: one line naming the storage, what the file is and what to do.
     """
-    if not path.is_file():
-        return
-    try:
-        with path.open("rb") as handle:
-            first = handle.readline(_FIRST_LINE_LIMIT)
-    except OSError as exc:
-        raise StorageError(f"storage {shown}: cannot read {path} ({exc.strerror}); give another --storage") from exc
+    first = _head(shown, path, lambda handle: handle.readline(_FIRST_LINE_LIMIT))
     if not first.strip():
         return
     try:
