@@ -89,13 +89,28 @@ def root(small_demo_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
     return base
 
 
+def _infer_cases(r: Path) -> dict[str, tuple[list[str], str]]:
+    """``_cases``' refusals of ``autotune infer``."""
+    work, bundle, data = r / "work", str(r / "work" / "unet_0"), r / "data"
+    infer = [bundle, "--output", str(r / "predictions"), "--checkpoint", str(r / "weights.pt"), "--device", "cpu"]
+    return {
+        "infer-two-channels": (["infer", *infer, "--images", str(r / "two_channels.nii.gz")],
+                               "the image has 2 channel(s) but the bundle's input_channels is 1"),
+        "infer-2d-image": (["infer", *infer, "--images", str(r / "flat.nii.gz")], "the image has 2 axes"),
+        "infer-checkpoint-of-other-classes": (["infer", *infer, "--images", str(data / "imagesTr" / "case_000.nii.gz"),
+                                               "--checkpoint", str(r / "five_classes.pt")], "output_classes 3"),
+        "infer-output-is-a-file": (["infer", bundle, "--images", str(data / "imagesTr" / "case_000.nii.gz"),
+                                    "--output", str(work / "datastats.yaml"), "--checkpoint", str(r / "weights.pt")],
+                                   "exists and is not a folder"),
+    }
+
+
 def _cases(r: Path) -> dict[str, tuple[list[str], str]]:
     """Each refusal: the command line and a piece of its one line."""
     work, bundle, data = r / "work", str(r / "work" / "unet_0"), r / "data"
     generate = ["--input", str(data / "input.yaml"), "--work-dir", str(work), "--algos", "unet", "--num-fold", "2",
                 "--overrides", "tiny", "-q"]
     tuning = ["--device", "cpu", "--storage", f"sqlite:///{r / 'studies' / 'autotune.db'}"]
-    infer = [bundle, "--output", str(r / "predictions"), "--checkpoint", str(r / "weights.pt"), "--device", "cpu"]
     return {
         "analyze-broken-header": (["analyze", "--input", str(r / "broken" / "input.yaml"), "--work-dir", str(work), "-q"],
                                   "case_002.nii.gz: the header declares a 512x512x512 grid"),
@@ -138,14 +153,7 @@ def _cases(r: Path) -> dict[str, tuple[list[str], str]]:
         "train-labels-beyond-classes": (["train", str(r / "classes" / "unet_0"), "--device", "cpu"],
                                         "the label holds the value 2 but the bundle's output_classes is 2"),
         "train-channels": (["train", str(r / "channels" / "unet_0"), "--device", "cpu"], "input_channels is 2"),
-        "infer-two-channels": (["infer", *infer, "--images", str(r / "two_channels.nii.gz")],
-                               "the image has 2 channel(s) but the bundle's input_channels is 1"),
-        "infer-2d-image": (["infer", *infer, "--images", str(r / "flat.nii.gz")], "the image has 2 axes"),
-        "infer-checkpoint-of-other-classes": (["infer", *infer, "--images", str(data / "imagesTr" / "case_000.nii.gz"),
-                                               "--checkpoint", str(r / "five_classes.pt")], "output_classes 3"),
-        "infer-output-is-a-file": (["infer", bundle, "--images", str(data / "imagesTr" / "case_000.nii.gz"),
-                                    "--output", str(work / "datastats.yaml"), "--checkpoint", str(r / "weights.pt")],
-                                   "exists and is not a folder"),
+        **_infer_cases(r),
         "dashboard-no-such-storage": (["dashboard", "--storage", f"sqlite:///{r / 'studies' / 'autotune.db'}"],
                                       "no such database file"),
         "demo-data-under-a-file": (["demo-data", str(work / "datastats.yaml" / "demo")], "is not a folder"),

@@ -230,9 +230,7 @@ def train_epoch(parts: EpochParts, progress: EpochProgress, should_stop: Callabl
     from autotune.trainer.fallback import RestartRun
 
     ctx, epoch = parts.ctx, progress.epoch
-    # Seeded per epoch: a resumed run draws the same shuffles and crops as an unbroken one.
-    torch.manual_seed(parts.seed + 1000 * epoch + ctx.rank)
-    parts.train_transforms.set_random_state(seed=parts.seed + 1000 * epoch + ctx.rank)
+    _seed_epoch(parts, epoch)
     parts.recipe.net.train()
     tracker = parts.memory.start(parts.recipe.model, parts.recipe.optimizer, "training")
     batches = _skip_done(parts.train_loader, progress.batches)
@@ -262,36 +260,52 @@ def train_epoch(parts: EpochParts, progress: EpochProgress, should_stop: Callabl
             raise
         except RestartRun as restart:
             progress.passes -= 1  # the pass that failed is trained again after the restart
-            progress.loss_sum, progress.rng = float(loss_sum.item()), batch_rng
-            if scaler_skips is not None:
-                progress.scaler_skipped += int(scaler_skips.item())
-            progress.data_wait_s += wait
-            progress.train_s += time.perf_counter() - t0
-            restart.progress = progress
+            _account(progress, loss_sum, scaler_skips, t0, wait)
+            progress.rng, restart.progress = batch_rng, progress
             bar.close()
             raise
         skip_passes = 0
-        progress.batches += 1
-        progress.batch_passes = 0
-        if on_batch is not None:
-            on_batch(progress)
-        bar.update(1)
-        if bar.n % 10 == 0 and parts.progress:
-            bar.set_postfix(loss=f"{loss_sum.item() / max(progress.passes - progress.skipped, 1):.4f}")
+        _batch_done(parts, progress, bar, loss_sum, on_batch)
     progress.rng = None if progress.complete else rng_state(ctx.device)
     if ctx.device.startswith("cuda"):
         torch.cuda.synchronize(ctx.device)
-    progress.train_s += time.perf_counter() - t0
-    progress.data_wait_s += wait
+    _account(progress, loss_sum, scaler_skips, t0, wait)
     if parts.clock is not None:
         phases = parts.clock.take()
         progress.h2d_s += phases["h2d"]
         progress.compute_s += phases["compute"]
+    bar.close()
+    return progress
+
+
+def _seed_epoch(parts: EpochParts, epoch: int) -> None:
+    """Seeded per epoch and rank: a resumed run draws the same shuffles and crops as an unbroken one."""
+    import torch
+
+    torch.manual_seed(parts.seed + 1000 * epoch + parts.ctx.rank)
+    parts.train_transforms.set_random_state(seed=parts.seed + 1000 * epoch + parts.ctx.rank)
+
+
+def _account(progress: EpochProgress, loss_sum: Any, scaler_skips: Any, t0: float, wait: float) -> None:
+    """Add what this stretch of the epoch trained to ``progress``: its seconds, data waits, loss and the
+    GradScaler's skipped steps."""
+    progress.train_s += time.perf_counter() - t0
+    progress.data_wait_s += wait
     progress.loss_sum = float(loss_sum.item())
     if scaler_skips is not None:
         progress.scaler_skipped += int(scaler_skips.item())
-    bar.close()
-    return progress
+
+
+def _batch_done(parts: EpochParts, progress: EpochProgress, bar: Any, loss_sum: Any,
+                on_batch: Callable[[EpochProgress], None] | None) -> None:
+    """A loader batch trained: count it, tell ``on_batch``, move the bar (the mean loss every 10 batches)."""
+    progress.batches += 1
+    progress.batch_passes = 0
+    if on_batch is not None:
+        on_batch(progress)
+    bar.update(1)
+    if bar.n % 10 == 0 and parts.progress:
+        bar.set_postfix(loss=f"{loss_sum.item() / max(progress.passes - progress.skipped, 1):.4f}")
 
 
 def epoch_row(parts: EpochParts, progress: EpochProgress) -> dict[str, Any]:

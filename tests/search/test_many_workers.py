@@ -14,6 +14,7 @@ import socket
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import optuna
 import pytest
@@ -94,6 +95,17 @@ def _start(argv: list[str], root: Path, name: str, env: dict[str, str]) -> CliPr
     return start_cli(argv, root / f"{name}.out", root / f"{name}.err", env)
 
 
+def _probe_in_flight(monitor: Any, worker: CliProcess, deadline: float) -> tuple[str, int, str]:
+    """The study, trial number and point of ``worker``'s probe once it is seen RUNNING."""
+    while True:
+        assert time.time() < deadline and worker.poll() is None, worker.communicate()[1][-2000:]
+        for name, trial in _trials(monitor):
+            if trial.state == States.RUNNING and "point_id" in trial.user_attrs \
+                    and int(trial.user_attrs["owner"].rpartition(":")[2]) == worker.pid:
+                return name, trial.number, trial.user_attrs["point_id"]
+        time.sleep(0.1)
+
+
 def test_eight_workers_through_the_proxy_one_killed(work: Path, alone: dict, pg_database_url: str,  # noqa: F811
                                                      tmp_path: Path) -> None:
     from sqlalchemy.engine import make_url
@@ -117,16 +129,7 @@ def test_eight_workers_through_the_proxy_one_killed(work: Path, alone: dict, pg_
         # probe): started first, it is killed once its probe is seen RUNNING, with the others at work
         victim = _start(argv, tmp_path, "w0", {**env, "AUTOTUNE_FAKE_PROBE": FAKE.replace("sleep=0.3", "sleep=600")})
         workers = [victim]
-        deadline = time.time() + 120
-        while killed is None:
-            assert time.time() < deadline and victim.poll() is None, victim.communicate()[1][-2000:]
-            running = [(n, t) for n, t in _trials(monitor) if t.state == States.RUNNING and "point_id" in t.user_attrs
-                       and int(t.user_attrs["owner"].rpartition(":")[2]) == victim.pid]
-            if running:
-                name, trial = running[0]
-                killed = (name, trial.number, trial.user_attrs["point_id"])
-            else:
-                time.sleep(0.1)
+        killed = _probe_in_flight(monitor, victim, time.time() + 120)
         workers += [_start(argv, tmp_path, f"w{i}", env) for i in range(1, WORKERS)]
         victim.kill()
         finished: dict[tuple[str, int], str] = {}

@@ -118,20 +118,7 @@ class _ModelMixin:
         from autotune.probe import estimate
         from autotune.search.curves.sparse import MAX_PASSES, SparseCurve
 
-        kwargs = _point_kwargs(point)
-        size = "num_patches_per_iter" if phase == "train" else "num_sw_batch_size"
-        kwargs.pop(size, None)
-        if phase == "train":
-            kwargs.pop("validation_device", None)
-        cfg = self.config()
-        cap, step = None, None
-        if phase == "infer":
-            from autotune.step import num_windows
-
-            cap = num_windows(cfg)
-        else:
-            step = loader_bytes_fn(cfg)
-
+        size, kwargs, cap, step = self._curve_axis(phase, point)
         ratios: dict[int, float] = {}
         device_model = self.factors() is not None
 
@@ -166,6 +153,21 @@ class _ModelMixin:
             scale, offset = self.allowance.affine()
             return self._planned(RatioCurve(raw_curve, scale, float(offset), ratios), phase)
         return self._allowed(raw_curve)
+
+    def _curve_axis(self, phase: str, point: Mapping[str, Any]) -> tuple[str, dict[str, Any], int | None, Any]:
+        """What a phase's curve runs along: the tunable it is sized by, the point's other values, the cap (the
+        windows, for "infer") and the loader's exact bytes per N (for "train")."""
+        kwargs = _point_kwargs(point)
+        size = "num_patches_per_iter" if phase == "train" else "num_sw_batch_size"
+        kwargs.pop(size, None)
+        if phase == "train":
+            kwargs.pop("validation_device", None)
+        cfg = self.config()
+        if phase == "infer":
+            from autotune.step import num_windows
+
+            return size, kwargs, num_windows(cfg), None
+        return size, kwargs, None, loader_bytes_fn(cfg)
 
     def training_replay(self, infer_point: Mapping[str, Any] | None = None) -> tuple[Any, int | None]:
         """The training curve from one estimator pass (``autotune.probe.replay``), plus the device
