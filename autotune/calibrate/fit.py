@@ -11,7 +11,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from autotune.calibrate.validate import OUT_OF_DOMAIN, bounds_of, out_of_sample
+from autotune.calibrate.validate import bounds_of, inside_rows, out_of_sample, outside_rows
 from autotune.probe.model_fit import (
     ModelPoint,
     error_summary,
@@ -117,9 +117,7 @@ def install_verdict(validation: Mapping[str, Any]) -> dict[str, Any]:
     scale out, over- or under-prediction) must be no worse than that of what an estimate uses without it, the
     raw estimator with the allocator's rules, on the same points. ``{"install": bool, "fit_error",
     "raw_error", "line"}``; a fit with no out-of-sample point (one batch size per template) is not installed."""
-    inside = [*((validation.get("leave_one_out") or {}).get("rows") or []),
-              *((validation.get("leave_one_scale_out") or {}).get("rows") or [])]
-    raw = ((validation.get("leave_one_template_out") or {}).get(OUT_OF_DOMAIN) or {}).get("rows") or []
+    inside, raw = inside_rows(validation), outside_rows(validation)
     raw_error = max((abs(float(r["error"])) for r in raw), default=None)
     if not inside:
         return {"install": False, "fit_error": None, "raw_error": raw_error,

@@ -26,7 +26,7 @@ from typing import Any
 from autotune.probe.model_fit import ModelPoint, error_summary, predict_point
 
 __all__ = ["OUT_OF_DOMAIN", "OUT_OF_DOMAIN_MODELS", "leave_one_template_out", "leave_one_phase_out",
-           "leave_one_scale_out", "out_of_sample", "bounds_of"]
+           "leave_one_scale_out", "out_of_sample", "bounds_of", "inside_rows", "outside_rows"]
 
 PHASES = ("train", "infer")
 #: the model an estimate outside the fit's domain uses: the raw estimator and the allocator's rules, no fitted
@@ -157,15 +157,25 @@ def out_of_sample(points: Sequence[ModelPoint], per_point: Sequence[Factors], ca
 
 
 def _worst(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """The worst over- and under-prediction of ``rows`` (each row's ``error``), overall and per phase."""
+    """The worst over- and under-prediction of ``rows`` (``error_summary``'s), overall and per phase."""
     if not rows:
         return {}
-    out: dict[str, Any] = {"max_over": max(0.0, max(float(r["error"]) for r in rows)),
-                           "max_under": min(0.0, min(float(r["error"]) for r in rows)), "points": len(rows)}
-    out["by_phase"] = {phase: {"max_over": max(0.0, max(float(r["error"]) for r in own)),
-                               "max_under": min(0.0, min(float(r["error"]) for r in own))}
+    keys = ("max_over", "max_under")
+    out: dict[str, Any] = {k: error_summary(rows)[k] for k in (*keys, "points")}
+    out["by_phase"] = {phase: {k: error_summary(own)[k] for k in keys}
                        for phase in PHASES if (own := [r for r in rows if r["phase"] == phase])}
     return out
+
+
+def inside_rows(validation: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The rows that say how a fit predicts inside its domain: leave one point out and leave one scale out."""
+    return [*((validation.get("leave_one_out") or {}).get("rows") or []),
+            *((validation.get("leave_one_scale_out") or {}).get("rows") or [])]
+
+
+def outside_rows(validation: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The rows of ``OUT_OF_DOMAIN`` held out by template: how an estimate outside the domain predicts."""
+    return ((validation.get("leave_one_template_out") or {}).get(OUT_OF_DOMAIN) or {}).get("rows") or []
 
 
 def bounds_of(validation: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
@@ -177,17 +187,15 @@ def bounds_of(validation: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
 
     Each holds ``max_over`` and ``max_under`` (fractions of the measured peak, under as a negative), the same
     ``by_phase``, the number of rows and its ``source``."""
-    inside_rows = [*((validation.get("leave_one_out") or {}).get("rows") or []),
-                   *((validation.get("leave_one_scale_out") or {}).get("rows") or [])]
-    outside_rows = ((validation.get("leave_one_template_out") or {}).get(OUT_OF_DOMAIN) or {}).get("rows") or []
-    inside = _worst(inside_rows)
+    held_in = inside_rows(validation)
+    inside = _worst(held_in)
     if inside:
         inside["source"] = "out of sample: leave one point out and leave one scale out"
-        inside["by_template"] = {algo: _worst([r for r in inside_rows if r["algo"] == algo])
-                                 for algo in sorted({r["algo"] for r in inside_rows})}
+        inside["by_template"] = {algo: _worst([r for r in held_in if r["algo"] == algo])
+                                 for algo in sorted({r["algo"] for r in held_in})}
         for entry in inside["by_template"].values():
             entry["source"] = inside["source"] + " (this template's points)"
-    outside = _worst(outside_rows)
+    outside = _worst(outside_rows(validation))
     if outside:
         outside["source"] = "out of sample: leave one template out, the allocator's rules alone"
         outside["model"] = OUT_OF_DOMAIN

@@ -103,9 +103,8 @@ class CudaAllowance:
             return None
         situation = "in_domain" if check.inside else "out_of_domain"
         entry = self.bounds.get(situation) or {}
-        if situation == "in_domain":
-            per_template = entry.get("by_template") or {}
-            entry = per_template.get(template or "", entry) if template else entry
+        if situation == "in_domain" and template:
+            entry = (entry.get("by_template") or {}).get(template, entry)
         try:
             over, under = float(entry["max_over"]), float(entry["max_under"])
         except (KeyError, TypeError, ValueError):
