@@ -1,6 +1,6 @@
-"""What the claims cost one plain run alone (issue 59): ``autotune.tune`` of one tiny UNet bundle on a fresh SQLite
-storage, with the key and point claims every run now takes, against the same run with them left out (the run
-before issue 59), side by side, in turns, in one process.
+"""What the claims cost one plain run alone: ``autotune.tune`` of one tiny UNet bundle on a fresh SQLite storage,
+with the key and point claims every run takes, against the same run with them left out (a run that shares its
+storage with no one), side by side, in turns, in one process.
 
 The probes are the fake-probe hook (``AUTOTUNE_FAKE_PROBE``, no sleep: a point costs no compute), so the storage
 is the whole load: the figures are its wall time and its storage calls (every call of Optuna's storage API the

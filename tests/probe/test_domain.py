@@ -1,4 +1,4 @@
-"""A calibration knows its domain (issue 57): the fit is used inside it only, MONAI's template is not ours, the
+"""A calibration knows its domain: the fit is used inside it only, MONAI's template is not ours, the
 estimate's terms add up, a fit worse out of sample than the raw estimator is not installed, old files still load."""
 
 from __future__ import annotations
