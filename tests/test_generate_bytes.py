@@ -2,7 +2,8 @@
 
 The bundles (autotune's templates with no overrides and with the tiny preset, and MONAI's official
 templates through ``BundleGen`` where ``../shared/monai`` is present) are hashed file by file after
-three normalisations: the work and data folders become ``<WORK>`` and ``<DATA>``, and a bundle's
+four normalisations: the work, data and shipped templates' folders become ``<WORK>``, ``<DATA>``
+and ``<TEMPLATES_DIR>``, and a bundle's
 creation time and the analysis's content hash (which reads file times) are masked. The hashes are
 compared with ``tests/golden/generate_demo.json``. A change that means to change a bundle rewrites the
 file with ``AUTOTUNE_WRITE_GOLDEN=1 python -m pytest tests/test_generate_bytes.py`` and says why.
@@ -54,7 +55,10 @@ def generated(demo_data: Path, tmp_path_factory: pytest.TempPathFactory) -> dict
     from autotune import generate
 
     root = tmp_path_factory.mktemp("golden")
-    places = {str(root): "<WORK>", str(demo_data): "<DATA>"}
+    from autotune.bundles.templates import default_templates_path
+
+    # a bundle names the template it was filled from: the package's folder, wherever the checkout lies
+    places = {str(root): "<WORK>", str(demo_data): "<DATA>", str(default_templates_path()): "<TEMPLATES_DIR>"}
     sets: dict[str, dict[str, str]] = {}
     for name, overrides, folds in (("own", None, 2), ("tiny", "tiny", 1)):
         generate(demo_data / "input.yaml", root / name, num_fold=folds, overrides=overrides, progress=False)
