@@ -73,6 +73,15 @@ def test_bundles_do_not_import_the_search() -> None:
     assert {m: t for m, t in offenders.items() if t} == {}
 
 
+def test_the_checks_import_nothing_of_autotune_but_the_errors() -> None:
+    """``autotune.checks`` is the validation layer every other module uses: it sits on ``autotune.errors`` alone,
+    so a setting's checker (``checks/environment.py``) never reaches up into the stages it serves."""
+    offenders = {m: sorted(t for t in targets if t.startswith("autotune.")
+                           and not _within(t, ("autotune.checks", "autotune.errors")))
+                 for m, targets in import_graph().items() if _within(m, "autotune.checks")}
+    assert {m: t for m, t in offenders.items() if t} == {}
+
+
 def test_only_the_command_line_imports_the_commands() -> None:
     offenders = {m: sorted(t for t in targets if _within(t, "autotune.commands"))
                  for m, targets in import_graph().items() if not _within(m, CLI)}
