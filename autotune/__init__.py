@@ -4,7 +4,9 @@ Every stage is a function whose keyword arguments are its command's options, wit
 defaults: ``make_demo_dataset``, ``analyze``, ``generate``, ``run_probe``, ``estimate_report``,
 ``tune``, ``tune_worker``, ``verify``, ``train``, ``infer``; ``run`` does the whole job and
 returns a ``RunResult``. ``BundleGen`` and ``AutotuneAlgo`` are shaped like MONAI Auto3DSeg's.
-Errors derive from ``AutotuneError``. Everything else is reachable from its module (for
+The errors live in ``autotune.errors`` (as Optuna's in ``optuna.exceptions``), all derived from
+``autotune.errors.AutotuneError``; they are importable from ``autotune`` too (``autotune.SpecError``),
+for older code, but ``__all__`` does not list them. Everything else is reachable from its module (for
 example ``autotune.bundles.plan.TuningPlan``, the typed ``tuning:`` block).
 
 Names are loaded lazily, so that importing ``autotune`` (and running ``autotune --help``) does
@@ -13,24 +15,12 @@ not import torch.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
+from autotune import errors
+from autotune.lazy import lazy_exports
 from autotune.version import __version__
 
 # public name -> module that defines it
 _EXPORTS: dict[str, str] = {
-    # errors
-    "AutotuneError": "autotune.errors",
-    "InputError": "autotune.errors",
-    "DataError": "autotune.errors",
-    "ConfigError": "autotune.errors",
-    "SpecError": "autotune.errors",
-    "ProbeError": "autotune.errors",
-    "StorageError": "autotune.errors",
-    "HostWriteError": "autotune.errors",
-    "TrainingStopped": "autotune.errors",
-    "TrainingDiverged": "autotune.errors",
     # the stages, in the order a job runs them
     "make_demo_dataset": "autotune.data.synthetic",
     "analyze": "autotune.data",
@@ -51,15 +41,6 @@ _EXPORTS: dict[str, str] = {
 
 __all__ = ["__version__", *_EXPORTS]
 
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'autotune' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+# the errors, importable from here for older code (``autotune.errors`` is where they live)
+__getattr__, __dir__ = lazy_exports(__name__, {**_EXPORTS, **dict.fromkeys(errors.__all__, "autotune.errors")},
+                                    __all__)

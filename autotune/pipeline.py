@@ -10,8 +10,9 @@
 Each function takes keyword arguments with the CLI's defaults, returns data and raises
 ``autotune.errors`` subclasses; the CLI's handlers in ``autotune/commands/`` only parse
 arguments, call these and print. This module sits above ``autotune.bundles`` and
-``autotune.search``: generating and tuning meet here (``BundleGen`` with
-``gpu_customization`` is assembled here), so neither package imports the other.
+``autotune.search``: generating and tuning meet here (``BundleGen``, the factory of a
+template family's generator whose ``gpu_customization`` tunes, is assembled here), so neither
+package imports the other.
 """
 
 from __future__ import annotations
@@ -38,8 +39,10 @@ if TYPE_CHECKING:
     from typing_extensions import Unpack
 
     from autotune.bundles.templates import Overrides
+    from autotune.families import TemplateFamily
 
-__all__ = ["BundleGen", "GenerateOptions", "RunOptions", "RunResult", "generate", "run"]
+__all__ = ["AutotuneBundleGen", "BundleGen", "GenerateOptions", "RunOptions", "RunResult", "generate", "generator_family",
+           "run"]
 
 SUMMARY_NAME = "autotune_summary.json"
 _DONE = ("tuned", "unsupported")  # statuses of a bundle the tuner finished with
@@ -49,8 +52,9 @@ def _quiet(_line: str) -> None:
     return None
 
 
-class BundleGen(_BundleGen):
-    """MONAI Auto3DSeg's ``BundleGen``: ``generate(..., gpu_customization=True)`` tunes with ``autotune.tune``.
+class AutotuneBundleGen(_BundleGen):
+    """autotune's ``BundleGen`` over its own templates, ``generate(..., gpu_customization=True)`` tuning with
+    ``autotune.tune``: what ``BundleGen`` makes for the ``autotune`` family.
 
     The same as ``autotune.facade.bundlegen.BundleGen`` (see there for the arguments) with
     ``tune`` as its tuner; ``generate``'s extra keyword arguments (``device``, ``memory_limit``,
@@ -70,15 +74,66 @@ class BundleGen(_BundleGen):
             check_tuning(bound.get("gpu_customization_specs"), self.algos, **tune_kwargs)
         return super().generate(*args, **kwargs)
 
-    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
-        from autotune.families import family_of_templates
 
-        templates = kwargs.get("templates_path_or_url") or kwargs.get("templates_path") or (args[2:3] or [None])[0]
-        generator = family_of_templates(templates).bundle_generator(
-            args, {**kwargs, "target_gpu_memory": _target_gpu_memory}, tune)
-        if generator is not None:  # another family's own BundleGen (MONAI's templates: MONAI's), tuned by autotune
-            return generator
-        return super().__new__(cls)
+def BundleGen(  # MONAI Auto3DSeg's class name: scripts written for MONAI call it as they call MONAI's
+    algo_path: PathLike = ".",
+    algos: str | Sequence[str] | None = None,
+    templates_path_or_url: PathLike | None = None,
+    data_stats_filename: PathLike | None = None,
+    data_src_cfg_name: PathLike | None = None,
+    *,
+    family: str = "auto",
+    templates_path: PathLike | None = None,
+    **options: Any,
+) -> Any:
+    """MONAI Auto3DSeg's ``BundleGen``, called as MONAI's is: ``generate(..., gpu_customization=True)`` tunes with
+    ``autotune.tune``.
+
+    Which templates generate is ``family``: ``"autotune"`` gives an ``AutotuneBundleGen`` over autotune's
+    templates, ``"monai"`` an ``autotune.auto3dseg.MonaiBundleGen`` (MONAI's own ``BundleGen``, its layout and
+    ``get_history()``) over MONAI's; ``"auto"`` (the default) tells them from the templates
+    (``generator_family``: a URL, or a folder of ``<algo>/scripts/algo.py``, is MONAI's), so a script written
+    for MONAI's ``BundleGen`` keeps its call.
+
+    Args:
+        algo_path: the work folder (where ``datastats.yaml`` and ``data_src.yaml`` live by default).
+        algos: ``None`` for every template, a name, a comma-separated string or a list.
+        templates_path_or_url: the templates (MONAI's name for it; ``templates_path`` is taken too); None:
+            autotune's shipped templates (for ``family="monai"``: MONAI's default download).
+        data_stats_filename: the ``datastats.yaml`` written by ``autotune analyze``.
+        data_src_cfg_name: the data source config (``data_src.yaml``, or an Auto3DSeg ``input.yaml``).
+        family: ``"auto"``, ``"autotune"`` or ``"monai"`` (keyword only).
+        **options: the generator's other arguments: ``tuner`` (default ``autotune.tune``); MONAI's
+            ``mlflow_tracking_uri`` and ``mlflow_experiment_name`` for MONAI's templates.
+
+    Raises:
+        ConfigError: an unknown ``family`` or algorithm, or a missing file.
+    """
+    templates = templates_path_or_url if templates_path_or_url is not None else templates_path
+    tuner = options.pop("tuner", tune)
+    arguments = {"algo_path": algo_path, "algos": algos, "templates_path_or_url": templates,
+                 "data_stats_filename": data_stats_filename, "data_src_cfg_name": data_src_cfg_name, **options}
+    generator = generator_family(templates, family).bundle_generator(
+        (), {**arguments, "target_gpu_memory": _target_gpu_memory}, tuner)
+    if generator is not None:  # the family's own BundleGen (MONAI's templates: MONAI's), tuned by autotune
+        return generator
+    return AutotuneBundleGen(tuner=tuner, **arguments)
+
+
+def generator_family(templates: PathLike | None, family: str = "auto") -> TemplateFamily:
+    """The template family ``BundleGen`` generates with: the one named ``family``, or for ``"auto"`` the one whose
+    templates ``templates`` are (MONAI's: a URL, or a folder of ``<algo>/scripts/algo.py``; else autotune's).
+
+    Raises:
+        ConfigError: ``family`` is neither ``"auto"`` nor a family's name (``autotune.families.FAMILIES``).
+    """
+    from autotune.families import FAMILIES, family_of_templates
+    from autotune.utils import look_up_option
+
+    named = {known.name: known for known in FAMILIES}
+    if look_up_option(family, ["auto", *named], "BundleGen family") == "auto":
+        return family_of_templates(templates)
+    return named[family]
 
 
 def _target_gpu_memory(name: str) -> int:

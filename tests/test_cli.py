@@ -47,6 +47,18 @@ def test_public_api_resolves() -> None:
         assert getattr(autotune, name) is not None, name
 
 
+def test_the_errors_live_in_their_module_and_older_imports_still_resolve() -> None:
+    """``autotune.__all__`` lists the stages and MONAI's shapes (at most 24 names); the errors are
+    ``autotune.errors``'s, as Optuna's are ``optuna.exceptions``', yet ``autotune.SpecError`` still resolves."""
+    import autotune.errors
+
+    assert len(autotune.__all__) <= 24 and not set(autotune.__all__) & set(autotune.errors.__all__)
+    for name in autotune.errors.__all__:
+        assert getattr(autotune, name) is getattr(autotune.errors, name), name
+    with pytest.raises(AttributeError, match="no attribute 'NoSuchError'"):
+        autotune.NoSuchError  # noqa: B018 - the attribute access is the test
+
+
 @pytest.mark.parametrize("value", ["-1GiB", "-0.5GiB"])
 def test_negative_memory_limit_is_named_not_swallowed_by_argparse(value: str, tmp_path, capsys) -> None:
     """``--memory-limit -1GiB`` (a value starting with '-') reaches the size check, which runs as the options are

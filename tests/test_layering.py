@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 PACKAGE = Path(__file__).resolve().parents[1] / "autotune"
 # the command line: the only modules that may import autotune.commands
 CLI = ("autotune.commands", "autotune.cli", "autotune.__main__")
@@ -71,6 +73,42 @@ def test_bundles_do_not_import_the_search() -> None:
     offenders = {m: sorted(t for t in targets if _within(t, "autotune.search"))
                  for m, targets in import_graph().items() if _within(m, "autotune.bundles")}
     assert {m: t for m, t in offenders.items() if t} == {}
+
+
+def test_the_checks_import_nothing_of_autotune_but_the_errors() -> None:
+    """``autotune.checks`` is the validation layer every other module uses: it sits on ``autotune.errors`` alone,
+    so a setting's checker (``checks/environment.py``) never reaches up into the stages it serves."""
+    offenders = {m: sorted(t for t in targets if t.startswith("autotune.")
+                           and not _within(t, ("autotune.checks", "autotune.errors")))
+                 for m, targets in import_graph().items() if _within(m, "autotune.checks")}
+    assert {m: t for m, t in offenders.items() if t} == {}
+
+
+# packages whose __init__ still defines its own ``__getattr__`` (to move onto ``autotune.lazy`` with its package)
+OWN_LAZY_EXPORTS = {"autotune.auto3dseg"}
+
+
+def test_packages_export_lazily_through_the_one_helper() -> None:
+    """A package that loads its names lazily takes ``__getattr__`` from ``autotune.lazy.lazy_exports``: no
+    ``__init__.py`` writes its own."""
+    found = set()
+    for path in sorted(PACKAGE.rglob("__init__.py")):
+        tree = ast.parse(path.read_text())
+        if any(isinstance(node, ast.FunctionDef) and node.name == "__getattr__" for node in tree.body):
+            found.add(module_name(path))
+    assert found == OWN_LAZY_EXPORTS
+
+
+def test_lazy_exports_load_a_name_from_its_module_when_asked() -> None:
+    import textwrap
+
+    from autotune.lazy import lazy_exports
+
+    getattr_, dir_ = lazy_exports("pkg", {"dedent": "textwrap", "indent": "textwrap"}, ["dedent"])
+
+    assert getattr_("dedent") is textwrap.dedent and getattr_("indent") is textwrap.indent and dir_() == ["dedent"]
+    with pytest.raises(AttributeError, match="module 'pkg' has no attribute 'missing'"):
+        getattr_("missing")
 
 
 def test_only_the_command_line_imports_the_commands() -> None:

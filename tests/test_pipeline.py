@@ -1,5 +1,6 @@
 """The stages as library functions: ``autotune.run`` end to end, its errors, the CLI's ``run`` over it,
-and ``BundleGen``'s tuner (the base class has none; ``autotune.BundleGen`` tunes with ``autotune.tune``)."""
+``BundleGen``'s tuner (the base class has none; ``autotune.BundleGen`` tunes with ``autotune.tune``), and which
+generator ``autotune.BundleGen`` makes (its ``family``)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from autotune.bundles.config import load_bundle_config
 from autotune.cli import main
 from autotune.errors import ConfigError, SpecError
 from autotune.facade.bundlegen import BundleGen as PlainBundleGen
+from autotune.pipeline import AutotuneBundleGen, generator_family
 from autotune.stages import load_specs
 
 # the estimate strategy plans from fake tensors: no probe child, seconds not minutes
@@ -119,7 +121,29 @@ def test_bundlegen_calls_the_tuner_it_is_given(ran: dict[str, Any], tmp_path: Pa
         tmp_path / "out", num_fold=1, overrides="tiny", gpu_customization=True, gpu_customization_specs=specs,
         device="cpu", memory_limit="1GiB")
     assert calls == [([bundles[0]["path"]], specs, {"device": "cpu", "memory_limit": "1GiB"})]
-    assert autotune.BundleGen.tuner is autotune.tune and issubclass(autotune.BundleGen, PlainBundleGen)
+    assert AutotuneBundleGen.tuner is autotune.tune and issubclass(AutotuneBundleGen, PlainBundleGen)
+
+
+def test_bundlegen_makes_the_generator_of_the_family_its_templates_say(ran: dict[str, Any], tmp_path: Path) -> None:
+    """``family="auto"`` tells MONAI's templates (a folder of ``<algo>/scripts/algo.py``, or a URL) from autotune's;
+    an explicit ``family`` names the generator; an unknown one is refused in one line naming the valid ones."""
+    from autotune.families import FAMILIES
+
+    work = ran["work"]
+    kwargs = {"data_stats_filename": work / "datastats.yaml", "data_src_cfg_name": work / "data_src.yaml"}
+    own = autotune.BundleGen(work, "unet", None, **kwargs)  # MONAI's positional order: algo_path, algos, templates
+    assert type(own) is AutotuneBundleGen and own.algos == ["unet"] and own.tuner is autotune.tune
+    assert type(autotune.BundleGen(work, algos="unet", family="autotune", **kwargs)) is AutotuneBundleGen
+    (tmp_path / "segresnet" / "scripts").mkdir(parents=True)
+    (tmp_path / "segresnet" / "scripts" / "algo.py").write_text("")
+    monai, autotune_family = (next(f for f in FAMILIES if f.name == n) for n in ("monai", "autotune"))
+    assert generator_family(tmp_path) is monai and generator_family("https://example.org/templates.tar.gz") is monai
+    assert generator_family(None) is autotune_family and generator_family(tmp_path, "autotune") is autotune_family
+    assert generator_family(None, "monai") is monai
+    with pytest.raises(ConfigError, match=r"unknown BundleGen family 'monia' \(did you mean 'monai'\?\)"):
+        autotune.BundleGen(work, algos="unet", family="monia", **kwargs)
+    with pytest.raises(TypeError):  # family is a keyword: a sixth positional argument is not taken for it
+        autotune.BundleGen(work, "unet", None, None, None, "monai")
 
 
 def test_specs_load_from_yaml_and_a_bad_top_level_is_named(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from autotune.checks.fake_probe import parse_fake_probe
 from autotune.checks.places import path, storage_url
 from autotune.checks.values import choice, flag, integer, number
 from autotune.errors import SpecError
@@ -47,12 +48,6 @@ def _pool(raw: str, where: str) -> int | str:
     return integer(raw, where, low=1, high=10_000, error=SpecError, unit="connections, or none")
 
 
-def _fake_probe(raw: str, where: str) -> Any:
-    from autotune.search.curves.fake import parse_fake_probe
-
-    return parse_fake_probe(raw, where)
-
-
 SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("AUTOTUNE_STORAGE", lambda raw, where: storage_url(raw, where, error=SpecError),
             "the Optuna storage URL when --storage is not given"),
@@ -68,7 +63,7 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("AUTOTUNE_PROBE_EDGE", lambda raw, where: flag(raw, where, error=SpecError, words=True),
             "probe N+1 above every measured fit"),
     Setting("AUTOTUNE_PROBE_ISOLATION", _one_of("forkserver", "subprocess"), "how probe children are started"),
-    Setting("AUTOTUNE_FAKE_PROBE", _fake_probe,
+    Setting("AUTOTUNE_FAKE_PROBE", parse_fake_probe,
             "test hook: every probe sleeps, then answers from a synthetic model (no device)"),
 )}
 

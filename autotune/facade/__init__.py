@@ -9,6 +9,6 @@
 
 They sit above ``autotune.bundles`` (the config model: ``config``, ``plan``, ``render``,
 ``templates``, ``scaling``), ``autotune.trainer`` and ``autotune.build``, which never import them;
-``autotune.pipeline`` makes ``autotune.BundleGen`` of this ``BundleGen`` with ``autotune.tune`` as
-its tuner.
+``autotune.BundleGen`` (``autotune.pipeline``) makes this ``BundleGen`` with ``autotune.tune`` as its
+tuner (``autotune.pipeline.AutotuneBundleGen``) for autotune's templates.
 """

@@ -7,8 +7,9 @@ Shaped like MONAI's ``monai.apps.auto3dseg.BundleGen``:
     gen.get_bundles()
 
 ``gpu_customization`` calls the generator's tuner; this package has none of its own
-(``autotune.pipeline`` imports this package, not the other way round): ``autotune.BundleGen``
-is this class with ``autotune.tune`` as its tuner.
+(``autotune.pipeline`` imports this package, not the other way round): for autotune's templates,
+``autotune.BundleGen`` makes ``autotune.pipeline.AutotuneBundleGen``, this class with
+``autotune.tune`` as its tuner.
 
 A bundle is a folder ``<algo>_<fold>/`` holding ``configs/hyper_parameters.yaml``
 (plain data, filled from the stats), ``bundle.json`` (template name and version,
@@ -119,14 +120,14 @@ class BundleGen:
         algo_path: the work folder (where ``datastats.yaml`` and ``data_src.yaml`` live by default).
         algos: ``None`` for every template, a name, a comma-separated string or a list.
         templates_path: folder of ``<algo>/template.yaml``; default the shipped ``algorithm_templates/``.
-            ``templates_path_or_url`` (MONAI's name) is taken too; ``autotune.BundleGen`` pointed at MONAI's own
-            templates is ``autotune.auto3dseg.MonaiBundleGen``.
+            ``templates_path_or_url`` (MONAI's name) is taken too. MONAI's own templates are not this class's:
+            ``autotune.BundleGen`` (``family="auto"`` or ``"monai"``) makes ``autotune.auto3dseg.MonaiBundleGen`` for them.
         data_stats_filename: the ``datastats.yaml`` written by ``autotune analyze``.
         data_src_cfg_name: the data source config (``data_src.yaml`` from ``analyze``, or an
             Auto3DSeg ``input.yaml``).
         tuner: what ``generate(gpu_customization=True)`` calls with the bundle folders, the specs
             and the extra keyword arguments. This package does not tune (``autotune.pipeline``
-            imports it): ``autotune.BundleGen`` is this class with ``autotune.tune`` as its tuner.
+            imports it): ``autotune.BundleGen`` gives this class ``autotune.tune`` as its tuner.
 
     Raises:
         ConfigError: an unknown algorithm (the valid names are listed) or a missing file.

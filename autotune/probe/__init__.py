@@ -24,9 +24,7 @@ from ``autotune.probe.tracker`` (which imports torch) on first use.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
+from autotune.lazy import lazy_exports
 from autotune.probe.allowances import (
     DEFAULT_CUDA_ALLOWANCE,
     NO_ALLOWANCE,
@@ -94,7 +92,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, __all__)

@@ -10,8 +10,9 @@ Its families, lowest first (a family imports only the ones above it in this list
   study; ``bound``: a calibration's stated bound) and the probers that answer points
   (``probers``: real probes or estimates);
 - ``strategies/``: the search space (``space``), the objective (``objective``), one point as a
-  trial (``evaluate``), and the strategies ``fast`` (with ``edge_search``; ``estimate`` is fast
-  answered by the estimator) and ``tpe``, behind one interface looked up by name (``registry``);
+  trial (``evaluate``; what that trial records: ``record``), and the strategies ``fast`` (with
+  ``edge_search``; ``estimate`` is fast answered by the estimator) and ``tpe``, behind one
+  interface looked up by name (``registry``);
 - ``handoff``: which batch training gets, with the learning rate and schedule that follow it;
 - ``dashboard/``: the notes and memory plots optuna-dashboard shows;
 - ``driver/``: the tuning options declared once (``options``), a tuning run (``session``), grouping bundles by key (``bundles``), one key
@@ -24,8 +25,7 @@ The public entry points are ``autotune.tune``, ``autotune.tune_worker`` and ``au
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from autotune.lazy import lazy_exports
 
 __all__ = ["SearchSettings", "STRATEGIES", "check_method", "search_bundles", "verify_plan", "resolve_target", "format_results"]
 
@@ -40,8 +40,4 @@ _EXPORTS = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'autotune.search' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, __all__)

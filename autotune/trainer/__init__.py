@@ -6,8 +6,7 @@ predicts (``autotune infer``). Importing this package does not import torch.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from autotune.lazy import lazy_exports
 
 __all__ = ["train", "infer", "evaluate", "parse_duration"]
 
@@ -18,13 +17,4 @@ _EXPORTS = {
     "evaluate": "autotune.trainer.infer",
 }
 
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'autotune.trainer' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, __all__)

@@ -158,6 +158,7 @@ def test_bundlegen_takes_monais_argument_name_and_tells_monais_templates_apart(t
     from autotune.auto3dseg import is_monai_templates
     from autotune.bundles.templates import default_templates_path
     from autotune.facade.bundlegen import BundleGen as OwnBundleGen
+    from autotune.pipeline import AutotuneBundleGen
 
     (tmp_path / "segresnet" / "scripts").mkdir(parents=True)
     (tmp_path / "segresnet" / "scripts" / "algo.py").write_text("")
@@ -165,4 +166,4 @@ def test_bundlegen_takes_monais_argument_name_and_tells_monais_templates_apart(t
     assert not is_monai_templates(default_templates_path()) and not is_monai_templates(None)
     own = BundleGen(monai_work, algos="unet", templates_path_or_url=default_templates_path(),
                     data_stats_filename=monai_work / "datastats.yaml", data_src_cfg_name=monai_work / "data_src.yaml")
-    assert type(own) is BundleGen and isinstance(own, OwnBundleGen) and own.algos == ["unet"]
+    assert type(own) is AutotuneBundleGen and isinstance(own, OwnBundleGen) and own.algos == ["unet"]

@@ -81,7 +81,9 @@ def test_an_unknown_option_is_refused_before_any_work(tmp_path: Path) -> None:
         autotune.tune([str(tmp_path / "missing")], devise="cpu")
     with pytest.raises(TypeError, match="devise"):
         autotune.run(str(tmp_path / "missing"), tmp_path / "work", devise="cpu")
-    gen = autotune.BundleGen.__new__(autotune.BundleGen)
+    from autotune.pipeline import AutotuneBundleGen
+
+    gen = AutotuneBundleGen.__new__(AutotuneBundleGen)
     with pytest.raises(TypeError, match="devise"):
         gen.generate(tmp_path, 1, gpu_customization=True, devise="cpu")
 

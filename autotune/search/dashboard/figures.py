@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from autotune.search.curves.key_curves import estimates_attr, stored_estimates
-from autotune.search.strategies.evaluate import trial_fits
 from autotune.search.strategies.objective import size_param
+from autotune.search.strategies.record import trial_fits
 
 __all__ = ["memory_figure"]
 

@@ -1,15 +1,9 @@
 """Evaluate one point of the search space as an Optuna trial.
 
-Every point a strategy looks at becomes a trial carrying its parameters and the
-measurement as user attributes, so the dashboard tells the whole story:
-- a point that fits or that ran out of memory is a COMPLETE trial whose ``memory``
-  constraint is ``peak - budget`` (positive = infeasible; samplers learn where memory ends);
-  a point that does not fit stores the value ``NO_FIT`` (0), below every point that fits, so the
-  study's best trial (what optuna-dashboard shows, ignoring constraints) is a point that fits;
-  its measured peak stays in ``peak_bytes`` and ``verdict`` says ``does not fit``;
-- training-only trials go to the key's study, inference-only trials to its ``-infer`` study
-  (one unit per study), joint trials (tpe) to the key's study;
-- a crash, kill or timeout is a FAIL trial with ``fail_reason``.
+Every point a strategy looks at becomes a trial carrying its parameters and the measurement as
+user attributes (``autotune.search.strategies.record``: what a trial of a point holds), so the dashboard
+tells the whole story; training-only trials go to the key's study, inference-only trials to its ``-infer``
+study (one unit per study), joint trials (tpe) to the key's study.
 A point already measured in the study is answered from it (resume, folds, reruns), and a point that ran out of
 memory in training (a trial of ``kind: training``, ``autotune.search.storage.points``) is answered by that, whatever a
 probe measured before;
@@ -22,16 +16,13 @@ whose trial was failed as stale meanwhile (it hung past its promise) gets ``Take
 from __future__ import annotations
 
 import contextlib
-import math
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from autotune.probe import cuda_result_keys
 from autotune.search.storage.liveness import TakenOver, owner_tag
 from autotune.search.storage.points import TRAINING_KIND, point_id
-from autotune.search.strategies.objective import NO_FIT, trial_value
+from autotune.search.strategies.record import Evaluation, progress_line, record_result, trial_fits
 
 if TYPE_CHECKING:  # pragma: no cover
     import optuna
@@ -49,68 +40,6 @@ MAX_LOST = 4  # probes of a point lost with their worker before the point is tak
 def _lost_with_worker(trial: Any) -> bool:
     """A FAIL trial whose worker stopped or was declared dead while probing it (not the point's own failure)."""
     return str(trial.user_attrs.get("fail_reason", "")).startswith(("stale: ", "interrupted: "))
-# user attributes copied from a probe result onto its trial
-_RESULT_ATTRS = (
-    "status",
-    "phase_failed",
-    "train_peak_bytes",
-    "infer_peak_bytes",
-    "peak_bytes",
-    "train_peak_rss_bytes",
-    "infer_peak_rss_bytes",
-    "step_seconds_median",
-    "step_seconds_spread",
-    "samples_per_s",
-    "sw_seconds_per_volume",
-    "wall_seconds",
-    "seconds",
-    "measured",
-    "precision",
-    "device_name",
-    "error_type",
-    "signal",
-    "allowance_bytes",
-    *cuda_result_keys(),  # one definition with the trial that writes them, so the names cannot drift
-)
-
-
-def trial_fits(trial: Any) -> bool:
-    """True when a stored trial's point ran and fits: status ok and no memory constraint violated."""
-    return trial.user_attrs.get("status") == "ok" and all(v <= 0 for v in (trial.constraints or {}).values())
-
-
-@dataclass
-class Evaluation:
-    """The outcome of one point."""
-
-    point: dict[str, Any]
-    phases: tuple[str, ...]
-    status: str
-    feasible: bool
-    peak_bytes: int | None
-    value: float
-    trial_number: int | None
-    reused: bool
-    result: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def failed(self) -> bool:
-        return self.status in ("error", "timeout", "killed", "nonfinite")
-
-    @classmethod
-    def from_trial(cls, trial: Any, point: dict[str, Any], phases: tuple[str, ...], reused: bool = False) -> Evaluation:
-        """The evaluation a stored trial holds."""
-        attrs = trial.user_attrs
-        return cls(point=point, phases=phases, status=str(attrs.get("status")), feasible=trial_fits(trial),
-                   peak_bytes=attrs.get("peak_bytes"), value=float(trial.value or 0.0), trial_number=trial.number,
-                   reused=reused, result=dict(attrs))
-
-
-def _throughput(result: Mapping[str, Any], phases: tuple[str, ...]) -> float:
-    if "train" in phases:
-        return float(result.get("samples_per_s") or 0.0)
-    seconds = result.get("sw_seconds_per_volume")
-    return 1.0 / float(seconds) if seconds else 0.0
 
 
 class Evaluator:
@@ -353,67 +282,14 @@ class Evaluator:
         self._report(evaluation, phases, reused=False)
         return evaluation
 
-    def _tell(
-        self,
-        trial: Any,
-        result: Mapping[str, Any],
-        phases: tuple[str, ...],
-        point: dict[str, Any],
-        reused_from: Evaluation | None = None,
-    ) -> Evaluation:
-        from optuna.trial import TrialState
-
-        status = str(result.get("status", "error"))
-        for name in _RESULT_ATTRS:
-            if result.get(name) is not None:
-                trial.set_user_attr(name, result[name])
-        if reused_from is not None:
-            trial.set_user_attr("reused_trial", reused_from.trial_number)
-            trial.set_user_attr("point_id", point_id(reused_from.point, phases))
-        own = self.infer_trial_numbers if self.study_for(phases) is not self.study else self.trial_numbers
-        own.append(trial.number)
-        if status in ("ok", "oom"):
-            peak = result.get("peak_bytes")
-            if status == "oom" or peak is None:
-                over = max(int(peak or 0) - self.budget_bytes, 1)
-            else:
-                over = int(peak) - self.budget_bytes
-            trial.set_constraint("memory", float(over))
-            feasible = status == "ok" and over <= 0
-            # a point that does not fit can never be the study's best (the dashboard ignores constraints)
-            value = trial_value(self.objective, result, phases, point) if feasible else NO_FIT
-            trial.set_user_attr("verdict", "fits" if feasible else "does not fit")
-            self.study_for(phases).tell(trial, value)
-            return Evaluation(point, phases, status, feasible, peak, value, trial.number, reused_from is not None,
-                              dict(result))
-        reason = " ".join(str(part).strip() for part in (f"{status}:", result.get("error_type"), result.get("error_tail"))
-                          if part and str(part).strip())
-        if result.get("signal"):
-            name = result.get("error_type")
-            reason = f"{status}: signal {result['signal']}" + (f" ({name})" if name else "")
-        elif status == "timeout":
-            reason = (f"timeout: no result after {float(result.get('wall_seconds') or 0.0):.1f} s "
-                      f"(phase {result.get('phase_failed') or '?'}); the probe was killed")
-        trial.set_user_attr("fail_reason", reason[-500:])
-        self.study_for(phases).tell(trial, state=TrialState.FAIL)
-        return Evaluation(point, phases, status, False, None, 0.0, trial.number, reused_from is not None, dict(result))
+    def _tell(self, trial: Any, result: Mapping[str, Any], phases: tuple[str, ...], point: dict[str, Any],
+              reused_from: Evaluation | None = None) -> Evaluation:
+        """Record ``result`` as ``trial`` of the study ``phases`` go to (``record_result``), and count it as ours."""
+        study = self.study_for(phases)
+        (self.infer_trial_numbers if study is not self.study else self.trial_numbers).append(trial.number)
+        return record_result(trial, study, result, phases, point, budget_bytes=self.budget_bytes,
+                             objective=self.objective, reused_from=reused_from)
 
     def _report(self, evaluation: Evaluation, phases: tuple[str, ...], reused: bool) -> None:
-        from autotune.utils import format_bytes
-
-        point = " ".join(f"{k}={v}" for k, v in evaluation.point.items())
-        where = "from study" if reused else ("probe" if self.prober.measured else "estimate")
-        share = ""
-        if evaluation.peak_bytes:
-            share = f" ({100.0 * evaluation.peak_bytes / max(self.budget_bytes, 1):.0f}% of budget)"
-        value = ""
-        speed = _throughput(evaluation.result, phases)
-        if evaluation.status == "ok" and speed and not math.isnan(speed):
-            unit = "samples/s" if "train" in phases else "volumes/s"
-            value = f", {speed:.3g} {unit}" if self.prober.measured else ""
-        trial = f"#{evaluation.trial_number}" if evaluation.trial_number is not None else "-"
-        verdict = "fits" if evaluation.feasible else "does not fit" if evaluation.status in ("ok", "oom") else "failed"
-        self.progress(
-            f"  [{self.label}] trial {trial} {where} {'+'.join(phases)} {point}: {evaluation.status}, "
-            f"peak {format_bytes(evaluation.peak_bytes)}{share}{value} -> {verdict}"
-        )
+        self.progress(progress_line(evaluation, phases, label=self.label, budget_bytes=self.budget_bytes,
+                                    measured=self.prober.measured, reused=reused))

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from autotune.search.strategies.evaluate import Evaluation
+from autotune.search.strategies.record import Evaluation
 from autotune.tunables import TUNABLES
 
 __all__ = ["SearchOutcome", "distributions"]
