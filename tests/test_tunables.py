@@ -38,7 +38,7 @@ def test_the_specs_take_each_tunables_keys_and_monais_names() -> None:
 
 
 def test_a_view_and_a_record_are_read_and_written_through_the_table() -> None:
-    from autotune.search.handoff import loader_settings
+    from autotune.tunables import loader_settings
 
     cfg = {"num_patches_per_iter": 3, "num_sw_batch_size": 5, "sw_input_on_cpu": True, "num_crops_per_image": 2}
     assert bundle_values(cfg) == {"num_patches_per_iter": 3, "num_sw_batch_size": 5, "validation_device": "cpu"}
