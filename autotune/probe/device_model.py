@@ -231,8 +231,8 @@ def explain_terms(result: Mapping[str, Any], workspace: Mapping[str, float], *, 
 def estimate_on_device(bundle: Any, allowance: Any, point: Any = None, *, device: str, template: str | None = None,
                        explain: bool = False, **estimate_kwargs: Any) -> dict[str, Any]:
     """``estimate`` of ``bundle`` at ``point`` (``autotune.tunables.Point``) with the device's figures added
-    (``autotune.probe.estimate``'s keyword arguments pass through). With a device model (``allowance.workspace_factors``), the trace is recorded and
-    simulated: ``{phase}_device_allocated_bytes``, ``{phase}_device_reserved_bytes`` and ``device_peak_bytes``,
+    (``autotune.probe.estimate``'s keyword arguments pass through). With a device model
+    (``allowance.workspace_factors``), the trace is recorded and simulated: ``{phase}_device_allocated_bytes``, ``{phase}_device_reserved_bytes`` and ``device_peak_bytes``,
     with cuDNN's workspace fitted where the bundle lies inside the calibration's domain and none outside it
     (``CudaAllowance.factors_for``): ``device_model_fit`` says which (``fitted``, ``allocator rules``),
     ``device_model_domain`` why, ``device_model_bound`` the out-of-sample bound of that situation (None where

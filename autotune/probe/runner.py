@@ -317,10 +317,10 @@ def run_probe(bundle: str | Path | dict, point: Point | Mapping[str, Any] | None
 
     A dict ``bundle`` is the config itself; a path is a bundle folder or its YAML. ``point`` and any tunable
     given as a keyword as in ``resolve_request``: N or M left out means the bundle's value; the
-    ``validation_device`` left out, where the bundle keeps the volume (``cpu`` when it sets ``sw_input_on_cpu``). ``device`` ``auto`` is the first GPU, else the
-    CPU. ``memory_limit`` is bytes or a size such as ``"8GiB"`` (CPU: the tracked tensor peak may
-    not pass it; CUDA: the caching allocator is capped at it). ``env`` adds to
-    the child's environment. ``precision`` as in ``resolve_request``. See
+    ``validation_device`` left out, where the bundle keeps the volume (``cpu`` when it sets
+    ``sw_input_on_cpu``). ``device`` ``auto`` is the first GPU, else the CPU. ``memory_limit`` is bytes or a
+    size such as ``"8GiB"`` (CPU: the tracked tensor peak may not pass it; CUDA: the caching allocator is
+    capped at it). ``env`` adds to the child's environment. ``precision`` as in ``resolve_request``. See
     the module docstring for the statuses.
 
     Raises:

@@ -92,8 +92,7 @@ class TrainingRun:
         free = int(torch.cuda.mem_get_info(self.ctx.device)[0])
         if self.memory_limit is not None:
             # Under a limit the cache may only take what the tuned peak leaves (the probe never held it).
-            tuned_peak = int(self.tuned.tuned_peak_bytes or 0)
-            free = max(0, min(free, int(self.memory_limit) - tuned_peak))
+            free = max(0, min(free, int(self.memory_limit) - int(self.tuned.tuned_peak_bytes or 0)))
         return free
 
     def _setup(self) -> None:
@@ -108,10 +107,10 @@ class TrainingRun:
         guard = StepGuard(self.recipe.model, (lambda flag: all_ranks_max(ctx, [flag])[0]) if ctx.enabled else None)
         self.fallbacks = start_fallbacks(self.cfg, ctx, self.memory_limit, self.recipe.model, self.restarted)
         self.parts = EpochParts(
-            ctx=ctx, cfg=self.cfg, tuned=self.tuned, recipe=self.recipe, memory=self.memory, train_loader=self.data.train_loader,
-            val_loader=self.data.val_loader, train_transforms=self.data.train_transforms,
-            seed=int(self.cfg.get("seed", 0)), total_epochs=self.total_epochs, progress=self.progress, guard=guard,
-            clock=PhaseClock(ctx.device), fallbacks=self.fallbacks)
+            ctx=ctx, cfg=self.cfg, tuned=self.tuned, recipe=self.recipe, memory=self.memory,
+            train_loader=self.data.train_loader, val_loader=self.data.val_loader, seed=int(self.cfg.get("seed", 0)),
+            train_transforms=self.data.train_transforms, total_epochs=self.total_epochs, progress=self.progress,
+            guard=guard, clock=PhaseClock(ctx.device), fallbacks=self.fallbacks)
         if self.set_by == "max_time":
             self.fit = TimeFit(budget_s=float(self.max_time), batches_per_epoch=len(self.data.train_loader),
                                planned_epochs=self.total_epochs, val_every=self.val_every,

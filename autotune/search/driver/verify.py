@@ -45,7 +45,7 @@ def _probes(bundle: Bundle, plan: TuningPlan, budget: Budget, timeout: float, pr
     edge = max(int(values.num_patches_per_iter or 1), plan.largest_fit)
     if edge >= top:
         return at, None, False
-    above = run_probe(bundle.config, num_patches_per_iter=edge + 1, phases=("train",), **common)
+    above = run_probe(bundle.config, values.at("train", edge + 1), phases=("train",), **common)
     above_fits = above.get("status") == "ok" and int(above.get("peak_bytes") or 0) <= budget.budget
     say(f"  one above the largest fit ({edge + 1}): {above.get('status')}, peak {format_bytes(above.get('peak_bytes'))}"
         f" -> {'fits: the plan left room' if above_fits else 'does not fit'}")
