@@ -104,3 +104,20 @@ def test_the_oom_line_names_the_batch_that_trains(old_bundles: dict[str, Path]) 
     cfg = load_bundle_config(old_bundles["unet_0"])
     error = out_of_memory_error(torch.OutOfMemoryError("fake"), cfg, 1 << 26, "training", 2, "last.pt")
     assert error is not None and "(6 patches per pass, sw batch 4)" in str(error)
+
+
+def test_the_trainer_reads_the_tuned_values_only_through_the_accessor() -> None:
+    """No module of the trainer (nor the schedule it plans, nor MONAI's launcher) reads a tuned key or the
+    ``tuning:`` block from a config itself: ``autotune.bundles.tuned`` is the one reader."""
+    import re
+
+    import autotune
+
+    package = Path(autotune.__file__).parent
+    raw = re.compile(r"cfg(\.get\(|\[)[\"'](num_patches_per_iter|num_images_per_batch|num_crops_per_image|"
+                     r"num_sw_batch_size|sw_input_on_cpu|tuning)[\"']|plan_of\(")
+    files = [*sorted((package / "trainer").glob("*.py")), package / "bundles" / "scaling.py",
+             package / "auto3dseg" / "launcher.py"]
+    found = [f"{path.name}:{number}" for path in files
+             for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if raw.search(line)]
+    assert found == []
