@@ -10,20 +10,25 @@ Where each template keeps it is the template families' key tables (``autotune.fa
 The places that enumerate tunables read this table: the specs' keys and ranges
 (``autotune.search.strategies.space``), the command line's flags (``autotune.commands.probe``,
 ``autotune.commands.search``), the probe's request and result (``autotune.probe.runner``,
-``autotune.probe.trial``), a point's keywords (``autotune.search.curves.probers``), the search space and the
-outcome (``autotune.search.strategies.outcome``, ``tpe``), the plan (``autotune.bundles.plan``), the
-write-back (``written_values`` here, ``autotune.search.driver.writeback``) and the dashboard's note.
+``autotune.probe.trial``), the search space and the outcome (``autotune.search.strategies.outcome``, ``tpe``),
+the plan (``autotune.bundles.plan``), the values training reads (``autotune.bundles.tuned``), the write-back
+(``written_values`` here, ``autotune.search.driver.writeback``) and the dashboard's note.
 docs/architecture.md, "Adding a tunable", lists what else a new one touches.
+
+One point of the search, one value per tunable, is a ``Point``: the estimator and the probe runner take one
+(``autotune.probe``), the probers pass one, and ``at(phase, n)`` sizes a phase by the tunable ``sized_by``
+names. The loader batch that yields a batch is computed in one function, ``loader_settings``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
-__all__ = ["Tunable", "TUNABLES", "BATCH", "SW_BATCH", "VALIDATION_DEVICE", "tunable", "of_phase", "sized_by", "spec_key_names",
-           "bundle_values", "written_values"]
+__all__ = ["Tunable", "TUNABLES", "BATCH", "SW_BATCH", "VALIDATION_DEVICE", "Point", "tunable", "of_phase", "sized_by",
+           "spec_key_names", "bundle_values", "loader_settings", "written_values"]
 
 
 @dataclass(frozen=True)
@@ -129,6 +134,69 @@ VALIDATION_DEVICE = Tunable(
 TUNABLES: tuple[Tunable, ...] = (BATCH, SW_BATCH, VALIDATION_DEVICE)
 
 
+@dataclass(frozen=True)
+class Point:
+    """One value per tunable, by name: what the estimator and the probe runner are asked to run at
+    (``autotune.probe.resolve_request``, ``estimate``, ``run_probe``) and what the probers pass them. A tunable
+    left out means the bundle's value. ``Point.of`` is the one door where named values enter (keywords, a
+    strategy's point); ``at`` sizes a phase (``sized_by``), ``without`` leaves tunables to the bundle.
+
+    Attributes:
+        values: the given values by tunable name (read-only; never None).
+    """
+
+    values: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+
+    @classmethod
+    def of(cls, point: Point | Mapping[str, Any] | None = None, **values: Any) -> Point:
+        """``point``'s values and ``values`` over them, None left out (unknown names kept: ``unknown`` names
+        them for the caller to refuse)."""
+        base = point.values if isinstance(point, Point) else (point or {})
+        merged = {**base, **values}
+        return cls(MappingProxyType({k: v for k, v in merged.items() if v is not None}))
+
+    @classmethod
+    def taken_from(cls, mapping: Mapping[str, Any]) -> Point:
+        """The tunables' values a wider mapping holds (a strategy's point, a record)."""
+        return cls.of({t.name: mapping.get(t.name) for t in TUNABLES})
+
+    def get(self, name: str) -> Any:
+        """The value given for tunable ``name`` (None: the bundle's)."""
+        return self.values.get(name)
+
+    @property
+    def num_patches_per_iter(self) -> int | None:
+        return self.get(BATCH.name)
+
+    @property
+    def num_sw_batch_size(self) -> int | None:
+        return self.get(SW_BATCH.name)
+
+    @property
+    def validation_device(self) -> str | None:
+        return self.get(VALIDATION_DEVICE.name)
+
+    def unknown(self) -> list[str]:
+        """The given names that are no tunable's, sorted."""
+        return sorted(set(self.values) - {t.name for t in TUNABLES})
+
+    def with_values(self, **values: Any) -> Point:
+        """This point with ``values`` set (None: back to the bundle's)."""
+        merged = {**self.values, **values}
+        return Point(MappingProxyType({k: v for k, v in merged.items() if v is not None}))
+
+    def without(self, *names: str) -> Point:
+        """This point with ``names`` left to the bundle."""
+        return Point(MappingProxyType({k: v for k, v in self.values.items() if k not in names}))
+
+    def at(self, phase: str, n: int) -> Point:
+        """This point with the tunable that sizes ``phase`` (``sized_by``) at ``n``."""
+        return self.with_values(**{sized_by(phase).name: n})
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.values)
+
+
 def tunable(name: str) -> Tunable:
     """The tunable called ``name``.
 
@@ -162,20 +230,27 @@ def bundle_values(cfg: Mapping[str, Any]) -> dict[str, Any]:
     return {t.name: t.bundle_value(cfg) for t in TUNABLES}
 
 
+def loader_settings(num_patches_per_iter: int, num_crops_per_image: int) -> dict[str, int]:
+    """The loader batch that splits into whole forward passes of N patches: images x crops = lcm(N, crops)
+    (``autotune.step.loader_batch_patches``; the probe holds this batch too). The one place the loader batch is
+    computed from the batch: the write-back (``written_values``) and the hand-off's schedule read it."""
+    from autotune.step import loader_batch_patches
+
+    n, crops = int(num_patches_per_iter), max(1, int(num_crops_per_image))
+    images = loader_batch_patches(n, crops) // crops
+    return {BATCH.name: n, "num_images_per_batch": images, "num_crops_per_image": crops}
+
+
 def written_values(record: Mapping[str, Any], cfg: Mapping[str, Any]) -> dict[str, Any]:
     """The plain keys a tuned ``record`` writes into a view (a template family puts them in its own keys):
-    the batch with the loader batch that yields it (``autotune.step.loader_batch_patches``),
+    the batch with the loader batch that yields it (``loader_settings``),
     ``sw_input_on_cpu`` for the validation device (the volume on the CPU while windows run on a GPU, as the
     search recorded it), and any other tunable's value under its view key (``bundle_key`` or its name) where
     the record holds one (a strategy that does not decide it leaves the bundle's value)."""
-    from autotune.step import loader_batch_patches
-
     out: dict[str, Any] = {}
     for t in TUNABLES:
         if t is BATCH:
-            n, crops = int(record[BATCH.name]), max(1, int(cfg.get("num_crops_per_image", 1)))
-            out.update({BATCH.name: n, "num_images_per_batch": loader_batch_patches(n, crops) // crops,
-                        "num_crops_per_image": crops})
+            out.update(loader_settings(int(record[BATCH.name]), int(cfg.get("num_crops_per_image", 1))))
         elif t is VALIDATION_DEVICE:
             out[VALIDATION_DEVICE.bundle_key or VALIDATION_DEVICE.name] = bool(record["sw_input_on_cpu"])
         elif record.get(t.name) is not None:

@@ -38,7 +38,7 @@ def test_the_specs_take_each_tunables_keys_and_monais_names() -> None:
 
 
 def test_a_view_and_a_record_are_read_and_written_through_the_table() -> None:
-    from autotune.search.handoff import loader_settings
+    from autotune.tunables import loader_settings
 
     cfg = {"num_patches_per_iter": 3, "num_sw_batch_size": 5, "sw_input_on_cpu": True, "num_crops_per_image": 2}
     assert bundle_values(cfg) == {"num_patches_per_iter": 3, "num_sw_batch_size": 5, "validation_device": "cpu"}
@@ -168,3 +168,16 @@ def test_a_fourth_tunable_needs_its_definition_and_a_family_key_only(demo_bundle
     flag, universal, help_text = out["cli"]
     assert flag == 3 and universal == {"range_num_prefetch": [1, 6]}
     assert "--num-prefetch P training steps with P batches prefetched (default: the bundle's value)" in help_text
+
+
+def test_a_point_holds_one_value_per_tunable_and_sizes_a_phase_by_sized_by() -> None:
+    from autotune.tunables import Point, loader_settings
+
+    point = Point.of({"num_patches_per_iter": 3, "validation_device": None}, num_sw_batch_size=5)
+    assert point.as_dict() == {"num_patches_per_iter": 3, "num_sw_batch_size": 5}  # None: the bundle's value
+    assert (point.num_patches_per_iter, point.num_sw_batch_size, point.validation_device) == (3, 5, None)
+    assert point.at("joint", 4).num_patches_per_iter == 4 and point.at("infer", 2).num_sw_batch_size == 2
+    assert point.without("num_patches_per_iter").as_dict() == {"num_sw_batch_size": 5}
+    assert Point.taken_from({"num_patches_per_iter": 2, "phase": "train"}).as_dict() == {"num_patches_per_iter": 2}
+    assert Point.of(num_workers=2).unknown() == ["num_workers"] and Point.of(point) == point
+    assert loader_settings(4, 6) == {"num_patches_per_iter": 4, "num_images_per_batch": 2, "num_crops_per_image": 6}

@@ -130,12 +130,15 @@ class SchedulePlan:
 def plan_schedule(cfg: Mapping[str, Any], num_cases: int, epochs: int) -> SchedulePlan:
     """The schedule for ``epochs`` epochs over ``num_cases`` training cases with the bundle's batch.
 
+    The batch and the loader batch are read as training reads them (``autotune.bundles.tuned``);
     ``lr_warmup_samples`` and ``lr_warmup_start_factor`` (written by the tuner when the
     learning rate was scaled up) become a ramp of ``ceil(samples / N)`` steps.
     """
-    crops = int(cfg.get("num_crops_per_image", 1))
-    batch = int(cfg["num_patches_per_iter"])
-    per_epoch = steps_per_epoch(num_cases, int(cfg["num_images_per_batch"]), crops, batch)
+    from autotune.bundles.tuned import tuned_values
+
+    tuned = tuned_values(cfg)
+    crops, batch = tuned.num_crops_per_image, tuned.num_patches_per_iter
+    per_epoch = steps_per_epoch(num_cases, tuned.num_images_per_batch, crops, batch)
     samples = int(num_cases) * crops
     warmup_samples = int(cfg.get("lr_warmup_samples") or 0)
     start = float(cfg.get("lr_warmup_start_factor") or 1.0)

@@ -165,10 +165,11 @@ def _summary(result: dict[str, Any], title: str) -> list[str]:
 def probe_command(args: argparse.Namespace) -> int:
     """Handler of ``autotune probe``: 0 ok, 3 oom, 5 nonfinite, 1 error/killed/timeout."""
     from autotune.probe.runner import run_probe
+    from autotune.tunables import Point
 
     device, validation_device, limit = _resolve_defaults(args)
-    tuned = {**tunable_args(args), "validation_device": validation_device}
-    result = run_probe(args.bundle, **tuned, device=device, memory_limit=limit, timeout=args.timeout, phases=args.phases,
+    point = Point.of(tunable_args(args), validation_device=validation_device)
+    result = run_probe(args.bundle, point, device=device, memory_limit=limit, timeout=args.timeout, phases=args.phases,
                        warmup_steps=args.warmup_steps, measure_steps=args.measure_steps)
     if args.json:
         print(json.dumps(result, indent=2))
@@ -202,13 +203,13 @@ def model_lines(result: dict[str, Any]) -> list[str]:
 def estimate_command(args: argparse.Namespace) -> int:
     """Handler of ``autotune estimate``: prints the estimate, both fits and what fits a limit."""
     from autotune.probe.report import estimate_report
-    from autotune.tunables import sized_by
+    from autotune.tunables import Point, sized_by
     from autotune.utils import format_bytes
 
     device, validation_device, limit = _resolve_defaults(args)
-    tuned = {**tunable_args(args), "validation_device": validation_device}
-    report = estimate_report(args.bundle, device=device, memory_limit=limit, explain=bool(getattr(args, "explain", False)),
-                             **tuned)
+    point = Point.of(tunable_args(args), validation_device=validation_device)
+    report = estimate_report(args.bundle, point, device=device, memory_limit=limit,
+                             explain=bool(getattr(args, "explain", False)))
     result = report["estimate"]
     cuda = device.startswith("cuda")
     if args.json:

@@ -228,11 +228,11 @@ def explain_terms(result: Mapping[str, Any], workspace: Mapping[str, float], *, 
     return out
 
 
-def estimate_on_device(bundle: Any, allowance: Any, *, device: str, template: str | None = None,
+def estimate_on_device(bundle: Any, allowance: Any, point: Any = None, *, device: str, template: str | None = None,
                        explain: bool = False, **estimate_kwargs: Any) -> dict[str, Any]:
-    """``estimate`` of ``bundle`` with the device's figures added (``autotune.probe.estimate``'s keyword
-    arguments pass through). With a device model (``allowance.workspace_factors``), the trace is recorded and
-    simulated: ``{phase}_device_allocated_bytes``, ``{phase}_device_reserved_bytes`` and ``device_peak_bytes``,
+    """``estimate`` of ``bundle`` at ``point`` (``autotune.tunables.Point``) with the device's figures added
+    (``autotune.probe.estimate``'s keyword arguments pass through). With a device model
+    (``allowance.workspace_factors``), the trace is recorded and simulated: ``{phase}_device_allocated_bytes``, ``{phase}_device_reserved_bytes`` and ``device_peak_bytes``,
     with cuDNN's workspace fitted where the bundle lies inside the calibration's domain and none outside it
     (``CudaAllowance.factors_for``): ``device_model_fit`` says which (``fitted``, ``allocator rules``),
     ``device_model_domain`` why, ``device_model_bound`` the out-of-sample bound of that situation (None where
@@ -252,7 +252,7 @@ def estimate_on_device(bundle: Any, allowance: Any, *, device: str, template: st
         cfg = resolve_request(bundle, check_device=False)["config"]
         factors, check = allowance.factors_for(cfg, device)
         template = template or str(cfg.get("algo"))
-    result = dict(estimate(bundle, device=device, record=factors is not None, **estimate_kwargs))
+    result = dict(estimate(bundle, point, device=device, record=factors is not None, **estimate_kwargs))
     if factors is not None:
         release, expandable = allowance.release_after_search, expandable_segments(alloc_conf())
         result.update(device_figures(result, factors, release=release, expandable=expandable))

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.errors import ProbeError
 from autotune.probe.memory_model import MemoryModel
-from autotune.tunables import sized_by
+from autotune.tunables import VALIDATION_DEVICE, Point
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -46,13 +46,13 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["estimate", "fit_memory_model"]
 
 
-def _resolve(bundle: str | Path | Mapping[str, Any], device: str, phases: Any, precision: str | None,
-             tuned: Mapping[str, Any]) -> dict[str, Any]:
-    """Check the arguments the way ``run_probe`` does (``tuned``: each tunable by name); returns a request dict."""
+def _resolve(bundle: str | Path | Mapping[str, Any], point: Point, device: str, phases: Any,
+             precision: str | None) -> dict[str, Any]:
+    """Check the arguments the way ``run_probe`` does; returns a request dict."""
     from autotune.probe.runner import resolve_request
 
-    return resolve_request(bundle, device=device, memory_limit=None, phases=phases, warmup_steps=1, measure_steps=1,
-                           check_device=False, precision=precision, **tuned)
+    return resolve_request(bundle, point, device=device, memory_limit=None, phases=phases, warmup_steps=1,
+                           measure_steps=1, check_device=False, precision=precision)
 
 
 @contextlib.contextmanager
@@ -159,11 +159,13 @@ def _trace_validation(req: Mapping[str, Any], parts: tuple[Any, Any, Any, Any], 
     return traced
 
 
-def estimate(bundle: str | Path | Mapping[str, Any], *, num_patches_per_iter: int | None = None,
-             num_sw_batch_size: int | None = None, validation_device: str = "device", device: str = "cpu",
-             phases: Any = ("train", "infer"), precision: str | None = None, record: bool = False,
+def estimate(bundle: str | Path | Mapping[str, Any], point: Point | Mapping[str, Any] | None = None, *,
+             device: str = "cpu", phases: Any = ("train", "infer"), precision: str | None = None, record: bool = False,
              **tuned: Any) -> dict[str, Any]:
-    """Estimate the peak tensor memory of a probe of ``bundle``, in this process, with fake tensors.
+    """Estimate the peak tensor memory of a probe of ``bundle`` at ``point``, in this process, with fake tensors.
+
+    ``point`` (``autotune.tunables.Point``) and any tunable given as a keyword as in ``run_probe``, except that
+    the validation device left out is ``device`` (the compute device), not the bundle's.
 
     Returns the probe's result keys where they apply (timings are None), with
     ``measured: False``, ``seconds`` (how long the estimate took), the raw peaks
@@ -182,9 +184,9 @@ def estimate(bundle: str | Path | Mapping[str, Any], *, num_patches_per_iter: in
     from autotune.probe.trial import base_result
 
     start = time.perf_counter()
-    req = _resolve(bundle, device, phases, precision, {**tuned, "num_patches_per_iter": num_patches_per_iter,
-                                                       "num_sw_batch_size": num_sw_batch_size,
-                                                       "validation_device": validation_device})
+    point = Point.of(point, **tuned)
+    point = point.with_values(**{VALIDATION_DEVICE.name: point.validation_device or "device"})
+    req = _resolve(bundle, point, device, phases, precision)
     cfg = req["config"]
     result = base_result(req)
     result.update(measured=False, status="ok", device_name=None, device_total_memory=None)
@@ -216,9 +218,11 @@ def estimate(bundle: str | Path | Mapping[str, Any], *, num_patches_per_iter: in
     return result
 
 
-def fit_memory_model(bundle: str | Path | Mapping[str, Any], *, phase: str = "train", n_values: tuple[int, int] = (1, 2),
-                     device: str = "cpu", validation_device: str = "device", **kw: Any) -> MemoryModel:
-    """Fit ``MemoryModel`` for ``phase`` from two estimates at ``n_values``.
+def fit_memory_model(bundle: str | Path | Mapping[str, Any], point: Point | Mapping[str, Any] | None = None, *,
+                     phase: str = "train", n_values: tuple[int, int] = (1, 2), device: str = "cpu",
+                     **tuned: Any) -> MemoryModel:
+    """Fit ``MemoryModel`` for ``phase`` from two estimates at ``n_values`` of the tunable that sizes it, the others
+    at ``point`` (and any tunable given as a keyword, as in ``estimate``).
 
     Raises:
         ProbeError: an unknown phase, n_values not two different positive integers, or a failed estimate.
@@ -229,10 +233,10 @@ def fit_memory_model(bundle: str | Path | Mapping[str, Any], *, phase: str = "tr
     n1, n2 = (int(v) for v in n_values)
     if n1 < 1 or n2 < 1 or n1 == n2:
         raise ProbeError(f"n_values must be two different positive integers, got {n_values!r}")
-    key = sized_by(phase).name
+    point = Point.of(point, **tuned)
     peaks = []
     for n in (n1, n2):
-        res = estimate(bundle, device=device, validation_device=validation_device, phases=(phase,), **{key: n}, **kw)
+        res = estimate(bundle, point.at(phase, n), device=device, phases=(phase,))
         peaks.append(int(res[f"{phase}_peak_bytes"]))
     slope = (peaks[1] - peaks[0]) / (n2 - n1)
     cap = None

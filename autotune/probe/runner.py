@@ -54,7 +54,7 @@ from typing import Any
 from autotune.errors import ProbeError
 from autotune.files import atomic_write_json
 from autotune.probe.isolation import isolation_mode
-from autotune.tunables import TUNABLES, VALIDATION_DEVICE, Tunable
+from autotune.tunables import TUNABLES, VALIDATION_DEVICE, Point, Tunable
 from autotune.utils import look_up_option, parse_bytes
 
 __all__ = ["PHASES", "VALIDATION_DEVICES", "resolve_request", "run_probe"]
@@ -100,15 +100,14 @@ def _check_cuda(device: str) -> None:
         raise ProbeError(f"device {device!r}: only {torch.cuda.device_count()} CUDA device(s) visible")
 
 
-def resolve_request(bundle: str | Path | Mapping[str, Any], *, num_patches_per_iter: int | None = None,
-                    num_sw_batch_size: int | None = None, validation_device: str | None = None, device: str = "cpu",
-                    memory_limit: int | str | None = None, phases: str | Sequence[str] = PHASES,
+def resolve_request(bundle: str | Path | Mapping[str, Any], point: Point | Mapping[str, Any] | None = None, *,
+                    device: str = "cpu", memory_limit: int | str | None = None, phases: str | Sequence[str] = PHASES,
                     warmup_steps: int = 1, measure_steps: int = 2, check_device: bool = True,
                     precision: str | None = None, **tuned: Any) -> dict[str, Any]:
     """Load the bundle config and check every argument; returns the request a trial runs from.
 
-    Each tunable (``autotune.tunables``) is given by its name, ``num_patches_per_iter`` and the others as
-    keywords; None (or left out) means the bundle's value.
+    ``point`` (``autotune.tunables.Point``) holds the tunables' values; a tunable may also be given as a keyword
+    by its name (``num_patches_per_iter=4``), over the point. A tunable left out (or None) means the bundle's value.
 
     ``precision`` (``fp32``, ``bf16``, ``fp16``) is what the trial computes in; None decides it
     here (``autotune.precision.for_config``), so the child never decides on its own.
@@ -137,11 +136,10 @@ def resolve_request(bundle: str | Path | Mapping[str, Any], *, num_patches_per_i
 
     if precision is None:
         precision = for_config(cfg, device).name
-    unknown = sorted(set(tuned) - {t.name for t in TUNABLES})
+    given = Point.of(point, **tuned)
+    unknown = given.unknown()
     if unknown:
         raise ProbeError(f"unknown tunable {unknown[0]!r}; known: {', '.join(t.name for t in TUNABLES)}")
-    given = {**tuned, "num_patches_per_iter": num_patches_per_iter, "num_sw_batch_size": num_sw_batch_size,
-             "validation_device": validation_device}
     values = {t.name: _tuned_value(t, given.get(t.name), cfg) for t in TUNABLES}
     # the step reads a tunable from the view as training reads it from its config: the requested values there
     cfg = {**cfg, **dict(t.view_entry(values[t.name]) for t in TUNABLES)}
@@ -311,18 +309,18 @@ def _classify(result: dict[str, Any], run: _ChildRun, first_phase: str) -> None:
         result["error_tail"] = result.get("error_tail") or run.stderr_tail
 
 
-def run_probe(bundle: str | Path | dict, *, num_patches_per_iter: int | None = None, num_sw_batch_size: int | None = None,
-              validation_device: str | None = None, device: str = "auto", memory_limit: int | str | None = None,
-              timeout: float = 300.0, phases: tuple[str, ...] = PHASES, warmup_steps: int = 1, measure_steps: int = 2,
-              env: Mapping[str, str] | None = None, precision: str | None = None, **tuned: Any) -> dict[str, Any]:
-    """Run one measured trial of ``bundle`` in an isolated child; returns the result dict.
+def run_probe(bundle: str | Path | dict, point: Point | Mapping[str, Any] | None = None, *, device: str = "auto",
+              memory_limit: int | str | None = None, timeout: float = 300.0, phases: tuple[str, ...] = PHASES,
+              warmup_steps: int = 1, measure_steps: int = 2, env: Mapping[str, str] | None = None,
+              precision: str | None = None, **tuned: Any) -> dict[str, Any]:
+    """Run one measured trial of ``bundle`` at ``point`` in an isolated child; returns the result dict.
 
-    A dict ``bundle`` is the config itself; a path is a bundle folder or its YAML. None for
-    N or M means the bundle's value; None for ``validation_device``, where the bundle keeps the
-    volume (``cpu`` when it sets ``sw_input_on_cpu``). ``device`` ``auto`` is the first GPU, else the
-    CPU. ``memory_limit`` is bytes or a size such as ``"8GiB"`` (CPU: the tracked tensor peak may
-    not pass it; CUDA: the caching allocator is capped at it). ``env`` adds to
-    the child's environment. ``precision`` and any other tunable (``tuned``) as in ``resolve_request``. See
+    A dict ``bundle`` is the config itself; a path is a bundle folder or its YAML. ``point`` and any tunable
+    given as a keyword as in ``resolve_request``: N or M left out means the bundle's value; the
+    ``validation_device`` left out, where the bundle keeps the volume (``cpu`` when it sets
+    ``sw_input_on_cpu``). ``device`` ``auto`` is the first GPU, else the CPU. ``memory_limit`` is bytes or a
+    size such as ``"8GiB"`` (CPU: the tracked tensor peak may not pass it; CUDA: the caching allocator is
+    capped at it). ``env`` adds to the child's environment. ``precision`` as in ``resolve_request``. See
     the module docstring for the statuses.
 
     Raises:
@@ -335,10 +333,8 @@ def run_probe(bundle: str | Path | dict, *, num_patches_per_iter: int | None = N
 
     start = time.perf_counter()
     device = resolve_device(device)
-    req = resolve_request(bundle, num_patches_per_iter=num_patches_per_iter, num_sw_batch_size=num_sw_batch_size,
-                          validation_device=validation_device, device=device, memory_limit=memory_limit,
-                          phases=phases, warmup_steps=warmup_steps, measure_steps=measure_steps,
-                          precision=precision, **tuned)
+    req = resolve_request(bundle, Point.of(point, **tuned), device=device, memory_limit=memory_limit, phases=phases,
+                          warmup_steps=warmup_steps, measure_steps=measure_steps, precision=precision)
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
         raise ProbeError(f"timeout must be a positive number of seconds, got {timeout!r}")
     child_env = _child_env(env)

@@ -3,8 +3,8 @@
 ``cap_range`` before the search (the training set caps the searched range of patches per
 iteration), ``apply_handoff`` after it (the goodput rule below: the template's reference batch
 or the largest fit), ``handoff_updates`` at write-back (the learning rate and the
-sample-counted schedule follow the handed batch, by the rules in ``autotune.bundles.scaling``),
-``loader_settings`` the loader batch that splits into whole forward passes.
+sample-counted schedule follow the handed batch, by the rules in ``autotune.bundles.scaling``; the
+loader batch of each batch is ``autotune.tunables.loader_settings``).
 
 The goodput rule (``decide``) is plain arithmetic, no torch, no probes: the hand-off feeds it
 measured samples/s, the tests feed it synthetic ones.
@@ -53,9 +53,10 @@ from typing import Any
 from autotune.bundles.scaling import batch_scaling_of, coverage_cap, scaled_learning_rate, steps_per_epoch
 from autotune.errors import AutotuneError
 from autotune.families import family_for
+from autotune.tunables import loader_settings
 
 __all__ = ["DEFAULT_NOISE", "HANDOFFS", "DEFAULT_HANDOFF", "Verdict", "per_sample_efficiency", "decide",
-           "training_set", "cap_range", "batch_report", "apply_handoff", "handoff_updates", "loader_settings"]
+           "training_set", "cap_range", "batch_report", "apply_handoff", "handoff_updates"]
 
 DEFAULT_NOISE = 0.10  # the relative noise of one samples/s figure on a shared machine (objective.TIE_TOLERANCE)
 HANDOFFS = ("goodput", "largest")
@@ -395,12 +396,3 @@ def handoff_updates(cfg: Mapping[str, Any], batch: int, handoff: str = DEFAULT_H
     return {"learning_rate": lr, "lr_warmup_samples": warmup_samples, "lr_warmup_start_factor": start,
             "record": record}
 
-
-def loader_settings(num_patches_per_iter: int, num_crops_per_image: int) -> dict[str, int]:
-    """The loader batch that splits into whole forward passes of N patches: images x crops = lcm(N, crops)
-    (``autotune.step.loader_batch_patches``; the probe holds this batch too)."""
-    from autotune.step import loader_batch_patches
-
-    n, crops = int(num_patches_per_iter), max(1, int(num_crops_per_image))
-    images = loader_batch_patches(n, crops) // crops
-    return {"num_patches_per_iter": n, "num_images_per_batch": images, "num_crops_per_image": crops}

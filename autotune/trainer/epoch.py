@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from autotune.utils import bars_enabled
 
 if TYPE_CHECKING:  # pragma: no cover
+    from autotune.bundles.tuned import TunedValues
     from autotune.finite import StepGuard
     from autotune.trainer.ddp import DistContext
     from autotune.trainer.fallback import MemoryFallbacks
@@ -38,7 +39,8 @@ class EpochParts:
 
     Attributes:
         ctx: this process's rank, world size and device.
-        cfg: the bundle config (``num_patches_per_iter``, sliding-window settings, classes).
+        cfg: the bundle config (sliding-window settings, classes).
+        tuned: the tuned values it trains with (``autotune.bundles.tuned``: the patches per pass).
         recipe: the network (``model``; ``net`` is what trains, DDP-wrapped with several processes),
             loss, optimizer, schedule, scaler, autocast dtype and NVTX ranges.
         memory: the limit and peaks per phase.
@@ -51,6 +53,7 @@ class EpochParts:
 
     ctx: DistContext
     cfg: Mapping[str, Any]
+    tuned: TunedValues
     recipe: ModelSetup
     memory: PhaseMemory
     train_loader: Any
@@ -129,7 +132,7 @@ def _train_batch(parts: EpochParts, batch: Mapping[str, Any], tracker: Any, loss
     recipe, guard = parts.recipe, parts.guard
     progress.batch_passes = 0
     with parts.memory.tracking():
-        for image, label in split_patches(images, labels, int(parts.cfg["num_patches_per_iter"])):
+        for image, label in split_patches(images, labels, parts.tuned.num_patches_per_iter):
             if progress.batch_passes < skip_passes:
                 progress.batch_passes += 1
                 continue

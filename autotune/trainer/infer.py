@@ -1,7 +1,8 @@
 """Sliding-window prediction: validation Dice during training, and NIfTI predictions for new images.
 
-Both run ``autotune.step.sliding_window_predict`` with the bundle's tuned settings
-(``num_sw_batch_size``, ``sw_overlap``, the image on the CPU when ``sw_input_on_cpu``).
+Both run ``autotune.step.sliding_window_predict`` with the bundle's tuned settings, read through
+``autotune.bundles.tuned`` (``num_sw_batch_size``, the image on the CPU when ``sw_input_on_cpu``), and
+its ``sw_overlap``.
 Predictions are written in each input's own geometry: the infer transforms'
 orientation and resampling are inverted with MONAI's ``Invertd`` (nearest neighbour).
 """
@@ -14,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from autotune.bundles.tuned import tuned_values
 from autotune.errors import ConfigError, HostWriteError, InputError
 from autotune.utils import bars_enabled, read_json
 
@@ -98,9 +100,10 @@ def _refuse_other_shapes(cfg: Mapping[str, Any], model: Any, weights: Mapping[st
 
 
 def predict_args(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """The sliding window's arguments: the roi, the tuned window batch (``autotune.bundles.tuned``), the overlap."""
     return {
         "roi_size": [int(v) for v in cfg["roi_size"]],
-        "sw_batch_size": int(cfg.get("num_sw_batch_size", 1)),
+        "sw_batch_size": tuned_values(cfg).num_sw_batch_size,
         "overlap": float(cfg.get("sw_overlap", 0.5)),
     }
 
@@ -133,7 +136,7 @@ def evaluate(
 
     sigmoid = bool(cfg.get("sigmoid"))
     num_classes = int(cfg["output_classes"])
-    image_device = "cpu" if cfg.get("sw_input_on_cpu") else device
+    image_device = tuned_values(cfg).image_device(device)
     metric = make_dice_metric(cfg)
     count = num_classes if sigmoid else num_classes - 1
     sums, counts = [0.0] * count, [0.0] * count
@@ -295,7 +298,7 @@ class _Predictor:
         self.cfg, self.model, self.device = cfg, model, device
         self.transforms = build_transforms(cfg, "infer")
         self.invert = Invertd(keys="pred", transform=self.transforms, orig_keys="image", nearest_interp=True)
-        self.image_device = "cpu" if cfg.get("sw_input_on_cpu") else device
+        self.image_device = tuned_values(cfg).image_device(device)
         self.amp_dtype = amp_dtype(cfg, device)
 
     def __call__(self, item: Any) -> tuple[Any, Any]:

@@ -30,19 +30,19 @@ def start_fallbacks(cfg: Mapping[str, Any], ctx: Any, limit: int | None, model: 
                     restarted: bool = False) -> MemoryFallbacks:
     """The step-downs a run starts with: none, or those an earlier run of this bundle recorded at the same batch,
     limit and device (``from_record`` then says so in a line); rank 0 learns from every new one."""
-    from autotune.bundles.plan import plan_of
+    from autotune.bundles.tuned import tuned_values
 
     def say(line: str) -> None:
         if ctx.is_main:
             print(line, file=sys.stderr, flush=True)
 
-    parts = batch_reducing_parts(cfg, model)
-    fallbacks = MemoryFallbacks(int(cfg.get("num_sw_batch_size") or 1), bool(cfg.get("sw_input_on_cpu")), ctx.device,
-                                limit, say=say, exact_note=", ".join(parts))
+    parts, tuned = batch_reducing_parts(cfg, model), tuned_values(cfg)
+    fallbacks = MemoryFallbacks(tuned.num_sw_batch_size, tuned.sw_input_on_cpu, ctx.device, limit, say=say,
+                                exact_note=", ".join(parts))
     fallbacks.restarted = restarted
-    plan = plan_of(cfg)
+    plan = tuned.plan
     record = dict((plan.training_oom if plan is not None else None) or {})
-    if (record and int(record.get("num_patches_per_iter", 0)) == int(cfg["num_patches_per_iter"])
+    if (record and int(record.get("num_patches_per_iter", 0)) == tuned.num_patches_per_iter
             and record.get("memory_limit") == limit and record.get("device") == str(ctx.device)):
         fallbacks.micro_batches = max(1, int(record.get("micro_batches", 1)))
         fallbacks.sw_batch = max(1, min(fallbacks.sw_batch, int(record.get("sw_batch", fallbacks.sw_batch))))
@@ -59,12 +59,13 @@ def learn_from(cfg: Mapping[str, Any], fallbacks: MemoryFallbacks, event: Mappin
     """Write ``event`` (a step-down) into the bundle's ``tuning.training_oom`` and, for a training pass under the
     key's own limit on the tuned device, into the key's study. A refused write is a warning."""
     from autotune.bundles.config import update_bundle_config
-    from autotune.bundles.plan import plan_of
+    from autotune.bundles.tuned import tuned_values
 
-    plan = plan_of(cfg)
+    tuned = tuned_values(cfg)
+    plan = tuned.plan
     if plan is None:
         return
-    patches = int(cfg["num_patches_per_iter"])
+    patches = tuned.num_patches_per_iter
     earlier = dict(plan.training_oom or {})
     if event["phase"] == "training" and fallbacks.study is None:  # the batch's failure goes to the study once
         if (earlier.get("num_patches_per_iter") == patches and earlier.get("memory_limit") == fallbacks.limit

@@ -21,9 +21,9 @@ __all__ = ["PhaseMemory", "training_limit", "out_of_memory_error", "alloc_conf_w
 def training_limit(cfg: dict[str, Any], device: str, memory_limit: int | str | None) -> int | None:
     """The limit training keeps: the one given, else the tuning block's when training on the tuned
     device. A limit or device other than the tuned ones gets one warning line naming both."""
-    from autotune.bundles.plan import plan_of
+    from autotune.bundles.tuned import tuned_values
 
-    plan = plan_of(cfg)
+    plan = tuned_values(cfg).plan
     limit = None if memory_limit is None else parse_bytes(memory_limit, "--memory-limit")
     if plan is None:
         return limit
@@ -61,6 +61,7 @@ def out_of_memory_error(exc: BaseException, cfg: dict[str, Any], limit: int | No
     """``TrainingOutOfMemory`` (one line, what was tried, what to do) when ``exc`` is an out-of-memory error in
     ``phase`` of ``epoch``, else None. ``exc.tried`` (``autotune.trainer.fallback.StepDownsExhausted``) says
     which step-downs failed too."""
+    from autotune.bundles.tuned import tuned_values
     from autotune.errors import TrainingOutOfMemory
     from autotune.probe.memory import is_oom_error
 
@@ -68,8 +69,9 @@ def out_of_memory_error(exc: BaseException, cfg: dict[str, Any], limit: int | No
         return None
     under = format_bytes(limit) if limit else "the device's memory"
     tried = getattr(exc, "tried", "")
+    tuned = tuned_values(cfg)
     what = (f"tried {tried}" if tried else
-            f"{cfg['num_patches_per_iter']} patches per pass, sw batch {cfg['num_sw_batch_size']}")
+            f"{tuned.num_patches_per_iter} patches per pass, sw batch {tuned.num_sw_batch_size}")
     return TrainingOutOfMemory(
         f"{cfg['bundle_root']}: out of memory in {phase} of epoch {epoch} under {under} ({what}); "
         f"run 'autotune tune' again at this limit or lower num_patches_per_iter; {last_checkpoint} "

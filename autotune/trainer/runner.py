@@ -89,12 +89,14 @@ def train(
         DataError / InputError: unusable data.
     """
     from autotune.bundles.config import load_bundle_config
+    from autotune.bundles.tuned import tuned_values
     from autotune.device import resolve_device
     from autotune.trainer.data import resolve_options
 
     device = resolve_device(device)
     _check_args(epochs, max_time, val_every, nproc)
     cfg = load_bundle_config(bundle)  # fail here, in one process, on a bad bundle
+    tuned_values(cfg)  # and on a batch stated inconsistently (autotune.bundles.tuned)
     _check_trained_here(bundle, cfg, memory_limit)
     _check_data(bundle, cfg)
     resolve_options(cfg, mode, "cpu")

@@ -62,6 +62,7 @@ def setup_data(cfg: Mapping[str, Any], ctx: DistContext, mode: str, total_epochs
     it may take, None on the CPU) and build datasets and loaders."""
     import autotune.trainer.data as data
     from autotune.build import build_transforms
+    from autotune.bundles.tuned import tuned_values
 
     seed = int(cfg.get("seed", 0))
     train_cases, val_cases, split_note = data.split_datalist(cfg)
@@ -77,7 +78,8 @@ def setup_data(cfg: Mapping[str, Any], ctx: DistContext, mode: str, total_epochs
     train_ds = data.make_dataset(train_cases, train_transforms, opts, "train", progress)
     val_ds = data.make_dataset(val_cases, build_transforms(cfg, "val"), opts, "val", progress)
     return DataSetup(
-        opts=opts, train_loader=data.make_loader(train_ds, int(cfg["num_images_per_batch"]), opts, shuffle=True),
+        opts=opts, train_loader=data.make_loader(train_ds, tuned_values(cfg).num_images_per_batch, opts,
+                                                    shuffle=True),
         val_loader=data.make_loader(val_ds, 1, opts, shuffle=False), train_transforms=train_transforms,
         # the schedule counts samples: epochs x cases x crops, in ceil(samples / N) optimizer steps
         plan=plan_schedule(cfg, len(train_ds), total_epochs), split_note=split_note,

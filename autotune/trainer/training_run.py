@@ -14,7 +14,7 @@ import time
 from dataclasses import asdict
 from typing import Any
 
-from autotune.bundles.plan import plan_of
+from autotune.bundles.tuned import tuned_values
 from autotune.errors import HostWriteError, TrainingStopped
 from autotune.files import atomic_write_json
 from autotune.finite import StepGuard, nonfinite_parameters
@@ -59,6 +59,7 @@ class TrainingRun:
         self.t_start = self.clock()
         self.ctx, self.mode, self.resume, self.max_time = ctx, mode, resume, max_time
         self.cfg = load_bundle_config(bundle)
+        self.tuned = tuned_values(self.cfg)  # what it trains and infers with, read once (autotune.bundles.tuned)
         self.progress = progress and ctx.is_main
         self.total_epochs = int(epochs or self.cfg["num_epochs"])  # with a fitted schedule: the plan so far
         self.val_every = int(val_every or self.cfg.get("num_epochs_per_validation", 1) or 1)
@@ -91,8 +92,7 @@ class TrainingRun:
         free = int(torch.cuda.mem_get_info(self.ctx.device)[0])
         if self.memory_limit is not None:
             # Under a limit the cache may only take what the tuned peak leaves (the probe never held it).
-            tuned_peak = int(getattr(plan_of(self.cfg), "peak_bytes", None) or 0)
-            free = max(0, min(free, int(self.memory_limit) - tuned_peak))
+            free = max(0, min(free, int(self.memory_limit) - int(self.tuned.tuned_peak_bytes or 0)))
         return free
 
     def _setup(self) -> None:
@@ -107,10 +107,10 @@ class TrainingRun:
         guard = StepGuard(self.recipe.model, (lambda flag: all_ranks_max(ctx, [flag])[0]) if ctx.enabled else None)
         self.fallbacks = start_fallbacks(self.cfg, ctx, self.memory_limit, self.recipe.model, self.restarted)
         self.parts = EpochParts(
-            ctx=ctx, cfg=self.cfg, recipe=self.recipe, memory=self.memory, train_loader=self.data.train_loader,
-            val_loader=self.data.val_loader, train_transforms=self.data.train_transforms,
-            seed=int(self.cfg.get("seed", 0)), total_epochs=self.total_epochs, progress=self.progress, guard=guard,
-            clock=PhaseClock(ctx.device), fallbacks=self.fallbacks)
+            ctx=ctx, cfg=self.cfg, tuned=self.tuned, recipe=self.recipe, memory=self.memory,
+            train_loader=self.data.train_loader, val_loader=self.data.val_loader, seed=int(self.cfg.get("seed", 0)),
+            train_transforms=self.data.train_transforms, total_epochs=self.total_epochs, progress=self.progress,
+            guard=guard, clock=PhaseClock(ctx.device), fallbacks=self.fallbacks)
         if self.set_by == "max_time":
             self.fit = TimeFit(budget_s=float(self.max_time), batches_per_epoch=len(self.data.train_loader),
                                planned_epochs=self.total_epochs, val_every=self.val_every,
@@ -141,7 +141,7 @@ class TrainingRun:
 
     def memory_report(self) -> dict[str, Any]:
         """The run's peaks so far next to the tuned prediction and the limit."""
-        return self.memory.report(getattr(plan_of(self.cfg), "peak_bytes", None))
+        return self.memory.report(self.tuned.tuned_peak_bytes)
 
     def _check_room(self) -> None:
         """Refuse, on every rank, a run whose model folder or disk cache lacks room (rank 0 decides)."""

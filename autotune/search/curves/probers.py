@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from autotune.tunables import TUNABLES
+from autotune.tunables import BATCH, VALIDATION_DEVICE, Point, sized_by
 
 __all__ = ["Prober", "ProbeProber", "EstimateProber", "loader_bytes_fn"]
 
@@ -38,14 +38,6 @@ class Prober(Protocol):
 
     def config(self) -> dict[str, Any]:
         """The bundle's resolved config."""
-
-
-def _point_kwargs(point: Mapping[str, Any]) -> dict[str, Any]:
-    kwargs: dict[str, Any] = {}
-    for key in (t.name for t in TUNABLES):
-        if point.get(key) is not None:
-            kwargs[key] = point[key]
-    return kwargs
 
 
 def loader_bytes_fn(cfg: Mapping[str, Any]) -> Callable[[int], float]:
@@ -118,7 +110,7 @@ class _ModelMixin:
         from autotune.probe import estimate
         from autotune.search.curves.sparse import MAX_PASSES, SparseCurve
 
-        size, kwargs, cap, step = self._curve_axis(phase, point)
+        rest, cap, step = self._curve_axis(phase, point)
         ratios: dict[int, float] = {}
         device_model = self.factors() is not None
 
@@ -127,13 +119,13 @@ class _ModelMixin:
                 from autotune.probe import estimate_on_device
                 from autotune.search.curves.device import ratio_of
 
-                result = estimate_on_device(self.bundle, self.allowance, device=self.device, phases=(phase,),
-                                            **{size: n}, **kwargs)
+                result = estimate_on_device(self.bundle, self.allowance, rest.at(phase, n), device=self.device,
+                                            phases=(phase,))
                 ratio = ratio_of(result, phase)
                 if ratio is not None:
                     ratios[int(n)] = ratio
             else:
-                result = estimate(self.bundle, device=self.device, phases=(phase,), **{size: n}, **kwargs)
+                result = estimate(self.bundle, rest.at(phase, n), device=self.device, phases=(phase,))
             raw = int(result[f"{phase}_peak_bytes"])
             if on_estimate is not None:
                 on_estimate(n, raw)
@@ -154,20 +146,19 @@ class _ModelMixin:
             return self._planned(RatioCurve(raw_curve, scale, float(offset), ratios), phase)
         return self._allowed(raw_curve)
 
-    def _curve_axis(self, phase: str, point: Mapping[str, Any]) -> tuple[str, dict[str, Any], int | None, Any]:
-        """What a phase's curve runs along: the tunable it is sized by, the point's other values, the cap (the
-        windows, for "infer") and the loader's exact bytes per N (for "train")."""
-        kwargs = _point_kwargs(point)
-        size = "num_patches_per_iter" if phase == "train" else "num_sw_batch_size"
-        kwargs.pop(size, None)
+    def _curve_axis(self, phase: str, point: Mapping[str, Any]) -> tuple[Point, int | None, Any]:
+        """What a phase's curve runs along: the point's values but the tunable that sizes the phase
+        (``sized_by``; a training curve also leaves the validation device to the bundle), the cap (the windows,
+        for "infer") and the loader's exact bytes per N (for "train")."""
+        rest = Point.taken_from(point).without(sized_by(phase).name)
         if phase == "train":
-            kwargs.pop("validation_device", None)
+            rest = rest.without(VALIDATION_DEVICE.name)
         cfg = self.config()
         if phase == "infer":
             from autotune.step import num_windows
 
-            return size, kwargs, num_windows(cfg), None
-        return size, kwargs, None, loader_bytes_fn(cfg)
+            return rest, num_windows(cfg), None
+        return rest, None, loader_bytes_fn(cfg)
 
     def training_replay(self, infer_point: Mapping[str, Any] | None = None) -> tuple[Any, int | None]:
         """The training curve from one estimator pass (``autotune.probe.replay``), plus the device
@@ -179,10 +170,9 @@ class _ModelMixin:
         cfg = self.config()
         crops = int(cfg.get("num_crops_per_image", 1) or 1)
         phases: tuple[str, ...] = ("train", "infer") if infer_point else ("train",)
-        kwargs = {k: v for k, v in _point_kwargs(infer_point or {}).items() if k != "num_patches_per_iter"}
+        point = Point.taken_from(infer_point or {}).with_values(**{BATCH.name: marker_batch(crops)})
         try:
-            result = estimate(self.bundle, device=self.device, phases=phases, num_patches_per_iter=marker_batch(crops),
-                              record=True, **kwargs)
+            result = estimate(self.bundle, point, device=self.device, phases=phases, record=True)
         except Exception as exc:  # the estimator is an aid: the caller falls back
             log.warning("estimate for %s (train) failed: %s", Path(self.bundle).name, exc)
             return None, None
@@ -245,12 +235,12 @@ class ProbeProber(_ModelMixin):
 
         return run_probe(
             self.bundle,
+            Point.taken_from(point),
             device=self.device,
             memory_limit=self.memory_limit,
             timeout=self.timeout,
             phases=tuple(phases),
             env=self.env or None,
-            **_point_kwargs(point),
         )
 
 
@@ -293,8 +283,8 @@ class EstimateProber(_ModelMixin):
         if self.factors() is not None:
             from autotune.probe import estimate_on_device
 
-            result = estimate_on_device(self.bundle, self.allowance, device=self.device, phases=tuple(phases),
-                                        **_point_kwargs(point))
+            result = estimate_on_device(self.bundle, self.allowance, Point.taken_from(point), device=self.device,
+                                        phases=tuple(phases))
             raw = int(result.get("peak_bytes") or 0)
             result["raw_peak_bytes"] = raw
             result["peak_bytes"] = int(result["device_peak_bytes"])
@@ -306,7 +296,7 @@ class EstimateProber(_ModelMixin):
             result["peak_bytes"] = max(planned) if planned else result["peak_bytes"]
             result["plan_scale"] = {phase: self.plan_scale(phase) for phase in phases}
         else:
-            result = dict(estimate(self.bundle, device=self.device, phases=tuple(phases), **_point_kwargs(point)))
+            result = dict(estimate(self.bundle, Point.taken_from(point), device=self.device, phases=tuple(phases)))
             raw = int(result.get("peak_bytes") or 0)
             result["raw_peak_bytes"] = raw
             result["peak_bytes"] = int(raw * self.scale) + self.offset

@@ -18,16 +18,16 @@ from autotune.bundles.config import Bundle, update_bundle_config
 from autotune.bundles.plan import TuningPlan
 from autotune.errors import ConfigError
 from autotune.search.driver.session import Budget, make_budget
+from autotune.tunables import Point, bundle_values
 from autotune.utils import format_bytes
 
 __all__ = ["verify_plan"]
 
 
-def _values(bundle: Bundle) -> dict[str, Any]:
-    """The point the bundle holds: patches per iteration, sliding-window batch, where the volume lives."""
-    cfg = bundle.config
-    return {"num_patches_per_iter": int(cfg["num_patches_per_iter"]), "num_sw_batch_size": int(cfg["num_sw_batch_size"]),
-            "validation_device": "cpu" if cfg.get("sw_input_on_cpu") else "device"}
+def _values(bundle: Bundle) -> Point:
+    """The point the bundle holds: each tunable's value in its view (patches per iteration, sliding-window batch,
+    where the volume lives)."""
+    return Point.of(bundle_values(bundle.config))
 
 
 def _probes(bundle: Bundle, plan: TuningPlan, budget: Budget, timeout: float, probe_env: Mapping[str, str] | None,
@@ -37,15 +37,15 @@ def _probes(bundle: Bundle, plan: TuningPlan, budget: Budget, timeout: float, pr
 
     common = {"device": budget.device, "memory_limit": budget.limit, "timeout": timeout, "env": probe_env}
     values = _values(bundle)
-    at = run_probe(bundle.config, phases=("train", "infer"), **values, **common)
+    at = run_probe(bundle.config, values, phases=("train", "infer"), **common)
     say(f"  at the plan: {at.get('status')}, peak {format_bytes(at.get('peak_bytes'))}")
     top = plan.searched_top or int((bundle.config.get("tuning_ranges") or {}).get("num_patches_per_iter",
                                                                                   [1, 10**6])[1])
     # the goodput hand-off may give training less than the largest fit: the edge is the largest fit's
-    edge = max(values["num_patches_per_iter"], plan.largest_fit)
+    edge = max(int(values.num_patches_per_iter or 1), plan.largest_fit)
     if edge >= top:
         return at, None, False
-    above = run_probe(bundle.config, num_patches_per_iter=edge + 1, phases=("train",), **common)
+    above = run_probe(bundle.config, values.at("train", edge + 1), phases=("train",), **common)
     above_fits = above.get("status") == "ok" and int(above.get("peak_bytes") or 0) <= budget.budget
     say(f"  one above the largest fit ({edge + 1}): {above.get('status')}, peak {format_bytes(above.get('peak_bytes'))}"
         f" -> {'fits: the plan left room' if above_fits else 'does not fit'}")
@@ -58,7 +58,7 @@ def _predicted(bundle: Bundle, plan: TuningPlan, device: str) -> int:
     from autotune.probe import allowance_from_record, estimate_on_device
 
     allowance = allowance_from_record(plan.as_dict(), device)
-    est = estimate_on_device(bundle.config, allowance, device=device, **_values(bundle))
+    est = estimate_on_device(bundle.config, allowance, _values(bundle), device=device)
     return int(est.get("device_peak_bytes") or 0)
 
 
@@ -68,7 +68,7 @@ def _report(bundle: Bundle, plan: TuningPlan, budget: Budget, at: dict[str, Any]
     return {
         "bundle": str(bundle.path), "holds": holds, "device": budget.info["device"],
         "device_name": budget.info["device_name"], "memory_limit": budget.limit, "budget_bytes": budget.budget,
-        **_values(bundle), "measured_peak_bytes": measured,
+        **_values(bundle).as_dict(), "measured_peak_bytes": measured,
         "estimated_peak_bytes": predicted, "estimate_error": abs(predicted - measured) / measured if measured else None,
         "at_plan": at, "one_above": above, "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
@@ -99,8 +99,8 @@ def verify_plan(
     limit = memory_limit if memory_limit is not None else plan.memory_limit
     budget = make_budget(device, limit, plan.margin if plan.margin is not None else DEFAULT_MARGIN, None)
     values = _values(bundle)
-    say(f"verifying {bundle.path}: {values['num_patches_per_iter']} patches/iter, sw batch "
-        f"{values['num_sw_batch_size']} ({values['validation_device']}) on {budget.info['device_name']}, "
+    say(f"verifying {bundle.path}: {values.num_patches_per_iter} patches/iter, sw batch "
+        f"{values.num_sw_batch_size} ({values.validation_device}) on {budget.info['device_name']}, "
         f"budget {format_bytes(budget.budget)}")
     at, above, above_fits = _probes(bundle, plan, budget, timeout, probe_env, say)
     fits = at.get("status") == "ok" and int(at.get("peak_bytes") or 0) <= budget.budget

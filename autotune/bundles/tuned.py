@@ -1,0 +1,110 @@
+"""The tuned values a bundle trains and infers with, read through one typed accessor: ``TunedValues``.
+
+autotune's trainer (``autotune.trainer``: the loader batch, the passes of a step, the out-of-memory line, the
+step-downs it starts from) and its inferer (``autotune.trainer.infer``: the sliding-window batch and where the
+volume lives) read the tuned values only here, as nnU-Net's trainer reads its plans only through its
+``ConfigurationManager``: ``tuned_values(cfg)`` reads each tunable from the bundle's view
+(``autotune.tunables``), the loader batch beside the batch, and the typed ``tuning:`` block
+(``autotune.bundles.plan.TuningPlan``; None for a bundle never tuned).
+
+A bundle states its batch once: ``num_patches_per_iter`` patches per forward pass, each loader batch of
+``num_images_per_batch`` x ``num_crops_per_image`` patches split into whole passes of it (what the write-back
+writes: ``autotune.tunables.loader_settings``; a template may state a loader batch of several passes, as
+DiNTS's 2 x 1 in passes of 1). A bundle whose loader batch is not a whole number of passes (a
+``num_patches_per_iter`` edited by hand past its loader batch: 8 over 2 x 1 would train passes of 2 while its
+out-of-memory line said 8) is refused in one line naming the three keys and what to set; nothing is
+reconciled silently. Bundles written by earlier versions hold the same keys and load unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from autotune.bundles.plan import TuningPlan, plan_of
+from autotune.errors import ConfigError
+from autotune.tunables import BATCH, SW_BATCH, TUNABLES, VALIDATION_DEVICE, Point, loader_settings
+
+__all__ = ["TunedValues", "tuned_values"]
+
+
+@dataclass(frozen=True)
+class TunedValues:
+    """What a bundle trains and infers with (see the module docstring).
+
+    Attributes:
+        point: each tunable's value in the bundle's view (``autotune.tunables.Point``, every tunable present).
+        num_images_per_batch: images per loader batch; ``num_crops_per_image`` patches cropped from each.
+        plan: the typed ``tuning:`` block, or None when the bundle was never tuned.
+    """
+
+    point: Point
+    num_images_per_batch: int
+    num_crops_per_image: int
+    plan: TuningPlan | None = None
+
+    @property
+    def num_patches_per_iter(self) -> int:
+        """Patches per forward pass (and optimizer step)."""
+        return int(self.point.values[BATCH.name])
+
+    @property
+    def num_sw_batch_size(self) -> int:
+        """Windows per pass of the sliding window."""
+        return int(self.point.values[SW_BATCH.name])
+
+    @property
+    def validation_device(self) -> str:
+        """``device`` or ``cpu``: where the validation volume and the stitched output are held."""
+        return str(self.point.values[VALIDATION_DEVICE.name])
+
+    @property
+    def sw_input_on_cpu(self) -> bool:
+        """The volume is held on the CPU while the windows run on the compute device."""
+        return self.validation_device == VALIDATION_DEVICE.choices[1]
+
+    @property
+    def loader_patches(self) -> int:
+        """Patches per loader batch: images x crops."""
+        return self.num_images_per_batch * self.num_crops_per_image
+
+    @property
+    def passes_per_loader_batch(self) -> int:
+        """Forward passes (optimizer steps) per loader batch."""
+        return self.loader_patches // self.num_patches_per_iter
+
+    def image_device(self, device: str) -> str:
+        """Where a validation or inference volume is put for windows running on ``device``."""
+        return "cpu" if self.sw_input_on_cpu else device
+
+    @property
+    def tuned_peak_bytes(self) -> int | None:
+        """The peak the tuning measured (or estimated) at these values; None for a bundle never tuned."""
+        return self.plan.peak_bytes if self.plan is not None else None
+
+
+def tuned_values(cfg: Mapping[str, Any], where: str | None = None) -> TunedValues:
+    """The tuned values of the loaded view ``cfg`` (``where`` names it in an error; default the bundle).
+
+    Raises:
+        ConfigError: the loader batch is not a whole number of passes of ``num_patches_per_iter`` (one line
+            naming the keys and what to set), or the ``tuning:`` block is malformed.
+    """
+    place = where or str(cfg.get("bundle_root") or "bundle config")
+    values = {}
+    for t in TUNABLES:
+        key = t.bundle_key or t.name
+        if t.kind == "int" and key not in cfg:
+            raise ConfigError(f"{place}: key {key!r} is missing; regenerate the bundle with 'autotune generate'")
+        values[t.name] = t.bundle_value(cfg)
+    images, crops = int(cfg["num_images_per_batch"]), max(1, int(cfg.get("num_crops_per_image", 1)))
+    n = int(values[BATCH.name])
+    if (images * crops) % n:
+        fix = loader_settings(n, crops)["num_images_per_batch"]
+        raise ConfigError(
+            f"{place}: {BATCH.name} {n} is not a whole number of passes of the loader batch num_images_per_batch "
+            f"{images} x num_crops_per_image {crops} = {images * crops} patches (training would run passes of "
+            f"other sizes); set num_images_per_batch to {fix}, or {BATCH.name} to a divisor of {images * crops}, "
+            "or run 'autotune tune' again, which writes all three")
+    return TunedValues(Point.of(values), images, crops, plan_of(cfg, where))
