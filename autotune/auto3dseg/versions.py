@@ -4,8 +4,9 @@ A bundle that MONAI's ``BundleGen`` generated carries the template's ``scripts/`
 so the hashes name the template and its version, and tell a tampered script from a known one.
 ``configs`` names the files the version writes into ``configs/`` (each must be there).
 The table is data computed from the templates (``benchmarks/monai_template_hashes.py``), not
-a copy of them. ``SUPPORTED`` are the templates whose training step autotune builds; the
-others are recognised and left as generated ("does not support tuning").
+a copy of them. The templates registered in ``autotune.auto3dseg.templates`` are the ones whose
+training step autotune builds; the others are recognised and left as generated ("does not support
+tuning").
 """
 
 from __future__ import annotations
@@ -13,11 +14,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-__all__ = ["TemplateVersion", "KNOWN_VERSIONS", "SUPPORTED", "MONAI_DEFAULT_VERSION", "supported_line"]
+__all__ = ["TemplateVersion", "KNOWN_VERSIONS", "MONAI_DEFAULT_VERSION", "supported_line"]
 
 #: ``MONAI_ALGO_HASH`` of MONAI 1.6.1 (``monai/utils/misc.py``): the templates it downloads by default
 MONAI_DEFAULT_VERSION = "21ed8e5"
-SUPPORTED = ("segresnet", "dints", "segresnet2d", "swinunetr")
 
 
 @dataclass(frozen=True)
@@ -99,5 +99,7 @@ KNOWN_VERSIONS: dict[tuple[str, str], TemplateVersion] = {
 
 
 def supported_line() -> str:
-    """``segresnet 21ed8e5, dints 21ed8e5``: the versions whose training autotune builds."""
-    return ", ".join(v.label for v in KNOWN_VERSIONS.values() if v.name in SUPPORTED)
+    """``segresnet 21ed8e5, dints 21ed8e5``: the versions whose training autotune builds (registered templates)."""
+    from autotune.auto3dseg.templates import find_template
+
+    return ", ".join(v.label for v in KNOWN_VERSIONS.values() if find_template(v.name) is not None)
