@@ -16,7 +16,7 @@ on ``sys.path``), a child of its own session (``autotune.auto3dseg.supervise``),
   forked by the script are not tracked (their memory is host memory on a GPU, too).
 
 A template whose ``train.py`` hard-codes ``cuda`` (SwinUNETR) runs on the CPU in its CPU context
-(``autotune.auto3dseg.swinunetr.cuda_on_cpu``: ``cuda`` tensors on the CPU, one device counted), named in the
+(``MonaiTemplate.cpu_context``, SwinUNETR's ``cuda_on_cpu``: ``cuda`` tensors on the CPU, one device counted), named in the
 record as ``cpu_context``.
 
 The JSON record (``--peak-json``, default ``<bundle>/autotune/launch.json``) holds the limit, the peaks and the

@@ -3,30 +3,33 @@
 The registry is the only place that knows the templates by name. ``template_named`` gives a bundle's template
 (an unknown one is refused in one line), ``find_template`` the same or None (a recognised template autotune
 does not tune: listed and skipped), ``registered`` every registered template in order. A new template is one
-module holding one subclass of ``MonaiTemplate`` (``base``: its contract) and one ``register`` call, here or in
-the code that adds it (a test registers a fake one in its own file); its scripts' hashes go into
-``autotune.auto3dseg.versions`` so that its bundles are recognised.
+module holding one subclass of ``MonaiTemplate`` (``base``: its contract) with the hashes of its versions'
+scripts (``versions``: how its bundles are recognised), and one ``register`` call, here or in the code that
+adds it (a test registers a fake one in its own file). ``KNOWN_VERSIONS`` holds every registered template's
+versions (``autotune.auto3dseg.versions`` gives it to ``recognise``).
 
 Importing this package imports neither torch nor MONAI.
 """
 
 from __future__ import annotations
 
-from autotune.auto3dseg.templates.base import ConfigReader, MonaiTemplate
+from autotune.auto3dseg.templates.base import ConfigReader, MonaiTemplate, TemplateVersion
 from autotune.auto3dseg.templates.dints import DiNTS
 from autotune.auto3dseg.templates.segresnet import SegResNet
 from autotune.auto3dseg.templates.segresnet2d import SegResNet2D
 from autotune.auto3dseg.templates.swinunetr import SwinUNETR
 from autotune.errors import ConfigError
 
-__all__ = ["MonaiTemplate", "ConfigReader", "register", "unregister", "template_named", "find_template",
-           "registered", "tuned_names"]
+__all__ = ["MonaiTemplate", "ConfigReader", "TemplateVersion", "KNOWN_VERSIONS", "register", "unregister",
+           "template_named", "find_template", "registered", "tuned_names"]
 
 _REGISTRY: dict[str, MonaiTemplate] = {}
+#: (template, version) -> its hashes: the registered templates' ``versions`` (tests add their own bundles' here)
+KNOWN_VERSIONS: dict[tuple[str, str], TemplateVersion] = {}
 
 
 def register(template: MonaiTemplate) -> MonaiTemplate:
-    """Add ``template`` under its ``name``; returns it.
+    """Add ``template`` under its ``name``, and its versions to ``KNOWN_VERSIONS``; returns it.
 
     Raises:
         ValueError: a template of that name is registered already.
@@ -34,12 +37,16 @@ def register(template: MonaiTemplate) -> MonaiTemplate:
     if template.name in _REGISTRY:
         raise ValueError(f"MONAI template {template.name!r} is registered already")
     _REGISTRY[template.name] = template
+    for version, (configs, files) in template.versions.items():
+        KNOWN_VERSIONS[(template.name, version)] = TemplateVersion(template.name, version, configs, files)
     return template
 
 
 def unregister(name: str) -> None:
-    """Remove the template ``name`` (nothing when it is not registered)."""
-    _REGISTRY.pop(name, None)
+    """Remove the template ``name`` and its versions (nothing when it is not registered)."""
+    template = _REGISTRY.pop(name, None)
+    for version in template.versions if template is not None else ():
+        KNOWN_VERSIONS.pop((name, version), None)
 
 
 def find_template(name: str) -> MonaiTemplate | None:
@@ -71,5 +78,5 @@ def tuned_names() -> tuple[str, ...]:
     return tuple(_REGISTRY)
 
 
-for _template in (SegResNet(), DiNTS(), SegResNet2D(), SwinUNETR()):
+for _template in (SegResNet(), DiNTS(), SwinUNETR(), SegResNet2D()):
     register(_template)

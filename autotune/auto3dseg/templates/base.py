@@ -17,13 +17,36 @@ import contextlib
 import hashlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
 from autotune.errors import ConfigError
 from autotune.utils import plain_data
 
-__all__ = ["MonaiTemplate", "ConfigReader", "file_sha256"]
+__all__ = ["MonaiTemplate", "ConfigReader", "TemplateVersion", "KnownVersion", "known_version", "file_sha256"]
+
+#: one version of a template: the ``configs/`` files it writes and ``scripts/<file>`` -> SHA-256
+KnownVersion = tuple[tuple[str, ...], Mapping[str, str]]
+
+
+def known_version(configs: tuple[str, ...], files: Mapping[str, str]) -> KnownVersion:
+    """A version's entry in ``MonaiTemplate.versions`` (as ``benchmarks/monai_template_hashes.py`` prints it)."""
+    return tuple(configs), dict(files)
+
+
+@dataclass(frozen=True)
+class TemplateVersion:
+    """One version of one template: its name, version, config file names and file hashes."""
+
+    name: str
+    version: str
+    configs: tuple[str, ...]
+    files: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} {self.version}"
 
 
 def file_sha256(path: Path) -> str:
@@ -87,6 +110,8 @@ class MonaiTemplate(ABC):
     The contract, for each bundle recognised as this template (``autotune.auto3dseg.recognise``):
 
     - ``name``: the template's name, as MONAI's ``BundleAlgo`` and the recognised version give it;
+    - ``versions``: the versions autotune knows, by the SHA-256 of their scripts (how a bundle is recognised:
+      ``autotune.auto3dseg.recognise``; computed from the templates by ``benchmarks/monai_template_hashes.py``);
     - ``keys``: each tunable (``autotune.tunables``) -> the ``hyper_parameters.yaml`` keys (``a#b``) it is
       written to;
     - ``prepare_parser``: changes to MONAI's parser before anything is resolved (DiNTS's architecture code);
@@ -107,6 +132,8 @@ class MonaiTemplate(ABC):
 
     #: the template's name (``BundleAlgo.name``, the first part of a version's key)
     name: ClassVar[str]
+    #: version (``MONAI_ALGO_HASH``) -> its config files and script hashes (``known_version``)
+    versions: ClassVar[Mapping[str, KnownVersion]] = {}
     #: tunable -> the keys of ``configs/hyper_parameters.yaml`` it is written to
     keys: ClassVar[Mapping[str, tuple[str, ...]]]
     #: True when the template's training loop leaves the parameters without gradients (``param.grad = None``)

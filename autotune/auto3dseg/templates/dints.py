@@ -28,7 +28,13 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from autotune.auto3dseg.templates.base import ConfigReader, MonaiTemplate, file_sha256
+from autotune.auto3dseg.templates.base import (
+    ConfigReader,
+    KnownVersion,
+    MonaiTemplate,
+    file_sha256,
+    known_version,
+)
 from autotune.errors import ConfigError
 from autotune.utils import plain_data
 
@@ -171,6 +177,22 @@ class DiNTS(MonaiTemplate):
     """MONAI's DiNTS template (see the module docstring)."""
 
     name: ClassVar[str] = "dints"
+    versions: ClassVar[Mapping[str, KnownVersion]] = {
+        "21ed8e5": known_version(
+            configs=('hyper_parameters.yaml', 'hyper_parameters_search.yaml', 'network.yaml', 'network_search.yaml', 'transforms_infer.yaml', 'transforms_train.yaml', 'transforms_validate.yaml'),
+            files={
+                "scripts/__init__.py": "b3d76349dea4bd588f9c5bcc475d4381ddf42efe2863a15a3c9af86592592ead",
+                "scripts/algo.py": "216830943f2056729294225b16786e9b88ef793ee42c2f360fc568c593116347",
+                "scripts/arch_code.pth": "cbd8418d29563d32c1fac23a2ad05ec847b926176595aaff27a1b4b1167b3d97",
+                "scripts/dummy_runner.py": "fa134f44090da1cf123b427bb097d09fed36caba4288e210661f4d8715dff337",
+                "scripts/infer.py": "be1f2bc28fb526d384deddd5c0a0774068246e6cb71c4e7983e021473bf5fb4c",
+                "scripts/search.py": "70b1affaa36eed6d844bfd75717c49f6fad366dc94bae864a9e6e566d70c4ce4",
+                "scripts/train.py": "eabbea9ca246dba5eccce75562b4cd515ec5466f8b4a83e442ab8836890889b4",
+                "scripts/utils.py": "cccc6f6639e5577baf4f9af71c4a9c141139f80be1e6e993edc828bd674518d7",
+                "scripts/validate.py": "f68cfa0cf819d89ef8eacc72f0f308de8c36a8feeea0e6b8464aed063d2c74d9",
+            },
+        ),
+    }
     keys: ClassVar[Mapping[str, tuple[str, ...]]] = {
         "num_patches_per_iter": ("training#num_patches_per_iter", "training#num_images_per_batch",
                                  "training#num_crops_per_image", "training#auto_scale_allowed"),

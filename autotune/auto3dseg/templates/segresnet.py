@@ -24,7 +24,7 @@ import copy
 from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar
 
-from autotune.auto3dseg.templates.base import ConfigReader, MonaiTemplate
+from autotune.auto3dseg.templates.base import ConfigReader, KnownVersion, MonaiTemplate, known_version
 
 __all__ = ["SegResNet", "SW_OVERLAP", "segmenter_loop", "segmenter_updates"]
 
@@ -123,6 +123,20 @@ class SegResNet(MonaiTemplate):
     """MONAI's SegResNet template (see the module docstring)."""
 
     name: ClassVar[str] = "segresnet"
+    versions: ClassVar[Mapping[str, KnownVersion]] = {
+        "21ed8e5": known_version(
+            configs=('hyper_parameters.yaml',),
+            files={
+                "scripts/__init__.py": "b3d76349dea4bd588f9c5bcc475d4381ddf42efe2863a15a3c9af86592592ead",
+                "scripts/algo.py": "37e2d6ff0d7244fe734949aa5ace5ac64306b3002bdc3dacefad745d4fec7a8b",
+                "scripts/infer.py": "55d90df3430f0b11740c04c232d85038077d5395863963ef350f7f11c14ae93c",
+                "scripts/segmenter.py": "0477831782c5855966f2a4dd3c5079f1bc93b7d2e6331e6a0badde6e40b41d43",
+                "scripts/train.py": "35929803646ddc9c94251600f47b0b67881cf2e07668295f2412cbb10f141024",
+                "scripts/utils.py": "a66d447c1f77d7f20f63b19ce92c4cd9a7684134865c92c544e75c14b4e805d5",
+                "scripts/validate.py": "958a94e384fa01244d1b863848816306f018c8fd7de2d49b5cbdef54a0a3c4d0",
+            },
+        ),
+    }
     keys: ClassVar[Mapping[str, tuple[str, ...]]] = {
         "num_patches_per_iter": ("batch_size", "num_crops_per_image", "num_steps_per_image", "auto_scale_allowed"),
         "num_sw_batch_size": ("sliding_inferrer#sw_batch_size",),

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
-from autotune.auto3dseg.templates.base import ConfigReader, MonaiTemplate
+from autotune.auto3dseg.templates.base import ConfigReader, KnownVersion, MonaiTemplate, known_version
 from autotune.auto3dseg.templates.segresnet import SegResNet, segmenter_loop, segmenter_updates
 from autotune.errors import ConfigError
 
@@ -172,6 +172,21 @@ class SegResNet2D(MonaiTemplate):
     """MONAI's SegResNet2D template (see the module docstring)."""
 
     name: ClassVar[str] = "segresnet2d"
+    versions: ClassVar[Mapping[str, KnownVersion]] = {
+        "21ed8e5": known_version(
+            configs=('hyper_parameters.yaml',),
+            files={
+                "scripts/__init__.py": "b3d76349dea4bd588f9c5bcc475d4381ddf42efe2863a15a3c9af86592592ead",
+                "scripts/algo.py": "1cceb5dcbd8467d0f1da9632030895f9efa5f9be54071bd41075e023c168a1bd",
+                "scripts/infer.py": "a2b09d0ca302aa31b031b8e28d872679852ba7ab11bdcb426215cecab34694d4",
+                "scripts/segmenter.py": "ef7ef494fcf51605fa04bc6ae38333dee4e4f6488c2a35866df7224b685c7f66",
+                "scripts/segmenter_2d.py": "561076218d4ea1d978548e3426f47ae767637489b2db78ea49da40a1e538401c",
+                "scripts/train.py": "895b00236546a4515e6c3bacc27406196ee461f08310a3c8c7ea41517b3d77bc",
+                "scripts/utils.py": "183ea6bee1f7dbea2ec8b9f57cb78366fe5600245fbb06852869ea9f641928ff",
+                "scripts/validate.py": "7d669f97a85f22c8d024dcf90a59335f86c412f8205dac756ca62d6214e32aaa",
+            },
+        ),
+    }
     keys: ClassVar[Mapping[str, tuple[str, ...]]] = SegResNet.keys  # Segmenter2D reads them as Segmenter does
     validates_without_gradients: ClassVar[bool] = True  # Segmenter.train_epoch too
 

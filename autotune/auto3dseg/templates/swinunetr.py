@@ -39,7 +39,7 @@ import sys
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, ClassVar
 
-from autotune.auto3dseg.templates.base import ConfigReader, MonaiTemplate
+from autotune.auto3dseg.templates.base import ConfigReader, KnownVersion, MonaiTemplate, known_version
 from autotune.auto3dseg.templates.dints import train_py_loop, train_py_updates, train_py_values
 
 __all__ = ["SwinUNETR", "DEFAULT_GENERATION_MEMORY", "generation_memory", "visible_gpu_memory", "build", "validate",
@@ -227,6 +227,19 @@ class SwinUNETR(MonaiTemplate):
     """MONAI's SwinUNETR template (see the module docstring)."""
 
     name: ClassVar[str] = "swinunetr"
+    versions: ClassVar[Mapping[str, KnownVersion]] = {
+        "21ed8e5": known_version(
+            configs=('hyper_parameters.yaml', 'network.yaml', 'transforms_infer.yaml', 'transforms_train.yaml', 'transforms_validate.yaml'),
+            files={
+                "scripts/__init__.py": "b3d76349dea4bd588f9c5bcc475d4381ddf42efe2863a15a3c9af86592592ead",
+                "scripts/algo.py": "8b418221bb87efecd221bc5d4b9176088358b4045629ac86d93926a60eb8a2d1",
+                "scripts/dummy_runner.py": "90f25b86a5b7d424a6bb7831b275906c2cc8f741dc833c140428ddb488070286",
+                "scripts/infer.py": "9bbe4488c2784d1f6705f7751721ec141062d721f568653651222fb73b9f89c9",
+                "scripts/train.py": "76a60432dbb6f0ded0148cfa3aac8940b201d6b4fcfd6c2e6b2804e0e5d9a1a9",
+                "scripts/validate.py": "dda87535e4dfad8b27f50055abe99c2aec6d4121553264fe07ea67135683ba7f",
+            },
+        ),
+    }
     keys: ClassVar[Mapping[str, tuple[str, ...]]] = {
         "num_patches_per_iter": ("num_patches_per_iter", "num_images_per_batch", "num_crops_per_image",
                                  "auto_scale_allowed"),
