@@ -46,6 +46,11 @@ class MonaiTemplates(TemplateFamily):
 
         return tuple(dict.fromkeys(version.name for version in KNOWN_VERSIONS.values()))
 
+    def spec_aliases(self) -> dict[str, str]:
+        from autotune.auto3dseg.templates import registered
+
+        return {alias: template.name for template in registered() for alias in template.spec_aliases}
+
     def generates(self, templates: Any) -> bool:
         from autotune.auto3dseg.bundlegen import is_monai_templates
 

@@ -112,6 +112,7 @@ class MonaiTemplate(ABC):
     - ``name``: the template's name, as MONAI's ``BundleAlgo`` and the recognised version give it;
     - ``versions``: the versions autotune knows, by the SHA-256 of their scripts (how a bundle is recognised:
       ``autotune.auto3dseg.recognise``; computed from the templates by ``benchmarks/monai_template_hashes.py``);
+    - ``spec_aliases``: other keys MONAI's own template reads its ``gpu_customization_specs`` under;
     - ``keys``: each tunable (``autotune.tunables``) -> the ``hyper_parameters.yaml`` keys (``a#b``) it is
       written to;
     - ``prepare_parser``: changes to MONAI's parser before anything is resolved (DiNTS's architecture code);
@@ -134,6 +135,8 @@ class MonaiTemplate(ABC):
     name: ClassVar[str]
     #: version (``MONAI_ALGO_HASH``) -> its config files and script hashes (``known_version``)
     versions: ClassVar[Mapping[str, KnownVersion]] = {}
+    #: other names MONAI's own template reads its ``gpu_customization_specs`` under (its spelling)
+    spec_aliases: ClassVar[tuple[str, ...]] = ()
     #: tunable -> the keys of ``configs/hyper_parameters.yaml`` it is written to
     keys: ClassVar[Mapping[str, tuple[str, ...]]]
     #: True when the template's training loop leaves the parameters without gradients (``param.grad = None``)

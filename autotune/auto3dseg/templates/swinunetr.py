@@ -227,6 +227,7 @@ class SwinUNETR(MonaiTemplate):
     """MONAI's SwinUNETR template (see the module docstring)."""
 
     name: ClassVar[str] = "swinunetr"
+    spec_aliases: ClassVar[tuple[str, ...]] = ("swunetr",)  # scripts/algo.py, customize_param_for_gpu (sic)
     versions: ClassVar[Mapping[str, KnownVersion]] = {
         "21ed8e5": known_version(
             configs=('hyper_parameters.yaml', 'network.yaml', 'transforms_infer.yaml', 'transforms_train.yaml', 'transforms_validate.yaml'),
