@@ -183,3 +183,48 @@ def test_a_template_is_registered_once() -> None:
 
     with pytest.raises(ValueError, match="registered already"):
         register(type(find_template("dints"))())
+
+
+_NAMES = {"segresnet", "segresnet2d", "dints", "swinunetr", "unet"}
+# the registries: MONAI's templates (one module each) and the calibration's own templates
+_REGISTRIES = ("auto3dseg/templates/", "families/own.py")
+
+
+def _names_compared_or_keyed(tree: Any) -> list[int]:
+    """Lines where a template's name is compared, is a dict key, or is in a literal table of names."""
+    import ast
+
+    def named(node: Any) -> bool:
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            return any(named(e) for e in node.elts)
+        return (isinstance(node, ast.Constant) and node.value in _NAMES) or (
+            isinstance(node, (ast.Name, ast.Attribute)) and getattr(node, "id", getattr(node, "attr", "")) == "NAME")
+
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare) and any(named(op) for op in (node.left, *node.comparators)):
+            found.append(node.lineno)
+        elif isinstance(node, ast.Dict) and any(k is not None and named(k) for k in node.keys):
+            found.append(node.lineno)
+        elif isinstance(node, (ast.Tuple, ast.List, ast.Set)) and named(node):
+            found.append(node.lineno)
+    return found
+
+
+def test_no_template_is_told_apart_by_name_outside_the_registries() -> None:
+    """No name compared and no table keyed by one outside the registries (``autotune.auto3dseg.templates``,
+    ``autotune.families.own``); no ``"module:function"`` string for importlib in MONAI's templates' package."""
+    import ast
+    import re
+
+    package = Path(__file__).resolve().parents[2] / "autotune"
+    target = re.compile(r"^autotune(\.\w+)+:\w+$")
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        where = path.relative_to(package).as_posix()
+        tree = ast.parse(path.read_text())
+        strings = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+                   and target.match(n.value) and where.startswith("auto3dseg/")]
+        named = [] if where.startswith(_REGISTRIES) else _names_compared_or_keyed(tree)
+        found += [f"{where}:{line}" for line in sorted({*strings, *named})]
+    assert found == []
