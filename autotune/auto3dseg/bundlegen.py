@@ -33,25 +33,21 @@ def is_monai_templates(templates: str | os.PathLike[str] | None) -> bool:
     return folder.is_dir() and any(p.is_file() for p in folder.glob("*/scripts/algo.py"))
 
 
-#: template -> "module:function" (algos, memory) -> context manager, around MONAI's generation: a template whose
-#: ``fill_template_config`` reads the GPUs is given the memory of the device autotune tunes for
-_GENERATION_HOOKS = {"swinunetr": ("autotune.auto3dseg.swinunetr:generation_memory",
-                                   "autotune.auto3dseg.swinunetr:visible_gpu_memory")}
-
-
 @contextlib.contextmanager
 def _generation_hooks(algos: Any, tune_kwargs: Mapping[str, Any],
                       target_gpu_memory: Callable[[str], int] | None) -> Iterator[None]:
-    """Every registered template's generation context (``_GENERATION_HOOKS``) for the algos being generated."""
-    import importlib
+    """The generation context (``MonaiTemplate.generation_context``) of every template being generated: a template
+    whose ``fill_template_config`` reads the GPUs is given the memory of the device autotune tunes for."""
+    from autotune.auto3dseg.templates import registered
 
     names = {getattr(algo, "name", None) for algo in algos or []}
     with contextlib.ExitStack() as stack:
-        for template, targets in _GENERATION_HOOKS.items():
-            if template not in names:
+        for template in registered():
+            if template.name not in names:
                 continue
-            memory_of, context = (getattr(importlib.import_module(t.split(":")[0]), t.split(":")[1]) for t in targets)
-            stack.enter_context(context(algos, memory_of(tune_kwargs, target_gpu_memory)))
+            context = template.generation_context(algos, tune_kwargs, target_gpu_memory)
+            if context is not None:
+                stack.enter_context(context)
         yield
 
 

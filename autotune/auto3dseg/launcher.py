@@ -16,7 +16,7 @@ on ``sys.path``), a child of its own session (``autotune.auto3dseg.supervise``),
   forked by the script are not tracked (their memory is host memory on a GPU, too).
 
 A template whose ``train.py`` hard-codes ``cuda`` (SwinUNETR) runs on the CPU in its CPU context
-(``autotune.auto3dseg.swinunetr.cuda_on_cpu``: ``cuda`` tensors on the CPU, one device counted), named in the
+(``MonaiTemplate.cpu_context``, SwinUNETR's ``cuda_on_cpu``: ``cuda`` tensors on the CPU, one device counted), named in the
 record as ``cpu_context``.
 
 The JSON record (``--peak-json``, default ``<bundle>/autotune/launch.json``) holds the limit, the peaks and the
@@ -114,29 +114,24 @@ def _phases(tracker: Any) -> Iterator[None]:
         torch.nn.Module.train = original  # type: ignore[method-assign]
 
 
-#: template -> "module:function": the context its script runs in on the CPU (a train.py that hard-codes cuda)
-_CPU_CONTEXTS = {"swinunetr": "autotune.auto3dseg.swinunetr:cuda_on_cpu"}
-
-
 def _script_context(script: Path, device: str) -> tuple[str | None, Any]:
-    """(template, context) for ``script`` on ``device``: a registered template's CPU context (``_CPU_CONTEXTS``)
+    """(template, context) for ``script`` on ``device``: its template's CPU context (``MonaiTemplate.cpu_context``)
     when the script is a recognised bundle's and the device the CPU; else (None, a context doing nothing)."""
-    import importlib
-
     from autotune.auto3dseg.recognise import identify, monai_bundle_root
+    from autotune.auto3dseg.templates import find_template
     from autotune.errors import ConfigError
 
     root = monai_bundle_root(script.parent.parent) if script.parent.name == "scripts" else None
     if root is None or device.startswith("cuda"):
         return None, contextlib.nullcontext()
     try:
-        template = identify(root).name
+        template = find_template(identify(root).name)
     except ConfigError:  # not a version autotune knows: run as it is
         return None, contextlib.nullcontext()
-    if template not in _CPU_CONTEXTS:
+    context = template.cpu_context() if template is not None else None
+    if context is None:
         return None, contextlib.nullcontext()
-    module, name = _CPU_CONTEXTS[template].split(":")
-    return template, getattr(importlib.import_module(module), name)()
+    return template.name, context
 
 
 def _run_script(script: Path, args: Sequence[str]) -> int:

@@ -10,11 +10,11 @@ is imported, evaluated or unpickled here.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
 
+from autotune.auto3dseg.templates.base import file_sha256
 from autotune.auto3dseg.versions import KNOWN_VERSIONS, TemplateVersion, supported_line
 from autotune.errors import ConfigError
 
@@ -37,15 +37,6 @@ def monai_bundle_root(path: str | os.PathLike[str]) -> Path | None:
 def is_monai_bundle(path: str | os.PathLike[str]) -> bool:
     """True when ``path`` is a bundle MONAI's ``BundleGen`` generated (see ``monai_bundle_root``)."""
     return monai_bundle_root(path) is not None
-
-
-def file_sha256(path: Path) -> str:
-    """SHA-256 of a file's bytes, hex."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def script_hashes(root: Path) -> dict[str, str]:

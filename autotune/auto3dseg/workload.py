@@ -7,18 +7,9 @@ estimator call them the same way), with the template's behaviour:
   float32 (one channel of class indices; MONAI's random spatial transforms return float32; a view's
   ``loader_label_dtype`` names another, as SwinUNETR's uint8), of
   ``images x crops`` patches; no batch is prefetched on the device (MONAI's workers prefetch on the host).
-- **SegResNet** (``Segmenter.train_epoch``): the batch moved to the device channels-last, gradients set to
-  None, the forward under ``autocast`` (fp16, CUDA only), ``DeepSupervisionLoss`` outside it, the
-  GradScaler's step, then the training Dice (``DiceHelper``) on the first output. The loop's variables live
-  as long as there: the previous step's first output stays alive (as ``pred``) through the next step.
-- **DiNTS** (``train.py``): the host batch shuffled by a permutation (a copy), split into passes of
-  ``num_patches_per_iter`` moved to the device; ``loss(outputs.float(), labels)``, backward, gradient
-  clipping to 0.5 (after unscaling with AMP), the optimizer step; the previous pass's outputs stay alive
-  through the next forward.
-- **validation** of one case: SegResNet's ``SlidingWindowInfererAdapt`` (overlap 0.625, Gaussian, its
-  cached weight map), stitched on the device or on the CPU (``device: cpu``), Dice on the device; DiNTS's
-  ``sliding_window_inference`` (``overlap_ratio_train``) with the input and output on the device or on the
-  CPU (``sw_input_on_cpu``), the argmax and per-class Dice as ``train.py`` computes them.
+- **the training loop** is the template's (``MonaiTemplate.training_loop``: SegResNet's ``Segmenter.train_epoch``,
+  DiNTS's and SwinUNETR's ``train.py``), and so is **validation** of one case (``MonaiTemplate.validate``), each
+  in its template's module of ``autotune.auto3dseg.templates``.
 
 Each loop is a generator, so that the variables one iteration leaves behind are alive in the next, as in
 MONAI's loops; a new loop runs one iteration before the one asked for, so the first measured iteration
@@ -34,118 +25,23 @@ from typing import Any
 
 __all__ = ["MonaiWorkload"]
 
-#: template -> "module:function" validating one case (``validate_dints``'s arguments); SegResNet and DiNTS below
-_VALIDATORS = {"swinunetr": "autotune.auto3dseg.swinunetr:validate"}
-
-
-def _is_fake(tensor: Any) -> bool:
-    from torch._subclasses.fake_tensor import FakeTensor
-
-    return isinstance(tensor, FakeTensor)
-
-
-def _fp16(amp_dtype: Any) -> bool:
-    import torch
-
-    return amp_dtype is torch.float16
-
-
-def _segresnet_loop(model: Any, loss_function: Any, optimizer: Any, accuracy: Any, batch: Any,
-                    amp_dtype: Any, cfg: Mapping[str, Any]) -> Iterator[None]:
-    """``Segmenter.train_epoch``, one loader batch per iteration (``num_steps_per_image`` 1)."""
-    import torch
-
-    model.train()
-    device = next(model.parameters()).device
-    memory_format = torch.channels_last_3d if cfg.get("channels_last", True) else torch.preserve_format
-    use_amp = _fp16(amp_dtype)
-    grad_scaler = torch.amp.GradScaler("cuda", enabled=use_amp and device.type == "cuda")
-    sigmoid = bool(cfg.get("sigmoid"))
-    while True:
-        batch_data = {"image": batch[0], "label": batch[1]}
-        data = batch_data["image"].as_subclass(torch.Tensor).to(memory_format=memory_format, device=device)
-        target = batch_data["label"].as_subclass(torch.Tensor).to(memory_format=memory_format, device=device)
-        data_list, target_list = [data], [target]
-        data, target = data_list[0], target_list[0]
-        for param in model.parameters():
-            param.grad = None
-        with torch.autocast(device.type, dtype=torch.float16, enabled=use_amp):
-            logits = model(data)
-        loss = loss_function(logits, target)
-        grad_scaler.scale(loss).backward()
-        grad_scaler.step(optimizer)
-        grad_scaler.update()
-        with torch.no_grad():
-            pred = logits[0] if isinstance(logits, (list, tuple)) else logits  # logits2pred(skip_softmax=True)
-            if sigmoid:
-                pred = torch.sigmoid(pred)
-            acc = accuracy(pred, target)
-        if isinstance(acc, (list, tuple)):
-            acc, batch_size_adjusted = acc  # noqa: F841 - alive until the next step, as in train_epoch
-        yield
-
-
-def _dints_loop(model: Any, loss_function: Any, optimizer: Any, batch: Any, num_patches_per_iter: int,
-                amp_dtype: Any) -> Iterator[None]:
-    """DiNTS ``train.py``'s loop over one loader batch per iteration."""
-    import torch
-
-    model.train()
-    device = next(model.parameters()).device
-    use_amp = _fp16(amp_dtype)
-    scaler = torch.amp.GradScaler("cuda", enabled=device.type == "cuda") if use_amp else None
-    try:
-        from apex.contrib.clip_grad import clip_grad_norm_  # type: ignore[import-not-found]  # as train.py
-    except ModuleNotFoundError:
-        from torch.nn.utils import clip_grad_norm_
-    loss_torch = torch.zeros(2, dtype=torch.float, device=device)
-    n = int(num_patches_per_iter)
-    while True:
-        inputs_l, labels_l = batch[0], batch[1]
-        _idx = torch.randperm(inputs_l.shape[0])
-        inputs_l, labels_l = inputs_l[_idx], labels_l[_idx]
-        for _k in range(inputs_l.shape[0] // n):
-            inputs = inputs_l[_k * n: (_k + 1) * n, ...]
-            labels = labels_l[_k * n: (_k + 1) * n, ...]
-            inputs = inputs.to(device)
-            labels = labels.to(device)
-            for param in model.parameters():
-                param.grad = None
-            if scaler is not None:
-                with torch.autocast(device.type, dtype=torch.float16):
-                    outputs = model(inputs)
-                    loss = loss_function(outputs.float(), labels)
-                scaler.scale(loss).backward()
-                scaler.unscale_(optimizer)
-                clip_grad_norm_(model.parameters(), 0.5)
-                scaler.step(optimizer)
-                scaler.update()
-            else:
-                outputs = model(inputs)
-                loss = loss_function(outputs.float(), labels)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
-                optimizer.step()
-            loss_torch[0] += 0.0 if _is_fake(loss) else loss.item()
-            loss_torch[1] += 1.0
-        yield
-
 
 class MonaiWorkload:
     """The functions of ``autotune.probe.workload`` for a MONAI bundle (see the module docstring).
 
     Args:
         cfg: the bundle's view (``autotune.auto3dseg.view.load_view``).
-        accuracy: SegResNet's training accuracy (``DiceHelper``); None for DiNTS.
+        accuracy: the template's training accuracy (SegResNet's ``DiceHelper``); None: it has none.
         host: where the loader's tensors live: ``cpu``, or ``meta`` when the estimator emulates a GPU
             (host memory is not the GPU's, and meta tensors are not counted).
     """
 
     def __init__(self, cfg: Mapping[str, Any], loss_fn: Any, accuracy: Any, host: str = "cpu") -> None:
+        from autotune.auto3dseg.templates import template_named
         from autotune.auto3dseg.view import template_of
 
         self.cfg = cfg
-        self.template = template_of(cfg)
+        self.template = template_named(template_of(cfg), cfg.get("bundle_root"))
         self.loss_fn = loss_fn
         self.accuracy = accuracy
         self.host = host
@@ -177,10 +73,8 @@ class MonaiWorkload:
         self._pending = None
         if self._loop is None or self._loop_batch is not batch:
             self._loop_batch = batch
-            if self.template in ("segresnet", "segresnet2d"):  # SegResNet2D: Segmenter.train_epoch too
-                self._loop = _segresnet_loop(model, loss_fn, optimizer, self.accuracy, batch, amp_dtype, self.cfg)
-            else:
-                self._loop = _dints_loop(model, loss_fn, optimizer, batch, num_patches_per_iter, amp_dtype)
+            self._loop = self.template.training_loop(model, loss_fn, optimizer, self.accuracy, batch,
+                                                     num_patches_per_iter, amp_dtype, self.cfg)
             next(self._loop)
         next(self._loop)
 
@@ -198,7 +92,7 @@ class MonaiWorkload:
             batch, _ = self.make_loader_batches(self.cfg, 1, device)
             self.train_loader_batch(model, self.loss_fn, optimizer, batch, 1, None)
             self._loop = self._loop_batch = None
-        if self.template in ("segresnet", "segresnet2d"):
+        if self.template.validates_without_gradients:
             for param in model.parameters():
                 param.grad = None
 
@@ -220,19 +114,5 @@ class MonaiWorkload:
                         device: Any, amp_dtype: Any, metric: Any) -> Any:
         """Validation of one case as the template runs it; ``metric`` None: the estimator's volume on the meta
         device, scored off the GPU (not counted): the sliding window alone."""
-        from autotune.auto3dseg import segresnet2d
-        from autotune.auto3dseg.validation import validate_dints, validate_segresnet
-
-        if self.template == segresnet2d.NAME:
-            return segresnet2d.validate(model, volume, label, cfg, sw_batch_size, device, amp_dtype, self.accuracy,
-                                        score=metric is not None)
-        if self.template in _VALIDATORS:
-            import importlib
-
-            module, name = _VALIDATORS[self.template].split(":")
-            validate = getattr(importlib.import_module(module), name)
-            return validate(model, volume, label, cfg, sw_batch_size, device, amp_dtype, score=metric is not None)
-        if self.template == "segresnet":
-            return validate_segresnet(model, volume, label, cfg, sw_batch_size, device, amp_dtype, self.accuracy,
+        return self.template.validate(model, volume, label, cfg, sw_batch_size, device, amp_dtype, self.accuracy,
                                       score=metric is not None)
-        return validate_dints(model, volume, label, cfg, sw_batch_size, device, amp_dtype, score=metric is not None)

@@ -14,11 +14,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["N_VALUES", "QUICK_N_VALUES", "SW_DIVISORS", "point_pairs", "measure_point", "calibration_rows"]
+__all__ = ["SW_DIVISORS", "point_pairs", "measure_point", "calibration_rows"]
 
-# Fixed by hand per template (never from the estimator): the batch sizes probed, as on the first GPU run
-N_VALUES = {"segresnet": (1, 2, 4), "dints": (1, 4, 12), "unet": (1, 8)}
-QUICK_N_VALUES = {"segresnet": (2, 4), "dints": (4, 12), "unet": (1, 8)}
+# the batch sizes probed per template: its ``OwnTemplate`` (``autotune.families.own``)
 SW_DIVISORS = (4, 2, 1)  # the windows over the CT volume in 4, 2 and 1 batches
 
 

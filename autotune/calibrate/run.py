@@ -25,12 +25,12 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import SpecError
+from autotune.families.own import calibrated_names, own_template
 
 __all__ = ["TEMPLATES", "DRY_SHAPE", "gpu_facts", "calibrate", "user_folder", "per_template_lines"]
 
-TEMPLATES = ("segresnet", "dints", "unet")
+TEMPLATES = calibrated_names()
 DRY_SHAPE = (64, 64, 24)
-DRY_N_VALUES = {"segresnet": (1, 2), "dints": (1, 2), "unet": (1, 2)}
 _FIT_RESERVE_S = 60.0  # seconds kept for the fit when a time limit stops the points
 _CARD_SHARE = 0.85  # a point predicted above this share of the card is not probed
 
@@ -111,14 +111,12 @@ def calibrate(device: str = "cuda:0", out_dir: str | os.PathLike[str] | None = N
         SpecError: no CUDA device (and not a dry run), an unknown template, or no point could be measured.
     """
     from autotune.calibrate.data import CT_SPACING, generate, make_ct_dataset, shape_for_card
-    from autotune.calibrate.points import N_VALUES, QUICK_N_VALUES, measure_point
+    from autotune.calibrate.points import measure_point
     from autotune.cuda_alloc import alloc_conf, expandable_segments
 
     start = time.monotonic()
     say = progress or (lambda line: None)
-    unknown = sorted(set(templates) - set(TEMPLATES))
-    if unknown:
-        raise SpecError(f"unknown template {unknown[0]!r} for calibrate; known: {', '.join(TEMPLATES)}")
+    calibrated = [own_template(name) for name in sorted(set(templates))]  # an unknown one: refused in one line
     if not dry_run:
         import torch
 
@@ -136,7 +134,7 @@ def calibrate(device: str = "cuda:0", out_dir: str | os.PathLike[str] | None = N
     from autotune.probe.isolation import prestart
 
     prestart()  # the probes' fork server imports torch and MONAI while the set is made
-    n_values = {**(DRY_N_VALUES if dry_run else (QUICK_N_VALUES if quick else N_VALUES)), **(n_values or {})}
+    n_values = {**{t.name: t.points_for(quick=quick, dry_run=dry_run) for t in calibrated}, **(n_values or {})}
     check_fit = not dry_run and shape != shape_for_card(None)  # a smaller card than the default points were chosen on
     points, estimates, skipped = [], [], []
     for algo, bundle, n, m in _plan(bundles, n_values):

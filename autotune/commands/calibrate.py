@@ -12,18 +12,19 @@ from typing import Any
 
 from autotune.checks import options as types
 from autotune.commands import add_command, progress_printer
+from autotune.families.own import calibrated_names
 
 __all__ = ["register"]
 
 
 def _points(text: str) -> tuple[str, tuple[int, ...]]:
     """``TEMPLATE=N,N``: a template and its batch sizes (positive, at most 4096)."""
-    from autotune.calibrate.run import TEMPLATES
-
+    names = calibrated_names()
     name, _, values = text.partition("=")
     name = name.strip()
-    if name not in TEMPLATES or not values.strip():
-        raise argparse.ArgumentTypeError(f"got {text!r}; give TEMPLATE=N,N with TEMPLATE segresnet, dints or unet")
+    if name not in names or not values.strip():
+        choices = f"{', '.join(names[:-1])} or {names[-1]}"
+        raise argparse.ArgumentTypeError(f"got {text!r}; give TEMPLATE=N,N with TEMPLATE {choices}")
     try:
         sizes = tuple(int(v) for v in values.split(",") if v.strip())
     except ValueError:
@@ -41,9 +42,9 @@ def _args(p: argparse.ArgumentParser) -> None:
                         "~/.config/autotune/calibration/; a dry run: WORK/calibration)")
     p.add_argument("--work", default=None, metavar="DIR", type=types.path_text,
                    help="where the synthetic CT set and its bundles go (default a new temporary folder)")
-    p.add_argument("--templates", default=",".join(("segresnet", "dints", "unet")), metavar="LIST",
-                   type=types.names(("segresnet", "dints", "unet"), "template"),
-                   help="comma-separated templates to calibrate (default segresnet,dints,unet)")
+    names = calibrated_names()
+    p.add_argument("--templates", default=",".join(names), metavar="LIST", type=types.names(names, "template"),
+                   help=f"comma-separated templates to calibrate (default {','.join(names)})")
     p.add_argument("--quick", action="store_true", help="two points per template instead of two or three")
     p.add_argument("--points", action="append", default=None, metavar="TEMPLATE=N,N", type=_points,
                    help="the batch sizes to probe for a template, e.g. segresnet=1,3 (repeatable; M: the windows "

@@ -12,6 +12,7 @@ template's name. A family answers for the bundles it recognises:
 - the write-back: ``write_back``, tuned values into those keys, the ``tuning:`` record kept as provenance;
 - training: ``trained_by_autotune`` and ``training_command``;
 - generation: ``generates`` (a ``BundleGen`` templates argument) and ``bundle_generator``;
+- the specs: ``template_names`` (the keys ``gpu_customization_specs`` may give) and ``spec_aliases``;
 - the search's and the hand-off's hooks: ``calibrated_as`` (the template a calibration's stated edge bound
   was measured on, None: no calibration covers it), ``handoff_reference``, ``keeps_learning_rate_largest``
   and ``no_reference_reason``.
@@ -83,6 +84,10 @@ class TemplateFamily(ABC):
     @abstractmethod
     def template_names(self) -> tuple[str, ...]:
         """The names of the templates this family holds (the keys ``gpu_customization_specs`` may give)."""
+
+    def spec_aliases(self) -> dict[str, str]:
+        """A specs key in another spelling (MONAI's own template's) -> the template's name."""
+        return {}
 
     def generates(self, templates: Any) -> bool:
         """True when ``templates`` (``BundleGen``'s ``templates_path_or_url``; None: autotune's) are this family's."""

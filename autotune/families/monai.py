@@ -3,9 +3,9 @@
 A bundle is recognised by its ``scripts/algo.py`` and its template and version by its scripts' hashes; its
 view is read through MONAI's ``ConfigParser`` as its ``train.py`` reads it; the probe and the estimator run
 the template's own network, loss, optimizer, loop and validation; tuned values go into the template's own
-keys (``KEYS``) with its ``auto_scale_*`` off, the ``tuning:`` record in ``autotune/tuning.yaml``; MONAI's
-``train.py`` trains it through ``python -m autotune.launch``. Each of these dispatches per template inside
-``autotune.auto3dseg``.
+keys (``MonaiTemplate.keys``) with its ``auto_scale_*`` off, the ``tuning:`` record in ``autotune/tuning.yaml``; MONAI's
+``train.py`` trains it through ``python -m autotune.launch``. What differs per template is its ``MonaiTemplate`` in the registry
+``autotune.auto3dseg.templates``.
 """
 
 from __future__ import annotations
@@ -17,34 +17,7 @@ from typing import Any, ClassVar
 
 from autotune.families.interface import TemplateFamily
 
-__all__ = ["MonaiTemplates", "KEYS"]
-
-#: template -> tunable (``autotune.tunables``) -> the keys of ``configs/hyper_parameters.yaml`` it is written
-#: to (``autotune.auto3dseg.writeback``); a template with no entry is recognised and left as generated
-KEYS: dict[str, dict[str, tuple[str, ...]]] = {
-    "segresnet": {
-        "num_patches_per_iter": ("batch_size", "num_crops_per_image", "num_steps_per_image", "auto_scale_allowed"),
-        "num_sw_batch_size": ("sliding_inferrer#sw_batch_size",),
-        "validation_device": ("sliding_inferrer#device",),
-    },
-    "dints": {
-        "num_patches_per_iter": ("training#num_patches_per_iter", "training#num_images_per_batch",
-                                 "training#num_crops_per_image", "training#auto_scale_allowed"),
-        "num_sw_batch_size": ("training#num_sw_batch_size",),
-        "validation_device": ("training#sw_input_on_cpu",),
-    },
-    "segresnet2d": {  # SegResNet's keys: Segmenter2D reads them as Segmenter does
-        "num_patches_per_iter": ("batch_size", "num_crops_per_image", "num_steps_per_image", "auto_scale_allowed"),
-        "num_sw_batch_size": ("sliding_inferrer#sw_batch_size",),
-        "validation_device": ("sliding_inferrer#device",),
-    },
-    "swinunetr": {
-        "num_patches_per_iter": ("num_patches_per_iter", "num_images_per_batch", "num_crops_per_image",
-                                 "auto_scale_allowed"),
-        "num_sw_batch_size": ("num_sw_batch_size",),
-        "validation_device": ("sw_input_on_cpu",),
-    },
-}
+__all__ = ["MonaiTemplates"]
 
 _NO_REFERENCE = ("MONAI bundle tuned before autotune recorded its template's batch (autotune/tuning.yaml has no "
                  "recipe.reference), so its configs no longer state it: the largest fit is handed over and the "
@@ -72,6 +45,11 @@ class MonaiTemplates(TemplateFamily):
         from autotune.auto3dseg.versions import KNOWN_VERSIONS
 
         return tuple(dict.fromkeys(version.name for version in KNOWN_VERSIONS.values()))
+
+    def spec_aliases(self) -> dict[str, str]:
+        from autotune.auto3dseg.templates import registered
+
+        return {alias: template.name for template in registered() for alias in template.spec_aliases}
 
     def generates(self, templates: Any) -> bool:
         from autotune.auto3dseg.bundlegen import is_monai_templates
@@ -108,9 +86,11 @@ class MonaiTemplates(TemplateFamily):
         return fake_parts(cfg, compute, emulate)
 
     def tunable_keys(self, cfg: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
+        from autotune.auto3dseg.templates import find_template
         from autotune.auto3dseg.view import template_of
 
-        return dict(KEYS.get(template_of(cfg), {}))
+        template = find_template(template_of(cfg))  # a template autotune does not tune: none
+        return dict(template.keys) if template is not None else {}
 
     def training_command(self, bundle: str | os.PathLike[str], memory_limit: str | None = None) -> list[str]:
         from pathlib import Path

@@ -4,6 +4,9 @@ Their bundles hold one plain ``configs/hyper_parameters.yaml`` (``autotune.bundl
 ``autotune.build`` and stepped by ``autotune.step`` through ``autotune.probe.workload``, and are trained by
 ``autotune train`` (``autotune.trainer``). The tuned values are written to the same top-level keys the view
 reads, the ``tuning:`` plan beside them in the same file.
+
+The templates are told apart in one place only, the calibration: ``CALIBRATED`` holds one ``OwnTemplate`` per
+template ``autotune calibrate`` measures (what it probes of it), registered once; ``own_template`` finds one.
 """
 
 from __future__ import annotations
@@ -11,11 +14,58 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from autotune.errors import SpecError
 from autotune.families.interface import TemplateFamily
 
-__all__ = ["OwnTemplates", "KEYS"]
+__all__ = ["OwnTemplates", "KEYS", "OwnTemplate", "CALIBRATED", "own_template", "calibrated_names"]
+
+
+@dataclass(frozen=True)
+class OwnTemplate:
+    """One of autotune's own templates as the calibration tells it apart (``autotune.calibrate``).
+
+    Its bundles are generated from ``algorithm_templates/<name>/template.yaml`` like every other; this object
+    carries only what the code needs of it by name: the batch sizes ``autotune calibrate`` probes on a GPU
+    (``points``, fixed by hand, never from the estimator: as on the first GPU run), with ``--quick``
+    (``quick_points``) and on a dry run (``dry_run_points``).
+    """
+
+    name: str
+    points: tuple[int, ...]
+    quick_points: tuple[int, ...]
+    dry_run_points: tuple[int, ...] = (1, 2)
+
+    def points_for(self, *, quick: bool = False, dry_run: bool = False) -> tuple[int, ...]:
+        """The batch sizes probed: a dry run's, else ``--quick``'s, else the full set."""
+        return self.dry_run_points if dry_run else (self.quick_points if quick else self.points)
+
+
+#: the templates ``autotune calibrate`` measures, in its order: each registered here once
+CALIBRATED: tuple[OwnTemplate, ...] = (
+    OwnTemplate("segresnet", points=(1, 2, 4), quick_points=(2, 4)),
+    OwnTemplate("dints", points=(1, 4, 12), quick_points=(4, 12)),
+    OwnTemplate("unet", points=(1, 8), quick_points=(1, 8)),
+)
+
+
+def calibrated_names() -> tuple[str, ...]:
+    """The names of the templates ``autotune calibrate`` measures, in order."""
+    return tuple(template.name for template in CALIBRATED)
+
+
+def own_template(name: str) -> OwnTemplate:
+    """The calibrated template ``name``.
+
+    Raises:
+        SpecError: one line naming the templates there are.
+    """
+    found = next((template for template in CALIBRATED if template.name == name), None)
+    if found is None:
+        raise SpecError(f"unknown template {name!r} for calibrate; known: {', '.join(calibrated_names())}")
+    return found
 
 #: tunable (``autotune.tunables``) -> the keys of ``configs/hyper_parameters.yaml`` it is written to: the same
 #: for the three templates (the loader batch that yields N patches per pass goes with N)

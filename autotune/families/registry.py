@@ -10,7 +10,7 @@ from autotune.families.interface import TemplateFamily
 from autotune.families.monai import MonaiTemplates
 from autotune.families.own import OwnTemplates
 
-__all__ = ["FAMILIES", "family_of", "family_for", "family_of_templates", "template_names"]
+__all__ = ["FAMILIES", "family_of", "family_for", "family_of_templates", "template_names", "spec_aliases"]
 
 #: asked in order: the first that recognises a bundle is its family; autotune's own templates last (they take
 #: any other folder and refuse it when it is read)
@@ -35,3 +35,8 @@ def family_for(cfg: Mapping[str, Any]) -> TemplateFamily:
 def template_names() -> list[str]:
     """Every template name the families know (a specs key may give any of them), sorted."""
     return sorted({name for family in FAMILIES for name in family.template_names()})
+
+
+def spec_aliases() -> dict[str, str]:
+    """A specs key in another spelling (MONAI's own template's, ``swunetr``) -> the template's name."""
+    return {alias: name for family in FAMILIES for alias, name in family.spec_aliases().items()}

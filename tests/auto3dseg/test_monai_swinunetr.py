@@ -95,7 +95,11 @@ def test_it_generates_without_a_gpu_sized_for_the_memory_autotune_tunes_for(gene
 
 
 def test_generation_memory_follows_the_target_the_limit_then_the_device() -> None:
-    from autotune.auto3dseg.swinunetr import DEFAULT_GENERATION_MEMORY, generation_memory, visible_gpu_memory
+    from autotune.auto3dseg.templates.swinunetr import (
+        DEFAULT_GENERATION_MEMORY,
+        generation_memory,
+        visible_gpu_memory,
+    )
 
     assert generation_memory({"memory_limit": "8GiB", "device": "cpu"}) == 8 * GIB
     assert generation_memory({"target_memory": "24GiB", "memory_limit": "8GiB"}) == 24 * GIB

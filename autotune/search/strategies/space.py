@@ -29,20 +29,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autotune.errors import SpecError
+from autotune.families.registry import spec_aliases
 from autotune.probe import VALIDATION_DEVICES
 from autotune.search.strategies.objective import SW_SCALE
 from autotune.tunables import BATCH, SW_BATCH, TUNABLES, VALIDATION_DEVICE, Tunable, spec_key_names
 from autotune.utils import look_up_option
 
-__all__ = ["AlgoSpec", "SPEC_KEYS", "SPEC_ALIASES", "SpecKeyWarning", "SpecsFile", "VALIDATION_DEVICES", "parse_specs",
+__all__ = ["AlgoSpec", "SPEC_KEYS", "SpecKeyWarning", "SpecsFile", "VALIDATION_DEVICES", "parse_specs",
            "spec_for"]
 
 SPEC_KEYS = ("num_trials", *sorted(spec_key_names()))  # each tunable's (``autotune.tunables``)
 #: the ``AlgoSpec`` field that holds each tunable's range or choices
 _FIELDS = {BATCH.name: "patches_range", SW_BATCH.name: "sw_range", VALIDATION_DEVICE.name: "validation_devices"}
-
-#: a template's specs key as MONAI's own template spells it -> the template's name
-SPEC_ALIASES = {"swunetr": "swinunetr"}  # MONAI's swinunetr/scripts/algo.py, customize_param_for_gpu
 
 
 class SpecsFile(dict):  # type: ignore[type-arg]
@@ -127,9 +125,10 @@ def _choices(item: Tunable, value: Any, where: str) -> tuple[str, ...]:
 
 def _top_key(key: Any, valid: Sequence[str]) -> str:
     """The template (or ``universal``) a top-level specs key names; MONAI's spelling with a warning."""
-    name = look_up_option(str(key), (*valid, *SPEC_ALIASES), "specs key", SpecError)
-    if name in SPEC_ALIASES:
-        right = SPEC_ALIASES[name]
+    aliases = spec_aliases()  # a template's specs key as MONAI's own template spells it -> the template's name
+    name = look_up_option(str(key), (*valid, *aliases), "specs key", SpecError)
+    if name in aliases:
+        right = aliases[name]
         warnings.warn(f"specs key {name!r} is MONAI's spelling in its {right} template; autotune reads it as "
                       f"{right!r}: write {right!r}", SpecKeyWarning, stacklevel=3)
         return right
@@ -171,7 +170,7 @@ def _parse_specs(specs: Mapping[str, Any] | None, algos: Sequence[str],
     for key, entry in specs.items():
         name = _top_key(key, valid_top)
         if name in per_algo:
-            spelled = next(k for k, v in SPEC_ALIASES.items() if v == name)
+            spelled = next(k for k, v in spec_aliases().items() if v == name)
             raise SpecError(f"specs: give {name!r} or MONAI's spelling {spelled!r}, not both")
         checked = _check_entry(entry, f"specs.{name}")
         if name == "universal":

@@ -1,8 +1,7 @@
 """MONAI's SwinUNETR template (21ed8e5): generated without a GPU, read, probed, estimated, written back, launched.
 
-Everything SwinUNETR-specific lives here; the shared modules of ``autotune.auto3dseg`` reach it through their
-dispatch tables (``view``'s readers, ``build``'s builders, ``workload``'s validators, ``writeback``'s updaters,
-``bundlegen``'s generation hooks, ``launcher``'s script contexts).
+Everything SwinUNETR-specific lives here, in ``SwinUNETR`` (registered in ``autotune.auto3dseg.templates``); the
+shared modules of ``autotune.auto3dseg`` reach it through the registry.
 
 - **Generation.** The template's ``algo.py`` sizes its batch when the bundle is written (``fill_template_config``
   calls ``auto_scale``, which reads the free memory of every visible GPU and takes the smallest: on a host with
@@ -11,18 +10,19 @@ dispatch tables (``view``'s readers, ``build``'s builders, ``workload``'s valida
   the device's memory; 16 GiB where none is known, as MONAI's other templates assume without a GPU), by a patch
   of the algo module's ``get_mem_from_visible_gpus`` that is restored afterwards. The template's files are not
   touched (their hashes are how a bundle is recognised).
-- **Reading** (``view_values``): every key at the top level of ``hyper_parameters.yaml`` (no ``training#``).
-  ``num_sw_batch_size`` is an expression, ``$@num_patches_per_iter``, which MONAI resolves.
+- **Reading**: DiNTS's reader (``autotune.auto3dseg.templates.dints.train_py_values``) over every key at the top
+  level of ``hyper_parameters.yaml`` (no ``training#``). ``num_sw_batch_size`` is an expression,
+  ``$@num_patches_per_iter``, which MONAI resolves.
 - **The step** is ``scripts/train.py``'s: ``network`` through ``ConfigParser`` (SwinUNETR, feature size 48,
   windowed attention), ``loss`` (DiceCELoss), ``optimizer`` (AdamW); a loader batch of ``num_images_per_batch
   x num_crops_per_image`` patches on the host, shuffled by a permutation and stepped through in passes of
   ``num_patches_per_iter`` with ``loss(outputs.float(), labels)``, gradient clipping to 0.5 and the GradScaler
-  under AMP on CUDA: DiNTS's loop, line for line (``autotune.auto3dseg.workload``). Its labels stay uint8
+  under AMP on CUDA: DiNTS's loop, line for line (``autotune.auto3dseg.templates.dints.train_py_loop``). Its labels stay uint8
   (``CastToTyped`` and only flips and 90-degree rotations after it), DiNTS's come out float32.
 - **Validation** of one case (``validate``): ``sliding_window_inference`` (Gaussian, ``overlap_ratio``) with the
   input and output on the device, or on the CPU (``sw_input_on_cpu``), then ``post_pred`` (argmax, or sigmoid
   and threshold) and ``compute_dice`` as ``train.py`` runs them.
-- **Write-back** (``autotune.auto3dseg.writeback``): ``num_patches_per_iter``, ``num_images_per_batch``, ``num_crops_per_image``,
+- **Write-back** (DiNTS's ``train_py_updates`` at the top level): ``num_patches_per_iter``, ``num_images_per_batch``, ``num_crops_per_image``,
   ``num_sw_batch_size`` (a plain value in place of the template's expression), ``sw_input_on_cpu``,
   ``learning_rate`` where it changed, and ``auto_scale_allowed: false`` (``train.py``'s ``pre_operation`` would
   otherwise recompute the batch from the GPU's free memory).
@@ -37,13 +37,14 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import Callable, Iterator, Mapping
-from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-__all__ = ["NAME", "DEFAULT_GENERATION_MEMORY", "generation_memory", "visible_gpu_memory", "view_values", "build",
-           "validate", "cuda_on_cpu", "LABEL_DTYPE"]
+from autotune.auto3dseg.templates.base import ConfigReader, KnownVersion, MonaiTemplate, known_version
+from autotune.auto3dseg.templates.dints import train_py_loop, train_py_updates, train_py_values
 
-NAME = "swinunetr"
+__all__ = ["SwinUNETR", "DEFAULT_GENERATION_MEMORY", "generation_memory", "visible_gpu_memory", "build", "validate",
+           "cuda_on_cpu", "LABEL_DTYPE"]
+
 #: what ``auto_scale`` is given where no device, limit or target says otherwise and no GPU is visible
 DEFAULT_GENERATION_MEMORY = 16 * 1024**3
 #: the dtype of a loader batch's labels (``CastToTyped`` uint8, then only flips and 90-degree rotations)
@@ -90,7 +91,7 @@ def visible_gpu_memory(algos: Any, memory: int | None) -> Iterator[None]:
     modules = []
     for algo in algos or []:
         module = sys.modules.get(type(algo).__module__)
-        if getattr(algo, "name", None) == NAME and hasattr(module, "get_mem_from_visible_gpus"):
+        if getattr(algo, "name", None) == SwinUNETR.name and hasattr(module, "get_mem_from_visible_gpus"):
             modules.append(module)
     if memory is None or not modules:
         yield
@@ -103,43 +104,6 @@ def visible_gpu_memory(algos: Any, memory: int | None) -> Iterator[None]:
     finally:
         for module, original in saved:
             module.get_mem_from_visible_gpus = original
-
-
-# ------------------------------------------------------------------------------------------------------- reading
-
-def view_values(parser: Any, where: Path, parsed: Callable[..., Any], section: Callable[..., dict[str, Any]],
-                xyz: Callable[..., list[Any]]) -> dict[str, Any]:
-    """SwinUNETR's ``train.py``: loader batches of images x crops, stepped through in passes of num_patches_per_iter.
-
-    ``parsed``, ``section`` and ``xyz`` are ``autotune.auto3dseg.view``'s resolvers (passed in: the view imports
-    this module)."""
-    _section, _xyz = section, xyz
-
-    def get(key: str, default: Any = None) -> Any:
-        return parsed(parser, key, where, default)
-
-    roi = _xyz(get("roi_size"), "roi_size", where)
-    sw_batch = get("num_sw_batch_size")
-    source = (f"num_patches_per_iter {get('num_patches_per_iter')} patches per optimizer step (train.py steps through "
-              f"its loader batch of num_images_per_batch {get('num_images_per_batch')} x num_crops_per_image "
-              f"{get('num_crops_per_image')} in passes of it)")
-    return {
-        "batch_source": source,
-        "roi_size": roi, "roi_size_valid": _xyz(get("roi_size_valid", roi), "roi_size_valid", where),
-        "input_channels": int(get("input_channels")), "output_classes": int(get("output_classes")),
-        "num_patches_per_iter": int(get("num_patches_per_iter")), "num_images_per_batch": int(get("num_images_per_batch")),
-        "num_crops_per_image": int(get("num_crops_per_image")),
-        "num_sw_batch_size": int(sw_batch) if sw_batch is not None else int(get("num_patches_per_iter")),
-        "sw_input_on_cpu": bool(get("sw_input_on_cpu", False)), "sw_overlap": float(get("overlap_ratio", SW_OVERLAP)),
-        "amp": bool(get("amp", True)), "learning_rate": float(get("learning_rate")),
-        "resample_resolution": _xyz(get("resample_resolution", [1.0, 1.0, 1.0]), "resample_resolution", where, float),
-        "num_epochs": int(get("num_epochs", 1000) or 1000), "sigmoid": not bool(get("softmax", True)),
-        "seed": int(get("random_seed", 0) or 0), "auto_scale_allowed": bool(get("auto_scale_allowed", False)),
-        "use_pretrain": bool(get("use_pretrain", False)), "loader_label_dtype": LABEL_DTYPE,
-        "fold": int(get("fold", 0)),
-        "datalist": str(get("data_list_file_path")), "dataroot": str(get("data_file_base_dir")),
-        "network": _section(parser, "network", where), "loss": _section(parser, "loss", where), "optimizer": _section(parser, "optimizer", where),
-    }
 
 
 # ------------------------------------------------------------------------------------------------- probe parts
@@ -255,3 +219,59 @@ def cuda_on_cpu() -> Iterator[None]:
             yield
     finally:
         torch.cuda.device_count, torch.load = count, load
+
+
+# ---------------------------------------------------------------------------------------------------- template
+
+class SwinUNETR(MonaiTemplate):
+    """MONAI's SwinUNETR template (see the module docstring)."""
+
+    name: ClassVar[str] = "swinunetr"
+    spec_aliases: ClassVar[tuple[str, ...]] = ("swunetr",)  # scripts/algo.py, customize_param_for_gpu (sic)
+    versions: ClassVar[Mapping[str, KnownVersion]] = {
+        "21ed8e5": known_version(
+            configs=('hyper_parameters.yaml', 'network.yaml', 'transforms_infer.yaml', 'transforms_train.yaml', 'transforms_validate.yaml'),
+            files={
+                "scripts/__init__.py": "b3d76349dea4bd588f9c5bcc475d4381ddf42efe2863a15a3c9af86592592ead",
+                "scripts/algo.py": "8b418221bb87efecd221bc5d4b9176088358b4045629ac86d93926a60eb8a2d1",
+                "scripts/dummy_runner.py": "90f25b86a5b7d424a6bb7831b275906c2cc8f741dc833c140428ddb488070286",
+                "scripts/infer.py": "9bbe4488c2784d1f6705f7751721ec141062d721f568653651222fb73b9f89c9",
+                "scripts/train.py": "76a60432dbb6f0ded0148cfa3aac8940b201d6b4fcfd6c2e6b2804e0e5d9a1a9",
+                "scripts/validate.py": "dda87535e4dfad8b27f50055abe99c2aec6d4121553264fe07ea67135683ba7f",
+            },
+        ),
+    }
+    keys: ClassVar[Mapping[str, tuple[str, ...]]] = {
+        "num_patches_per_iter": ("num_patches_per_iter", "num_images_per_batch", "num_crops_per_image",
+                                 "auto_scale_allowed"),
+        "num_sw_batch_size": ("num_sw_batch_size",),
+        "validation_device": ("sw_input_on_cpu",),
+    }
+
+    def view_values(self, reader: ConfigReader) -> dict[str, Any]:
+        """``train.py``'s values at the top level; the sliding window's batch is the pass's when unset."""
+        sw_default = reader.get("num_patches_per_iter")
+        extra = {"use_pretrain": bool(reader.get("use_pretrain", False)), "loader_label_dtype": LABEL_DTYPE}
+        return train_py_values(reader, "", sw_default, "overlap_ratio", reader.get("num_epochs", 1000) or 1000,
+                               reader.section("network"), extra)
+
+    def updates(self, view: Mapping[str, Any], updates: Mapping[str, Any], raw: Mapping[str, Any]) -> dict[str, Any]:
+        return train_py_updates(view, updates, "", tie_sw=True)
+
+    def build(self, parser: Any, cfg: Mapping[str, Any]) -> tuple[Any, Any, Any, Any]:
+        return build(parser)
+
+    def training_loop(self, model: Any, loss_fn: Any, optimizer: Any, accuracy: Any, batch: Any,
+                      num_patches_per_iter: int, amp_dtype: Any, cfg: Mapping[str, Any]) -> Iterator[None]:
+        return train_py_loop(model, loss_fn, optimizer, batch, num_patches_per_iter, amp_dtype)
+
+    def validate(self, model: Any, volume: Any, label: Any, cfg: Mapping[str, Any], sw_batch_size: int,
+                 device: Any, amp_dtype: Any, accuracy: Any, score: bool) -> Any:
+        return validate(model, volume, label, cfg, sw_batch_size, device, amp_dtype, score=score)
+
+    def cpu_context(self) -> contextlib.AbstractContextManager[None] | None:
+        return cuda_on_cpu()
+
+    def generation_context(self, algos: Any, tune_kwargs: Mapping[str, Any],
+                           target_gpu_memory: Callable[[str], int] | None) -> contextlib.AbstractContextManager[None] | None:
+        return visible_gpu_memory(algos, generation_memory(tune_kwargs, target_gpu_memory))

@@ -12,29 +12,30 @@ over the slices of each 3D patch, and this module follows it:
   (B, C', H', W', D) as a view. ``setup_model`` then turns ``channels_last`` off, so the loop moves its
   batches to the device in their own layout (``preserve_format``).
 - **the training step**: SegResNet's ``Segmenter.train_epoch`` (the template's own copy), the same loop
-  autotune runs for SegResNet (``autotune.auto3dseg.workload``), with ``channels_last`` off.
+  autotune runs for SegResNet (``autotune.auto3dseg.templates.segresnet.segmenter_loop``), with
+  ``channels_last`` off.
 - **validation**: ``Segmenter2D``'s ``SlidingWindowInfererAdapt`` over 3D windows of the roi (overlap
   ``[0.625, 0.625, 0]``, Gaussian, no cached weight map: computed on the device for each case), or the
   one the bundle's ``sliding_inferrer`` names; ``val_epoch``'s Dice on the device.
-- **the write-back** (``autotune.auto3dseg.writeback``): SegResNet's keys (crops of one image in crop mode ``ratio``, else images of one
+- **the write-back** (SegResNet's ``segmenter_updates``): SegResNet's keys (crops of one image in crop mode ``ratio``, else images of one
   crop; ``auto_scale_allowed: false``), and a ``sliding_inferrer`` as ``Segmenter2D`` makes its own,
   with the tuned ``sw_batch_size`` (stitched on the CPU when validation was tuned there).
 
-This module imports no other module of ``autotune.auto3dseg`` beyond ``validation``: ``view``, ``build``,
-``workload`` and ``writeback`` dispatch to it by template name.
+``SegResNet2D`` is the template's object in the registry (``autotune.auto3dseg.templates``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
+from autotune.auto3dseg.templates.base import ConfigReader, KnownVersion, MonaiTemplate, known_version
+from autotune.auto3dseg.templates.segresnet import SegResNet, segmenter_loop, segmenter_updates
 from autotune.errors import ConfigError
 
-__all__ = ["NAME", "SW_OVERLAP", "view_values", "build_parts", "wrapped_model_2d", "validate", "inferrer"]
+__all__ = ["SegResNet2D", "SW_OVERLAP", "view_values", "build_parts", "wrapped_model_2d", "validate", "inferrer"]
 
-NAME = "segresnet2d"
 #: Segmenter2D.__init__'s default SlidingWindowInfererAdapt: no overlap along the slices
 SW_OVERLAP = [0.625, 0.625, 0.0]
 
@@ -165,3 +166,45 @@ def validate(model: Any, volume: Any, label: Any, cfg: Mapping[str, Any], sw_bat
 
     return validate_segresnet(model, volume, label, cfg, sw_batch_size, device, amp_dtype, accuracy, score,
                               make_inferrer=lambda output_device: inferrer(cfg, sw_batch_size, output_device, device))
+
+
+class SegResNet2D(MonaiTemplate):
+    """MONAI's SegResNet2D template (see the module docstring)."""
+
+    name: ClassVar[str] = "segresnet2d"
+    versions: ClassVar[Mapping[str, KnownVersion]] = {
+        "21ed8e5": known_version(
+            configs=('hyper_parameters.yaml',),
+            files={
+                "scripts/__init__.py": "b3d76349dea4bd588f9c5bcc475d4381ddf42efe2863a15a3c9af86592592ead",
+                "scripts/algo.py": "1cceb5dcbd8467d0f1da9632030895f9efa5f9be54071bd41075e023c168a1bd",
+                "scripts/infer.py": "a2b09d0ca302aa31b031b8e28d872679852ba7ab11bdcb426215cecab34694d4",
+                "scripts/segmenter.py": "ef7ef494fcf51605fa04bc6ae38333dee4e4f6488c2a35866df7224b685c7f66",
+                "scripts/segmenter_2d.py": "561076218d4ea1d978548e3426f47ae767637489b2db78ea49da40a1e538401c",
+                "scripts/train.py": "895b00236546a4515e6c3bacc27406196ee461f08310a3c8c7ea41517b3d77bc",
+                "scripts/utils.py": "183ea6bee1f7dbea2ec8b9f57cb78366fe5600245fbb06852869ea9f641928ff",
+                "scripts/validate.py": "7d669f97a85f22c8d024dcf90a59335f86c412f8205dac756ca62d6214e32aaa",
+            },
+        ),
+    }
+    keys: ClassVar[Mapping[str, tuple[str, ...]]] = SegResNet.keys  # Segmenter2D reads them as Segmenter does
+    validates_without_gradients: ClassVar[bool] = True  # Segmenter.train_epoch too
+
+    def view_values(self, reader: ConfigReader) -> dict[str, Any]:
+        return view_values(reader.get, reader.section, reader.where)
+
+    def updates(self, view: Mapping[str, Any], updates: Mapping[str, Any], raw: Mapping[str, Any]) -> dict[str, Any]:
+        """SegResNet's, with Segmenter2D's inferrer: overlap per axis, no cached weight map."""
+        return segmenter_updates(view, updates, raw, [float(v) for v in view["sw_overlap_axes"]], False)
+
+    def build(self, parser: Any, cfg: Mapping[str, Any]) -> tuple[Any, Any, Any, Any]:
+        """``Segmenter2D.setup_model``: wrapped, no 3D channels-last."""
+        return build_parts(parser, cfg)
+
+    def training_loop(self, model: Any, loss_fn: Any, optimizer: Any, accuracy: Any, batch: Any,
+                      num_patches_per_iter: int, amp_dtype: Any, cfg: Mapping[str, Any]) -> Iterator[None]:
+        return segmenter_loop(model, loss_fn, optimizer, accuracy, batch, amp_dtype, cfg)
+
+    def validate(self, model: Any, volume: Any, label: Any, cfg: Mapping[str, Any], sw_batch_size: int,
+                 device: Any, amp_dtype: Any, accuracy: Any, score: bool) -> Any:
+        return validate(model, volume, label, cfg, sw_batch_size, device, amp_dtype, accuracy, score=score)
