@@ -84,10 +84,6 @@ def test_the_checks_import_nothing_of_autotune_but_the_errors() -> None:
     assert {m: t for m, t in offenders.items() if t} == {}
 
 
-# packages whose __init__ still defines its own ``__getattr__`` (to move onto ``autotune.lazy`` with its package)
-OWN_LAZY_EXPORTS = {"autotune.auto3dseg"}
-
-
 def test_packages_export_lazily_through_the_one_helper() -> None:
     """A package that loads its names lazily takes ``__getattr__`` from ``autotune.lazy.lazy_exports``: no
     ``__init__.py`` writes its own."""
@@ -96,7 +92,7 @@ def test_packages_export_lazily_through_the_one_helper() -> None:
         tree = ast.parse(path.read_text())
         if any(isinstance(node, ast.FunctionDef) and node.name == "__getattr__" for node in tree.body):
             found.add(module_name(path))
-    assert found == OWN_LAZY_EXPORTS
+    assert found == set()
 
 
 def test_lazy_exports_load_a_name_from_its_module_when_asked() -> None:

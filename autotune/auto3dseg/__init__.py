@@ -18,8 +18,7 @@ What it offers (names load lazily, so importing this package does not import tor
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from autotune.lazy import lazy_exports
 
 _EXPORTS: dict[str, str] = {
     "is_monai_bundle": "autotune.auto3dseg.recognise",
@@ -41,14 +40,4 @@ _EXPORTS: dict[str, str] = {
 __all__ = list(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'autotune.auto3dseg' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, __all__)
