@@ -12,10 +12,10 @@ that keeps fp32 on the CPU is measured in bf16 all the same), with ``autotune tr
 
 Prints a table, writes JSON. Measured on the CPU it runs on (its oneDNN bf16 answer is recorded).
 
-    python benchmarks/bench_bf16_training.py --work /tmp/work --epochs 12      # the README job's bundles
-    python benchmarks/bench_bf16_training.py --work FULL --bundles unet_0 --epochs 300 --max-time 900 --val-every 1 \
+    python -m benchmarks.bench_bf16_training --work /tmp/work --epochs 12      # the README job's bundles
+    python -m benchmarks.bench_bf16_training --work FULL --bundles unet_0 --epochs 300 --max-time 900 --val-every 1 \
         --label "full size, Task04_Hippocampus" --out benchmarks/results/bf16_training_full.json
-    python benchmarks/bench_bf16_training.py --report-only
+    python -m benchmarks.bench_bf16_training --report-only
 """
 
 from __future__ import annotations
@@ -32,10 +32,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from benchmarks.common import LoadSampler, cpu_name, read_json, write_json
 
-from common import LoadSampler, cpu_name, read_json, write_json  # noqa: E402  (benchmarks/ is the script's folder)
+REPO = Path(__file__).resolve().parents[1]
 
 PRECISIONS = ("fp32", "bf16")
 
@@ -147,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
     report = {
         "benchmark": "bf16 against fp32 training on this CPU, template by template",
-        "command": "python benchmarks/bench_bf16_training.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": "python -m benchmarks.bench_bf16_training " + " ".join(argv if argv is not None else sys.argv[1:]),
         "label": args.label, "epochs": args.epochs, "dice": args.dice, "seconds": 0.0,
         "environment": {"cpu": cpu_name(), "cores": os.cpu_count(), "torch": torch.__version__,
                         "onednn_bf16": bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()),

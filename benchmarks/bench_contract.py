@@ -13,7 +13,7 @@ On the CPU the probe, the estimator and training count bytes with one tracker: t
 that training allocates what the probe allocated (loader batch, prefetched batch,
 validation), not real device memory.
 
-    python benchmarks/bench_contract.py [--data ../shared/datasets/Task04_Hippocampus] [--cases 60] [--limit 1GiB]
+    python -m benchmarks.bench_contract [--data ../shared/datasets/Task04_Hippocampus] [--cases 60] [--limit 1GiB]
 """
 
 from __future__ import annotations
@@ -27,9 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from common import LoadSampler, write_json  # noqa: E402  (benchmarks/ is the script's folder)
+from benchmarks.common import LoadSampler, write_json
 
 ALGOS = ("unet", "segresnet", "dints")
 
@@ -126,7 +124,7 @@ def main() -> int:
                 _train_under_contract(row, bundles[algo], tuned, args.epochs)
             rows.append(row)
             print(json.dumps(row), flush=True)
-    out = {"command": "python benchmarks/bench_contract.py " + " ".join(sys.argv[1:]), "cases": args.cases,
+    out = {"command": "python -m benchmarks.bench_contract " + " ".join(sys.argv[1:]), "cases": args.cases,
            "limit": args.limit, "epochs": args.epochs, "load_average_at_end": os.getloadavg(), "rows": rows}
     write_json(Path(args.out), out)
     print()

@@ -11,10 +11,10 @@ steps the validation mean Dice and predicted foreground share on the first ``--v
 the validation fold. A run that predicts no foreground (share 0) while the truth holds 2 % has
 collapsed to the majority class; how many steps it takes to leave that state is the stall.
 
-    python benchmarks/bench_early_steps.py --algo unet --steps 320 \\
+    python -m benchmarks.bench_early_steps --algo unet --steps 320 \\
         --variant 'momentum 0.99=fp32:{"optimizer": {"name": "SGD", "args": {"momentum": 0.99, "nesterov": true, "weight_decay": 3.0e-05}}}' \\
         --variant 'momentum 0.9=fp32'
-    python benchmarks/bench_early_steps.py --report-only --out benchmarks/results/early_steps_unet.json
+    python -m benchmarks.bench_early_steps --report-only --out benchmarks/results/early_steps_unet.json
 """
 
 from __future__ import annotations
@@ -28,11 +28,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from benchmarks.bench_early_training import make_bundle, parse_variant
+from benchmarks.common import cpu_name, read_or_run
 
-from bench_early_training import make_bundle, parse_variant  # noqa: E402  (benchmarks/ is the script's folder)
-from common import cpu_name, read_or_run  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 DEFAULT_DATA = "/work/shared/datasets/Task04_Hippocampus"
 SHOWN_STEPS = (16, 64, 128, 192, 256, 320)
@@ -162,7 +161,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     results = []
     for text in args.variant:
         variant = parse_variant(text)
-        argv = [sys.executable, __file__, "--one", text, "--work", str(work), "--algo", args.algo, "--data", args.data,
+        argv = [sys.executable, "-m", __spec__.name, "--one", text, "--work", str(work), "--algo", args.algo, "--data", args.data,
                 "--steps", str(args.steps), "--every", str(args.every), "--sched-epochs", str(args.sched_epochs),
                 "--val-cases", str(args.val_cases)]
         env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}

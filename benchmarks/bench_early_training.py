@@ -9,7 +9,7 @@ variant the mean Dice after chosen epochs, the first epoch whose Dice reaches 0.
 all-background stall), the best Dice, and for each low-precision variant its largest per-epoch
 distance from the fp32 variant of the same recipe. It measures learning, not speed.
 
-    python benchmarks/bench_early_training.py --algo unet --epochs 20 \\
+    python -m benchmarks.bench_early_training --algo unet --epochs 20 \\
         --variant 'momentum 0.9=fp32' --variant 'momentum 0.99=fp32:{"optimizer": {"name": "SGD", "args": {"momentum": 0.99, "nesterov": true, "weight_decay": 3.0e-05}}}'
 """
 
@@ -25,10 +25,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from benchmarks.common import LoadSampler, cpu_name, read_json, read_or_run
 
-from common import LoadSampler, cpu_name, read_json, read_or_run  # noqa: E402  (benchmarks/ is the script's folder)
+REPO = Path(__file__).resolve().parents[1]
 
 DEFAULT_DATA = "/work/shared/datasets/Task04_Hippocampus"
 SHOWN_EPOCHS = (1, 2, 3, 5, 10, 15, 20, 30)

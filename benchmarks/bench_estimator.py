@@ -7,8 +7,8 @@ for the train and infer phases, the time of one estimate against one measured tr
 step, and for the largest N the error of the affine fit (two estimates at N=1, 2) against
 the measured peak. Prints a table and writes JSON.
 
-    python benchmarks/bench_estimator.py                       # N = 1, 4
-    python benchmarks/bench_estimator.py --sizes 1,2,8 --algos unet
+    python -m benchmarks.bench_estimator                       # N = 1, 4
+    python -m benchmarks.bench_estimator --sizes 1,2,8 --algos unet
 """
 
 from __future__ import annotations
@@ -21,11 +21,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tests"))
+from benchmarks.common import LoadSampler, write_json
 
-from common import LoadSampler, write_json  # noqa: E402  (benchmarks/ is the script's folder)
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -58,11 +56,11 @@ def main(argv: list[str] | None = None) -> int:
     """Run the comparison; returns 0 when every error is within 5%, else 1."""
     import monai
     import torch
-    from probe_fixtures import make_tiny_bundles
 
     from autotune.bundles.config import load_bundle_config
     from autotune.probe.estimate import estimate, fit_memory_model
     from autotune.probe.runner import run_probe
+    from tests.probe_fixtures import make_tiny_bundles
 
     args = _args(argv)
     algos = [a for a in args.algos.split(",") if a]
@@ -103,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "estimator", "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": {"platform": platform.platform(), "processor": platform.processor(),
                     "torch": torch.__version__, "monai": monai.__version__, "device": "cpu"},
-        "command": "python benchmarks/bench_estimator.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": "python -m benchmarks.bench_estimator " + " ".join(argv if argv is not None else sys.argv[1:]),
         "worst_error": worst, "rows": rows,
     }
     print(markdown_table(report))

@@ -10,8 +10,8 @@ The fast answer is checked: the record's N fits (a probe) and N+1 does not (a pr
 calibration's stated bound settled N+1, ``edge_check``, one more probe of N+1 after the timed
 search, not counted in its wall).
 
-    taskset -c 0 python benchmarks/bench_fast_vs_tpe.py --cases hippocampus:unet:1GiB
-    python benchmarks/bench_fast_vs_tpe.py --table-from benchmarks/results/fast_vs_tpe.json
+    taskset -c 0 python -m benchmarks.bench_fast_vs_tpe --cases hippocampus:unet:1GiB
+    python -m benchmarks.bench_fast_vs_tpe --table-from benchmarks/results/fast_vs_tpe.json
 """
 
 from __future__ import annotations
@@ -24,11 +24,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from benchmarks.bench_search import _bundles
+from benchmarks.common import LoadSampler, cpu_name, read_json, write_json
 
-from bench_search import _bundles  # noqa: E402  (benchmarks/ is the script's folder)
-from common import LoadSampler, cpu_name, read_json, write_json  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 DEFAULT_CASES = "hippocampus:unet:1GiB,hippocampus:segresnet:1GiB,hippocampus:dints:1GiB," \
                 "demo:unet:512MiB,demo:segresnet:1GiB,demo:dints:1GiB"

@@ -1,7 +1,7 @@
 """MONAI's SegResNet trained by MONAI's own train.py: as generated, tuned (default hand-off), tuned (largest).
 
-    nice -n 10 python benchmarks/bench_monai_handoff.py --wall 1500
-    python benchmarks/bench_monai_handoff.py --report-only
+    nice -n 10 python -m benchmarks.bench_monai_handoff --wall 1500
+    python -m benchmarks.bench_monai_handoff --report-only
 
 1. **Data**: the first ``--cases`` cases (by file name) of Task04_Hippocampus, ``autotune.analyze`` with 5
    folds: fold 0 trains on 80 and validates on 20 of 100.
@@ -40,10 +40,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchmarks.common import LoadSampler, cpu_name, read_json, write_json
 
-from common import LoadSampler, cpu_name, read_json, write_json  # noqa: E402  (benchmarks/ is the script's folder)
+REPO = Path(__file__).resolve().parents[1]
 
 DEFAULT_DATA = REPO.parent / "shared" / "datasets" / "Task04_Hippocampus"
 DEFAULT_TEMPLATES = REPO.parent / "shared" / "monai" / "algorithm_templates"

@@ -1,6 +1,6 @@
 """autotune's answer next to MONAI's own batch rules, on MONAI's own bundles, measured under the same limit.
 
-    python benchmarks/bench_monai_rules.py WORK/segresnet_0 WORK/dints_0 --limits 1.25GiB,1.75GiB,16GiB \\
+    python -m benchmarks.bench_monai_rules WORK/segresnet_0 WORK/dints_0 --limits 1.25GiB,1.75GiB,16GiB \\
         --device cpu --json benchmarks/results/monai_rules.json
 
 For each bundle and memory limit L:
@@ -30,7 +30,7 @@ GIB = 1024**3
 
 
 def _bundle_module(bundle: Path, module: str) -> Any:
-    from monai_parity import _bundle_scripts  # type: ignore[import-not-found]  # the sibling benchmark
+    from benchmarks.monai_parity import _bundle_scripts
 
     return _bundle_scripts(bundle, module)
 

@@ -21,7 +21,7 @@ window batch in force, the step-downs (each a failed attempt: the steps lost to 
 steps against the unsplit run's. Memory is the tracker's count of live tensor bytes, as the CPU probe counts it,
 not the RSS; times on a shared 2-core CPU are noisy (the load during each run is recorded).
 
-    python benchmarks/bench_oom_recovery.py [--data ../shared/datasets/Task04_Hippocampus] [--cases 12] [--epochs 3]
+    python -m benchmarks.bench_oom_recovery [--data ../shared/datasets/Task04_Hippocampus] [--cases 12] [--epochs 3]
 """
 
 from __future__ import annotations
@@ -37,9 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from common import LoadSampler, cpu_name, read_or_run  # noqa: E402  (benchmarks/ is the script's folder)
+from benchmarks.common import LoadSampler, cpu_name, read_or_run
 
 NEVER_BINDS = 64 * 2**30  # the tracker counts under a limit; this one is never met
 
@@ -146,7 +144,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         stepped = _train(bundle, root, "halfway between the sw peaks", val_limit, args.val_epochs, **roi)
         print(json.dumps(stepped), flush=True)
     return {
-        "command": "python benchmarks/bench_oom_recovery.py " + " ".join(sys.argv[1:]),
+        "command": "python -m benchmarks.bench_oom_recovery " + " ".join(sys.argv[1:]),
         "environment": {"cpu": cpu_name(), "cores": os.cpu_count(), "native_bf16": list(cpu_bf16_native()),
                         "date": time.strftime("%Y-%m-%d", time.gmtime())},
         "cases": args.cases, "epochs": args.epochs, "fraction": args.fraction, "batch": args.batch,

@@ -8,7 +8,7 @@ the goal is identical values, since on the CPU the estimate is exact. (On the CP
 and the estimator count bytes with one tracker, so this checks the fake pass and the search,
 not real device memory.)
 
-    python benchmarks/bench_plan.py [--data ../shared/datasets/Task04_Hippocampus] [--out benchmarks/results/plan.json]
+    python -m benchmarks.bench_plan [--data ../shared/datasets/Task04_Hippocampus] [--out benchmarks/results/plan.json]
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import LoadSampler, write_json  # benchmarks/ is the script's folder
+from benchmarks.common import LoadSampler, write_json
 
 TARGETS = ("t4", "a100-80gb", "h100-80gb")
 ALGOS = ("segresnet", "dints", "unet")

@@ -7,8 +7,8 @@ full-size UNet template at 2 patches of its roi, each in fp32 and under
 autotune's precision decision made (``autotune.precision``) and the precision it chose; writes JSON.
 This checks the rule's premise (emulated bf16 is far slower than fp32 here), not training quality.
 
-    python benchmarks/bench_precision.py                      # writes benchmarks/results/precision.json
-    python benchmarks/bench_precision.py --report-only
+    python -m benchmarks.bench_precision                      # writes benchmarks/results/precision.json
+    python -m benchmarks.bench_precision --report-only
 """
 
 from __future__ import annotations
@@ -21,10 +21,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from benchmarks.common import LoadSampler, cpu_name, read_json, write_json
 
-from common import LoadSampler, cpu_name, read_json, write_json  # noqa: E402  (benchmarks/ is the script's folder)
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -125,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         report = measure(args.reps)
     report.update(
         benchmark="fp32 vs bf16 autocast on this CPU, and autotune's precision decision",
-        command="python benchmarks/bench_precision.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        command="python -m benchmarks.bench_precision " + " ".join(argv if argv is not None else sys.argv[1:]),
         load_during_run=load.summary(),
         environment={"cpu": cpu_name(), "cores": os.cpu_count(),
                      "threads": torch.get_num_threads(), "torch": torch.__version__,

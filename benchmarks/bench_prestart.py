@@ -5,7 +5,7 @@ before the estimator's trace, so the two overlap where there is a second core. E
 fresh interpreter (the one-off start is what is measured), the same full-size bundle, a fresh
 study, the order alternating; ``off`` replaces ``prestart`` with a no-op.
 
-    OMP_NUM_THREADS=1 python benchmarks/bench_prestart.py --rounds 3
+    OMP_NUM_THREADS=1 python -m benchmarks.bench_prestart --rounds 3
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmarks"))
+from benchmarks.common import cpu_name, write_json
 
-from common import cpu_name, write_json  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
+
 
 CHILD = """
 import json, sys, tempfile, time
@@ -39,7 +39,7 @@ print(json.dumps({"search_s": r["wall_seconds"], "n": r["max_num_patches_per_ite
 
 
 def main() -> None:
-    from bench_search import _bundles
+    from benchmarks.bench_search import _bundles
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)

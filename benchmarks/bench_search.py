@@ -20,9 +20,9 @@ Every search is given the template's range of patches per iteration explicitly (
 training-set cap (``autotune.search.handoff.cap_range``: 2 on the 6-case demo data) does not stop it
 below the memory edge this benchmark checks.
 
-    python benchmarks/bench_search.py                      # writes benchmarks/results/search.json
-    python benchmarks/bench_search.py --cases demo:unet:256MiB --tpe-cases ''
-    python benchmarks/bench_search.py --table-from benchmarks/results/search.json   # the table, from the JSON(s)
+    python -m benchmarks.bench_search                      # writes benchmarks/results/search.json
+    python -m benchmarks.bench_search --cases demo:unet:256MiB --tpe-cases ''
+    python -m benchmarks.bench_search --table-from benchmarks/results/search.json   # the table, from the JSON(s)
 """
 
 from __future__ import annotations
@@ -38,10 +38,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from benchmarks.common import LoadSampler, read_json, write_json
 
-from common import LoadSampler, read_json, write_json  # noqa: E402  (benchmarks/ is the script's folder)
+REPO = Path(__file__).resolve().parents[1]
+
 
 MARGIN = 0.10
 HIPPOCAMPUS = Path("/work/shared/datasets/Task04_Hippocampus")

@@ -4,7 +4,7 @@
 
     git clone -q REPO /work/before && git -C /work/before checkout -q OLD
     git clone -q REPO /work/after
-    python benchmarks/bench_suite.py /work/before /work/after --out benchmarks/results/test_suite.json
+    python -m benchmarks.bench_suite /work/before /work/after --out benchmarks/results/test_suite.json
 
 ``--readme-only CLONE`` skips that clone's ``.ci/run`` (its README command runs in the venv it already
 has: ``.venv-ci``, else ``.venv``); ``--serial-too`` also runs the README command with ``-n 0`` in every
@@ -31,7 +31,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from common import LoadSampler, cpu_name, read_json, write_json
+from benchmarks.common import LoadSampler, cpu_name, read_json, write_json
 
 HERE = Path(__file__).resolve().parent
 
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     skip = {c.resolve() for c in args.readme_only}
     args.logs.mkdir(parents=True, exist_ok=True)
     result = {"machine": machine(), "date": time.strftime("%Y-%m-%d"),
-              "command": "python benchmarks/bench_suite.py " + " ".join(sys.argv[1:] if argv is None else argv),
+              "command": "python -m benchmarks.bench_suite " + " ".join(sys.argv[1:] if argv is None else argv),
               "runs": [measure(clone.resolve(), args.logs, clone.resolve() not in skip, args.serial_too)
                        for clone in args.clones]}
     write_json(args.out, result)

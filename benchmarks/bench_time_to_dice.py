@@ -19,8 +19,8 @@ included) to the target mean Dice, the best Dice at fixed wall times, and where 
 goes (data wait, host-to-device copies, forward and backward, validation). Prints tables, writes
 JSON and a PNG of Dice against wall seconds.
 
-    python benchmarks/bench_time_to_dice.py --budget 1500                 # UNet, CPU, side by side
-    python benchmarks/bench_time_to_dice.py --report-only                 # tables from the JSON
+    python -m benchmarks.bench_time_to_dice --budget 1500                 # UNet, CPU, side by side
+    python -m benchmarks.bench_time_to_dice --report-only                 # tables from the JSON
 """
 
 from __future__ import annotations
@@ -36,10 +36,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from benchmarks.common import LoadSampler, cpu_name, read_json, write_json
 
-from common import LoadSampler, cpu_name, read_json, write_json  # noqa: E402  (benchmarks/ is the script's folder)
+REPO = Path(__file__).resolve().parents[1]
 
 DEFAULT_DATA = "/work/shared/datasets/Task04_Hippocampus"
 DEFAULT_OUT = REPO / "benchmarks" / "results" / "time_to_dice_unet_cpu.json"

@@ -6,8 +6,8 @@ Reported per mode: seconds per epoch, the share of step time spent waiting for d
 wall time (from process start, caching included) to a validation mean Dice target, and
 the best mean Dice reached within the budget. Prints a table and writes JSON.
 
-    python benchmarks/bench_train.py --budget 300            # 300 s per mode
-    python benchmarks/bench_train.py --budget 600 --roi 48   # the full 10-minute goal
+    python -m benchmarks.bench_train --budget 300            # 300 s per mode
+    python -m benchmarks.bench_train --budget 600 --roi 48   # the full 10-minute goal
 """
 
 from __future__ import annotations
@@ -24,10 +24,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from benchmarks.common import LoadSampler, write_json
 
-from common import LoadSampler, write_json  # noqa: E402  (benchmarks/ is the script's folder)
+REPO = Path(__file__).resolve().parents[1]
 
 DEFAULT_DATA = "/work/shared/datasets/Task04_Hippocampus"
 

@@ -7,7 +7,7 @@ at that N). Both are the estimator's numbers: this checks that the replay reprod
 estimator, not that the estimator matches a device (``calibrate_cpu.py`` does that). Prints a
 table and writes ``benchmarks/results/replay_check.json``.
 
-    OMP_NUM_THREADS=1 taskset -c 0 python benchmarks/check_replay.py
+    OMP_NUM_THREADS=1 taskset -c 0 python -m benchmarks.check_replay
 """
 
 from __future__ import annotations
@@ -19,10 +19,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from benchmarks.common import cpu_name, write_json
 
-from common import cpu_name, write_json  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 
 def markdown_table(report: dict[str, Any]) -> str:
@@ -40,11 +39,11 @@ def markdown_table(report: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Run the check; returns 0 when every replay equals its direct estimate, else 1."""
     import torch
-    from bench_search import _bundles
 
     from autotune.probe.estimate import estimate
     from autotune.probe.replay import marker_batch, replay_of
     from autotune.probe.runner import resolve_request
+    from benchmarks.bench_search import _bundles
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--algos", default="segresnet,dints,unet")

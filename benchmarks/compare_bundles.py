@@ -1,6 +1,6 @@
 """Compare the bundles of two runs field by field: the tuned values and the tuning records.
 
-    python benchmarks/compare_bundles.py BEFORE_WORK AFTER_WORK [--out results/compare.json]
+    python -m benchmarks.compare_bundles BEFORE_WORK AFTER_WORK [--out results/compare.json]
 
 Every key of each bundle's ``configs/hyper_parameters.yaml`` is compared, the ``tuning:`` block
 key by key (nested records flattened as ``tuning.handoff.line``). Fields a rerun changes by

@@ -33,10 +33,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpu_data import copy_bundle
-from gpu_harness import ROOT, Check
-
 from autotune.utils import format_bytes
+from benchmarks.gpu_data import copy_bundle
+from benchmarks.gpu_harness import ROOT, Check
 
 __all__ = ["FULL", "DRY", "run_memory", "contract_verdict", "monai_templates", "FIRST_RUN"]
 
@@ -233,9 +232,9 @@ def _monai_dints_bundle(check: Check, cfg: dict[str, Any], templates: Path) -> P
     import os
 
     import yaml
-    from gpu_data import make_heart_dataset
 
     import autotune
+    from benchmarks.gpu_data import make_heart_dataset
 
     work = check.work / "monai"
     source = make_heart_dataset(work / "heart", cfg["cases"], cfg["in_plane"], cfg["depths"], cfg["spacing"])

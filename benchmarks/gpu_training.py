@@ -34,12 +34,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from common import LoadSampler
-from gpu_data import copy_bundle, generate, hippocampus_subset
-from gpu_gradnorm import simple_noise_scale, steps_of
-from gpu_harness import Check
-
 from autotune.utils import format_bytes
+from benchmarks.common import LoadSampler
+from benchmarks.gpu_data import copy_bundle, generate, hippocampus_subset
+from benchmarks.gpu_gradnorm import simple_noise_scale, steps_of
+from benchmarks.gpu_harness import Check
 
 __all__ = ["FULL", "DRY", "run_training", "run_summary", "dice_per_wall", "noise_scale_of", "time_to_target",
            "best_by", "dice_distance"]
@@ -78,7 +77,7 @@ def run_training(check: Check, hippocampus: Path | None) -> None:
         return  # the later sections compare with the reference run
     check.section("handoff", lambda r: section_handoff(check, r, state), needs["handoff"])
     check.section("ddp", lambda r: section_ddp(check, r, state), needs["ddp"])
-    from gpu_oom import section_oom_recovery
+    from benchmarks.gpu_oom import section_oom_recovery
 
     check.section("oom_recovery", lambda r: section_oom_recovery(check, r, state), needs["oom_recovery"])
 
@@ -156,7 +155,7 @@ def train_run(check: Check, bundle: Path, label: str, *, mode: str, precision: s
         env = dict(check.env, NCCL_DEBUG="INFO")
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1", "-m", "autotune.trainer", *args]
     elif record_grads:
-        env, cmd = check.env, [sys.executable, str(Path(__file__).parent / "gpu_gradnorm.py"), "--out", str(grads),
+        env, cmd = check.env, [sys.executable, "-m", "benchmarks.gpu_gradnorm", "--out", str(grads),
                                "--", *args]
     else:
         env, cmd = check.env, [sys.executable, "-m", "autotune.trainer", *args]

@@ -1,6 +1,6 @@
 """Does the probe allocate what MONAI's training allocates? The template's own code against autotune's loop.
 
-    python benchmarks/monai_parity.py WORK/segresnet_0 WORK/dints_0 WORK/segresnet2d_0 [--patches 2] [--json out.json]
+    python -m benchmarks.monai_parity WORK/segresnet_0 WORK/dints_0 WORK/segresnet2d_0 [--patches 2] [--json out.json]
 
 For each MONAI bundle (hash-checked first: the code run here is the known version's), on the CPU in fp32,
 with the same network, loss, optimizer and loader batch (built by ``autotune.auto3dseg``), the tracked peak

@@ -2,7 +2,7 @@
 algorithms, ``gpu_customization=True`` and a CPU memory limit; then each bundle read back through MONAI's own
 ``ConfigParser`` and held against the template family's key table.
 
-    python benchmarks/monai_snippet.py --templates ../shared/monai/algorithm_templates --work /tmp/snippet \\
+    python -m benchmarks.monai_snippet --templates ../shared/monai/algorithm_templates --work /tmp/snippet \\
         --memory-limit 6GiB [--anisotropic] [--out benchmarks/results/monai_snippet.json]
 
 ``--anisotropic`` keeps every fourth slice 4 mm apart (1 x 1 x 4 mm), so MONAI's ``pre_check_skip_algo``

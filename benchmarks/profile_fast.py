@@ -3,7 +3,7 @@
 Counts in process around ``autotune.probe.estimate.estimate`` and ``autotune.probe.runner.run_probe``.
 ``REPO`` picks the checkout profiled (to compare a branch with main):
 
-    REPO=/path/to/checkout taskset -c 0 python benchmarks/profile_fast.py hippocampus 1GiB
+    REPO=/path/to/checkout taskset -c 0 python -m benchmarks.profile_fast hippocampus 1GiB
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ sys.path.insert(0, REPO + "/benchmarks")
 
 
 def main() -> None:
-    from bench_search import _bundles
+    from benchmarks.bench_search import _bundles
 
     est = importlib.import_module("autotune.probe.estimate")
     runner = importlib.import_module("autotune.probe.runner")
