@@ -11,7 +11,7 @@ calibration's stated bound settled N+1, ``edge_check``, one more probe of N+1 af
 search, not counted in its wall).
 
     taskset -c 0 python -m benchmarks.bench_fast_vs_tpe --cases hippocampus:unet:1GiB
-    python -m benchmarks.bench_fast_vs_tpe --table-from benchmarks/results/fast_vs_tpe.json
+    python -m benchmarks.bench_fast_vs_tpe --table-from benchmarks/results/fast_vs_tpe_replay.json
 """
 
 from __future__ import annotations

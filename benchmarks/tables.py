@@ -26,18 +26,14 @@ HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 DEFAULT_DOC = HERE.parent / "BENCHMARKS.md"
 #: per-topic notes that repeat some of the tables; their blocks are regenerated too
-TOPIC_DOCS = (HERE / "PROBE_RESULTS.md", HERE / "TRAIN_RESULTS.md")
+TOPIC_DOCS = (HERE / "PROBE_RESULTS.md",)
 
 #: block name -> (benchmark module, render function, result JSONs in benchmarks/results/)
 TABLES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "search": ("bench_search", "markdown_table", ("search.json", "search_unet_1gib.json")),
-    "estimator": ("bench_estimator", "markdown_table", ("estimator.json",)),
     "probe-overhead": ("bench_probe_overhead", "overhead_table", ("probe_overhead.json",)),
     "probe-fixed-cost": ("bench_probe_overhead", "fixed_cost_table",
                          ("probe_overhead_subprocess.json", "probe_overhead_forkserver.json")),
-    "train-subset-300s": ("bench_train", "markdown_table", ("train.json",)),
-    "train-full-fold-300s": ("bench_train", "markdown_table", ("train_full_fold_300s.json",)),
-    "train-unet-600s": ("bench_train", "markdown_table", ("train_unet_600s.json",)),
     "workers": ("bench_workers", "markdown_table", ("workers.json",)),
     "workers-faults": ("bench_workers", "fault_summary", ("workers.json",)),
     "many-workers": ("bench_many_workers", "markdown_table", ("many_workers.json",)),
