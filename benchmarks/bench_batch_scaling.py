@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import LoadSampler, write_json
+from benchmarks.common import LoadSampler, parser, write_json
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -50,7 +50,7 @@ TUNE_FLAGS = {"largest": ["--strategy", "estimate", "--handoff", "largest"],
 
 
 def _args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = parser(__doc__, "batch_scaling.json")
     p.add_argument("--data", default=DEFAULT_DATA)
     p.add_argument("--work", default="/tmp/autotune_bench_batch_scaling", help="scratch folder (replaced)")
     p.add_argument("--algos", default="unet,segresnet,dints")
@@ -66,8 +66,6 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
                         "processes of one algorithm each can alternate who goes first")
     p.add_argument("--target", type=float, default=0.80)
     p.add_argument("--device", default="cpu")
-    p.add_argument("--report-only", action="store_true")
-    p.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "batch_scaling.json"))
     return p.parse_args(argv)
 
 

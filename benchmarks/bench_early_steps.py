@@ -29,17 +29,16 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.bench_early_training import make_bundle, parse_variant
-from benchmarks.common import cpu_name, read_or_run
+from benchmarks.common import HIPPOCAMPUS, cpu_name, parser, report
 
 REPO = Path(__file__).resolve().parents[1]
 
-DEFAULT_DATA = "/work/shared/datasets/Task04_Hippocampus"
 SHOWN_STEPS = (16, 64, 128, 192, 256, 320)
 
 
 def _args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--data", default=DEFAULT_DATA)
+    p = parser(__doc__, "early_steps_unet.json")
+    p.add_argument("--data", default=str(HIPPOCAMPUS))
     p.add_argument("--work", default="/tmp/autotune_bench_early", help="scratch folder (its bundles are reused)")
     p.add_argument("--algo", default="unet", choices=("unet", "segresnet", "dints"))
     p.add_argument("--variant", action="append", default=[], help="NAME=PRECISION[:JSON overrides]")
@@ -48,8 +47,6 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sched-epochs", type=int, default=300, help="epochs the schedule is planned for (default 300)")
     p.add_argument("--val-cases", type=int, default=8)
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # internal: run one variant, print JSON rows
-    p.add_argument("--report-only", action="store_true")
-    p.add_argument("--out", default=None, help="JSON (default benchmarks/results/early_steps_<algo>.json)")
     return p.parse_args(argv)
 
 
@@ -212,8 +209,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.one is not None:
         run_variant(Path(args.work) / f"{args.algo}_0", parse_variant(args.one), args)
         return 0
-    out = Path(args.out or REPO / "benchmarks" / "results" / f"early_steps_{args.algo}.json")
-    return read_or_run(out, args.report_only, lambda: run(args), table)
+    report(args, lambda: run(args), table)
+    return 0
 
 
 if __name__ == "__main__":

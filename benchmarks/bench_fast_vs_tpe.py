@@ -16,7 +16,6 @@ search, not counted in its wall).
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import sys
 import tempfile
@@ -25,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.bench_search import _bundles
-from benchmarks.common import LoadSampler, cpu_name, read_json, write_json
+from benchmarks.common import LoadSampler, cpu_name, parser, read_json, write_json
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -160,11 +159,10 @@ def report_table(report: dict[str, Any]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--cases", default=DEFAULT_CASES)
-    parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "fast_vs_tpe.json"))
-    parser.add_argument("--table-from", default=None)
-    args = parser.parse_args()
+    p = parser(__doc__, "fast_vs_tpe.json", report_only=False)
+    p.add_argument("--cases", default=DEFAULT_CASES)
+    p.add_argument("--table-from", default=None)
+    args = p.parse_args()
     if args.table_from:
         print(table(read_json(args.table_from)["cases"]))
         return

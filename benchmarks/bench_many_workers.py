@@ -60,7 +60,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import cpu_name, write_json
+from benchmarks.common import cpu_name, parser, write_json
 
 HERE = Path(__file__).resolve().parent
 MARGIN = 0.10
@@ -592,22 +592,21 @@ def markdown_table(report: dict[str, Any]) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--workers", type=int, default=256)
-    parser.add_argument("--keys", type=int, default=64, help="tuning keys (bundles) in the work folder")
-    parser.add_argument("--sleep", type=float, default=2.0, help="seconds a fake probe sleeps")
-    parser.add_argument("--grace", type=float, default=60.0,
+    p = parser(__doc__, "many_workers.json", report_only=False)
+    p.add_argument("--workers", type=int, default=256)
+    p.add_argument("--keys", type=int, default=64, help="tuning keys (bundles) in the work folder")
+    p.add_argument("--sleep", type=float, default=2.0, help="seconds a fake probe sleeps")
+    p.add_argument("--grace", type=float, default=60.0,
                         help="AUTOTUNE_CLAIM_STALE_SECONDS of the proxy and direct runs (autotune's default: 60)")
-    parser.add_argument("--churn-grace", type=float, default=10.0, help="AUTOTUNE_CLAIM_STALE_SECONDS of the churn run")
-    parser.add_argument("--threads", type=int, default=16, help="the proxy's threads (its database connections)")
-    parser.add_argument("--kills", default="20,40", help="seconds after the start at which a probing worker is killed")
-    parser.add_argument("--runs", default="proxy,direct,churn")
-    parser.add_argument("--churn-workers", type=int, default=32)
-    parser.add_argument("--churn-every", type=float, default=3.0, help="seconds between kills in the churn run")
-    parser.add_argument("--timeout", type=float, default=900.0, help="seconds before a run is given up")
-    parser.add_argument("--out", default=str(HERE / "results" / "many_workers.json"))
-    parser.add_argument("--prepare", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    p.add_argument("--churn-grace", type=float, default=10.0, help="AUTOTUNE_CLAIM_STALE_SECONDS of the churn run")
+    p.add_argument("--threads", type=int, default=16, help="the proxy's threads (its database connections)")
+    p.add_argument("--kills", default="20,40", help="seconds after the start at which a probing worker is killed")
+    p.add_argument("--runs", default="proxy,direct,churn")
+    p.add_argument("--churn-workers", type=int, default=32)
+    p.add_argument("--churn-every", type=float, default=3.0, help="seconds between kills in the churn run")
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds before a run is given up")
+    p.add_argument("--prepare", help=argparse.SUPPRESS)
+    args = p.parse_args()
     if args.prepare:
         print(json.dumps(prepare(Path(args.prepare), args.keys, args.sleep)))
         return 0

@@ -11,7 +11,6 @@ run made, counted on the storage object), per run, median over ``--repeats`` tur
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import platform
@@ -23,9 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import cpu_name, write_json
-
-HERE = Path(__file__).resolve().parent
+from benchmarks.common import cpu_name, parser, report
 
 FAKE = "sleep=0,base=64MiB,patch=32MiB,window=16MiB"
 SPECS = {"universal": {"range_num_images_per_batch": [1, 8], "range_num_sw_batch_size": [1, 4]}}
@@ -120,13 +117,10 @@ def table(report: dict[str, Any]) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--out", type=Path, default=HERE / "results" / "plain_claims.json")
-    args = parser.parse_args()
-    report = measure(args.repeats)
-    write_json(args.out, report)
-    print(table(report))
+    p = parser(__doc__, "plain_claims.json")
+    p.add_argument("--repeats", type=int, default=5)
+    args = p.parse_args()
+    report(args, lambda: measure(args.repeats), table)
     return 0
 
 

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import LoadSampler, read_json, write_json
+from benchmarks.common import LoadSampler, parser, read_json, write_json
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -33,10 +33,9 @@ PARTS = ("interpreter_start", "imports", "build", "train", "infer")
 
 
 def _args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = parser(__doc__, "probe_overhead.json", report_only=False)
     p.add_argument("--algos", default="segresnet,dints,unet")
     p.add_argument("--repeats", type=int, default=3, help="probes per template (default 3)")
-    p.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "probe_overhead.json"))
     p.add_argument("--table-from", nargs="+", default=None, help="print the fixed-cost table of result JSONs and exit")
     return p.parse_args(argv)
 

@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import LoadSampler, read_json, write_json
+from benchmarks.common import LoadSampler, parser, read_json, write_json
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -248,17 +248,16 @@ def _table(rows: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--cases", default=DEFAULT_CASES, help="comma-separated dataset:algo:limit")
-    parser.add_argument("--tpe-cases", default="demo:unet:128MiB", help="cases also run with tpe")
-    parser.add_argument("--tpe-trials", type=int, default=20)
-    parser.add_argument("--exhaustive-probe-max", type=int, default=6,
+    p = parser(__doc__, "search.json", report_only=False)
+    p.add_argument("--cases", default=DEFAULT_CASES, help="comma-separated dataset:algo:limit")
+    p.add_argument("--tpe-cases", default="demo:unet:128MiB", help="cases also run with tpe")
+    p.add_argument("--tpe-trials", type=int, default=20)
+    p.add_argument("--exhaustive-probe-max", type=int, default=6,
                         help="probe every N up to edge+1 for real where the edge is at most this")
-    parser.add_argument("--skip-kill", action="store_true")
-    parser.add_argument("--skip-workers", action="store_true")
-    parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "search.json"))
-    parser.add_argument("--table-from", nargs="+", default=None, help="print the markdown table of result JSONs and exit")
-    args = parser.parse_args(argv)
+    p.add_argument("--skip-kill", action="store_true")
+    p.add_argument("--skip-workers", action="store_true")
+    p.add_argument("--table-from", nargs="+", default=None, help="print the markdown table of result JSONs and exit")
+    args = p.parse_args(argv)
     if args.table_from:
         print(markdown_table(*(read_json(Path(path)) for path in args.table_from)))
         return 0

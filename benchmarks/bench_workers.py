@@ -37,7 +37,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import LoadSampler, write_json
+from benchmarks.common import LoadSampler, parser, write_json
 
 MARGIN = 0.10
 SPACE = {"range_num_images_per_batch": [1, 64], "range_num_sw_batch_size": [1, 64]}
@@ -325,21 +325,20 @@ def fault_summary(report: dict[str, Any]) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--trials", type=int, default=40, help="the study's trial budget, shared by its workers (default 40)")
-    parser.add_argument("--workers", default="1,2,4", help="PostgreSQL worker counts (default 1,2,4)")
-    parser.add_argument("--postgres", default=None, help="URL of a server to use (default: start a throw-away one)")
-    parser.add_argument("--distinct-seeds", action="store_true", help="a different TPE seed per worker")
-    parser.add_argument("--no-faults", action="store_true", help="skip the fault run")
-    parser.add_argument("--out", default=str(HERE / "results" / "workers.json"))
+    p = parser(__doc__, "workers.json", report_only=False)
+    p.add_argument("--trials", type=int, default=40, help="the study's trial budget, shared by its workers (default 40)")
+    p.add_argument("--workers", default="1,2,4", help="PostgreSQL worker counts (default 1,2,4)")
+    p.add_argument("--postgres", default=None, help="URL of a server to use (default: start a throw-away one)")
+    p.add_argument("--distinct-seeds", action="store_true", help="a different TPE seed per worker")
+    p.add_argument("--no-faults", action="store_true", help="skip the fault run")
     # worker mode (internal)
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--spec", help=argparse.SUPPRESS)
-    parser.add_argument("--storage", help=argparse.SUPPRESS)
-    parser.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
-    parser.add_argument("--crash-every", type=int, default=0, help=argparse.SUPPRESS)
-    parser.add_argument("--barrier", help=argparse.SUPPRESS)
-    return parser
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--spec", help=argparse.SUPPRESS)
+    p.add_argument("--storage", help=argparse.SUPPRESS)
+    p.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--crash-every", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--barrier", help=argparse.SUPPRESS)
+    return p
 
 
 def _measure(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any] | None, int]:

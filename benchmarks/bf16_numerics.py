@@ -21,13 +21,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import cpu_name, write_json
+from benchmarks.common import cpu_name, parser, write_json
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def _args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = parser(__doc__, report_only=False)
     p.add_argument("bundle")
     p.add_argument("--checkpoint", default=None, help="weights to load (default: the network as built)")
     p.add_argument("--batches", type=int, default=4)

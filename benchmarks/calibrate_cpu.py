@@ -28,11 +28,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.common import parser
+
 REPO = Path(__file__).resolve().parents[1]
 
 
 def _args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = parser(__doc__, report_only=False)
     p.add_argument("--algos", default="segresnet,dints,unet")
     p.add_argument("--sizes", default="1,3", help="comma-separated N (= sliding-window M) values")
     p.add_argument("--presets", default="full,tiny", help="full, tiny or full,tiny")

@@ -26,7 +26,6 @@ figures are the estimator's at this commit, never copied from the run.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -34,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.utils import format_bytes  # noqa: E402
-from benchmarks.common import write_json
+from benchmarks.common import parser, write_json
 from benchmarks.gpu_install import ct_of, points_of, reestimate
 
 HERE = Path(__file__).resolve().parent
@@ -310,11 +309,11 @@ def accounting_table(report: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
-    parser.add_argument("--run", default=str(RUN), help="the installed GPU run (benchmarks/results/gpu_check_<gpu>.json)")
-    parser.add_argument("--out", default=str(OUT))
-    parser.add_argument("--no-monai", action="store_true", help="leave MONAI's DiNTS at 96^3 out (a few minutes)")
-    args = parser.parse_args(argv)
+    p = parser(__doc__, report_only=False)
+    p.add_argument("--run", default=str(RUN), help="the installed GPU run (benchmarks/results/gpu_check_<gpu>.json)")
+    p.add_argument("--out", default=str(OUT))
+    p.add_argument("--no-monai", action="store_true", help="leave MONAI's DiNTS at 96^3 out (a few minutes)")
+    args = p.parse_args(argv)
     os.environ["CUDA_VISIBLE_DEVICES"] = ""  # before torch is imported: a machine without a GPU planning for one
     report = run(Path(args.run))
     if not args.no_monai:
