@@ -377,6 +377,9 @@ def section_expandable(check: Check, record: dict[str, Any], state: dict[str, An
             point[f"{phase}_reserved"] = res.get(f"{phase}_cuda_max_memory_reserved") or res.get(f"{phase}_peak_bytes")
             point[f"{phase}_allocated"] = res.get(f"{phase}_cuda_max_memory_allocated")
         for setting, env in (("default", None), ("expandable", conf)):
+            if not check.cuda and setting == "expandable":  # the CPU's model is the raw trace whatever the setting
+                point["model_expandable"] = point["model_default"]
+                continue
             import os
 
             saved = os.environ.get("PYTORCH_CUDA_ALLOC_CONF")

@@ -54,9 +54,9 @@ FULL: dict[str, Any] = {
     "needs_s": {"hippocampus_data": 20.0, "time_to_dice": 135.0, "handoff": 100.0, "ddp": 25.0, "oom_recovery": 60.0},
 }
 DRY: dict[str, Any] = {
-    # tiny bundles on the CPU: every run trains at least one epoch whatever its budget
-    "algos": ("unet", "segresnet"), "subset_cases": 10, "regular_s": 16.0, "fast_s": 8.0, "ddp_epochs": 1,
-    "checkpoints_s": (8, 16),
+    # tiny bundles on an 8-case synthetic set on the CPU: every run trains one epoch (each is longer than its budget)
+    "algos": ("unet", "segresnet"), "subset_cases": 10, "demo_cases": 8, "regular_s": 6.0, "fast_s": 3.0,
+    "ddp_epochs": 1, "checkpoints_s": (3, 6),
     # no native bf16 on this CPU (emulated, ~100x slower): every label trains in fp32 on a dry run
     "precisions": {"fp16": "fp32", "bf16": "fp32", "fp32": "fp32"}, "train_limit": "2GiB", "handoff_limit": None,
     "handoff_range": (1, 3), "probe_timeout": 300.0,
@@ -88,7 +88,8 @@ def section_data(check: Check, record: dict[str, Any], state: dict[str, Any], hi
     if hippocampus is None:  # a dry run without the shared set
         from autotune.data.synthetic import make_demo_dataset
 
-        source, what = make_demo_dataset(check.work / "demo", cases=12, size=32, classes=2), "synthetic demo set"
+        source = make_demo_dataset(check.work / "demo", cases=int(check.cfg["demo_cases"]), size=32, classes=2)
+        what = "synthetic demo set"
     elif check.cfg["subset_cases"]:
         source = hippocampus_subset(hippocampus, check.work / "hippocampus", int(check.cfg["subset_cases"]))
         what = f"the first {check.cfg['subset_cases']} cases of {hippocampus}"
