@@ -150,9 +150,9 @@ def test_simple_noise_scale_recovers_a_known_noise_scale() -> None:
 
 def test_the_gradient_hook_sees_unscaled_gradients(tmp_path: Path) -> None:
     import torch
-    from benchmarks.gpu_gradnorm import install as install_hook
 
     import autotune.step as step_module
+    from benchmarks.gpu_gradnorm import install as install_hook
 
     steps: list[tuple[int, Any]] = []
     original = step_module.train_step
