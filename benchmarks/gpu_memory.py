@@ -28,6 +28,7 @@ afterwards (``gpu_check.py install``).
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -376,12 +377,7 @@ def section_expandable(check: Check, record: dict[str, Any], state: dict[str, An
         for phase in ("train", "infer"):
             point[f"{phase}_reserved"] = res.get(f"{phase}_cuda_max_memory_reserved") or res.get(f"{phase}_peak_bytes")
             point[f"{phase}_allocated"] = res.get(f"{phase}_cuda_max_memory_allocated")
-        for setting, env in (("default", None), ("expandable", conf)):
-            if not check.cuda and setting == "expandable":  # the CPU's model is the raw trace whatever the setting
-                point["model_expandable"] = point["model_default"]
-                continue
-            import os
-
+        for setting, env in (("default", None), ("expandable", conf))[: 2 if check.cuda else 1]:
             saved = os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
             if env:
                 os.environ["PYTORCH_CUDA_ALLOC_CONF"] = env
@@ -396,6 +392,7 @@ def section_expandable(check: Check, record: dict[str, Any], state: dict[str, An
                 else:
                     os.environ["PYTORCH_CUDA_ALLOC_CONF"] = saved
             point[f"model_{setting}"] = {p: est.get(f"{p}_device_reserved_bytes") for p in ("train", "infer")}
+        point.setdefault("model_expandable", point["model_default"])  # the CPU's model: the raw trace either way
         record["points"].append(point)
         first = point["first_run"] or (None, None)
         check.say(f"   expandable {algo} N={n} M={m}: {point['status']}, reserved train "
