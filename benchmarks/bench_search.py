@@ -49,8 +49,7 @@ DEFAULT_CASES = "demo:unet:128MiB,demo:unet:256MiB,demo:unet:512MiB,demo:segresn
                 "hippocampus:unet:256MiB"
 VALUES = ("num_patches_per_iter", "max_num_patches_per_iter", "num_sw_batch_size", "validation_device")
 WORKER = """
-import json, sys
-sys.path.insert(0, {repo!r})
+import json
 from autotune.stages import tune
 r = tune([{bundle!r}], {specs!r}, device="cpu", memory_limit={limit}, storage={storage!r}, margin={margin},
                  workers_share=True, write_back=False, progress=None)[0]
@@ -159,10 +158,10 @@ def _killed_and_resumed(bundle: Path, limit: int, storage: str, study_name: str,
 
 
 def _two_workers(bundle: Path, limit: int, storage: str, hi: int) -> list[dict[str, Any]]:
-    code = WORKER.format(repo=str(REPO), bundle=str(bundle), specs=_specs(hi), limit=limit, storage=storage,
+    code = WORKER.format(bundle=str(bundle), specs=_specs(hi), limit=limit, storage=storage,
                          margin=MARGIN, values=VALUES)
     procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                              text=True) for _ in range(2)]
+                              text=True, cwd=str(REPO)) for _ in range(2)]
     out = []
     for proc in procs:
         stdout, _ = proc.communicate()
