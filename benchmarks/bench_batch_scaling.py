@@ -17,9 +17,9 @@ from one algorithm to the next), each in its own process, validating every epoch
 a table, writes JSON (and a PNG of the curves) after every run, so a cut-off run keeps
 what it had.
 
-    python benchmarks/bench_batch_scaling.py --budget 420 --epochs 20
-    python benchmarks/bench_batch_scaling.py --variants generated,handoff   # the goodput rule's pair
-    python benchmarks/bench_batch_scaling.py --report-only            # table from the JSON
+    python -m benchmarks.bench_batch_scaling --budget 420 --epochs 20
+    python -m benchmarks.bench_batch_scaling --variants generated,handoff   # the goodput rule's pair
+    python -m benchmarks.bench_batch_scaling --report-only            # table from the JSON
 """
 
 from __future__ import annotations
@@ -36,10 +36,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from benchmarks.common import LoadSampler, parser, write_json
 
-from common import LoadSampler, write_json  # noqa: E402  (benchmarks/ is the script's folder)
+REPO = Path(__file__).resolve().parents[1]
 
 DEFAULT_DATA = "/work/shared/datasets/Task04_Hippocampus"
 VARIANTS = ("generated", "largest", "handoff")
@@ -51,7 +50,7 @@ TUNE_FLAGS = {"largest": ["--strategy", "estimate", "--handoff", "largest"],
 
 
 def _args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = parser(__doc__, "batch_scaling.json")
     p.add_argument("--data", default=DEFAULT_DATA)
     p.add_argument("--work", default="/tmp/autotune_bench_batch_scaling", help="scratch folder (replaced)")
     p.add_argument("--algos", default="unet,segresnet,dints")
@@ -67,8 +66,6 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
                         "processes of one algorithm each can alternate who goes first")
     p.add_argument("--target", type=float, default=0.80)
     p.add_argument("--device", default="cpu")
-    p.add_argument("--report-only", action="store_true")
-    p.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "batch_scaling.json"))
     return p.parse_args(argv)
 
 
@@ -312,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
         "settings": {k: v for k, v in vars(args).items() if k not in ("out", "work", "report_only")},
         "environment": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
                         "torch": torch.__version__, "monai": monai.__version__, "python": platform.python_version()},
-        "command": "python benchmarks/bench_batch_scaling.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": "python -m benchmarks.bench_batch_scaling " + " ".join(argv if argv is not None else sys.argv[1:]),
         "algos": {},
     }
     for index, algo in enumerate(algos):

@@ -12,10 +12,10 @@ that keeps fp32 on the CPU is measured in bf16 all the same), with ``autotune tr
 
 Prints a table, writes JSON. Measured on the CPU it runs on (its oneDNN bf16 answer is recorded).
 
-    python benchmarks/bench_bf16_training.py --work /tmp/work --epochs 12      # the README job's bundles
-    python benchmarks/bench_bf16_training.py --work FULL --bundles unet_0 --epochs 300 --max-time 900 --val-every 1 \
+    python -m benchmarks.bench_bf16_training --work /tmp/work --epochs 12      # the README job's bundles
+    python -m benchmarks.bench_bf16_training --work FULL --bundles unet_0 --epochs 300 --max-time 900 --val-every 1 \
         --label "full size, Task04_Hippocampus" --out benchmarks/results/bf16_training_full.json
-    python benchmarks/bench_bf16_training.py --report-only
+    python -m benchmarks.bench_bf16_training --report-only
 """
 
 from __future__ import annotations
@@ -32,16 +32,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from common import LoadSampler, cpu_name, read_json, write_json  # noqa: E402  (benchmarks/ is the script's folder)
+from benchmarks.common import LoadSampler, command, cpu_name, parser, report, write_json
 
 PRECISIONS = ("fp32", "bf16")
 
 
 def _args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = parser(__doc__, "bf16_training.json")
     p.add_argument("--work", default="/tmp/work", help="the folder of the bundles (the README job's --work-dir)")
     p.add_argument("--bundles", default="segresnet_0,dints_0,unet_0")
     p.add_argument("--epochs", type=int, default=12)
@@ -52,8 +49,6 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="passed to autotune train: a limit neither run reaches (a bundle tuned in bf16 at a small limit "
                         "does not fit it in fp32, and this measures training, not the memory contract)")
     p.add_argument("--label", default="tiny preset, the README main job's bundles")
-    p.add_argument("--report-only", action="store_true")
-    p.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "bf16_training.json"))
     return p.parse_args(argv)
 
 
@@ -137,17 +132,20 @@ def markdown_table(report: dict[str, Any], *more: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = _args(argv)
-    out = Path(args.out)
-    if args.report_only:
-        print(markdown_table(read_json(out)))
-        return 0
+    report(args, lambda: measure(args, argv), markdown_table)
+    return 0
+
+
+def measure(args: argparse.Namespace, argv: list[str] | None) -> dict[str, Any]:
+    """Each bundle trained in fp32 and bf16; the report is written after each bundle (a long run keeps what it
+    measured)."""
     import torch
 
     work = Path(args.work)
     started = time.time()
-    report = {
+    result: dict[str, Any] = {
         "benchmark": "bf16 against fp32 training on this CPU, template by template",
-        "command": "python benchmarks/bench_bf16_training.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": command("benchmarks.bench_bf16_training", argv),
         "label": args.label, "epochs": args.epochs, "dice": args.dice, "seconds": 0.0,
         "environment": {"cpu": cpu_name(), "cores": os.cpu_count(), "torch": torch.__version__,
                         "onednn_bf16": bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()),
@@ -155,13 +153,12 @@ def main(argv: list[str] | None = None) -> int:
         "bundles": [],
     }
     with tempfile.TemporaryDirectory(prefix="bench_bf16_") as scratch:
-        for name in args.bundles.split(","):  # written after each bundle: a long run keeps what it measured
-            report["bundles"].append(measure_bundle(work / name, args, Path(scratch)))
-            report["seconds"] = round(time.time() - started, 1)
-            write_json(out, report)
-            print(markdown_table(report), flush=True)
-    print(f"wrote {out}")
-    return 0
+        for name in args.bundles.split(","):
+            result["bundles"].append(measure_bundle(work / name, args, Path(scratch)))
+            result["seconds"] = round(time.time() - started, 1)
+            write_json(Path(args.out), result)
+            print(markdown_table(result), flush=True)
+    return result
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ On the CPU the probe, the estimator and training count bytes with one tracker: t
 that training allocates what the probe allocated (loader batch, prefetched batch,
 validation), not real device memory.
 
-    python benchmarks/bench_contract.py [--data ../shared/datasets/Task04_Hippocampus] [--cases 60] [--limit 1GiB]
+    python -m benchmarks.bench_contract [--data ../shared/datasets/Task04_Hippocampus] [--cases 60] [--limit 1GiB]
 """
 
 from __future__ import annotations
@@ -27,9 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from common import LoadSampler, write_json  # noqa: E402  (benchmarks/ is the script's folder)
+from benchmarks.common import HIPPOCAMPUS, LoadSampler, command, parser, report
 
 ALGOS = ("unet", "segresnet", "dints")
 
@@ -58,15 +56,13 @@ def markdown_table(report: dict[str, Any]) -> str:
 
 
 def _args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    default = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "Task04_Hippocampus"
-    parser.add_argument("--data", default=str(default))
-    parser.add_argument("--cases", type=int, default=60)
-    parser.add_argument("--limit", default="1GiB")
-    parser.add_argument("--epochs", type=int, default=2)
-    parser.add_argument("--algos", default=",".join(ALGOS))
-    parser.add_argument("--out", default="benchmarks/results/contract.json")
-    return parser.parse_args()
+    p = parser(__doc__, "contract.json")
+    p.add_argument("--data", default=str(HIPPOCAMPUS))
+    p.add_argument("--cases", type=int, default=60)
+    p.add_argument("--limit", default="1GiB")
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--algos", default=",".join(ALGOS))
+    return p.parse_args()
 
 
 def _train_under_contract(row: dict[str, Any], bundle: Path, tuned: dict[str, Any], epochs: int) -> None:
@@ -91,7 +87,12 @@ def _train_under_contract(row: dict[str, Any], bundle: Path, tuned: dict[str, An
 
 def main() -> int:
     args = _args()
+    report(args, lambda: measure(args), markdown_table)
+    return 0
 
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    """Tune each template at the limit, then train it there; the rows and the run's settings."""
     from autotune.data.analyze import analyze
     from autotune.facade.bundlegen import BundleGen
     from autotune.stages import tune
@@ -126,12 +127,8 @@ def main() -> int:
                 _train_under_contract(row, bundles[algo], tuned, args.epochs)
             rows.append(row)
             print(json.dumps(row), flush=True)
-    out = {"command": "python benchmarks/bench_contract.py " + " ".join(sys.argv[1:]), "cases": args.cases,
-           "limit": args.limit, "epochs": args.epochs, "load_average_at_end": os.getloadavg(), "rows": rows}
-    write_json(Path(args.out), out)
-    print()
-    print(markdown_table(out))
-    return 0
+    return {"command": command("benchmarks.bench_contract"), "cases": args.cases, "limit": args.limit,
+            "epochs": args.epochs, "load_average_at_end": os.getloadavg(), "rows": rows}
 
 
 if __name__ == "__main__":

@@ -11,10 +11,10 @@ steps the validation mean Dice and predicted foreground share on the first ``--v
 the validation fold. A run that predicts no foreground (share 0) while the truth holds 2 % has
 collapsed to the majority class; how many steps it takes to leave that state is the stall.
 
-    python benchmarks/bench_early_steps.py --algo unet --steps 320 \\
+    python -m benchmarks.bench_early_steps --algo unet --steps 320 \\
         --variant 'momentum 0.99=fp32:{"optimizer": {"name": "SGD", "args": {"momentum": 0.99, "nesterov": true, "weight_decay": 3.0e-05}}}' \\
         --variant 'momentum 0.9=fp32'
-    python benchmarks/bench_early_steps.py --report-only --out benchmarks/results/early_steps_unet.json
+    python -m benchmarks.bench_early_steps --report-only --out benchmarks/results/early_steps_unet.json
 """
 
 from __future__ import annotations
@@ -28,19 +28,17 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.bench_early_training import make_bundle, parse_variant
+from benchmarks.common import HIPPOCAMPUS, cpu_name, parser, report
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
-from bench_early_training import make_bundle, parse_variant  # noqa: E402  (benchmarks/ is the script's folder)
-from common import cpu_name, read_or_run  # noqa: E402
-
-DEFAULT_DATA = "/work/shared/datasets/Task04_Hippocampus"
 SHOWN_STEPS = (16, 64, 128, 192, 256, 320)
 
 
 def _args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--data", default=DEFAULT_DATA)
+    p = parser(__doc__, "early_steps_unet.json")
+    p.add_argument("--data", default=str(HIPPOCAMPUS))
     p.add_argument("--work", default="/tmp/autotune_bench_early", help="scratch folder (its bundles are reused)")
     p.add_argument("--algo", default="unet", choices=("unet", "segresnet", "dints"))
     p.add_argument("--variant", action="append", default=[], help="NAME=PRECISION[:JSON overrides]")
@@ -49,8 +47,6 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sched-epochs", type=int, default=300, help="epochs the schedule is planned for (default 300)")
     p.add_argument("--val-cases", type=int, default=8)
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # internal: run one variant, print JSON rows
-    p.add_argument("--report-only", action="store_true")
-    p.add_argument("--out", default=None, help="JSON (default benchmarks/results/early_steps_<algo>.json)")
     return p.parse_args(argv)
 
 
@@ -162,7 +158,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     results = []
     for text in args.variant:
         variant = parse_variant(text)
-        argv = [sys.executable, __file__, "--one", text, "--work", str(work), "--algo", args.algo, "--data", args.data,
+        argv = [sys.executable, "-m", __spec__.name, "--one", text, "--work", str(work), "--algo", args.algo, "--data", args.data,
                 "--steps", str(args.steps), "--every", str(args.every), "--sched-epochs", str(args.sched_epochs),
                 "--val-cases", str(args.val_cases)]
         env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
@@ -213,8 +209,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.one is not None:
         run_variant(Path(args.work) / f"{args.algo}_0", parse_variant(args.one), args)
         return 0
-    out = Path(args.out or REPO / "benchmarks" / "results" / f"early_steps_{args.algo}.json")
-    return read_or_run(out, args.report_only, lambda: run(args), table)
+    report(args, lambda: run(args), table)
+    return 0
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ variant the mean Dice after chosen epochs, the first epoch whose Dice reaches 0.
 all-background stall), the best Dice, and for each low-precision variant its largest per-epoch
 distance from the fp32 variant of the same recipe. It measures learning, not speed.
 
-    python benchmarks/bench_early_training.py --algo unet --epochs 20 \\
+    python -m benchmarks.bench_early_training --algo unet --epochs 20 \\
         --variant 'momentum 0.9=fp32' --variant 'momentum 0.99=fp32:{"optimizer": {"name": "SGD", "args": {"momentum": 0.99, "nesterov": true, "weight_decay": 3.0e-05}}}'
 """
 
@@ -25,26 +25,22 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.common import HIPPOCAMPUS, LoadSampler, cpu_name, parser, read_json, report
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
-from common import LoadSampler, cpu_name, read_json, read_or_run  # noqa: E402  (benchmarks/ is the script's folder)
-
-DEFAULT_DATA = "/work/shared/datasets/Task04_Hippocampus"
 SHOWN_EPOCHS = (1, 2, 3, 5, 10, 15, 20, 30)
 ESCAPE_DICE = 0.1
 
 
 def _args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--data", default=DEFAULT_DATA)
+    p = parser(__doc__, "early_training_unet.json")
+    p.add_argument("--data", default=str(HIPPOCAMPUS))
     p.add_argument("--work", default="/tmp/autotune_bench_early", help="scratch folder (its bundles are reused)")
     p.add_argument("--algo", default="unet", choices=("unet", "segresnet", "dints"))
     p.add_argument("--epochs", type=int, default=20)
     p.add_argument("--variant", action="append", default=[], help="NAME=PRECISION[:JSON overrides]")
     p.add_argument("--parallel", type=int, default=2, help="variants trained at once, one thread each")
-    p.add_argument("--report-only", action="store_true")
-    p.add_argument("--out", default=None, help="JSON (default benchmarks/results/early_training_<algo>.json)")
     return p.parse_args(argv)
 
 
@@ -152,8 +148,8 @@ def table(report: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = _args(argv)
-    out = Path(args.out or REPO / "benchmarks" / "results" / f"early_training_{args.algo}.json")
-    return read_or_run(out, args.report_only, lambda: run(args), table)
+    report(args, lambda: run(args), table)
+    return 0
 
 
 if __name__ == "__main__":

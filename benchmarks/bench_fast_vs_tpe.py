@@ -10,13 +10,12 @@ The fast answer is checked: the record's N fits (a probe) and N+1 does not (a pr
 calibration's stated bound settled N+1, ``edge_check``, one more probe of N+1 after the timed
 search, not counted in its wall).
 
-    taskset -c 0 python benchmarks/bench_fast_vs_tpe.py --cases hippocampus:unet:1GiB
-    python benchmarks/bench_fast_vs_tpe.py --table-from benchmarks/results/fast_vs_tpe.json
+    taskset -c 0 python -m benchmarks.bench_fast_vs_tpe --cases hippocampus:unet:1GiB
+    python -m benchmarks.bench_fast_vs_tpe --table-from benchmarks/results/fast_vs_tpe_replay.json
 """
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import sys
 import tempfile
@@ -24,11 +23,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from benchmarks.bench_search import _bundles
+from benchmarks.common import LoadSampler, cpu_name, parser, read_json, write_json
 
-from bench_search import _bundles  # noqa: E402  (benchmarks/ is the script's folder)
-from common import LoadSampler, cpu_name, read_json, write_json  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 DEFAULT_CASES = "hippocampus:unet:1GiB,hippocampus:segresnet:1GiB,hippocampus:dints:1GiB," \
                 "demo:unet:512MiB,demo:segresnet:1GiB,demo:dints:1GiB"
@@ -161,11 +159,10 @@ def report_table(report: dict[str, Any]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--cases", default=DEFAULT_CASES)
-    parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "fast_vs_tpe.json"))
-    parser.add_argument("--table-from", default=None)
-    args = parser.parse_args()
+    p = parser(__doc__, "fast_vs_tpe.json", report_only=False)
+    p.add_argument("--cases", default=DEFAULT_CASES)
+    p.add_argument("--table-from", default=None)
+    args = p.parse_args()
     if args.table_from:
         print(table(read_json(args.table_from)["cases"]))
         return

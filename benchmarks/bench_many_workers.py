@@ -37,7 +37,7 @@ PostgreSQL: a throw-away server on 127.0.0.1 (``tests/pg_fixtures.py``), default
 (``max_connections`` 100) but for ``fsync``, ``synchronous_commit`` and ``full_page_writes`` (off).
 A run is given up when the machine's available memory falls under 3 GiB (``given_up_low_memory``).
 
-    python benchmarks/bench_many_workers.py [--workers 256] [--keys 64] [--sleep 2] [--runs proxy,direct,churn]
+    python -m benchmarks.bench_many_workers [--workers 256] [--keys 64] [--sleep 2] [--runs proxy,direct,churn]
         [--out benchmarks/results/many_workers.json]
 """
 
@@ -60,6 +60,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from benchmarks.common import cpu_name, parser, write_json
+
 HERE = Path(__file__).resolve().parent
 MARGIN = 0.10
 LIMIT = "600MiB"
@@ -70,7 +72,6 @@ MONITOR = "bench-monitor"
 LOW_MEMORY = 3 * 2**30  # MemAvailable below which a run is given up
 MEMORY_EVERY = 20.0  # seconds between two samples of the workers' memory (reading 256 smaps takes a core for ~1 s)
 
-from common import cpu_name, write_json  # noqa: E402  (benchmarks/ is the script's folder)
 
 _BUNDLES: dict[str, Any] = {}  # bundle path -> loaded Bundle, read once before the workers fork
 
@@ -78,11 +79,9 @@ _BUNDLES: dict[str, Any] = {}  # bundle path -> loaded Bundle, read once before 
 # -- preparing (in a fresh interpreter: the parent forks workers, so it must not have run torch ops) -------
 def prepare(root: Path, keys: int, sleep: float) -> dict[str, Any]:
     """The work folder of ``keys`` bundles and the answer one worker alone finds (SQLite)."""
-    sys.path.insert(0, str(HERE.parent / "tests"))
-    from probe_fixtures import make_tiny_bundles
-
     from autotune.bundles.config import load_bundle_config, update_bundle_config
     from autotune.stages import tune
+    from tests.probe_fixtures import make_tiny_bundles
 
     source = make_tiny_bundles(root / "src", algos=("unet",))["unet"]
     optimizer = load_bundle_config(source)["optimizer"]
@@ -593,33 +592,31 @@ def markdown_table(report: dict[str, Any]) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--workers", type=int, default=256)
-    parser.add_argument("--keys", type=int, default=64, help="tuning keys (bundles) in the work folder")
-    parser.add_argument("--sleep", type=float, default=2.0, help="seconds a fake probe sleeps")
-    parser.add_argument("--grace", type=float, default=60.0,
+    p = parser(__doc__, "many_workers.json", report_only=False)
+    p.add_argument("--workers", type=int, default=256)
+    p.add_argument("--keys", type=int, default=64, help="tuning keys (bundles) in the work folder")
+    p.add_argument("--sleep", type=float, default=2.0, help="seconds a fake probe sleeps")
+    p.add_argument("--grace", type=float, default=60.0,
                         help="AUTOTUNE_CLAIM_STALE_SECONDS of the proxy and direct runs (autotune's default: 60)")
-    parser.add_argument("--churn-grace", type=float, default=10.0, help="AUTOTUNE_CLAIM_STALE_SECONDS of the churn run")
-    parser.add_argument("--threads", type=int, default=16, help="the proxy's threads (its database connections)")
-    parser.add_argument("--kills", default="20,40", help="seconds after the start at which a probing worker is killed")
-    parser.add_argument("--runs", default="proxy,direct,churn")
-    parser.add_argument("--churn-workers", type=int, default=32)
-    parser.add_argument("--churn-every", type=float, default=3.0, help="seconds between kills in the churn run")
-    parser.add_argument("--timeout", type=float, default=900.0, help="seconds before a run is given up")
-    parser.add_argument("--out", default=str(HERE / "results" / "many_workers.json"))
-    parser.add_argument("--prepare", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    p.add_argument("--churn-grace", type=float, default=10.0, help="AUTOTUNE_CLAIM_STALE_SECONDS of the churn run")
+    p.add_argument("--threads", type=int, default=16, help="the proxy's threads (its database connections)")
+    p.add_argument("--kills", default="20,40", help="seconds after the start at which a probing worker is killed")
+    p.add_argument("--runs", default="proxy,direct,churn")
+    p.add_argument("--churn-workers", type=int, default=32)
+    p.add_argument("--churn-every", type=float, default=3.0, help="seconds between kills in the churn run")
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds before a run is given up")
+    p.add_argument("--prepare", help=argparse.SUPPRESS)
+    args = p.parse_args()
     if args.prepare:
         print(json.dumps(prepare(Path(args.prepare), args.keys, args.sleep)))
         return 0
     root = Path(tempfile.mkdtemp(prefix="bench-many-"))
-    done = subprocess.run([sys.executable, __file__, "--prepare", str(root), "--keys", str(args.keys),
-                           "--sleep", str(args.sleep)], capture_output=True, text=True, check=True)
+    done = subprocess.run([sys.executable, "-m", "benchmarks.bench_many_workers", "--prepare", str(root), "--keys", str(args.keys),
+                           "--sleep", str(args.sleep)], capture_output=True, text=True, check=True, cwd=str(HERE.parent))
     prepared = json.loads(done.stdout.strip().splitlines()[-1])
     print(f"one worker alone: {prepared['answer']}, {prepared['probes']} probes, {prepared['single_seconds']} s",
           file=sys.stderr)
-    sys.path.insert(0, str(HERE.parent / "tests"))
-    import pg_fixtures
+    from tests import pg_fixtures
 
     cluster = pg_fixtures._start_cluster()
     runs = []
@@ -659,7 +656,7 @@ def _report(args: argparse.Namespace, prepared: dict[str, Any], pg: dict[str, An
             runs: list[dict[str, Any]]) -> dict[str, Any]:
     """The JSON written: the command, the machine, the server, the set-up and the runs."""
     return {
-        "command": ("python benchmarks/bench_many_workers.py " + " ".join(sys.argv[1:])).strip(),
+        "command": ("python -m benchmarks.bench_many_workers " + " ".join(sys.argv[1:])).strip(),
         "machine": {"cpu": cpu_name(), "cpus": os.cpu_count(), "gpu": None, "platform": platform.platform(),
                     "python": platform.python_version(), "load_average_at_end": os.getloadavg(),
                     "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)},

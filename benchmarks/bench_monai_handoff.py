@@ -1,7 +1,7 @@
 """MONAI's SegResNet trained by MONAI's own train.py: as generated, tuned (default hand-off), tuned (largest).
 
-    nice -n 10 python benchmarks/bench_monai_handoff.py --wall 1500
-    python benchmarks/bench_monai_handoff.py --report-only
+    nice -n 10 python -m benchmarks.bench_monai_handoff --wall 1500
+    python -m benchmarks.bench_monai_handoff --report-only
 
 1. **Data**: the first ``--cases`` cases (by file name) of Task04_Hippocampus, ``autotune.analyze`` with 5
    folds: fold 0 trains on 80 and validates on 20 of 100.
@@ -40,21 +40,19 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchmarks.common import LoadSampler, cpu_name, parser, read_json, write_json
 
-from common import LoadSampler, cpu_name, read_json, write_json  # noqa: E402  (benchmarks/ is the script's folder)
+REPO = Path(__file__).resolve().parents[1]
 
 DEFAULT_DATA = REPO.parent / "shared" / "datasets" / "Task04_Hippocampus"
 DEFAULT_TEMPLATES = REPO.parent / "shared" / "monai" / "algorithm_templates"
-DEFAULT_OUT = REPO / "benchmarks" / "results" / "monai_handoff.json"
 VARIANTS = ("generated", "goodput", "largest")
 #: the seed's gpu_customization_specs (docs/monai-bundles.md)
 SPECS = {"universal": {"num_trials": 20, "range_num_images_per_batch": [1, 20], "range_num_sw_batch_size": [1, 40]}}
 
 
 def _args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = parser(__doc__, "monai_handoff.json")
     p.add_argument("--data", default=str(DEFAULT_DATA))
     p.add_argument("--templates", default=str(DEFAULT_TEMPLATES))
     p.add_argument("--work", default="/tmp/autotune_bench_monai_handoff", help="scratch folder (replaced)")
@@ -66,8 +64,6 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--variants", default=",".join(VARIANTS), help="a subset, for a trial of the script itself")
     p.add_argument("--keep-storage", action="store_true",
                    help="keep --work's analysis and tuning storage (the bundles are generated and trained afresh)")
-    p.add_argument("--report-only", action="store_true")
-    p.add_argument("--out", default=str(DEFAULT_OUT))
     return p.parse_args(argv)
 
 

@@ -1,6 +1,6 @@
 """autotune's answer next to MONAI's own batch rules, on MONAI's own bundles, measured under the same limit.
 
-    python benchmarks/bench_monai_rules.py WORK/segresnet_0 WORK/dints_0 --limits 1.25GiB,1.75GiB,16GiB \\
+    python -m benchmarks.bench_monai_rules WORK/segresnet_0 WORK/dints_0 --limits 1.25GiB,1.75GiB,16GiB \\
         --device cpu --json benchmarks/results/monai_rules.json
 
 For each bundle and memory limit L:
@@ -17,7 +17,6 @@ For each bundle and memory limit L:
 
 from __future__ import annotations
 
-import argparse
 import ast
 import json
 import shutil
@@ -26,11 +25,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.common import parser
+
 GIB = 1024**3
 
 
 def _bundle_module(bundle: Path, module: str) -> Any:
-    from monai_parity import _bundle_scripts  # type: ignore[import-not-found]  # the sibling benchmark
+    from benchmarks.monai_parity import _bundle_scripts
 
     return _bundle_scripts(bundle, module)
 
@@ -114,13 +115,13 @@ def compare(bundle: Path, limit: int, device: str, storage: str, timeout: float)
 def main(argv: list[str] | None = None) -> int:
     from autotune.utils import parse_bytes
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("bundles", nargs="+", type=Path)
-    parser.add_argument("--limits", required=True, help="comma-separated, e.g. 1.25GiB,1.75GiB,16GiB")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--timeout", type=float, default=1800.0)
-    parser.add_argument("--json", type=Path, default=None)
-    args = parser.parse_args(argv)
+    p = parser(__doc__, report_only=False)
+    p.add_argument("bundles", nargs="+", type=Path)
+    p.add_argument("--limits", required=True, help="comma-separated, e.g. 1.25GiB,1.75GiB,16GiB")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--timeout", type=float, default=1800.0)
+    p.add_argument("--json", type=Path, default=None)
+    args = p.parse_args(argv)
     storage = f"sqlite:///{tempfile.mkdtemp(prefix='monai_rules_')}/studies.db"
     rows = []
     for bundle in args.bundles:

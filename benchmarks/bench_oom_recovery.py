@@ -21,7 +21,7 @@ window batch in force, the step-downs (each a failed attempt: the steps lost to 
 steps against the unsplit run's. Memory is the tracker's count of live tensor bytes, as the CPU probe counts it,
 not the RSS; times on a shared 2-core CPU are noisy (the load during each run is recorded).
 
-    python benchmarks/bench_oom_recovery.py [--data ../shared/datasets/Task04_Hippocampus] [--cases 12] [--epochs 3]
+    python -m benchmarks.bench_oom_recovery [--data ../shared/datasets/Task04_Hippocampus] [--cases 12] [--epochs 3]
 """
 
 from __future__ import annotations
@@ -37,9 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from common import LoadSampler, cpu_name, read_or_run  # noqa: E402  (benchmarks/ is the script's folder)
+from benchmarks.common import HIPPOCAMPUS, LoadSampler, cpu_name, parser, report
 
 NEVER_BINDS = 64 * 2**30  # the tracker counts under a limit; this one is never met
 
@@ -146,7 +144,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         stepped = _train(bundle, root, "halfway between the sw peaks", val_limit, args.val_epochs, **roi)
         print(json.dumps(stepped), flush=True)
     return {
-        "command": "python benchmarks/bench_oom_recovery.py " + " ".join(sys.argv[1:]),
+        "command": "python -m benchmarks.bench_oom_recovery " + " ".join(sys.argv[1:]),
         "environment": {"cpu": cpu_name(), "cores": os.cpu_count(), "native_bf16": list(cpu_bf16_native()),
                         "date": time.strftime("%Y-%m-%d", time.gmtime())},
         "cases": args.cases, "epochs": args.epochs, "fraction": args.fraction, "batch": args.batch,
@@ -156,25 +154,23 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    default = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "Task04_Hippocampus"
-    parser.add_argument("--data", default=str(default))
-    parser.add_argument("--cases", type=int, default=12)
-    parser.add_argument("--batch", type=int, default=8, help="patches per pass in the training part (given)")
-    parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--fraction", type=float, default=0.6, help="the training limit, as a share of the peak")
-    parser.add_argument("--val-roi", type=int, default=32)
-    parser.add_argument("--val-sw", type=int, default=12)
-    parser.add_argument("--val-epochs", type=int, default=2)
-    parser.add_argument("--out", default="benchmarks/results/oom_recovery.json")
-    parser.add_argument("--report-only", action="store_true", help="print the table of --out, measure nothing")
-    return parser.parse_args()
+    p = parser(__doc__, "oom_recovery.json")
+    p.add_argument("--data", default=str(HIPPOCAMPUS))
+    p.add_argument("--cases", type=int, default=12)
+    p.add_argument("--batch", type=int, default=8, help="patches per pass in the training part (given)")
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--fraction", type=float, default=0.6, help="the training limit, as a share of the peak")
+    p.add_argument("--val-roi", type=int, default=32)
+    p.add_argument("--val-sw", type=int, default=12)
+    p.add_argument("--val-epochs", type=int, default=2)
+    return p.parse_args()
 
 
 def main() -> int:
     args = _args()
     os.environ.setdefault("AUTOTUNE_PRECISION", "fp32")  # the same precision on any CPU (the UNet trains fp32 here)
-    return read_or_run(Path(args.out), args.report_only, lambda: measure(args), markdown_table)
+    report(args, lambda: measure(args), markdown_table)
+    return 0
 
 
 if __name__ == "__main__":

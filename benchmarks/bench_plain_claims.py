@@ -6,17 +6,15 @@ The probes are the fake-probe hook (``AUTOTUNE_FAKE_PROBE``, no sleep: a point c
 is the whole load: the figures are its wall time and its storage calls (every call of Optuna's storage API the
 run made, counted on the storage object), per run, median over ``--repeats`` turns of each.
 
-    python benchmarks/bench_plain_claims.py [--repeats 5] [--out benchmarks/results/plain_claims.json]
+    python -m benchmarks.bench_plain_claims [--repeats 5] [--out benchmarks/results/plain_claims.json]
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import platform
 import statistics
-import sys
 import tempfile
 import time
 from collections import Counter
@@ -24,10 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-
-from common import cpu_name, write_json  # noqa: E402  (benchmarks/ is the script's folder)
+from benchmarks.common import cpu_name, parser, report
 
 FAKE = "sleep=0,base=64MiB,patch=32MiB,window=16MiB"
 SPECS = {"universal": {"range_num_images_per_batch": [1, 8], "range_num_sw_batch_size": [1, 4]}}
@@ -122,13 +117,10 @@ def table(report: dict[str, Any]) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--out", type=Path, default=HERE / "results" / "plain_claims.json")
-    args = parser.parse_args()
-    report = measure(args.repeats)
-    write_json(args.out, report)
-    print(table(report))
+    p = parser(__doc__, "plain_claims.json")
+    p.add_argument("--repeats", type=int, default=5)
+    args = p.parse_args()
+    report(args, lambda: measure(args.repeats), table)
     return 0
 
 

@@ -8,7 +8,7 @@ the goal is identical values, since on the CPU the estimate is exact. (On the CP
 and the estimator count bytes with one tracker, so this checks the fake pass and the search,
 not real device memory.)
 
-    python benchmarks/bench_plan.py [--data ../shared/datasets/Task04_Hippocampus] [--out benchmarks/results/plan.json]
+    python -m benchmarks.bench_plan [--data ../shared/datasets/Task04_Hippocampus] [--out benchmarks/results/plan.json]
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import LoadSampler, write_json  # benchmarks/ is the script's folder
+from benchmarks.common import HIPPOCAMPUS, LoadSampler, command, parser, report
 
 TARGETS = ("t4", "a100-80gb", "h100-80gb")
 ALGOS = ("segresnet", "dints", "unet")
@@ -58,12 +58,18 @@ def checks_table(report: dict[str, Any]) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    default = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "Task04_Hippocampus"
-    parser.add_argument("--data", default=str(default))
-    parser.add_argument("--limits-mib", default="24,48", help="CPU limits for the exactness check")
-    parser.add_argument("--out", default="benchmarks/results/plan.json")
-    args = parser.parse_args()
+    p = parser(__doc__, "plan.json")
+    p.add_argument("--data", default=str(HIPPOCAMPUS))
+    p.add_argument("--limits-mib", default="24,48", help="CPU limits for the exactness check")
+    args = p.parse_args()
+    summary = report(args, lambda: measure(args), plans_table, checks_table)
+    print(f"longest plan {summary['max_plan_seconds']} s; CPU plan identical to the probed search: "
+          f"{summary['all_identical']}")
+    return 0
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    """Plan every template for each target card, then check the CPU plan against the probed search."""
 
     from autotune.bundles.templates import load_overrides
     from autotune.search.driver.targets import resolve_target
@@ -109,15 +115,8 @@ def main() -> int:
                       f"({out['estimate']['seconds']} s) | probed N={out['fast']['max_N']} M={out['fast']['M']} "
                       f"({out['fast']['probes']} probes, {out['fast']['seconds']} s) -> "
                       f"{'identical' if same else 'DIFFERENT'}", flush=True)
-    summary = {"plans": rows, "cpu_checks": checks, "all_identical": all(c["identical"] for c in checks),
-               "max_plan_seconds": max(r["seconds"] for r in rows), "command": " ".join(["python", *sys.argv])}
-    write_json(Path(args.out), summary)
-    print(plans_table(summary))
-    print()
-    print(checks_table(summary))
-    print(f"longest plan {summary['max_plan_seconds']} s; CPU plan identical to the probed search: "
-          f"{summary['all_identical']}")
-    return 0
+    return {"plans": rows, "cpu_checks": checks, "all_identical": all(c["identical"] for c in checks),
+            "max_plan_seconds": max(r["seconds"] for r in rows), "command": command("benchmarks.bench_plan")}
 
 
 if __name__ == "__main__":

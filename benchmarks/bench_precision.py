@@ -7,31 +7,23 @@ full-size UNet template at 2 patches of its roi, each in fp32 and under
 autotune's precision decision made (``autotune.precision``) and the precision it chose; writes JSON.
 This checks the rule's premise (emulated bf16 is far slower than fp32 here), not training quality.
 
-    python benchmarks/bench_precision.py                      # writes benchmarks/results/precision.json
-    python benchmarks/bench_precision.py --report-only
+    python -m benchmarks.bench_precision                      # writes benchmarks/results/precision.json
+    python -m benchmarks.bench_precision --report-only
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from common import LoadSampler, cpu_name, read_json, write_json  # noqa: E402  (benchmarks/ is the script's folder)
+from benchmarks.common import LoadSampler, command, environment, parser, report
 
 
 def _args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = parser(__doc__, "precision.json")
     p.add_argument("--reps", type=int, default=3, help="timed repeats per case and precision (best kept)")
-    p.add_argument("--report-only", action="store_true")
-    p.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "precision.json"))
     return p.parse_args(argv)
 
 
@@ -115,25 +107,15 @@ def markdown_table(report: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = _args(argv)
-    out = Path(args.out)
-    if args.report_only:
-        print(markdown_table(read_json(out)))
-        return 0
-    import torch
 
-    with LoadSampler() as load:
-        report = measure(args.reps)
-    report.update(
-        benchmark="fp32 vs bf16 autocast on this CPU, and autotune's precision decision",
-        command="python benchmarks/bench_precision.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        load_during_run=load.summary(),
-        environment={"cpu": cpu_name(), "cores": os.cpu_count(),
-                     "threads": torch.get_num_threads(), "torch": torch.__version__,
-                     "python": platform.python_version()},
-    )
-    write_json(out, report)
-    print(markdown_table(report))
-    print(f"wrote {out}")
+    def run() -> dict[str, Any]:
+        with LoadSampler() as load:
+            result = measure(args.reps)
+        return {**result, "benchmark": "fp32 vs bf16 autocast on this CPU, and autotune's precision decision",
+                "command": command("benchmarks.bench_precision", argv), "load_during_run": load.summary(),
+                "environment": environment()}
+
+    report(args, run, markdown_table)
     return 0
 
 

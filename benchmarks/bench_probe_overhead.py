@@ -9,9 +9,9 @@ inputs, tracker set-up); exit (wall - the child's parts: interpreter teardown, r
 reaping); and the overhead = wall - measured work. Each column is a median over the repeats (so
 the columns need not add up). Prints a table and writes JSON.
 
-    python benchmarks/bench_probe_overhead.py
-    python benchmarks/bench_probe_overhead.py --repeats 5 --algos unet
-    AUTOTUNE_PROBE_ISOLATION=subprocess python benchmarks/bench_probe_overhead.py   # a fresh interpreter per probe
+    python -m benchmarks.bench_probe_overhead
+    python -m benchmarks.bench_probe_overhead --repeats 5 --algos unet
+    AUTOTUNE_PROBE_ISOLATION=subprocess python -m benchmarks.bench_probe_overhead   # a fresh interpreter per probe
 """
 
 from __future__ import annotations
@@ -25,20 +25,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tests"))
+from benchmarks.common import LoadSampler, parser, read_json, write_json
 
-from common import LoadSampler, read_json, write_json  # noqa: E402  (benchmarks/ is the script's folder)
+REPO = Path(__file__).resolve().parents[1]
 
 PARTS = ("interpreter_start", "imports", "build", "train", "infer")
 
 
 def _args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = parser(__doc__, "probe_overhead.json", report_only=False)
     p.add_argument("--algos", default="segresnet,dints,unet")
     p.add_argument("--repeats", type=int, default=3, help="probes per template (default 3)")
-    p.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "probe_overhead.json"))
     p.add_argument("--table-from", nargs="+", default=None, help="print the fixed-cost table of result JSONs and exit")
     return p.parse_args(argv)
 
@@ -70,10 +67,10 @@ def main(argv: list[str] | None = None) -> int:
     """Run the probes and print the table."""
     import monai
     import torch
-    from probe_fixtures import make_tiny_bundles
 
     from autotune.probe.isolation import isolation_mode
     from autotune.probe.runner import run_probe
+    from tests.probe_fixtures import make_tiny_bundles
 
     args = _args(argv)
     if args.table_from:
@@ -114,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "probe_overhead", "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": {"platform": platform.platform(), "processor": platform.processor(),
                     "torch": torch.__version__, "monai": monai.__version__, "device": "cpu"},
-        "command": "python benchmarks/bench_probe_overhead.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": "python -m benchmarks.bench_probe_overhead " + " ".join(argv if argv is not None else sys.argv[1:]),
         "rows": rows,
     }
     print(overhead_table(report))

@@ -20,9 +20,9 @@ Every search is given the template's range of patches per iteration explicitly (
 training-set cap (``autotune.search.handoff.cap_range``: 2 on the 6-case demo data) does not stop it
 below the memory edge this benchmark checks.
 
-    python benchmarks/bench_search.py                      # writes benchmarks/results/search.json
-    python benchmarks/bench_search.py --cases demo:unet:256MiB --tpe-cases ''
-    python benchmarks/bench_search.py --table-from benchmarks/results/search.json   # the table, from the JSON(s)
+    python -m benchmarks.bench_search                      # writes benchmarks/results/search.json
+    python -m benchmarks.bench_search --cases demo:unet:256MiB --tpe-cases ''
+    python -m benchmarks.bench_search --table-from benchmarks/results/search.json   # the table, from the JSON(s)
 """
 
 from __future__ import annotations
@@ -38,10 +38,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from benchmarks.common import LoadSampler, parser, read_json, write_json
 
-from common import LoadSampler, read_json, write_json  # noqa: E402  (benchmarks/ is the script's folder)
+REPO = Path(__file__).resolve().parents[1]
+
 
 MARGIN = 0.10
 HIPPOCAMPUS = Path("/work/shared/datasets/Task04_Hippocampus")
@@ -49,8 +49,7 @@ DEFAULT_CASES = "demo:unet:128MiB,demo:unet:256MiB,demo:unet:512MiB,demo:segresn
                 "hippocampus:unet:256MiB"
 VALUES = ("num_patches_per_iter", "max_num_patches_per_iter", "num_sw_batch_size", "validation_device")
 WORKER = """
-import json, sys
-sys.path.insert(0, {repo!r})
+import json
 from autotune.stages import tune
 r = tune([{bundle!r}], {specs!r}, device="cpu", memory_limit={limit}, storage={storage!r}, margin={margin},
                  workers_share=True, write_back=False, progress=None)[0]
@@ -159,10 +158,10 @@ def _killed_and_resumed(bundle: Path, limit: int, storage: str, study_name: str,
 
 
 def _two_workers(bundle: Path, limit: int, storage: str, hi: int) -> list[dict[str, Any]]:
-    code = WORKER.format(repo=str(REPO), bundle=str(bundle), specs=_specs(hi), limit=limit, storage=storage,
+    code = WORKER.format(bundle=str(bundle), specs=_specs(hi), limit=limit, storage=storage,
                          margin=MARGIN, values=VALUES)
     procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                              text=True) for _ in range(2)]
+                              text=True, cwd=str(REPO)) for _ in range(2)]
     out = []
     for proc in procs:
         stdout, _ = proc.communicate()
@@ -248,17 +247,16 @@ def _table(rows: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--cases", default=DEFAULT_CASES, help="comma-separated dataset:algo:limit")
-    parser.add_argument("--tpe-cases", default="demo:unet:128MiB", help="cases also run with tpe")
-    parser.add_argument("--tpe-trials", type=int, default=20)
-    parser.add_argument("--exhaustive-probe-max", type=int, default=6,
+    p = parser(__doc__, "search.json", report_only=False)
+    p.add_argument("--cases", default=DEFAULT_CASES, help="comma-separated dataset:algo:limit")
+    p.add_argument("--tpe-cases", default="demo:unet:128MiB", help="cases also run with tpe")
+    p.add_argument("--tpe-trials", type=int, default=20)
+    p.add_argument("--exhaustive-probe-max", type=int, default=6,
                         help="probe every N up to edge+1 for real where the edge is at most this")
-    parser.add_argument("--skip-kill", action="store_true")
-    parser.add_argument("--skip-workers", action="store_true")
-    parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "search.json"))
-    parser.add_argument("--table-from", nargs="+", default=None, help="print the markdown table of result JSONs and exit")
-    args = parser.parse_args(argv)
+    p.add_argument("--skip-kill", action="store_true")
+    p.add_argument("--skip-workers", action="store_true")
+    p.add_argument("--table-from", nargs="+", default=None, help="print the markdown table of result JSONs and exit")
+    args = p.parse_args(argv)
     if args.table_from:
         print(markdown_table(*(read_json(Path(path)) for path in args.table_from)))
         return 0

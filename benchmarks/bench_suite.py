@@ -4,7 +4,7 @@
 
     git clone -q REPO /work/before && git -C /work/before checkout -q OLD
     git clone -q REPO /work/after
-    python benchmarks/bench_suite.py /work/before /work/after --out benchmarks/results/test_suite.json
+    python -m benchmarks.bench_suite /work/before /work/after --out benchmarks/results/test_suite.json
 
 ``--readme-only CLONE`` skips that clone's ``.ci/run`` (its README command runs in the venv it already
 has: ``.venv-ci``, else ``.venv``); ``--serial-too`` also runs the README command with ``-n 0`` in every
@@ -20,7 +20,6 @@ more than the wall time.
 
 from __future__ import annotations
 
-import argparse
 import os
 import platform
 import subprocess
@@ -31,9 +30,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from common import LoadSampler, cpu_name, read_json, write_json
-
-HERE = Path(__file__).resolve().parent
+from benchmarks.common import LoadSampler, command, cpu_name, parser, report
 
 
 def machine() -> dict[str, Any]:
@@ -124,26 +121,24 @@ def table(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("clones", nargs="*", type=Path, help="clean clones, measured in this order")
-    parser.add_argument("--out", type=Path, default=HERE / "results" / "test_suite.json")
-    parser.add_argument("--logs", type=Path, default=Path("/tmp/autotune-bench-suite"))
-    parser.add_argument("--readme-only", type=Path, action="append", default=[],
-                        help="a clone whose .ci/run is not run (its README command only; repeatable)")
-    parser.add_argument("--serial-too", action="store_true", help="also the README command with -n 0 (xdist clones)")
-    parser.add_argument("--report-only", action="store_true", help="print the table of --out and stop")
-    args = parser.parse_args(argv)
-    if args.report_only or not args.clones:
-        print(table(read_json(args.out)))
-        return 0
+    p = parser(__doc__, "test_suite.json")
+    p.add_argument("clones", nargs="*", type=Path, help="clean clones, measured in this order (none: --report-only)")
+    p.add_argument("--logs", type=Path, default=Path("/tmp/autotune-bench-suite"))
+    p.add_argument("--readme-only", type=Path, action="append", default=[],
+                   help="a clone whose .ci/run is not run (its README command only; repeatable)")
+    p.add_argument("--serial-too", action="store_true", help="also the README command with -n 0 (xdist clones)")
+    args = p.parse_args(argv)
+    args.report_only = args.report_only or not args.clones
     skip = {c.resolve() for c in args.readme_only}
-    args.logs.mkdir(parents=True, exist_ok=True)
-    result = {"machine": machine(), "date": time.strftime("%Y-%m-%d"),
-              "command": "python benchmarks/bench_suite.py " + " ".join(sys.argv[1:] if argv is None else argv),
-              "runs": [measure(clone.resolve(), args.logs, clone.resolve() not in skip, args.serial_too)
-                       for clone in args.clones]}
-    write_json(args.out, result)
-    print(table(result))
+
+    def run() -> dict[str, Any]:
+        args.logs.mkdir(parents=True, exist_ok=True)
+        return {"machine": machine(), "date": time.strftime("%Y-%m-%d"), "command": command("benchmarks.bench_suite", argv),
+                "runs": [measure(c.resolve(), args.logs, c.resolve() not in skip, args.serial_too) for c in args.clones]}
+
+    result = report(args, run, table)
+    if args.report_only:
+        return 0
     print(f"machine: {result['machine']}")
     return 0 if all((r["ci_run"] or {"rc": 0})["rc"] == 0 for r in result["runs"]) else 1
 

@@ -19,8 +19,8 @@ included) to the target mean Dice, the best Dice at fixed wall times, and where 
 goes (data wait, host-to-device copies, forward and backward, validation). Prints tables, writes
 JSON and a PNG of Dice against wall seconds.
 
-    python benchmarks/bench_time_to_dice.py --budget 1500                 # UNet, CPU, side by side
-    python benchmarks/bench_time_to_dice.py --report-only                 # tables from the JSON
+    python -m benchmarks.bench_time_to_dice --budget 1500                 # UNet, CPU, side by side
+    python -m benchmarks.bench_time_to_dice --report-only                 # tables from the JSON
 """
 
 from __future__ import annotations
@@ -36,13 +36,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from benchmarks.common import LoadSampler, cpu_name, parser, read_json, write_json
 
-from common import LoadSampler, cpu_name, read_json, write_json  # noqa: E402  (benchmarks/ is the script's folder)
+REPO = Path(__file__).resolve().parents[1]
 
 DEFAULT_DATA = "/work/shared/datasets/Task04_Hippocampus"
-DEFAULT_OUT = REPO / "benchmarks" / "results" / "time_to_dice_unet_cpu.json"
 MODES = ("fast", "regular")
 #: wall seconds at which the best Dice so far is reported (those past the budget are left out)
 CHECKPOINTS_S = (60, 120, 240, 360, 480, 600, 900, 1200, 1800)
@@ -52,7 +50,7 @@ PHASES = (("data_wait_s", "data wait"), ("h2d_s", "host-to-device"), ("compute_s
 
 
 def _args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = parser(__doc__, "time_to_dice_unet_cpu.json")
     p.add_argument("--data", default=DEFAULT_DATA, help="dataset: Decathlon folder, input.yaml or datalist")
     p.add_argument("--work", default="/tmp/autotune_bench_time_to_dice", help="scratch folder (replaced)")
     p.add_argument("--algo", default="unet", choices=("unet", "segresnet", "dints"))
@@ -66,8 +64,6 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--device", default="cpu")
     p.add_argument("--serial", action="store_true", help="one mode after the other, every core each")
-    p.add_argument("--report-only", action="store_true", help="print the tables of --out")
-    p.add_argument("--out", default=str(DEFAULT_OUT))
     return p.parse_args(argv)
 
 

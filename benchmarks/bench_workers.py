@@ -18,7 +18,7 @@ the bundle's seed, as ``autotune worker`` does today) to show what sharing one s
 PostgreSQL: a throw-away server on 127.0.0.1 (tests/pg_fixtures.py; needs the postgresql
 package) unless ``--postgres URL`` names one (a database per run is created there).
 
-    python benchmarks/bench_workers.py [--trials 40] [--workers 1,2,4] [--distinct-seeds]
+    python -m benchmarks.bench_workers [--trials 40] [--workers 1,2,4] [--distinct-seeds]
         [--out benchmarks/results/workers.json]
 """
 
@@ -37,12 +37,12 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from benchmarks.common import LoadSampler, parser, write_json
+
 MARGIN = 0.10
 SPACE = {"range_num_images_per_batch": [1, 64], "range_num_sw_batch_size": [1, 64]}
 STALE_SECONDS = 10
 HERE = Path(__file__).resolve().parent
-
-from common import LoadSampler, write_json  # noqa: E402  (benchmarks/ is the script's folder)
 
 
 # -- the worker process ---------------------------------------------------------------
@@ -133,8 +133,7 @@ class Postgres:
     def __init__(self, url: str | None) -> None:
         self.cluster = None
         if url is None:
-            sys.path.insert(0, str(HERE.parent / "tests"))
-            import pg_fixtures
+            from tests import pg_fixtures
 
             self.cluster = pg_fixtures._start_cluster()
             url = self.cluster.url
@@ -184,13 +183,14 @@ def _start_workers(url: str, workers: int, spec_path: Path, args: argparse.Names
     procs = []
     barrier = Path(tempfile.mkdtemp(prefix="barrier-", dir=spec_path.parent))
     for index in range(workers):
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--spec", str(spec_path), "--storage", url,
+        cmd = [sys.executable, "-m", "benchmarks.bench_workers", "--worker", "--spec", str(spec_path), "--storage", url,
                "--trials", str(args.trials), "--index", str(index), "--crash-every", str(crash_every),
                "--barrier", str(barrier)]
         if args.distinct_seeds:
             cmd.append("--distinct-seeds")
         procs.append(subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                      stderr=subprocess.PIPE, text=True, start_new_session=True))
+                                      stderr=subprocess.PIPE, text=True, start_new_session=True,
+                                      cwd=str(HERE.parent)))
     while len(list(barrier.glob("ready.*"))) < workers and all(p.poll() is None for p in procs):
         time.sleep(0.05)
     (barrier / "go").touch()
@@ -325,21 +325,20 @@ def fault_summary(report: dict[str, Any]) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--trials", type=int, default=40, help="the study's trial budget, shared by its workers (default 40)")
-    parser.add_argument("--workers", default="1,2,4", help="PostgreSQL worker counts (default 1,2,4)")
-    parser.add_argument("--postgres", default=None, help="URL of a server to use (default: start a throw-away one)")
-    parser.add_argument("--distinct-seeds", action="store_true", help="a different TPE seed per worker")
-    parser.add_argument("--no-faults", action="store_true", help="skip the fault run")
-    parser.add_argument("--out", default=str(HERE / "results" / "workers.json"))
+    p = parser(__doc__, "workers.json", report_only=False)
+    p.add_argument("--trials", type=int, default=40, help="the study's trial budget, shared by its workers (default 40)")
+    p.add_argument("--workers", default="1,2,4", help="PostgreSQL worker counts (default 1,2,4)")
+    p.add_argument("--postgres", default=None, help="URL of a server to use (default: start a throw-away one)")
+    p.add_argument("--distinct-seeds", action="store_true", help="a different TPE seed per worker")
+    p.add_argument("--no-faults", action="store_true", help="skip the fault run")
     # worker mode (internal)
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--spec", help=argparse.SUPPRESS)
-    parser.add_argument("--storage", help=argparse.SUPPRESS)
-    parser.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
-    parser.add_argument("--crash-every", type=int, default=0, help=argparse.SUPPRESS)
-    parser.add_argument("--barrier", help=argparse.SUPPRESS)
-    return parser
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--spec", help=argparse.SUPPRESS)
+    p.add_argument("--storage", help=argparse.SUPPRESS)
+    p.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--crash-every", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--barrier", help=argparse.SUPPRESS)
+    return p
 
 
 def _measure(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any] | None, int]:
@@ -379,7 +378,7 @@ def main() -> int:
     if args.worker:
         return worker_main(args)
     rows, fault, limit = _measure(args)
-    command = "python benchmarks/bench_workers.py " + " ".join(sys.argv[1:])
+    command = "python -m benchmarks.bench_workers " + " ".join(sys.argv[1:])
     report = {
         "command": command.strip(),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),

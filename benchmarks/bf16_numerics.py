@@ -11,7 +11,7 @@ under CPU autocast as PyTorch has it (``plain CPU autocast``) and as autotune ru
 float32 op list on top (``autotune autocast``: ``autotune.autocast``). Prints the modules with the largest error, the first non-finite one if any, and
 writes JSON. It measures numerics, not speed.
 
-    python benchmarks/bf16_numerics.py WORK/unet_0 [--checkpoint WORK/unet_0/model_fold0/last.pt] [--batches 4]
+    python -m benchmarks.bf16_numerics WORK/unet_0 [--checkpoint WORK/unet_0/model_fold0/last.pt] [--batches 4]
 """
 
 from __future__ import annotations
@@ -21,14 +21,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from benchmarks.common import cpu_name, parser, write_json
 
-from common import cpu_name, write_json  # noqa: E402  (benchmarks/ is the script's folder)
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = parser(__doc__, report_only=False)
     p.add_argument("bundle")
     p.add_argument("--checkpoint", default=None, help="weights to load (default: the network as built)")
     p.add_argument("--batches", type=int, default=4)

@@ -13,8 +13,8 @@ where no estimate was above its measurement), overall and per template (``fit.by
 ``autotune/probe/calibrations/cpu.json`` (shipped in the wheel; ``--out`` elsewhere) and
 prints a table.
 
-    python benchmarks/calibrate_cpu.py                                  # full-size and tiny, N = 1, 3
-    python benchmarks/calibrate_cpu.py --sizes 1,2,5 --out /tmp/cpu.json
+    python -m benchmarks.calibrate_cpu                                  # full-size and tiny, N = 1, 3
+    python -m benchmarks.calibrate_cpu --sizes 1,2,5 --out /tmp/cpu.json
 """
 
 from __future__ import annotations
@@ -28,13 +28,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.common import parser
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tests"))
 
 
 def _args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = parser(__doc__, report_only=False)
     p.add_argument("--algos", default="segresnet,dints,unet")
     p.add_argument("--sizes", default="1,3", help="comma-separated N (= sliding-window M) values")
     p.add_argument("--presets", default="full,tiny", help="full, tiny or full,tiny")
@@ -94,11 +94,11 @@ def _measure(args: Any, algos: list[str], sizes: list[int], amps: list[bool]) ->
     with tempfile.TemporaryDirectory(prefix="calibrate_cpu_") as tmp:
         sets: dict[str, dict[str, Path]] = {}
         if "full" in args.presets:
-            from bench_search import _bundles  # the full-size bundles the search benchmarks probe
+            from benchmarks.bench_search import _bundles  # the full-size bundles the search benchmarks probe
 
             sets["full"] = _bundles(Path(tmp) / "full", "hippocampus", algos)
         if "tiny" in args.presets:
-            from probe_fixtures import make_tiny_bundles
+            from tests.probe_fixtures import make_tiny_bundles
 
             sets["tiny"] = make_tiny_bundles(Path(tmp) / "tiny", algos)
         for preset, bundles in sets.items():
@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         "processor": platform.processor() or platform.machine(),
         "cpu_bf16_native": bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()),
         "measured_at": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "command": "python benchmarks/calibrate_cpu.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": "python -m benchmarks.calibrate_cpu " + " ".join(argv if argv is not None else sys.argv[1:]),
         "allowance": {"context_bytes": 0, "cudnn_workspace_bytes": 0, "allocator_slack_fraction": 0.0},
         "fit": {"max_over_prediction": fit["max_over_prediction"], "max_under_prediction": fit["max_under_prediction"],
                 "points": len(points), "by_template": by_template(points)},

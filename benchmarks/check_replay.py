@@ -7,7 +7,7 @@ at that N). Both are the estimator's numbers: this checks that the replay reprod
 estimator, not that the estimator matches a device (``calibrate_cpu.py`` does that). Prints a
 table and writes ``benchmarks/results/replay_check.json``.
 
-    OMP_NUM_THREADS=1 taskset -c 0 python benchmarks/check_replay.py
+    OMP_NUM_THREADS=1 taskset -c 0 python -m benchmarks.check_replay
 """
 
 from __future__ import annotations
@@ -19,10 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from common import cpu_name, write_json  # noqa: E402
+from benchmarks.common import command, cpu_name, parser, report
 
 
 def markdown_table(report: dict[str, Any]) -> str:
@@ -39,18 +36,23 @@ def markdown_table(report: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the check; returns 0 when every replay equals its direct estimate, else 1."""
+    p = parser(__doc__, "replay_check.json")
+    p.add_argument("--algos", default="segresnet,dints,unet")
+    p.add_argument("--sizes", default="1,2,3,5,7,8,13,37,64")
+    args = p.parse_args(argv)
+    result = report(args, lambda: measure(args, argv), markdown_table)
+    return 0 if all(pt["replay"] == pt["direct"] for r in result["rows"] for pt in r["points"]) else 1
+
+
+def measure(args: argparse.Namespace, argv: list[str] | None) -> dict[str, Any]:
+    """Trace each template once per precision; the replayed peak against a direct estimate at every size."""
     import torch
-    from bench_search import _bundles
 
     from autotune.probe.estimate import estimate
     from autotune.probe.replay import marker_batch, replay_of
     from autotune.probe.runner import resolve_request
+    from benchmarks.bench_search import _bundles
 
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--algos", default="segresnet,dints,unet")
-    p.add_argument("--sizes", default="1,2,3,5,7,8,13,37,64")
-    p.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "replay_check.json"))
-    args = p.parse_args(argv)
     algos = [a for a in args.algos.split(",") if a]
     sizes = [int(v) for v in args.sizes.split(",")]
     native_bf16 = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
@@ -70,10 +72,8 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append({"algo": algo, "precision": precision, "crops": crops, "trace_s": round(trace_s, 2),
                              "points": points})
                 print(markdown_table({"rows": rows[-1:]}).splitlines()[-1], flush=True)
-    report = {"rows": rows, "machine": cpu_name(), "native_bf16": native_bf16, "command": " ".join(sys.argv)}
-    write_json(Path(args.out), report)
-    print(markdown_table(report))
-    return 0 if all(pt["replay"] == pt["direct"] for r in rows for pt in r["points"]) else 1
+    return {"rows": rows, "machine": cpu_name(), "native_bf16": native_bf16,
+            "command": command("benchmarks.check_replay", argv)}
 
 
 if __name__ == "__main__":

@@ -1,5 +1,9 @@
-"""Shared helpers of the benchmark scripts: the load sampler, atomic JSON writes, and the
-marked table blocks of BENCHMARKS.md.
+"""The scaffold every benchmark script uses: its arguments (``--out``, ``--report-only``), the load
+sampler, the JSON it writes and the tables it prints, and the marked table blocks of BENCHMARKS.md.
+
+A script is ``python -m benchmarks.NAME``; its ``main`` builds its parser with :func:`parser`, adds
+its own options, and ends in :func:`report`, which either measures (and writes ``--out``) or, with
+``--report-only``, reads ``--out``; either way it prints the script's tables.
 
 A benchmark's wall times mean little without the machine's load *during* the run, so each
 measured run is wrapped in :class:`LoadSampler`, which reads ``os.getloadavg()`` every few
@@ -8,8 +12,10 @@ seconds in a thread and reports min/mean/max over the run (``LoadSampler.summary
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import platform
 import re
 import statistics
 import threading
@@ -21,6 +27,10 @@ from typing import Any
 
 #: How often the sampler reads the load average (seconds). The kernel updates it every 5 s.
 DEFAULT_INTERVAL_S = 2.0
+#: where the benchmarks' result JSON is committed
+RESULTS = Path(__file__).resolve().parent / "results"
+#: the Decathlon hippocampus set, beside the checkout (``../shared/datasets``)
+HIPPOCAMPUS = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "Task04_Hippocampus"
 
 
 class LoadSampler:
@@ -96,8 +106,6 @@ class LoadSampler:
 
 def cpu_name() -> str:
     """The processor's model name (``/proc/cpuinfo``), else ``platform``'s answer."""
-    import platform
-
     try:
         for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
             if line.startswith("model name"):
@@ -118,14 +126,43 @@ def read_json(path: Path) -> Any:
     return json.loads(Path(path).read_text(encoding="utf-8"))
 
 
-def read_or_run(out: Path, report_only: bool, run: Callable[[], Any], table: Callable[[Any], str]) -> int:
-    """A benchmark's last step: its report measured now (``run``) and written to ``out``, or read from ``out``
-    (``--report-only``); its table printed either way."""
-    report = read_json(out) if report_only else run()
-    if not report_only:
-        write_json(out, report)
-    print(table(report))
-    return 0
+def parser(doc: str | None, out: str | None = None, report_only: bool = True) -> argparse.ArgumentParser:
+    """A benchmark's argument parser: ``doc`` (its module docstring) as the help, ``--out`` (its result JSON,
+    ``benchmarks/results/OUT`` unless given) and ``--report-only`` (print the tables of ``--out``, measure nothing)."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    if out is not None:
+        p.add_argument("--out", type=Path, default=RESULTS / out, help=f"the result JSON (default: results/{out})")
+    if report_only:
+        p.add_argument("--report-only", action="store_true", help="print the tables of --out and measure nothing")
+    return p
+
+
+def command(module: str, argv: list[str] | None = None) -> str:
+    """The command line that ran benchmark ``module`` (``benchmarks.NAME``), as the result JSON records it."""
+    import sys
+
+    return " ".join(["python", "-m", module, *(sys.argv[1:] if argv is None else argv)])
+
+
+def environment() -> dict[str, Any]:
+    """The machine a benchmark measured: the CPU, its cores, torch's threads and the versions."""
+    import torch
+
+    return {"cpu": cpu_name(), "cores": os.cpu_count(), "threads": torch.get_num_threads(), "torch": torch.__version__,
+            "python": platform.python_version()}
+
+
+def report(args: argparse.Namespace, measure: Callable[[], Any], *tables: Callable[[Any], str]) -> Any:
+    """A benchmark's last step: with ``--report-only`` the report read from ``args.out``, else ``measure()``
+    written there; each of ``tables`` printed from it (a blank line between them). Returns the report."""
+    out = Path(args.out)
+    if getattr(args, "report_only", False):
+        result = read_json(out)
+    else:
+        result = measure()
+        write_json(out, result)
+    print("\n\n".join(table(result) for table in tables))
+    return result
 
 
 def _block_pattern(name: str) -> re.Pattern[str]:

@@ -1,11 +1,11 @@
 """Check the CUDA path on a lent GPU in two independent calls of at most 6 minutes each (docs/gpu-check.md).
 
-    python benchmarks/gpu_check.py memory   --out OUT [--deadline 300]            # call A, first
-    python benchmarks/gpu_check.py training --out OUT --hippocampus PATH [--deadline 300]   # call B
-    python benchmarks/gpu_check.py memory   --out OUT --dry-run                   # the same code on the CPU, tiny
-    python benchmarks/gpu_check.py training --out OUT --dry-run [--hippocampus PATH]
-    python benchmarks/gpu_check.py reestimate OUT_A/gpu_check_memory.json         # CPU, afterwards
-    python benchmarks/gpu_check.py install --memory OUT_A [--training OUT_B]      # into the tree
+    python -m benchmarks.gpu_check memory   --out OUT [--deadline 300]            # call A, first
+    python -m benchmarks.gpu_check training --out OUT --hippocampus PATH [--deadline 300]   # call B
+    python -m benchmarks.gpu_check memory   --out OUT --dry-run                   # the same code on the CPU, tiny
+    python -m benchmarks.gpu_check training --out OUT --dry-run [--hippocampus PATH]
+    python -m benchmarks.gpu_check reestimate OUT_A/gpu_check_memory.json         # CPU, afterwards
+    python -m benchmarks.gpu_check install --memory OUT_A [--training OUT_B]      # into the tree
 
 ``memory`` (``gpu_memory.py``): ``autotune calibrate`` at batch sizes the first run did not probe (the
 shipped model's prediction of each, then the new fit, written to ``OUT/calibration/``), one ``autotune
@@ -32,9 +32,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the gpu_* modules beside this script
-
-from gpu_harness import ROOT, Check, exit_code  # noqa: E402
+from benchmarks.gpu_harness import ROOT, Check, exit_code
 
 __all__ = ["main"]
 
@@ -79,7 +77,7 @@ def section_env(check: Check, record: dict[str, Any]) -> None:
 def _hippocampus(args: argparse.Namespace) -> tuple[Path | None, str | None]:
     """The training call's dataset and the problem with it (None when usable). A dry run without
     ``--hippocampus`` trains on a synthetic demo set."""
-    from gpu_data import dataset_problem
+    from benchmarks.gpu_data import dataset_problem
 
     if args.hippocampus:
         path = Path(args.hippocampus)
@@ -103,9 +101,8 @@ def _run_call(args: argparse.Namespace) -> int:
     if not args.dry_run and not torch.cuda.is_available():
         print(f"gpu_check {args.command}: error: no CUDA device visible; on a CPU run with --dry-run", file=sys.stderr)
         return 2
-    import gpu_memory
-    import gpu_training
-    from gpu_report import missing_fields, table
+    from benchmarks import gpu_memory, gpu_training
+    from benchmarks.gpu_report import missing_fields, table
 
     module: Any = gpu_memory if args.command == "memory" else gpu_training
 
@@ -139,9 +136,8 @@ def _exit_now(code: int) -> None:
 
 def _reestimate(args: argparse.Namespace) -> int:
     os.environ["CUDA_VISIBLE_DEVICES"] = ""  # before torch is imported: plan as a machine without a GPU
-    from gpu_install import reestimate
-
     from autotune.files import atomic_write_json
+    from benchmarks.gpu_install import reestimate
 
     path = Path(args.json)
     if not path.is_file():
@@ -158,7 +154,7 @@ def _reestimate(args: argparse.Namespace) -> int:
 def _install(args: argparse.Namespace) -> int:
     if not args.no_reestimate:
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
-    from gpu_install import InstallError, install
+    from benchmarks.gpu_install import InstallError, install
 
     try:
         written = install(Path(args.memory), Path(args.training) if args.training else None, Path(args.results_dir),

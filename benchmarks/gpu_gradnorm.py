@@ -1,6 +1,6 @@
 """Train with the squared gradient norm of every optimizer step recorded, and the simple noise scale.
 
-    python benchmarks/gpu_gradnorm.py --out grads.json -- BUNDLE --device cuda:0 --epochs 5 ...
+    python -m benchmarks.gpu_gradnorm --out grads.json -- BUNDLE --device cuda:0 --epochs 5 ...
 
 runs ``python -m autotune.trainer`` with the same arguments in this process, with a global
 optimizer step pre-hook that adds up the squared norms of the gradients the step is about to
@@ -108,9 +108,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("train_args", nargs=argparse.REMAINDER, help="-- then the arguments of autotune train")
     args = parser.parse_args(argv)
     train_args = args.train_args[1:] if args.train_args[:1] == ["--"] else args.train_args
-    root = Path(__file__).resolve().parents[1]
-    if str(root) not in sys.path:
-        sys.path.insert(0, str(root))
     from autotune.trainer.__main__ import main as train_main
 
     steps: list[tuple[int, Any]] = []

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 import traceback
 from collections.abc import Callable, Mapping
@@ -25,8 +24,6 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 from autotune.files import atomic_write_json  # noqa: E402
 

@@ -22,9 +22,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from gpu_data import generate, make_ct_dataset
-
 from autotune.files import atomic_write_json
+from benchmarks.gpu_data import generate, make_ct_dataset
 
 __all__ = ["reestimate", "install", "InstallError", "fit_from_run", "points_of", "ct_of"]
 
@@ -161,7 +160,7 @@ def install(memory_dir: Path, training_dir: Path | None, results_dir: Path, cali
     if redo_estimates:
         estimates = reestimate(memory, record=True)
         record, fit = fit_from_run(memory, estimates, json.loads(calibration.read_text(encoding="utf-8")),
-                                   "python benchmarks/gpu_check.py install (refitted on a CPU from the GPU's points)")
+                                   "python -m benchmarks.gpu_check install (refitted on a CPU from the GPU's points)")
         merged["device_model"] = {k: fit[k] for k in ("workspace", "point_factors", "fitted", "leave_one_out",
                                                       "summary", "by_template", "out_of_sample", "bounds", "verdict")}
         written["calibration"] = write_calibration(calibrations_dir, record)

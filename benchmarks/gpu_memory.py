@@ -28,15 +28,15 @@ afterwards (``gpu_check.py install``).
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from gpu_data import copy_bundle
-from gpu_harness import ROOT, Check
-
 from autotune.utils import format_bytes
+from benchmarks.gpu_data import copy_bundle
+from benchmarks.gpu_harness import ROOT, Check
 
 __all__ = ["FULL", "DRY", "run_memory", "contract_verdict", "monai_templates", "FIRST_RUN"]
 
@@ -233,9 +233,9 @@ def _monai_dints_bundle(check: Check, cfg: dict[str, Any], templates: Path) -> P
     import os
 
     import yaml
-    from gpu_data import make_heart_dataset
 
     import autotune
+    from benchmarks.gpu_data import make_heart_dataset
 
     work = check.work / "monai"
     source = make_heart_dataset(work / "heart", cfg["cases"], cfg["in_plane"], cfg["depths"], cfg["spacing"])
@@ -377,9 +377,7 @@ def section_expandable(check: Check, record: dict[str, Any], state: dict[str, An
         for phase in ("train", "infer"):
             point[f"{phase}_reserved"] = res.get(f"{phase}_cuda_max_memory_reserved") or res.get(f"{phase}_peak_bytes")
             point[f"{phase}_allocated"] = res.get(f"{phase}_cuda_max_memory_allocated")
-        for setting, env in (("default", None), ("expandable", conf)):
-            import os
-
+        for setting, env in (("default", None), ("expandable", conf))[: 2 if check.cuda else 1]:
             saved = os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
             if env:
                 os.environ["PYTORCH_CUDA_ALLOC_CONF"] = env
@@ -394,6 +392,7 @@ def section_expandable(check: Check, record: dict[str, Any], state: dict[str, An
                 else:
                     os.environ["PYTORCH_CUDA_ALLOC_CONF"] = saved
             point[f"model_{setting}"] = {p: est.get(f"{p}_device_reserved_bytes") for p in ("train", "infer")}
+        point.setdefault("model_expandable", point["model_default"])  # the CPU's model: the raw trace either way
         record["points"].append(point)
         first = point["first_run"] or (None, None)
         check.say(f"   expandable {algo} N={n} M={m}: {point['status']}, reserved train "

@@ -1,7 +1,7 @@
 """The first GPU run's 16 points: the estimator's gap to CUDA term by term, and the old model against the new,
 each point predicted from the others (leave one out).
 
-    python benchmarks/gpu_model.py [--run benchmarks/results/gpu_check_nvidia-h200.json]
+    python -m benchmarks.gpu_model [--run benchmarks/results/gpu_check_nvidia-h200.json]
                                    [--out benchmarks/results/gpu_model.json]
 
 Input: the committed run (the peaks the H200 measured: ``max_memory_allocated`` and
@@ -26,19 +26,15 @@ figures are the estimator's at this commit, never copied from the run.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from common import write_json  # noqa: E402
-from gpu_install import ct_of, points_of, reestimate  # noqa: E402
-
 from autotune.utils import format_bytes  # noqa: E402
+from benchmarks.common import parser, write_json
+from benchmarks.gpu_install import ct_of, points_of, reestimate
 
 HERE = Path(__file__).resolve().parent
 RUN = HERE / "results" / "gpu_check_nvidia-h200.json"
@@ -115,14 +111,13 @@ def explain_monai(work: Path, n_values: tuple[int, ...] = (8, 16)) -> dict[str, 
     on CUDA): the device model's terms at each N with the workspace the version-2 file gave it (the largest
     factor measured: UNet's), with none (the allocator's rules: what version 3 uses outside the domain) and the
     version-1 defaults (the estimator without the file). One trace per N, made here with CUDA hidden."""
-    from gpu_data import make_heart_dataset
-    from gpu_memory import FULL, monai_templates
-
     import autotune
     from autotune.probe.allowances import DEFAULT_CUDA_ALLOWANCE, default_allowance
     from autotune.probe.device_model import explain_terms
     from autotune.probe.estimate import estimate
     from autotune.probe.runner import resolve_request
+    from benchmarks.gpu_data import make_heart_dataset
+    from benchmarks.gpu_memory import FULL, monai_templates
 
     templates = monai_templates()
     if templates is None:
@@ -314,11 +309,11 @@ def accounting_table(report: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
-    parser.add_argument("--run", default=str(RUN), help="the installed GPU run (benchmarks/results/gpu_check_<gpu>.json)")
-    parser.add_argument("--out", default=str(OUT))
-    parser.add_argument("--no-monai", action="store_true", help="leave MONAI's DiNTS at 96^3 out (a few minutes)")
-    args = parser.parse_args(argv)
+    p = parser(__doc__, report_only=False)
+    p.add_argument("--run", default=str(RUN), help="the installed GPU run (benchmarks/results/gpu_check_<gpu>.json)")
+    p.add_argument("--out", default=str(OUT))
+    p.add_argument("--no-monai", action="store_true", help="leave MONAI's DiNTS at 96^3 out (a few minutes)")
+    args = p.parse_args(argv)
     os.environ["CUDA_VISIBLE_DEVICES"] = ""  # before torch is imported: a machine without a GPU planning for one
     report = run(Path(args.run))
     if not args.no_monai:

@@ -17,10 +17,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from gpu_data import copy_bundle
-from gpu_harness import Check
-
 from autotune.utils import format_bytes
+from benchmarks.gpu_data import copy_bundle
+from benchmarks.gpu_harness import Check
 
 __all__ = ["FRACTION", "section_oom_recovery"]
 
@@ -28,9 +27,8 @@ FRACTION = 0.6  # the issue's "about 60% of its tuned peak"
 
 
 def section_oom_recovery(check: Check, record: dict[str, Any], state: dict[str, Any]) -> None:
-    from gpu_training import train_run
-
     from autotune.bundles.config import update_bundle_config
+    from benchmarks.gpu_training import train_run
 
     batch, epochs = int(check.cfg["oom_batch"]), int(check.cfg["oom_epochs"])
     bundle = copy_bundle(state["bundles"]["unet"], f"unet_b{batch}")

@@ -37,6 +37,6 @@ fi
 extra=()
 [ "$call" = training ] && extra+=(--hippocampus .gpu_data/Task04_Hippocampus)
 [ -n "${2:-}" ] && extra+=(--deadline "$2")
-python3 benchmarks/gpu_check.py "$call" --out "$OUT" "${extra[@]}" 2>&1 \
+python3 -m benchmarks.gpu_check "$call" --out "$OUT" "${extra[@]}" 2>&1 \
   | tee "$OUT/gpu_check_${call}_console.txt"
 exit "${PIPESTATUS[0]}"

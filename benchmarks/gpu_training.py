@@ -34,12 +34,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from common import LoadSampler
-from gpu_data import copy_bundle, generate, hippocampus_subset
-from gpu_gradnorm import simple_noise_scale, steps_of
-from gpu_harness import Check
-
 from autotune.utils import format_bytes
+from benchmarks.common import LoadSampler
+from benchmarks.gpu_data import copy_bundle, generate, hippocampus_subset
+from benchmarks.gpu_gradnorm import simple_noise_scale, steps_of
+from benchmarks.gpu_harness import Check
 
 __all__ = ["FULL", "DRY", "run_training", "run_summary", "dice_per_wall", "noise_scale_of", "time_to_target",
            "best_by", "dice_distance"]
@@ -55,9 +54,9 @@ FULL: dict[str, Any] = {
     "needs_s": {"hippocampus_data": 20.0, "time_to_dice": 135.0, "handoff": 100.0, "ddp": 25.0, "oom_recovery": 60.0},
 }
 DRY: dict[str, Any] = {
-    # tiny bundles on the CPU: every run trains at least one epoch whatever its budget
-    "algos": ("unet", "segresnet"), "subset_cases": 10, "regular_s": 16.0, "fast_s": 8.0, "ddp_epochs": 1,
-    "checkpoints_s": (8, 16),
+    # tiny bundles on an 8-case synthetic set on the CPU: every run trains one epoch (each is longer than its budget)
+    "algos": ("unet", "segresnet"), "subset_cases": 10, "demo_cases": 8, "regular_s": 6.0, "fast_s": 3.0,
+    "ddp_epochs": 1, "checkpoints_s": (3, 6),
     # no native bf16 on this CPU (emulated, ~100x slower): every label trains in fp32 on a dry run
     "precisions": {"fp16": "fp32", "bf16": "fp32", "fp32": "fp32"}, "train_limit": "2GiB", "handoff_limit": None,
     "handoff_range": (1, 3), "probe_timeout": 300.0,
@@ -78,7 +77,7 @@ def run_training(check: Check, hippocampus: Path | None) -> None:
         return  # the later sections compare with the reference run
     check.section("handoff", lambda r: section_handoff(check, r, state), needs["handoff"])
     check.section("ddp", lambda r: section_ddp(check, r, state), needs["ddp"])
-    from gpu_oom import section_oom_recovery
+    from benchmarks.gpu_oom import section_oom_recovery
 
     check.section("oom_recovery", lambda r: section_oom_recovery(check, r, state), needs["oom_recovery"])
 
@@ -89,7 +88,8 @@ def section_data(check: Check, record: dict[str, Any], state: dict[str, Any], hi
     if hippocampus is None:  # a dry run without the shared set
         from autotune.data.synthetic import make_demo_dataset
 
-        source, what = make_demo_dataset(check.work / "demo", cases=12, size=32, classes=2), "synthetic demo set"
+        source = make_demo_dataset(check.work / "demo", cases=int(check.cfg["demo_cases"]), size=32, classes=2)
+        what = "synthetic demo set"
     elif check.cfg["subset_cases"]:
         source = hippocampus_subset(hippocampus, check.work / "hippocampus", int(check.cfg["subset_cases"]))
         what = f"the first {check.cfg['subset_cases']} cases of {hippocampus}"
@@ -156,7 +156,7 @@ def train_run(check: Check, bundle: Path, label: str, *, mode: str, precision: s
         env = dict(check.env, NCCL_DEBUG="INFO")
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1", "-m", "autotune.trainer", *args]
     elif record_grads:
-        env, cmd = check.env, [sys.executable, str(Path(__file__).parent / "gpu_gradnorm.py"), "--out", str(grads),
+        env, cmd = check.env, [sys.executable, "-m", "benchmarks.gpu_gradnorm", "--out", str(grads),
                                "--", *args]
     else:
         env, cmd = check.env, [sys.executable, "-m", "autotune.trainer", *args]

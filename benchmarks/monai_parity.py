@@ -1,6 +1,6 @@
 """Does the probe allocate what MONAI's training allocates? The template's own code against autotune's loop.
 
-    python benchmarks/monai_parity.py WORK/segresnet_0 WORK/dints_0 WORK/segresnet2d_0 [--patches 2] [--json out.json]
+    python -m benchmarks.monai_parity WORK/segresnet_0 WORK/dints_0 WORK/segresnet2d_0 [--patches 2] [--json out.json]
 
 For each MONAI bundle (hash-checked first: the code run here is the known version's), on the CPU in fp32,
 with the same network, loss, optimizer and loader batch (built by ``autotune.auto3dseg``), the tracked peak
@@ -19,7 +19,6 @@ Each runs three loader batches from the same freshly built state; the peak of th
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import importlib
 import importlib.util
@@ -29,6 +28,8 @@ import sys
 import textwrap
 from pathlib import Path
 from typing import Any
+
+from benchmarks.common import parser
 
 #: train.py lines (1-based, inclusive) of DiNTS 21ed8e5's loop body over one loader batch
 DINTS_LOOP_LINES = {"21ed8e5": (571, 621)}
@@ -161,11 +162,11 @@ def compare(bundle: Path, patches: int) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("bundles", nargs="+", type=Path)
-    parser.add_argument("--patches", type=int, default=2)
-    parser.add_argument("--json", type=Path, default=None)
-    args = parser.parse_args(argv)
+    p = parser(__doc__, report_only=False)
+    p.add_argument("bundles", nargs="+", type=Path)
+    p.add_argument("--patches", type=int, default=2)
+    p.add_argument("--json", type=Path, default=None)
+    args = p.parse_args(argv)
     results = [compare(bundle, args.patches) for bundle in args.bundles]
     for row in results:
         print(f"{row['template']:10s} N={row['patches']}: MONAI's code {row['monai_code_peak_bytes']:,} B, autotune's loop "

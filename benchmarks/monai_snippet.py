@@ -2,7 +2,7 @@
 algorithms, ``gpu_customization=True`` and a CPU memory limit; then each bundle read back through MONAI's own
 ``ConfigParser`` and held against the template family's key table.
 
-    python benchmarks/monai_snippet.py --templates ../shared/monai/algorithm_templates --work /tmp/snippet \\
+    python -m benchmarks.monai_snippet --templates ../shared/monai/algorithm_templates --work /tmp/snippet \\
         --memory-limit 6GiB [--anisotropic] [--out benchmarks/results/monai_snippet.json]
 
 ``--anisotropic`` keeps every fourth slice 4 mm apart (1 x 1 x 4 mm), so MONAI's ``pre_check_skip_algo``
@@ -26,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from benchmarks.common import parser
 
 
 def _dataset(out: Path, anisotropic: bool) -> Path:
@@ -83,16 +85,16 @@ def _check(root: Path) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--templates", required=True, help="MONAI's algorithm_templates folder")
-    parser.add_argument("--work", required=True, help="an empty work folder")
-    parser.add_argument("--memory-limit", default="6GiB")
-    parser.add_argument("--strategy", default="fast")
-    parser.add_argument("--anisotropic", action="store_true")
-    parser.add_argument("--out", default=None)
-    parser.add_argument("--check-only", action="store_true",
+    p = parser(__doc__, report_only=False)
+    p.add_argument("--templates", required=True, help="MONAI's algorithm_templates folder")
+    p.add_argument("--work", required=True, help="an empty work folder")
+    p.add_argument("--memory-limit", default="6GiB")
+    p.add_argument("--strategy", default="fast")
+    p.add_argument("--anisotropic", action="store_true")
+    p.add_argument("--out", default=None)
+    p.add_argument("--check-only", action="store_true",
                         help="run the checks on the bundles already in --work/run (tuned by an earlier run)")
-    args = parser.parse_args(argv)
+    args = p.parse_args(argv)
 
     import autotune
 

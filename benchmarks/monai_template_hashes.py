@@ -1,6 +1,6 @@
 """Print the SHA-256 table of MONAI's official algorithm templates for ``autotune/auto3dseg/versions.py``.
 
-    python benchmarks/monai_template_hashes.py ../shared/monai/algorithm_templates 21ed8e5
+    python -m benchmarks.monai_template_hashes ../shared/monai/algorithm_templates 21ed8e5
 
 The table holds hashes only (the templates are not copied): each template's ``scripts/*.py``,
 its pickled architecture code where it has one (DiNTS ``scripts/arch_code.pth``), and the names

@@ -5,8 +5,8 @@ and ``<!-- /table:NAME -->``; ``TABLES`` below says which script's render functi
 from which JSON in ``benchmarks/results/``. The render functions are the ones the benchmark
 scripts print with, so a script's own output and BENCHMARKS.md cannot disagree.
 
-    python benchmarks/tables.py            # rewrite the marked blocks of BENCHMARKS.md
-    python benchmarks/tables.py --check    # exit 1 (and show a diff) when BENCHMARKS.md differs
+    python -m benchmarks.tables            # rewrite the marked blocks of BENCHMARKS.md
+    python -m benchmarks.tables --check    # exit 1 (and show a diff) when BENCHMARKS.md differs
 """
 
 from __future__ import annotations
@@ -19,26 +19,21 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from common import block_names, read_block, read_json, replace_block
-
 from autotune.files import atomic_write_text
+from benchmarks.common import block_names, read_block, read_json, replace_block
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 DEFAULT_DOC = HERE.parent / "BENCHMARKS.md"
 #: per-topic notes that repeat some of the tables; their blocks are regenerated too
-TOPIC_DOCS = (HERE / "PROBE_RESULTS.md", HERE / "TRAIN_RESULTS.md")
+TOPIC_DOCS = (HERE / "PROBE_RESULTS.md",)
 
 #: block name -> (benchmark module, render function, result JSONs in benchmarks/results/)
 TABLES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "search": ("bench_search", "markdown_table", ("search.json", "search_unet_1gib.json")),
-    "estimator": ("bench_estimator", "markdown_table", ("estimator.json",)),
     "probe-overhead": ("bench_probe_overhead", "overhead_table", ("probe_overhead.json",)),
     "probe-fixed-cost": ("bench_probe_overhead", "fixed_cost_table",
                          ("probe_overhead_subprocess.json", "probe_overhead_forkserver.json")),
-    "train-subset-300s": ("bench_train", "markdown_table", ("train.json",)),
-    "train-full-fold-300s": ("bench_train", "markdown_table", ("train_full_fold_300s.json",)),
-    "train-unet-600s": ("bench_train", "markdown_table", ("train_unet_600s.json",)),
     "workers": ("bench_workers", "markdown_table", ("workers.json",)),
     "workers-faults": ("bench_workers", "fault_summary", ("workers.json",)),
     "many-workers": ("bench_many_workers", "markdown_table", ("many_workers.json",)),
@@ -85,7 +80,7 @@ TABLES: dict[str, tuple[str, str, tuple[str, ...]]] = {
 def render(name: str, results: Path = RESULTS) -> str:
     """The markdown of table ``name``, rendered from its JSON under ``results``."""
     module_name, function_name, files = TABLES[name]
-    function: Callable[..., str] = getattr(importlib.import_module(module_name), function_name)
+    function: Callable[..., str] = getattr(importlib.import_module(f"benchmarks.{module_name}"), function_name)
     reports: list[Any] = [read_json(results / file) for file in files]
     return function(*reports)
 
@@ -135,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
             sys.stdout.writelines(difflib.unified_diff(
                 text.splitlines(keepends=True), new.splitlines(keepends=True),
                 fromfile=f"{doc} (committed)", tofile=f"{doc} (from the JSON)"))
-            print(f"{doc}: tables differ from the JSON: {', '.join(stale)}; run python benchmarks/tables.py",
+            print(f"{doc}: tables differ from the JSON: {', '.join(stale)}; run python -m benchmarks.tables",
                   file=sys.stderr)
             status = max(status, 1)
         else:

@@ -4,21 +4,25 @@ from __future__ import annotations
 
 import copy
 import json
+from pathlib import Path
 from types import ModuleType
 
 import pytest
-from bench_loader import BENCHMARKS, load_benchmark
+
+import benchmarks.bench_batch_scaling
+
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    return load_benchmark("bench_batch_scaling")
+    return benchmarks.bench_batch_scaling
 
 
 @pytest.fixture(scope="module")
 def old_report() -> dict:
     """The committed results in the format before ``--variants``: generated and tuned only."""
-    report = json.loads((BENCHMARKS / "results" / "batch_scaling.json").read_text())
+    report = json.loads((RESULTS / "batch_scaling.json").read_text())
     for entry in report["algos"].values():
         entry.pop("tune", None)
         for part in ("settings", "runs"):

@@ -4,14 +4,14 @@
 from __future__ import annotations
 
 import pytest
-from bench_loader import load_benchmark
+
+from benchmarks import bench_workers as bench
 
 
 def test_the_workers_benchmark_answers_its_points_from_the_fitted_models(monkeypatch: pytest.MonkeyPatch) -> None:
     from autotune.checks.environment import setting
     from autotune.search.curves import fake
 
-    bench = load_benchmark("bench_workers")
     monkeypatch.setattr(fake.FakeProber, "probe", fake.FakeProber.probe)  # restored after the test
     monkeypatch.setenv(fake.FAKE_PROBE_ENV, "unset by the benchmark")  # restored after the test
 

@@ -9,16 +9,14 @@ import time
 from pathlib import Path
 
 import pytest
-from bench_loader import BENCHMARKS, load_benchmark
+
+from benchmarks import common
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-common = load_benchmark("common")
-
-
 def _tables(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(BENCHMARKS / "tables.py"), *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "benchmarks.tables", *args], capture_output=True, text=True,
                           timeout=120, cwd=ROOT)
 
 

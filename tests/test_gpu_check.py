@@ -13,16 +13,13 @@ from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from benchmarks import gpu_check, gpu_memory, gpu_training
+from benchmarks.gpu_gradnorm import simple_noise_scale
+from benchmarks.gpu_harness import FAILED, OK, PARTIAL, SKIPPED, TIMEOUT_RC, Check, exit_code
+from benchmarks.gpu_install import InstallError, install
+from benchmarks.gpu_report import REQUIRED, missing_fields
 
-import gpu_check  # noqa: E402
-import gpu_memory  # noqa: E402
-import gpu_training  # noqa: E402
-from gpu_gradnorm import simple_noise_scale  # noqa: E402
-from gpu_harness import FAILED, OK, PARTIAL, SKIPPED, TIMEOUT_RC, Check, exit_code  # noqa: E402
-from gpu_install import InstallError, install  # noqa: E402
-from gpu_report import REQUIRED, missing_fields  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 PY = sys.executable
 
@@ -153,9 +150,9 @@ def test_simple_noise_scale_recovers_a_known_noise_scale() -> None:
 
 def test_the_gradient_hook_sees_unscaled_gradients(tmp_path: Path) -> None:
     import torch
-    from gpu_gradnorm import install as install_hook
 
     import autotune.step as step_module
+    from benchmarks.gpu_gradnorm import install as install_hook
 
     steps: list[tuple[int, Any]] = []
     original = step_module.train_step
@@ -250,9 +247,9 @@ def _dry_runs(tmp_path: Path, calls: tuple[str, ...]) -> dict[str, dict[str, Any
     procs = {}
     for call in calls:
         env = dict(os.environ, AUTOTUNE_GPU_CHECK_WORK=str(tmp_path / call / "work"), OMP_NUM_THREADS="1")
-        procs[call] = subprocess.Popen([PY, str(ROOT / "benchmarks" / "gpu_check.py"), call, "--out",
+        procs[call] = subprocess.Popen([PY, "-m", "benchmarks.gpu_check", call, "--out",
                                         str(tmp_path / call / "out"), "--dry-run", "--deadline", "1500"],
-                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
     outputs = {}
     try:
         for call, proc in procs.items():

@@ -92,9 +92,7 @@ def test_the_probes_loop_allocates_what_monais_segmenter_2d_allocates(small_2d: 
     epoch's running averages aside), and the estimator equal to the CPU probe, training and validation."""
     from autotune.probe.estimate import estimate
     from autotune.probe.runner import run_probe
-
-    sys.path.insert(0, str(BENCHMARKS))
-    import monai_parity
+    from benchmarks import monai_parity
 
     parity = monai_parity.compare(small_2d, 2)
     assert parity["template"] == "segresnet2d" and 0 <= -parity["difference_bytes"] <= 8 * 1024

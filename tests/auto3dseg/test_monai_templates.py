@@ -91,8 +91,7 @@ def test_a_changed_template_script_is_refused_by_the_cli_in_one_line(bundles: di
 
 def test_the_probes_loop_allocates_what_monais_own_training_code_allocates(generated: dict[str, Path]) -> None:
     """SegResNet: MONAI's Segmenter.train_epoch itself; DiNTS: train.py's loop lines run as they are."""
-    sys.path.insert(0, str(BENCHMARKS))
-    import monai_parity
+    from benchmarks import monai_parity
 
     seg = monai_parity.compare(generated["segresnet_0"], 2)
     assert 0 <= -seg["difference_bytes"] <= 8 * 1024  # the epoch's running averages: a few scalars

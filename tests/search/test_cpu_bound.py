@@ -4,7 +4,6 @@ N+1 from its estimate instead of a probe, and the answer is the one a probed edg
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import optuna
@@ -15,11 +14,9 @@ from autotune.bundles.templates import load_overrides
 from autotune.data.analyze import analyze
 from autotune.probe.calibration import PACKAGE_DIR, stated_bound
 from autotune.stages import tune
+from benchmarks.calibrate_cpu import bound_of, by_template
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "benchmarks"))
-
-from calibrate_cpu import bound_of, by_template  # noqa: E402
 
 MARGIN = 0.10
 SPECS = {"universal": {"range_num_images_per_batch": [1, 64]}}
