@@ -86,3 +86,21 @@ def small_demo_bundles(small_demo_data: Path, tmp_path_factory: pytest.TempPathF
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """``-n auto`` (pyproject's addopts): one worker per core, two to four (each computes with one thread)."""
     return max(2, min(4, os.cpu_count() or 2))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The modules that hold the slow tier's end-to-end tests first, then the others by their number of tests.
+
+    ``--dist loadscope`` sends whole modules to the workers in this order (pyproject's addopts turn off
+    xdist's own reorder, which sorts by the number of tests alone and so sent the few long end-to-end tests
+    last, where one worker ran them while the others had finished). Longest first keeps the tail short.
+    Within a module the order is unchanged.
+    """
+    modules: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        modules.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
+
+    def weight(tests: list[pytest.Item]) -> tuple[int, int]:
+        return (-sum(1 for test in tests if test.get_closest_marker("slow")), -len(tests))
+
+    items[:] = [item for _, tests in sorted(modules.items(), key=lambda entry: weight(entry[1])) for item in tests]
