@@ -165,6 +165,20 @@ def report(args: argparse.Namespace, measure: Callable[[], Any], *tables: Callab
     return result
 
 
+def full_size_bundles(root: Path, dataset: str, algos: list[str]) -> dict[str, Path]:
+    """The full-size bundles (no preset) ``BundleGen`` generates for ``algos`` under ``root``, one fold: on the demo
+    data (``dataset`` "demo": ``autotune demo-data``'s defaults, made under ``root``) or on the hippocampus set."""
+    from autotune.data.analyze import analyze
+    from autotune.data.synthetic import make_demo_dataset
+    from autotune.facade.bundlegen import BundleGen
+
+    source = make_demo_dataset(root / "demo-data") if dataset == "demo" else HIPPOCAMPUS
+    work = root / f"work-{dataset}"
+    res = analyze(source, work, num_fold=1, progress=False)
+    gen = BundleGen(work, algos=algos, data_stats_filename=res.datastats, data_src_cfg_name=res.data_src)
+    return {b["algo"]: Path(b["path"]) for b in gen.generate(work, num_fold=1)}
+
+
 def _block_pattern(name: str) -> re.Pattern[str]:
     return re.compile(rf"^(<!-- table:{re.escape(name)} -->\n)(.*?)^(<!-- /table:{re.escape(name)} -->)$",
                       re.DOTALL | re.MULTILINE)
