@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import LoadSampler, parser, write_json
+from benchmarks.common import LoadSampler, cell, first_at, generate_bundles, metrics_rows, parser, write_json
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -150,9 +150,9 @@ def train_run(args: argparse.Namespace, bundle: Path, label: str, work: Path) ->
     with LoadSampler() as load:
         _run(command, work / f"{label}.log")
     wall = time.monotonic() - t0
-    rows = json.loads((copy / "model_fold0" / "metrics.json").read_text())["rows"]
+    rows = metrics_rows(copy)
     validated = [r for r in rows if r.get("mean_dice") is not None]
-    reached = next((r for r in validated if r["mean_dice"] >= args.target), None)
+    reached = first_at(validated, args.target)
     steady = rows[1:] or rows
     return {
         "command": " ".join(command[1:]).replace(str(copy), "BUNDLE"),
@@ -188,10 +188,6 @@ def _add_loss_curves(report: dict[str, Any], work: Path) -> None:
                 run["loss_curve"] = _loss_curve(json.loads(metrics.read_text())["rows"])
 
 
-def fmt(value: Any, spec: str = ".0f") -> str:
-    return "-" if value is None else format(value, spec)
-
-
 def _load_cell(run: dict[str, Any]) -> str:
     """The load during the run (mean, min-max) where it was sampled, else the 1-minute load just before it."""
     during = run.get("load_during_run")
@@ -218,8 +214,8 @@ def table(report: dict[str, Any]) -> str:
                        if run["time_to_target_s"] else f"not in {run['last_elapsed_s']:.0f} s")
             lines.append(
                 f"| {algo} | {variant} | {s['num_patches_per_iter']}{fits} | {s['learning_rate']:.3g} | "
-                f"{fmt(run['steps_per_epoch'], 'd')} | {run['epochs']} | {run['samples_per_s']:.2f} | {reached} | "
-                f"{fmt(run['best_dice'], '.3f')} | {_load_cell(run)} |")
+                f"{cell(run['steps_per_epoch'], 'd')} | {run['epochs']} | {run['samples_per_s']:.2f} | {reached} | "
+                f"{cell(run['best_dice'])} | {_load_cell(run)} |")
     return "\n".join(lines)
 
 
@@ -290,17 +286,12 @@ def main(argv: list[str] | None = None) -> int:
     import monai
     import torch
 
-    from autotune.data.analyze import analyze
-    from autotune.facade.bundlegen import BundleGen
-
     variants = parse_variants(args.variants)
     work = Path(args.work)
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     algos = args.algos.split(",")
-    res = analyze(args.data, work, num_fold=5, progress=False)
-    BundleGen(work, algos=algos, data_stats_filename=res.datastats, data_src_cfg_name=res.data_src).generate(
-        work, num_fold=5)
+    generate_bundles(args.data, work, algos, num_fold=5)
     report: dict[str, Any] = {
         "benchmark": "time to Dice: generated vs tuned bundles (largest fit under the batch cap with the lr rule; "
                      "the goodput hand-off)",

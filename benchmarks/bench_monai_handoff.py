@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import LoadSampler, cpu_name, parser, read_json, write_json
+from benchmarks.common import LoadSampler, cell, cpu_name, parser, read_json, write_json
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -202,10 +202,6 @@ def summarise(report: dict[str, Any]) -> dict[str, Any]:
     return summary
 
 
-def _fmt(value: Any, spec: str = ".3f") -> str:
-    return "-" if value is None else format(value, spec)
-
-
 def table(report: dict[str, Any]) -> str:
     """The markdown table: per bundle, what it trains with, epochs, best Dice, wall to the generated's best."""
     summary = report.get("summary") or {}
@@ -226,8 +222,8 @@ def table(report: dict[str, Any]) -> str:
             reach, ratio = (summary.get(variant) or {}).get("wall_to_generated_best_s"), \
                 (summary.get(variant) or {}).get("ratio")
         lines.append(f"| {variant} | {batch} | {facts.get('learning_rate')} | {facts.get('sw_batch_size')} | "
-                     f"{len(curve)} | {_fmt(per_epoch, '.0f')} | {_fmt(best, '.4f')} | "
-                     f"{_fmt(reach, '.0f') + ' s' if reach is not None else 'not reached'} | {_fmt(ratio, '.2f')} |")
+                     f"{len(curve)} | {cell(per_epoch, '.0f')} | {cell(best, '.4f')} | "
+                     f"{cell(reach, '.0f') + ' s' if reach is not None else 'not reached'} | {cell(ratio, '.2f')} |")
     return "\n".join(lines) + "\n"
 
 
@@ -253,7 +249,7 @@ def launch_table(report: dict[str, Any]) -> str:
         diff = f"{(peak - tuned) / tuned:+.2%}" if tuned and peak else "-"
         ended = f"{record.get('status')}, {record.get('signal')}, exit {record.get('exit_code')}" if record else "-"
         lines.append(f"| {variant} | {facts.get('verdict') or 'as generated (not tuned)'} | "
-                     f"{_fmt(tuned, ',')} | {_fmt(peak, ',')} | {diff} | {ended} | "
+                     f"{cell(tuned, ',')} | {cell(peak, ',')} | {diff} | {ended} | "
                      f"{record.get('stopped_processes', '-')} |")
     return "\n".join(lines) + "\n"
 

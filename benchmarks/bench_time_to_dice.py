@@ -36,7 +36,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import LoadSampler, cpu_name, parser, read_json, write_json
+from benchmarks.common import (
+    LoadSampler,
+    cell,
+    cpu_name,
+    first_at,
+    generate_bundles,
+    metrics_rows,
+    parser,
+    read_json,
+    write_json,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -69,14 +79,10 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def make_bundle(args: argparse.Namespace, work: Path) -> Path:
     """Analyse the data (5 folds) and generate the full-size bundle of fold 0; nothing tuned."""
-    from autotune.data.analyze import analyze
-    from autotune.facade.bundlegen import BundleGen
-
-    result = analyze(args.data, work, num_fold=5, progress=False)
-    gen = BundleGen(work, algos=args.algo, data_stats_filename=result.datastats, data_src_cfg_name=result.data_src)
     # neither run stops early: each curve covers the whole budget
-    bundles = gen.generate(work, num_fold=5, overrides={"early_stop_patience": 0, "num_workers": args.num_workers})
-    return Path(next(b["path"] for b in bundles if b["fold"] == 0))
+    overrides = {"early_stop_patience": 0, "num_workers": args.num_workers}
+    [bundle] = generate_bundles(args.data, work, args.algo, num_fold=5, overrides=overrides).values()
+    return bundle
 
 
 def planned_runs(args: argparse.Namespace) -> list[tuple[str, str, float]]:
@@ -119,10 +125,10 @@ def summarise(copy: Path, label: str, mode: str, budget: float, args: argparse.N
               argv: list[str]) -> dict[str, Any]:
     """One mode's measurements from its ``metrics.json`` and ``train_summary.json``."""
     model = copy / "model_fold0"
-    rows = read_json(model / "metrics.json")["rows"]
+    rows = metrics_rows(copy)
     summary = read_json(model / "train_summary.json")
     validated = [r for r in rows if r.get("mean_dice") is not None]
-    reached = next((r for r in validated if r["mean_dice"] >= args.target), None)
+    reached = first_at(validated, args.target)
     steady = rows[1:] or rows  # the first epoch pays one-off set-up
     best_at = {}
     for seconds in CHECKPOINTS_S:
@@ -194,10 +200,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def _fmt(value: Any, spec: str) -> str:
-    return "–" if value is None else format(value, spec)
-
-
 def table(report: dict[str, Any]) -> str:
     """Time to the target and the best Dice at fixed wall times, per mode (markdown)."""
     target = report["settings"]["target"]
@@ -215,10 +217,10 @@ def table(report: dict[str, Any]) -> str:
             planned = f"fitted to {budget:g} s ({schedule.get('planned_epochs')} epochs)"
         else:
             planned = f"{schedule.get('planned_epochs')} epochs"
-        cells = [r.get("label", r["mode"]), str(r["precision"]), planned, str(r["epochs"]), _fmt(r["epoch_s"], ".1f"),
-                 _fmt(r["samples_per_s"], ".2f"), _fmt(r["time_to_target_s"], ".0f") + (" s" if r["time_to_target_s"] else ""),
-                 _fmt(r["epoch_at_target"], "d"), *(_fmt(r["best_dice_at_s"][s], ".3f") for s in times),
-                 _fmt(r["best_dice"], ".3f")]
+        cells = [r.get("label", r["mode"]), str(r["precision"]), planned, str(r["epochs"]), cell(r["epoch_s"], ".1f", "–"),
+                 cell(r["samples_per_s"], ".2f", "–"), cell(r["time_to_target_s"], ".0f", "–") + (" s" if r["time_to_target_s"] else ""),
+                 cell(r["epoch_at_target"], "d", "–"), *(cell(r["best_dice_at_s"][s], ".3f", "–") for s in times),
+                 cell(r["best_dice"], ".3f", "–")]
         lines.append("| " + " | ".join(cells) + " |")
     ratio = report.get("fast_over_regular_time_to_target")
     reached = [r["time_to_target_s"] for r in modes if r["mode"] == "fast" and r["time_to_target_s"]]
@@ -242,7 +244,7 @@ def breakdown(report: dict[str, Any]) -> str:
     for r in report["results"].values():
         phases = r["phases_s"]
         rest = r["epoch_s"] - sum(phases.values())
-        cells = [r.get("label", r["mode"]), _fmt(r["epoch_s"], ".1f"),
+        cells = [r.get("label", r["mode"]), cell(r["epoch_s"], ".1f", "–"),
                  *(f"{phases[key]:.1f} ({100 * phases[key] / r['epoch_s']:.0f} %)" for key, _ in PHASES),
                  f"{rest:.1f} ({100 * rest / r['epoch_s']:.0f} %)"]
         lines.append("| " + " | ".join(cells) + " |")

@@ -165,18 +165,56 @@ def report(args: argparse.Namespace, measure: Callable[[], Any], *tables: Callab
     return result
 
 
-def full_size_bundles(root: Path, dataset: str, algos: list[str]) -> dict[str, Path]:
-    """The full-size bundles (no preset) ``BundleGen`` generates for ``algos`` under ``root``, one fold: on the demo
-    data (``dataset`` "demo": ``autotune demo-data``'s defaults, made under ``root``) or on the hippocampus set."""
+def generate_bundles(data: Path | str, work: Path, algos: str | list[str], num_fold: int = 1,
+                     analyze_folds: int | None = None, overrides: Any = None) -> dict[str, Path]:
+    """Analyse ``data`` into ``work`` (``analyze_folds`` folds, default ``num_fold``) and generate the bundles of
+    ``algos`` there, ``num_fold`` folds each, with ``overrides``; each algorithm's fold-0 bundle."""
     from autotune.data.analyze import analyze
-    from autotune.data.synthetic import make_demo_dataset
     from autotune.facade.bundlegen import BundleGen
 
-    source = make_demo_dataset(root / "demo-data") if dataset == "demo" else HIPPOCAMPUS
-    work = root / f"work-{dataset}"
-    res = analyze(source, work, num_fold=1, progress=False)
+    res = analyze(data, work, num_fold=analyze_folds or num_fold, progress=False)
     gen = BundleGen(work, algos=algos, data_stats_filename=res.datastats, data_src_cfg_name=res.data_src)
-    return {b["algo"]: Path(b["path"]) for b in gen.generate(work, num_fold=1)}
+    return {b["algo"]: Path(b["path"]) for b in gen.generate(work, num_fold=num_fold, overrides=overrides)
+            if b["fold"] == 0}
+
+
+def full_size_bundles(root: Path, dataset: str, algos: list[str]) -> dict[str, Path]:
+    """The full-size bundles (no preset) of ``algos`` under ``root``, one fold: on the demo data (``dataset``
+    "demo": ``autotune demo-data``'s defaults, made under ``root``) or on the hippocampus set."""
+    from autotune.data.synthetic import make_demo_dataset
+
+    source = make_demo_dataset(root / "demo-data") if dataset == "demo" else HIPPOCAMPUS
+    return generate_bundles(source, root / f"work-{dataset}", algos)
+
+
+def first_cases(data: Path, cases: int, root: Path) -> Path:
+    """A datalist of the first ``cases`` training cases of the Decathlon set ``data``, written to
+    ``root/datalist.json`` (absolute paths); its path."""
+    dataset = json.loads((data / "dataset.json").read_text())
+    datalist = {"training": [{"image": str((data / e["image"]).resolve()), "label": str((data / e["label"]).resolve())}
+                             for e in dataset["training"][:cases]]}
+    (root / "datalist.json").write_text(json.dumps(datalist))
+    return root / "datalist.json"
+
+
+def metrics_rows(bundle: Path) -> list[dict[str, Any]]:
+    """The per-epoch rows of fold 0's ``metrics.json`` in a trained ``bundle``."""
+    return read_json(bundle / "model_fold0" / "metrics.json")["rows"]
+
+
+def first_at(rows: list[dict[str, Any]], dice: float) -> dict[str, Any] | None:
+    """The first validated row of ``rows`` whose mean Dice reaches ``dice``."""
+    return next((r for r in rows if r.get("mean_dice") is not None and r["mean_dice"] >= dice), None)
+
+
+def cell(value: Any, spec: str = ".3f", missing: str = "-") -> str:
+    """A table cell: ``value`` formatted by ``spec``, ``missing`` where it is None."""
+    return missing if value is None else format(value, spec)
+
+
+def load_cell(load: dict[str, Any]) -> str:
+    """A load summary (:meth:`LoadSampler.summary`) as "mean (min-max)", "-" where nothing was sampled."""
+    return f"{load['mean']:.1f} ({load['min']:.1f}-{load['max']:.1f})" if load.get("samples") else "-"
 
 
 def _block_pattern(name: str) -> re.Pattern[str]:
