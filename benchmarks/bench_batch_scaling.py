@@ -30,15 +30,22 @@ import os
 import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import LoadSampler, cell, first_at, generate_bundles, metrics_rows, parser, write_json
-
-REPO = Path(__file__).resolve().parents[1]
+from benchmarks.common import (
+    LoadSampler,
+    cell,
+    first_at,
+    fresh_copy,
+    generate_bundles,
+    metrics_rows,
+    parser,
+    run_logged,
+    write_json,
+)
 
 DEFAULT_DATA = "/work/shared/datasets/Task04_Hippocampus"
 VARIANTS = ("generated", "largest", "handoff")
@@ -69,14 +76,6 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def _run(command: list[str], log: Path) -> None:
-    with open(log, "w") as handle:
-        code = subprocess.call(command, stdout=handle, stderr=subprocess.STDOUT,
-                               env={**os.environ, "PYTHONPATH": str(REPO)})
-    if code != 0:
-        raise SystemExit(f"failed (exit {code}): {' '.join(command)}; see {log}")
-
-
 def parse_variants(text: str) -> tuple[str, ...]:
     """``--variants`` as a tuple in table order; one clear line for an unknown name."""
     names = [v.strip() for v in text.split(",") if v.strip()]
@@ -104,15 +103,13 @@ def prepare(args: argparse.Namespace, work: Path, algo: str, variants: tuple[str
     entry: dict[str, Any] = {"generated": str(generated), "tune": {},
                              "settings": {"generated": _settings(load_bundle_config(generated))}}
     for variant in (v for v in variants if v in TUNE_FLAGS):
-        tuned = work / variant / f"{algo}_0"
-        shutil.rmtree(tuned, ignore_errors=True)
-        shutil.copytree(generated, tuned)
+        tuned = fresh_copy(generated, work / variant / f"{algo}_0")
         command = [sys.executable, "-m", "autotune", "tune", str(tuned), "--device", args.device, "--memory-limit",
                    args.limit, *TUNE_FLAGS[variant], "--storage", f"sqlite:///{work / f'studies_{variant}.db'}"]
         if args.range:
             command += ["--range-num-images-per-batch", *map(str, args.range)]
         t0 = time.monotonic()
-        _run(command, work / f"tune_{algo}_{variant}.log")
+        run_logged(command, work / f"tune_{algo}_{variant}.log")
         cfg = load_bundle_config(tuned)
         block = cfg["tuning"]
         entry[variant] = str(tuned)
@@ -140,15 +137,13 @@ def _batch_of(entry: dict[str, Any], variant: str) -> dict[str, Any]:
 
 def train_run(args: argparse.Namespace, bundle: Path, label: str, work: Path) -> dict[str, Any]:
     """Train a private copy of ``bundle`` for the budget; return its measurements."""
-    copy = work / "runs" / label
-    shutil.rmtree(copy, ignore_errors=True)
-    shutil.copytree(bundle, copy, ignore=shutil.ignore_patterns("model_fold*"))
+    copy = fresh_copy(bundle, work / "runs" / label)
     command = [sys.executable, "-m", "autotune.trainer", str(copy), "--mode", "fast", "--device", args.device,
                "--epochs", str(args.epochs), "--max-time", f"{args.budget:g}", "--val-every", "1"]
     load_before = os.getloadavg()
     t0 = time.monotonic()
     with LoadSampler() as load:
-        _run(command, work / f"{label}.log")
+        run_logged(command, work / f"{label}.log")
     wall = time.monotonic() - t0
     rows = metrics_rows(copy)
     validated = [r for r in rows if r.get("mean_dice") is not None]

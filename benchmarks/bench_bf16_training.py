@@ -24,7 +24,6 @@ import argparse
 import json
 import math
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -38,6 +37,7 @@ from benchmarks.common import (
     command,
     cpu_name,
     first_at,
+    fresh_copy,
     load_cell,
     parser,
     report,
@@ -63,7 +63,7 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def _run(bundle: Path, copy: Path, precision: str, args: argparse.Namespace) -> subprocess.Popen:
-    shutil.copytree(bundle, copy, ignore=shutil.ignore_patterns("model_fold*"))
+    fresh_copy(bundle, copy)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     env.pop("AUTOTUNE_PRECISION", None)
     cmd = ["nice", "-n", "10", sys.executable, "-m", "autotune", "train", str(copy), "--device", "cpu", "--epochs",

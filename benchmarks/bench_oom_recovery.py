@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -42,6 +41,7 @@ from benchmarks.common import (
     LoadSampler,
     cpu_name,
     first_cases,
+    fresh_copy,
     generate_bundles,
     metrics_rows,
     parser,
@@ -98,8 +98,7 @@ def _train(source: Path, folder: Path, name: str, limit: int, epochs: int, **upd
     from autotune.bundles.config import update_bundle_config
 
     slug = "".join(ch if ch.isalnum() else "_" for ch in name)
-    bundle = Path(shutil.copytree(source, folder / slug))
-    shutil.rmtree(bundle / "model_fold0", ignore_errors=True)
+    bundle = fresh_copy(source, folder / slug)
     if updates:
         update_bundle_config(bundle, updates)
     command = [sys.executable, "-m", "autotune", "train", str(bundle), "--device", "cpu", "--epochs", str(epochs),

@@ -29,7 +29,6 @@ import argparse
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -41,14 +40,14 @@ from benchmarks.common import (
     cell,
     cpu_name,
     first_at,
+    fresh_copy,
     generate_bundles,
     metrics_rows,
     parser,
     read_json,
+    run_logged,
     write_json,
 )
-
-REPO = Path(__file__).resolve().parents[1]
 
 DEFAULT_DATA = "/work/shared/datasets/Task04_Hippocampus"
 MODES = ("fast", "regular")
@@ -106,18 +105,13 @@ def train(bundle: Path, label: str, mode: str, budget: float, core: int | None, 
           work: Path) -> tuple[list[str], Path]:
     """Train ``label`` on a private copy of ``bundle`` (pinned to ``core`` with one thread, or free) to its end."""
     name = label.replace(" ", "_")
-    copy = work / f"{name}_{bundle.name}"
-    shutil.rmtree(copy, ignore_errors=True)
-    shutil.copytree(bundle, copy)
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    copy = fresh_copy(bundle, work / f"{name}_{bundle.name}")
     argv = command(copy, mode, budget, args)
-    if core is not None:
-        env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    if core is None:
+        run_logged(argv, work / f"{name}.log")
+    else:
         argv = ["taskset", "-c", str(core), *argv]
-    with open(work / f"{name}.log", "w") as log:
-        code = subprocess.call(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
-    if code != 0:
-        raise SystemExit(f"{label} run failed (exit {code}); see {work / (name + '.log')}")
+        run_logged(argv, work / f"{name}.log", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     return argv, copy
 
 

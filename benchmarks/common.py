@@ -27,6 +27,8 @@ from typing import Any
 
 #: How often the sampler reads the load average (seconds). The kernel updates it every 5 s.
 DEFAULT_INTERVAL_S = 2.0
+#: the checkout the benchmarks run from
+REPO = Path(__file__).resolve().parents[1]
 #: where the benchmarks' result JSON is committed
 RESULTS = Path(__file__).resolve().parent / "results"
 #: the Decathlon hippocampus set, beside the checkout (``../shared/datasets``)
@@ -195,6 +197,26 @@ def first_cases(data: Path, cases: int, root: Path) -> Path:
                              for e in dataset["training"][:cases]]}
     (root / "datalist.json").write_text(json.dumps(datalist))
     return root / "datalist.json"
+
+
+def fresh_copy(bundle: Path, dest: Path) -> Path:
+    """``bundle`` copied to ``dest`` (replacing what was there) without its trained models; ``dest``."""
+    import shutil
+
+    shutil.rmtree(dest, ignore_errors=True)
+    return Path(shutil.copytree(bundle, dest, ignore=shutil.ignore_patterns("model_fold*")))
+
+
+def run_logged(argv: list[str], log: Path, **env: str) -> None:
+    """Run ``argv`` with this checkout importable (and ``env`` added), its output to ``log``; exit naming the
+    command and the log if it fails."""
+    import subprocess
+
+    with open(log, "w") as handle:
+        code = subprocess.call(argv, stdout=handle, stderr=subprocess.STDOUT,
+                               env={**os.environ, "PYTHONPATH": str(REPO), **env})
+    if code != 0:
+        raise SystemExit(f"failed (exit {code}): {' '.join(argv)}; see {log}")
 
 
 def metrics_rows(bundle: Path) -> list[dict[str, Any]]:
