@@ -33,11 +33,10 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import LoadSampler, generate_bundles, parser, write_json
+from benchmarks.common import LoadSampler, generate_bundles, new_database, parser, write_json
 
 MARGIN = 0.10
 SPACE = {"range_num_images_per_batch": [1, 64], "range_num_sw_batch_size": [1, 64]}
@@ -136,15 +135,7 @@ class Postgres:
         self.url = url
 
     def new_database(self) -> str:
-        import sqlalchemy
-        from sqlalchemy.engine import make_url
-
-        name = f"bench_workers_{uuid.uuid4().hex[:10]}"
-        engine = sqlalchemy.create_engine(self.url, isolation_level="AUTOCOMMIT")
-        with engine.connect() as conn:
-            conn.execute(sqlalchemy.text(f'CREATE DATABASE "{name}"'))
-        engine.dispose()
-        return make_url(self.url).set(database=name).render_as_string(hide_password=False)
+        return new_database(self.url, "bench_workers")[0]
 
     def close(self) -> None:
         if self.cluster is not None:

@@ -239,6 +239,22 @@ def load_cell(load: dict[str, Any]) -> str:
     return f"{load['mean']:.1f} ({load['min']:.1f}-{load['max']:.1f})" if load.get("samples") else "-"
 
 
+def new_database(server_url: str, prefix: str) -> tuple[str, str]:
+    """A new, empty PostgreSQL database named ``prefix`` and a random suffix on the server at ``server_url``;
+    its URL (password kept) and its name."""
+    import uuid
+
+    import sqlalchemy
+    from sqlalchemy.engine import make_url
+
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+    engine = sqlalchemy.create_engine(server_url, isolation_level="AUTOCOMMIT")
+    with engine.connect() as conn:
+        conn.execute(sqlalchemy.text(f'CREATE DATABASE "{name}"'))
+    engine.dispose()
+    return make_url(server_url).set(database=name).render_as_string(hide_password=False), name
+
+
 def _block_pattern(name: str) -> re.Pattern[str]:
     return re.compile(rf"^(<!-- table:{re.escape(name)} -->\n)(.*?)^(<!-- /table:{re.escape(name)} -->)$",
                       re.DOTALL | re.MULTILINE)
