@@ -38,6 +38,7 @@ from typing import Any
 from benchmarks.common import (
     LoadSampler,
     cell,
+    dice_plot,
     first_at,
     fresh_copy,
     generate_bundles,
@@ -241,28 +242,17 @@ def verdicts(report: dict[str, Any]) -> str:
 
 
 def plot(report: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    algos = list(report["algos"])
-    fig, axes = plt.subplots(1, len(algos), figsize=(5 * len(algos), 3.6), squeeze=False)
-    for ax, algo in zip(axes[0], algos, strict=True):
-        for variant, style in zip(variants_of(report["algos"][algo]), ("-o", "-s", "-^", "-v"), strict=False):
-            run = report["algos"][algo].get("runs", {}).get(variant)
+    """Dice against wall seconds, one panel per template, one line per variant."""
+    panels = []
+    for algo, entry in report["algos"].items():
+        lines = []
+        for variant in variants_of(entry):
+            run = entry.get("runs", {}).get(variant)
             if run and run["curve"]:
-                n = report["algos"][algo]["settings"][variant]["num_patches_per_iter"]
-                ax.plot([c[1] for c in run["curve"]], [c[2] for c in run["curve"]], style, ms=3,
-                        label=f"{variant} ({n} patches/step)")
-        ax.axhline(report["settings"]["target"], color="grey", lw=0.8, ls="--")
-        ax.set(title=algo, xlabel="wall s (from the run's start, caching included)", ylabel="validation mean Dice", ylim=(0, 1))
-        ax.legend(loc="lower right", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-
-
+                n = entry["settings"][variant]["num_patches_per_iter"]
+                lines.append((f"{variant} ({n} patches/step)", [c[1] for c in run["curve"]], [c[2] for c in run["curve"]]))
+        panels.append((algo, lines))
+    dice_plot(path, panels, "wall s (from the run's start, caching included)", target=report["settings"]["target"])
 def main(argv: list[str] | None = None) -> int:
     args = _args(argv)
     out = Path(args.out)

@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import LoadSampler, cell, cpu_name, parser, read_json, write_json
+from benchmarks.common import LoadSampler, cell, cpu_name, dice_plot, parser, read_json, write_json
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -255,30 +255,18 @@ def launch_table(report: dict[str, Any]) -> str:
 
 
 def plot(report: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.2))
+    """MONAI's validation Dice against minutes since launch, one line per variant, the stop dashed."""
+    lines = []
     for variant in VARIANTS:
         run = report["runs"].get(variant) or {}
         curve, facts = run.get("curve") or [], run.get("facts") or {}
         batch = (facts.get("batch_size") or 1) * (facts.get("num_crops_per_image") or 1)
         empty = "" if curve else f": no validation within {report['wall_s'] / 60:.0f} min"
-        ax.plot([p["wall_s"] / 60 for p in curve], [p["dice"] for p in curve], marker="o",
-                label=f"{variant} (batch {batch}, lr {facts.get('learning_rate')}){empty}")
-    ax.axvline(report["wall_s"] / 60, color="grey", linestyle="--", linewidth=1)  # each run's SIGTERM
-    ax.set_xlabel("wall since launch (min), three runs side by side; dashed: the stop")
-    ax.set_ylabel("mean validation Dice (MONAI's accuracy_history.csv)")
-    ax.set_title("MONAI SegResNet, Task04_Hippocampus fold 0, CPU fp32")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
+        lines.append((f"{variant} (batch {batch}, lr {facts.get('learning_rate')}){empty}",
+                      [p["wall_s"] / 60 for p in curve], [p["dice"] for p in curve]))
+    dice_plot(path, [("MONAI SegResNet, Task04_Hippocampus fold 0, CPU fp32", lines)],
+              "wall since launch (min), three runs side by side; dashed: the stop", stop=report["wall_s"] / 60,
+              ylabel="mean validation Dice (MONAI's accuracy_history.csv)")
 def machine() -> dict[str, Any]:
     import torch
 

@@ -39,6 +39,7 @@ from benchmarks.common import (
     LoadSampler,
     cell,
     cpu_name,
+    dice_plot,
     first_at,
     fresh_copy,
     generate_bundles,
@@ -247,24 +248,10 @@ def breakdown(report: dict[str, Any]) -> str:
 
 def plot(report: dict[str, Any], path: Path) -> None:
     """Validation mean Dice against wall seconds, one line per mode, the target dashed."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for r in report["results"].values():
-        ax.plot([p[1] for p in r["curve"]], [p[2] for p in r["curve"]], marker=".",
-                label=f"{r.get('label', r['mode'])} ({r['precision']})")
-    ax.axhline(report["settings"]["target"], color="grey", linestyle="--", linewidth=0.8)
-    ax.set_xlabel("wall seconds (caching included)")
-    ax.set_ylabel("validation mean Dice")
-    ax.set_title(f"{report['algo']}: {report['environment']['cpu']}")
-    ax.legend()
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
-
-
+    lines = [(f"{r.get('label', r['mode'])} ({r['precision']})", [p[1] for p in r["curve"]], [p[2] for p in r["curve"]])
+             for r in report["results"].values()]
+    dice_plot(path, [(f"{report['algo']}: {report['environment']['cpu']}", lines)], "wall seconds (caching included)",
+              target=report["settings"]["target"])
 def main(argv: list[str] | None = None) -> int:
     args = _args(argv)
     out = Path(args.out)

@@ -255,6 +255,35 @@ def new_database(server_url: str, prefix: str) -> tuple[str, str]:
     return make_url(server_url).set(database=name).render_as_string(hide_password=False), name
 
 
+#: one line of a Dice plot: its label, the wall times and the Dice at each
+Line = tuple[str, list[float], list[float]]
+
+
+def dice_plot(path: Path, panels: list[tuple[str, list[Line]]], xlabel: str, target: float | None = None,
+              stop: float | None = None, ylabel: str = "validation mean Dice") -> None:
+    """Validation Dice against wall time as a PNG at ``path``: one panel per (title, lines) side by side, one
+    line per (label, xs, ys); ``target`` dashed across each panel, ``stop`` (the runs' end) dashed down."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(panels), figsize=(7 * len(panels), 4.2), squeeze=False)
+    for ax, (title, lines) in zip(axes[0], panels, strict=True):
+        for label, xs, ys in lines:
+            ax.plot(xs, ys, marker="o", ms=3, label=label)
+        if target is not None:
+            ax.axhline(target, color="grey", lw=0.8, ls="--")
+        if stop is not None:
+            ax.axvline(stop, color="grey", lw=1, ls="--")
+        ax.set(title=title, xlabel=xlabel, ylabel=ylabel, ylim=(0, 1))
+        ax.grid(alpha=0.3)
+        ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def _block_pattern(name: str) -> re.Pattern[str]:
     return re.compile(rf"^(<!-- table:{re.escape(name)} -->\n)(.*?)^(<!-- /table:{re.escape(name)} -->)$",
                       re.DOTALL | re.MULTILINE)
