@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import statistics
 import sys
@@ -38,7 +37,9 @@ from typing import Any
 from benchmarks.common import (
     LoadSampler,
     cell,
+    command,
     dice_plot,
+    environment,
     first_at,
     fresh_copy,
     generate_bundles,
@@ -269,7 +270,6 @@ def main(argv: list[str] | None = None) -> int:
             print(verdicts(report))
         return 0
     import monai
-    import torch
 
     variants = parse_variants(args.variants)
     work = Path(args.work)
@@ -283,9 +283,8 @@ def main(argv: list[str] | None = None) -> int:
         "variants": list(variants),
         "data": args.data, "fold": 0,
         "settings": {k: v for k, v in vars(args).items() if k not in ("out", "work", "report_only")},
-        "environment": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-                        "torch": torch.__version__, "monai": monai.__version__, "python": platform.python_version()},
-        "command": "python -m benchmarks.bench_batch_scaling " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "environment": environment(monai=monai.__version__),
+        "command": command("benchmarks.bench_batch_scaling", argv),
         "algos": {},
     }
     for index, algo in enumerate(algos):

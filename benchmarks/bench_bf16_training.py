@@ -35,7 +35,7 @@ from benchmarks.common import (
     LoadSampler,
     cell,
     command,
-    cpu_name,
+    environment,
     first_at,
     fresh_copy,
     load_cell,
@@ -148,9 +148,8 @@ def measure(args: argparse.Namespace, argv: list[str] | None) -> dict[str, Any]:
         "benchmark": "bf16 against fp32 training on this CPU, template by template",
         "command": command("benchmarks.bench_bf16_training", argv),
         "label": args.label, "epochs": args.epochs, "dice": args.dice, "seconds": 0.0,
-        "environment": {"cpu": cpu_name(), "cores": os.cpu_count(), "torch": torch.__version__,
-                        "onednn_bf16": bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()),
-                        "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA")},
+        "environment": environment(onednn_bf16=bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()),
+                                   onednn_max_cpu_isa=os.environ.get("ONEDNN_MAX_CPU_ISA")),
         "bundles": [],
     }
     with tempfile.TemporaryDirectory(prefix="bench_bf16_") as scratch:

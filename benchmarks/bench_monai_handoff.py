@@ -31,7 +31,6 @@ import argparse
 import csv
 import json
 import os
-import platform
 import shutil
 import signal
 import subprocess
@@ -40,7 +39,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import LoadSampler, cell, cpu_name, dice_plot, parser, read_json, write_json
+from benchmarks.common import (
+    LoadSampler,
+    cell,
+    dice_plot,
+    environment,
+    parser,
+    read_json,
+    write_json,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -270,9 +277,8 @@ def plot(report: dict[str, Any], path: Path) -> None:
 def machine() -> dict[str, Any]:
     import torch
 
-    return {"cpu": cpu_name(), "cores": os.cpu_count(), "python": platform.python_version(),
-            "torch": torch.__version__, "bf16_native": bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()),
-            "precision": "fp32 (MONAI's scripts turn AMP off without CUDA)"}
+    return environment(bf16_native=bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()),
+                       precision="fp32 (MONAI's scripts turn AMP off without CUDA)")
 
 
 def run(args: argparse.Namespace, out: Path) -> dict[str, Any]:

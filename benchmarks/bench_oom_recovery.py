@@ -39,7 +39,8 @@ from typing import Any
 from benchmarks.common import (
     HIPPOCAMPUS,
     LoadSampler,
-    cpu_name,
+    command,
+    environment,
     first_cases,
     fresh_copy,
     generate_bundles,
@@ -143,9 +144,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         stepped = _train(bundle, root, "halfway between the sw peaks", val_limit, args.val_epochs, **roi)
         print(json.dumps(stepped), flush=True)
     return {
-        "command": "python -m benchmarks.bench_oom_recovery " + " ".join(sys.argv[1:]),
-        "environment": {"cpu": cpu_name(), "cores": os.cpu_count(), "native_bf16": list(cpu_bf16_native()),
-                        "date": time.strftime("%Y-%m-%d", time.gmtime())},
+        "command": command("benchmarks.bench_oom_recovery"),
+        "environment": environment(native_bf16=list(cpu_bf16_native()), date=time.strftime("%Y-%m-%d", time.gmtime())),
         "cases": args.cases, "epochs": args.epochs, "fraction": args.fraction, "batch": args.batch,
         "training": {"runs": [unsplit, split]},
         "validation": {"roi_size": roi["roi_size"], "sw_peak_at_1": narrow["val_peak_bytes"], "runs": [wide, stepped]},

@@ -26,7 +26,6 @@ JSON and a PNG of Dice against wall seconds.
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import statistics
 import sys
@@ -38,8 +37,8 @@ from typing import Any
 from benchmarks.common import (
     LoadSampler,
     cell,
-    cpu_name,
     dice_plot,
+    environment,
     first_at,
     fresh_copy,
     generate_bundles,
@@ -151,7 +150,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     """Train every run (side by side: fast's budgets one after another on core 0, regular on core 1; or
     one after another with every core) and gather their measurements."""
     import monai
-    import torch
 
     from autotune.precision import cpu_bf16_native
 
@@ -187,9 +185,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "benchmark": "time to Dice, fast against regular", "data": args.data, "algo": args.algo,
         "settings": {k: v for k, v in vars(args).items() if k not in ("out", "work", "report_only")},
-        "environment": {"cpu": cpu_name(), "cores": os.cpu_count(), "native_bf16": list(cpu_bf16_native()),
-                        "torch": torch.__version__, "monai": monai.__version__,
-                        "date": time.strftime("%Y-%m-%d")},
+        "environment": environment(native_bf16=list(cpu_bf16_native()), monai=monai.__version__,
+                                   date=time.strftime("%Y-%m-%d")),
         "results": results,
         "fast_over_regular_time_to_target": ratio,
     }

@@ -146,12 +146,12 @@ def command(module: str, argv: list[str] | None = None) -> str:
     return " ".join(["python", "-m", module, *(sys.argv[1:] if argv is None else argv)])
 
 
-def environment() -> dict[str, Any]:
-    """The machine a benchmark measured: the CPU, its cores, torch's threads and the versions."""
+def environment(**extra: Any) -> dict[str, Any]:
+    """The machine a benchmark measured: the CPU, its cores, torch's threads and the versions; with ``extra``."""
     import torch
 
     return {"cpu": cpu_name(), "cores": os.cpu_count(), "threads": torch.get_num_threads(), "torch": torch.__version__,
-            "python": platform.python_version()}
+            "python": platform.python_version(), **extra}
 
 
 def report(args: argparse.Namespace, measure: Callable[[], Any], *tables: Callable[[Any], str]) -> Any:
