@@ -26,7 +26,7 @@ HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 DEFAULT_DOC = HERE.parent / "BENCHMARKS.md"
 #: per-topic notes that repeat some of the tables; their blocks are regenerated too
-TOPIC_DOCS = (HERE / "PROBE_RESULTS.md",)
+TOPIC_DOCS: tuple[Path, ...] = ()
 
 #: block name -> (benchmark module, render function, result JSONs in benchmarks/results/)
 TABLES: dict[str, tuple[str, str, tuple[str, ...]]] = {
