@@ -27,18 +27,27 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import LoadSampler, parser, write_json
-
-REPO = Path(__file__).resolve().parents[1]
+from benchmarks.common import (
+    LoadSampler,
+    cell,
+    command,
+    dice_plot,
+    environment,
+    first_at,
+    fresh_copy,
+    generate_bundles,
+    metrics_rows,
+    parser,
+    run_logged,
+    write_json,
+)
 
 DEFAULT_DATA = "/work/shared/datasets/Task04_Hippocampus"
 VARIANTS = ("generated", "largest", "handoff")
@@ -69,14 +78,6 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def _run(command: list[str], log: Path) -> None:
-    with open(log, "w") as handle:
-        code = subprocess.call(command, stdout=handle, stderr=subprocess.STDOUT,
-                               env={**os.environ, "PYTHONPATH": str(REPO)})
-    if code != 0:
-        raise SystemExit(f"failed (exit {code}): {' '.join(command)}; see {log}")
-
-
 def parse_variants(text: str) -> tuple[str, ...]:
     """``--variants`` as a tuple in table order; one clear line for an unknown name."""
     names = [v.strip() for v in text.split(",") if v.strip()]
@@ -104,15 +105,13 @@ def prepare(args: argparse.Namespace, work: Path, algo: str, variants: tuple[str
     entry: dict[str, Any] = {"generated": str(generated), "tune": {},
                              "settings": {"generated": _settings(load_bundle_config(generated))}}
     for variant in (v for v in variants if v in TUNE_FLAGS):
-        tuned = work / variant / f"{algo}_0"
-        shutil.rmtree(tuned, ignore_errors=True)
-        shutil.copytree(generated, tuned)
+        tuned = fresh_copy(generated, work / variant / f"{algo}_0")
         command = [sys.executable, "-m", "autotune", "tune", str(tuned), "--device", args.device, "--memory-limit",
                    args.limit, *TUNE_FLAGS[variant], "--storage", f"sqlite:///{work / f'studies_{variant}.db'}"]
         if args.range:
             command += ["--range-num-images-per-batch", *map(str, args.range)]
         t0 = time.monotonic()
-        _run(command, work / f"tune_{algo}_{variant}.log")
+        run_logged(command, work / f"tune_{algo}_{variant}.log")
         cfg = load_bundle_config(tuned)
         block = cfg["tuning"]
         entry[variant] = str(tuned)
@@ -140,19 +139,17 @@ def _batch_of(entry: dict[str, Any], variant: str) -> dict[str, Any]:
 
 def train_run(args: argparse.Namespace, bundle: Path, label: str, work: Path) -> dict[str, Any]:
     """Train a private copy of ``bundle`` for the budget; return its measurements."""
-    copy = work / "runs" / label
-    shutil.rmtree(copy, ignore_errors=True)
-    shutil.copytree(bundle, copy, ignore=shutil.ignore_patterns("model_fold*"))
+    copy = fresh_copy(bundle, work / "runs" / label)
     command = [sys.executable, "-m", "autotune.trainer", str(copy), "--mode", "fast", "--device", args.device,
                "--epochs", str(args.epochs), "--max-time", f"{args.budget:g}", "--val-every", "1"]
     load_before = os.getloadavg()
     t0 = time.monotonic()
     with LoadSampler() as load:
-        _run(command, work / f"{label}.log")
+        run_logged(command, work / f"{label}.log")
     wall = time.monotonic() - t0
-    rows = json.loads((copy / "model_fold0" / "metrics.json").read_text())["rows"]
+    rows = metrics_rows(copy)
     validated = [r for r in rows if r.get("mean_dice") is not None]
-    reached = next((r for r in validated if r["mean_dice"] >= args.target), None)
+    reached = first_at(validated, args.target)
     steady = rows[1:] or rows
     return {
         "command": " ".join(command[1:]).replace(str(copy), "BUNDLE"),
@@ -188,10 +185,6 @@ def _add_loss_curves(report: dict[str, Any], work: Path) -> None:
                 run["loss_curve"] = _loss_curve(json.loads(metrics.read_text())["rows"])
 
 
-def fmt(value: Any, spec: str = ".0f") -> str:
-    return "-" if value is None else format(value, spec)
-
-
 def _load_cell(run: dict[str, Any]) -> str:
     """The load during the run (mean, min-max) where it was sampled, else the 1-minute load just before it."""
     during = run.get("load_during_run")
@@ -218,8 +211,8 @@ def table(report: dict[str, Any]) -> str:
                        if run["time_to_target_s"] else f"not in {run['last_elapsed_s']:.0f} s")
             lines.append(
                 f"| {algo} | {variant} | {s['num_patches_per_iter']}{fits} | {s['learning_rate']:.3g} | "
-                f"{fmt(run['steps_per_epoch'], 'd')} | {run['epochs']} | {run['samples_per_s']:.2f} | {reached} | "
-                f"{fmt(run['best_dice'], '.3f')} | {_load_cell(run)} |")
+                f"{cell(run['steps_per_epoch'], 'd')} | {run['epochs']} | {run['samples_per_s']:.2f} | {reached} | "
+                f"{cell(run['best_dice'])} | {_load_cell(run)} |")
     return "\n".join(lines)
 
 
@@ -250,28 +243,17 @@ def verdicts(report: dict[str, Any]) -> str:
 
 
 def plot(report: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    algos = list(report["algos"])
-    fig, axes = plt.subplots(1, len(algos), figsize=(5 * len(algos), 3.6), squeeze=False)
-    for ax, algo in zip(axes[0], algos, strict=True):
-        for variant, style in zip(variants_of(report["algos"][algo]), ("-o", "-s", "-^", "-v"), strict=False):
-            run = report["algos"][algo].get("runs", {}).get(variant)
+    """Dice against wall seconds, one panel per template, one line per variant."""
+    panels = []
+    for algo, entry in report["algos"].items():
+        lines = []
+        for variant in variants_of(entry):
+            run = entry.get("runs", {}).get(variant)
             if run and run["curve"]:
-                n = report["algos"][algo]["settings"][variant]["num_patches_per_iter"]
-                ax.plot([c[1] for c in run["curve"]], [c[2] for c in run["curve"]], style, ms=3,
-                        label=f"{variant} ({n} patches/step)")
-        ax.axhline(report["settings"]["target"], color="grey", lw=0.8, ls="--")
-        ax.set(title=algo, xlabel="wall s (from the run's start, caching included)", ylabel="validation mean Dice", ylim=(0, 1))
-        ax.legend(loc="lower right", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-
-
+                n = entry["settings"][variant]["num_patches_per_iter"]
+                lines.append((f"{variant} ({n} patches/step)", [c[1] for c in run["curve"]], [c[2] for c in run["curve"]]))
+        panels.append((algo, lines))
+    dice_plot(path, panels, "wall s (from the run's start, caching included)", target=report["settings"]["target"])
 def main(argv: list[str] | None = None) -> int:
     args = _args(argv)
     out = Path(args.out)
@@ -288,28 +270,21 @@ def main(argv: list[str] | None = None) -> int:
             print(verdicts(report))
         return 0
     import monai
-    import torch
-
-    from autotune.data.analyze import analyze
-    from autotune.facade.bundlegen import BundleGen
 
     variants = parse_variants(args.variants)
     work = Path(args.work)
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     algos = args.algos.split(",")
-    res = analyze(args.data, work, num_fold=5, progress=False)
-    BundleGen(work, algos=algos, data_stats_filename=res.datastats, data_src_cfg_name=res.data_src).generate(
-        work, num_fold=5)
+    generate_bundles(args.data, work, algos, num_fold=5)
     report: dict[str, Any] = {
         "benchmark": "time to Dice: generated vs tuned bundles (largest fit under the batch cap with the lr rule; "
                      "the goodput hand-off)",
         "variants": list(variants),
         "data": args.data, "fold": 0,
         "settings": {k: v for k, v in vars(args).items() if k not in ("out", "work", "report_only")},
-        "environment": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-                        "torch": torch.__version__, "monai": monai.__version__, "python": platform.python_version()},
-        "command": "python -m benchmarks.bench_batch_scaling " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "environment": environment(monai=monai.__version__),
+        "command": command("benchmarks.bench_batch_scaling", argv),
         "algos": {},
     }
     for index, algo in enumerate(algos):

@@ -24,7 +24,6 @@ import argparse
 import json
 import math
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -32,7 +31,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import LoadSampler, command, cpu_name, parser, report, write_json
+from benchmarks.common import (
+    LoadSampler,
+    cell,
+    command,
+    environment,
+    first_at,
+    fresh_copy,
+    load_cell,
+    parser,
+    report,
+    write_json,
+)
 
 PRECISIONS = ("fp32", "bf16")
 
@@ -53,17 +63,13 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def _run(bundle: Path, copy: Path, precision: str, args: argparse.Namespace) -> subprocess.Popen:
-    shutil.copytree(bundle, copy, ignore=shutil.ignore_patterns("model_fold*"))
+    fresh_copy(bundle, copy)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     env.pop("AUTOTUNE_PRECISION", None)
     cmd = ["nice", "-n", "10", sys.executable, "-m", "autotune", "train", str(copy), "--device", "cpu", "--epochs",
            str(args.epochs), "--precision", precision, "-q", *(["--max-time", args.max_time] if args.max_time else []),
            *(["--val-every", str(args.val_every)] if args.val_every else []), "--memory-limit", args.memory_limit]
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def _first_at(rows: list[dict[str, Any]], dice: float) -> dict[str, Any] | None:
-    return next((r for r in rows if r.get("mean_dice") is not None and r["mean_dice"] >= dice), None)
 
 
 def _best_within(rows: list[dict[str, Any]], wall: float) -> float | None:
@@ -76,7 +82,7 @@ def _outcome(copy: Path, proc: subprocess.Popen, out: str, err: str, dice: float
     rows = json.loads(metrics.read_text())["rows"] if metrics.is_file() else []
     rows = [{k: r.get(k) for k in ("epoch", "loss", "mean_dice", "elapsed_s", "epoch_s", "nonfinite_steps")}
             for r in rows]
-    reached = _first_at(rows, dice)
+    reached = first_at(rows, dice)
     dices = [r["mean_dice"] for r in rows if r["mean_dice"] is not None]
     return {"exit_code": proc.returncode, "last_line": (err.strip().splitlines() or [""])[-1][:400],
             "finite_loss": bool(rows) and all(math.isfinite(r["loss"]) for r in rows),
@@ -104,10 +110,6 @@ def measure_bundle(bundle: Path, args: argparse.Namespace, scratch: Path) -> dic
                             and runs["bf16"]["exit_code"] == 0 and abs(bf16 - fp32) <= 0.05)}
 
 
-def _f(value: Any, spec: str = ".3f") -> str:
-    return "-" if value is None else format(value, spec)
-
-
 def markdown_table(report: dict[str, Any], *more: dict[str, Any]) -> str:
     """The table of a report and of ``more`` reports of the same run's settings (what BENCHMARKS.md shows)."""
     env = report["environment"]
@@ -118,15 +120,14 @@ def markdown_table(report: dict[str, Any], *more: dict[str, Any]) -> str:
              "| best Dice in fixed wall (s) | wall s | load during |",
              "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     for item in [b for r in (report, *more) for b in r["bundles"]]:
-        load = item["load_during_run"]
-        cell = f"{load['mean']:.1f} ({load['min']:.1f}-{load['max']:.1f})" if load.get("samples") else "-"
+        load = load_cell(item["load_during_run"])
         for p in PRECISIONS:
             run = item["runs"][p]
-            diff = _f(item["bf16_minus_fp32_best_dice"], "+.3f") if p == "bf16" else ""
+            diff = cell(item["bf16_minus_fp32_best_dice"], "+.3f") if p == "bf16" else ""
             lines.append(f"| {item['bundle']} | {p} | {run['exit_code']} | {'yes' if run['finite_loss'] else 'no'} | "
-                         f"{_f(run['best_dice'])} | {diff} | {_f(run['epochs_to_dice'], 'd')} | "
-                         f"{_f(run['wall_to_dice_s'], '.0f')} | {_f(run['best_dice_in_fixed_wall'])} "
-                         f"({_f(item['fixed_wall_s'], '.0f')}) | {_f(run['wall_s'], '.0f')} | {cell} |")
+                         f"{cell(run['best_dice'])} | {diff} | {cell(run['epochs_to_dice'], 'd')} | "
+                         f"{cell(run['wall_to_dice_s'], '.0f')} | {cell(run['best_dice_in_fixed_wall'])} "
+                         f"({cell(item['fixed_wall_s'], '.0f')}) | {cell(run['wall_s'], '.0f')} | {load} |")
     return "\n".join(lines)
 
 
@@ -147,9 +148,8 @@ def measure(args: argparse.Namespace, argv: list[str] | None) -> dict[str, Any]:
         "benchmark": "bf16 against fp32 training on this CPU, template by template",
         "command": command("benchmarks.bench_bf16_training", argv),
         "label": args.label, "epochs": args.epochs, "dice": args.dice, "seconds": 0.0,
-        "environment": {"cpu": cpu_name(), "cores": os.cpu_count(), "torch": torch.__version__,
-                        "onednn_bf16": bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()),
-                        "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA")},
+        "environment": environment(onednn_bf16=bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()),
+                                   onednn_max_cpu_isa=os.environ.get("ONEDNN_MAX_CPU_ISA")),
         "bundles": [],
     }
     with tempfile.TemporaryDirectory(prefix="bench_bf16_") as scratch:

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import HIPPOCAMPUS, LoadSampler, command, parser, report
+from benchmarks.common import HIPPOCAMPUS, LoadSampler, command, first_cases, generate_bundles, parser, report
 
 ALGOS = ("unet", "segresnet", "dints")
 
@@ -93,23 +93,14 @@ def main() -> int:
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     """Tune each template at the limit, then train it there; the rows and the run's settings."""
-    from autotune.data.analyze import analyze
-    from autotune.facade.bundlegen import BundleGen
     from autotune.stages import tune
     from autotune.utils import parse_bytes
 
     data = Path(args.data)
-    dataset = json.loads((data / "dataset.json").read_text())
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-contract-") as tmp:
         root = Path(tmp)
-        datalist = {"training": [{"image": str((data / e["image"]).resolve()), "label": str((data / e["label"]).resolve())}
-                                 for e in dataset["training"][: args.cases]]}
-        (root / "datalist.json").write_text(json.dumps(datalist))
-        res = analyze(root / "datalist.json", root / "work", num_fold=1, progress=False)
-        gen = BundleGen(root / "work", algos=args.algos.split(","), data_stats_filename=res.datastats,
-                        data_src_cfg_name=res.data_src)
-        bundles = {b["algo"]: Path(b["path"]) for b in gen.generate(root / "work", num_fold=1)}
+        bundles = generate_bundles(first_cases(data, args.cases, root), root / "work", args.algos.split(","))
         for algo in args.algos.split(","):
             t0 = time.perf_counter()
             # The range as given, so the batch cap (which hands a smaller batch than fits) stays out of it.

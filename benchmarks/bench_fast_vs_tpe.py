@@ -23,8 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.bench_search import _bundles
-from benchmarks.common import LoadSampler, cpu_name, parser, read_json, write_json
+from benchmarks.common import LoadSampler, cpu_name, full_size_bundles, parser, read_json, write_json
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -173,7 +172,7 @@ def main() -> None:
     with sampler:
         for i, case in enumerate(c for c in args.cases.split(",") if c):
             dataset, algo, limit = case.split(":")
-            bundle = _bundles(root / f"{dataset}-{algo}", dataset, [algo])[algo]
+            bundle = full_size_bundles(root / f"{dataset}-{algo}", dataset, [algo])[algo]
             if i == 0:
                 warm_up = _warm_up(counter, bundle)
             order = ("fast", "tpe") if i % 2 == 0 else ("tpe", "fast")

@@ -55,12 +55,11 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import cpu_name, parser, write_json
+from benchmarks.common import cpu_name, new_database, parser, write_json
 
 HERE = Path(__file__).resolve().parent
 MARGIN = 0.10
@@ -435,18 +434,6 @@ def _takeover(kill: dict[str, Any], by_id: dict[int, Any], trials: list[Any]) ->
 
 
 # -- one run --------------------------------------------------------------------------------------------------
-def _new_database(admin_url: str) -> tuple[str, str]:
-    import sqlalchemy
-    from sqlalchemy.engine import make_url
-
-    name = f"bench_many_{uuid.uuid4().hex[:10]}"
-    engine = sqlalchemy.create_engine(admin_url, isolation_level="AUTOCOMMIT")
-    with engine.connect() as conn:
-        conn.execute(sqlalchemy.text(f'CREATE DATABASE "{name}"'))
-    engine.dispose()
-    return make_url(admin_url).set(database=name).render_as_string(hide_password=False), name
-
-
 def _start_proxy(url: str, threads: int, logs: Path) -> tuple[subprocess.Popen, str]:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -470,7 +457,7 @@ def run(name: str, admin_url: str, prepared: dict[str, Any], args: argparse.Name
     """One run: a fresh database, the proxy (or not), ``workers`` forked workers; its figures."""
     from autotune.search.storage.study import open_storage
 
-    url, database = _new_database(admin_url)
+    url, database = new_database(admin_url, "bench_many")
     open_storage(url).engine.dispose()  # Optuna's tables, before the workers race to make them
     proxy, storage = (_start_proxy(url, args.threads, logs) if via_proxy else (None, url))
     env = {"AUTOTUNE_FAKE_PROBE": FAKE.format(sleep=args.sleep), "AUTOTUNE_CLAIM_STALE_SECONDS": str(grace)}

@@ -31,7 +31,6 @@ import argparse
 import csv
 import json
 import os
-import platform
 import shutil
 import signal
 import subprocess
@@ -40,7 +39,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import LoadSampler, cpu_name, parser, read_json, write_json
+from benchmarks.common import (
+    LoadSampler,
+    cell,
+    dice_plot,
+    environment,
+    parser,
+    read_json,
+    write_json,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -202,10 +209,6 @@ def summarise(report: dict[str, Any]) -> dict[str, Any]:
     return summary
 
 
-def _fmt(value: Any, spec: str = ".3f") -> str:
-    return "-" if value is None else format(value, spec)
-
-
 def table(report: dict[str, Any]) -> str:
     """The markdown table: per bundle, what it trains with, epochs, best Dice, wall to the generated's best."""
     summary = report.get("summary") or {}
@@ -226,8 +229,8 @@ def table(report: dict[str, Any]) -> str:
             reach, ratio = (summary.get(variant) or {}).get("wall_to_generated_best_s"), \
                 (summary.get(variant) or {}).get("ratio")
         lines.append(f"| {variant} | {batch} | {facts.get('learning_rate')} | {facts.get('sw_batch_size')} | "
-                     f"{len(curve)} | {_fmt(per_epoch, '.0f')} | {_fmt(best, '.4f')} | "
-                     f"{_fmt(reach, '.0f') + ' s' if reach is not None else 'not reached'} | {_fmt(ratio, '.2f')} |")
+                     f"{len(curve)} | {cell(per_epoch, '.0f')} | {cell(best, '.4f')} | "
+                     f"{cell(reach, '.0f') + ' s' if reach is not None else 'not reached'} | {cell(ratio, '.2f')} |")
     return "\n".join(lines) + "\n"
 
 
@@ -253,42 +256,29 @@ def launch_table(report: dict[str, Any]) -> str:
         diff = f"{(peak - tuned) / tuned:+.2%}" if tuned and peak else "-"
         ended = f"{record.get('status')}, {record.get('signal')}, exit {record.get('exit_code')}" if record else "-"
         lines.append(f"| {variant} | {facts.get('verdict') or 'as generated (not tuned)'} | "
-                     f"{_fmt(tuned, ',')} | {_fmt(peak, ',')} | {diff} | {ended} | "
+                     f"{cell(tuned, ',')} | {cell(peak, ',')} | {diff} | {ended} | "
                      f"{record.get('stopped_processes', '-')} |")
     return "\n".join(lines) + "\n"
 
 
 def plot(report: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.2))
+    """MONAI's validation Dice against minutes since launch, one line per variant, the stop dashed."""
+    lines = []
     for variant in VARIANTS:
         run = report["runs"].get(variant) or {}
         curve, facts = run.get("curve") or [], run.get("facts") or {}
         batch = (facts.get("batch_size") or 1) * (facts.get("num_crops_per_image") or 1)
         empty = "" if curve else f": no validation within {report['wall_s'] / 60:.0f} min"
-        ax.plot([p["wall_s"] / 60 for p in curve], [p["dice"] for p in curve], marker="o",
-                label=f"{variant} (batch {batch}, lr {facts.get('learning_rate')}){empty}")
-    ax.axvline(report["wall_s"] / 60, color="grey", linestyle="--", linewidth=1)  # each run's SIGTERM
-    ax.set_xlabel("wall since launch (min), three runs side by side; dashed: the stop")
-    ax.set_ylabel("mean validation Dice (MONAI's accuracy_history.csv)")
-    ax.set_title("MONAI SegResNet, Task04_Hippocampus fold 0, CPU fp32")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
+        lines.append((f"{variant} (batch {batch}, lr {facts.get('learning_rate')}){empty}",
+                      [p["wall_s"] / 60 for p in curve], [p["dice"] for p in curve]))
+    dice_plot(path, [("MONAI SegResNet, Task04_Hippocampus fold 0, CPU fp32", lines)],
+              "wall since launch (min), three runs side by side; dashed: the stop", stop=report["wall_s"] / 60,
+              ylabel="mean validation Dice (MONAI's accuracy_history.csv)")
 def machine() -> dict[str, Any]:
     import torch
 
-    return {"cpu": cpu_name(), "cores": os.cpu_count(), "python": platform.python_version(),
-            "torch": torch.__version__, "bf16_native": bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()),
-            "precision": "fp32 (MONAI's scripts turn AMP off without CUDA)"}
+    return environment(bf16_native=bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()),
+                       precision="fp32 (MONAI's scripts turn AMP off without CUDA)")
 
 
 def run(args: argparse.Namespace, out: Path) -> dict[str, Any]:

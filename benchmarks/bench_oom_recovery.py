@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -37,7 +36,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import HIPPOCAMPUS, LoadSampler, cpu_name, parser, report
+from benchmarks.common import (
+    HIPPOCAMPUS,
+    LoadSampler,
+    command,
+    environment,
+    first_cases,
+    fresh_copy,
+    generate_bundles,
+    metrics_rows,
+    parser,
+    report,
+)
 
 NEVER_BINDS = 64 * 2**30  # the tracker counts under a limit; this one is never met
 
@@ -80,16 +90,7 @@ def markdown_table(report: dict[str, Any]) -> str:
 
 def _bundle(data: Path, cases: int, root: Path) -> Path:
     """The full-size UNet bundle of the first ``cases`` cases, one fold."""
-    from autotune.data.analyze import analyze
-    from autotune.facade.bundlegen import BundleGen
-
-    dataset = json.loads((data / "dataset.json").read_text())
-    datalist = {"training": [{"image": str((data / e["image"]).resolve()), "label": str((data / e["label"]).resolve())}
-                             for e in dataset["training"][:cases]]}
-    (root / "datalist.json").write_text(json.dumps(datalist))
-    result = analyze(root / "datalist.json", root / "work", num_fold=1, progress=False)
-    gen = BundleGen(root / "work", algos=["unet"], data_stats_filename=result.datastats, data_src_cfg_name=result.data_src)
-    return Path(gen.generate(root / "work", num_fold=1)[0]["path"])
+    return generate_bundles(first_cases(data, cases, root), root / "work", ["unet"])["unet"]
 
 
 def _train(source: Path, folder: Path, name: str, limit: int, epochs: int, **updates: Any) -> dict[str, Any]:
@@ -98,8 +99,7 @@ def _train(source: Path, folder: Path, name: str, limit: int, epochs: int, **upd
     from autotune.bundles.config import update_bundle_config
 
     slug = "".join(ch if ch.isalnum() else "_" for ch in name)
-    bundle = Path(shutil.copytree(source, folder / slug))
-    shutil.rmtree(bundle / "model_fold0", ignore_errors=True)
+    bundle = fresh_copy(source, folder / slug)
     if updates:
         update_bundle_config(bundle, updates)
     command = [sys.executable, "-m", "autotune", "train", str(bundle), "--device", "cpu", "--epochs", str(epochs),
@@ -111,7 +111,7 @@ def _train(source: Path, folder: Path, name: str, limit: int, epochs: int, **upd
     if done.returncode != 0:
         raise RuntimeError(f"{name}: exit {done.returncode}: {done.stderr[-2000:]}")
     summary = json.loads((bundle / "model_fold0" / "train_summary.json").read_text())
-    rows = json.loads((bundle / "model_fold0" / "metrics.json").read_text())["rows"]
+    rows = metrics_rows(bundle)
     keep = ("epoch", "loss", "mean_dice", "train_s", "val_s", "epoch_s", "steps", "samples", "micro_batches",
             "sw_batch", "validation_device", "train_peak_bytes", "val_peak_bytes")
     later = rows[1:] or rows  # the first epoch pays the process's one-off set-up
@@ -144,9 +144,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         stepped = _train(bundle, root, "halfway between the sw peaks", val_limit, args.val_epochs, **roi)
         print(json.dumps(stepped), flush=True)
     return {
-        "command": "python -m benchmarks.bench_oom_recovery " + " ".join(sys.argv[1:]),
-        "environment": {"cpu": cpu_name(), "cores": os.cpu_count(), "native_bf16": list(cpu_bf16_native()),
-                        "date": time.strftime("%Y-%m-%d", time.gmtime())},
+        "command": command("benchmarks.bench_oom_recovery"),
+        "environment": environment(native_bf16=list(cpu_bf16_native()), date=time.strftime("%Y-%m-%d", time.gmtime())),
         "cases": args.cases, "epochs": args.epochs, "fraction": args.fraction, "batch": args.batch,
         "training": {"runs": [unsplit, split]},
         "validation": {"roi_size": roi["roi_size"], "sw_peak_at_1": narrow["val_peak_bytes"], "runs": [wide, stepped]},

@@ -21,19 +21,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import HIPPOCAMPUS, LoadSampler, command, parser, report
+from benchmarks.common import HIPPOCAMPUS, LoadSampler, command, generate_bundles, parser, report
 
 TARGETS = ("t4", "a100-80gb", "h100-80gb")
 ALGOS = ("segresnet", "dints", "unet")
-
-
-def bundles(data: Path, work: Path, overrides: dict) -> dict[str, Path]:
-    from autotune.data.analyze import analyze
-    from autotune.facade.bundlegen import BundleGen
-
-    res = analyze(data, work, num_fold=5, progress=False)
-    gen = BundleGen(work, algos=list(ALGOS), data_stats_filename=res.datastats, data_src_cfg_name=res.data_src)
-    return {b["algo"]: Path(b["path"]) for b in gen.generate(work, num_fold=1, overrides=overrides)}
 
 
 def plans_table(report: dict[str, Any]) -> str:
@@ -78,7 +69,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     rows, checks = [], []
     with tempfile.TemporaryDirectory(prefix="bench-plan-") as tmp:
         root = Path(tmp)
-        full = bundles(Path(args.data), root / "full", {})
+        full = generate_bundles(Path(args.data), root / "full", list(ALGOS), analyze_folds=5, overrides={})
         for target_name in TARGETS:
             target = resolve_target("estimate", target_name, None, "cpu")
             for algo in ALGOS:
@@ -95,7 +86,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                              "estimated_points": len(res.get("trials", [])), "load_during_plan": load.summary()})
                 print(f"plan {target_name:<10} {algo:<10} {seconds:6.1f} s  N={res.get('num_patches_per_iter')} "
                       f"M={res.get('num_sw_batch_size')} on {res.get('validation_device')}", flush=True)
-        tiny = bundles(Path(args.data), root / "tiny", load_overrides("tiny"))
+        tiny = generate_bundles(Path(args.data), root / "tiny", list(ALGOS), analyze_folds=5,
+                                overrides=load_overrides("tiny"))
         for limit_mib in [int(v) for v in args.limits_mib.split(",")]:
             limit = limit_mib * 2**20
             for algo in ALGOS:

@@ -18,7 +18,7 @@ import sys
 import time
 from typing import Any
 
-from benchmarks.common import LoadSampler, command, environment, parser, report
+from benchmarks.common import LoadSampler, command, environment, load_cell, parser, report
 
 
 def _args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -97,11 +97,10 @@ def markdown_table(report: dict[str, Any]) -> str:
              f"oneDNN bf16 check: {'yes' if report['onednn_bf16_check'] else 'no'}; "
              f"autotune's decision: `amp: true` runs in **{report['amp_true_on_cpu_means']}** ({report['how']}).",
              "", "| case | fp32 s | bf16 autocast s | bf16 / fp32 | load during |", "|---|---:|---:|---:|---:|"]
-    load = report.get("load_during_run") or {}
-    cell = f"{load['mean']:.1f} ({load['min']:.1f}-{load['max']:.1f})" if load.get("samples") else "-"
+    load = load_cell(report.get("load_during_run") or {})
     for row in report["rows"]:
         lines.append(f"| {row['case']} | {row['fp32_s']:.3f} | {row['bf16_s']:.3f} | {row['bf16_over_fp32']:.1f}x "
-                     f"| {cell} |")
+                     f"| {load} |")
     return "\n".join(lines)
 
 

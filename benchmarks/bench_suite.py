@@ -21,7 +21,6 @@ more than the wall time.
 from __future__ import annotations
 
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -30,15 +29,14 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import LoadSampler, command, cpu_name, parser, report
+from benchmarks.common import LoadSampler, command, environment, parser, report
 
 
 def machine() -> dict[str, Any]:
     """CPU model, cores and the bf16 answer of this machine (torch from this interpreter)."""
     import torch
 
-    return {"cpu": cpu_name(), "cores": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
-            "native_bf16": bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())}
+    return environment(native_bf16=bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()))
 
 
 def timed(cmd: list[str], cwd: Path, log: Path, env: dict[str, str] | None = None) -> dict[str, Any]:

@@ -26,19 +26,28 @@ JSON and a PNG of Dice against wall seconds.
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import statistics
-import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import LoadSampler, cpu_name, parser, read_json, write_json
-
-REPO = Path(__file__).resolve().parents[1]
+from benchmarks.common import (
+    LoadSampler,
+    cell,
+    dice_plot,
+    environment,
+    first_at,
+    fresh_copy,
+    generate_bundles,
+    metrics_rows,
+    parser,
+    read_json,
+    run_logged,
+    write_json,
+)
 
 DEFAULT_DATA = "/work/shared/datasets/Task04_Hippocampus"
 MODES = ("fast", "regular")
@@ -69,14 +78,10 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def make_bundle(args: argparse.Namespace, work: Path) -> Path:
     """Analyse the data (5 folds) and generate the full-size bundle of fold 0; nothing tuned."""
-    from autotune.data.analyze import analyze
-    from autotune.facade.bundlegen import BundleGen
-
-    result = analyze(args.data, work, num_fold=5, progress=False)
-    gen = BundleGen(work, algos=args.algo, data_stats_filename=result.datastats, data_src_cfg_name=result.data_src)
     # neither run stops early: each curve covers the whole budget
-    bundles = gen.generate(work, num_fold=5, overrides={"early_stop_patience": 0, "num_workers": args.num_workers})
-    return Path(next(b["path"] for b in bundles if b["fold"] == 0))
+    overrides = {"early_stop_patience": 0, "num_workers": args.num_workers}
+    [bundle] = generate_bundles(args.data, work, args.algo, num_fold=5, overrides=overrides).values()
+    return bundle
 
 
 def planned_runs(args: argparse.Namespace) -> list[tuple[str, str, float]]:
@@ -100,18 +105,13 @@ def train(bundle: Path, label: str, mode: str, budget: float, core: int | None, 
           work: Path) -> tuple[list[str], Path]:
     """Train ``label`` on a private copy of ``bundle`` (pinned to ``core`` with one thread, or free) to its end."""
     name = label.replace(" ", "_")
-    copy = work / f"{name}_{bundle.name}"
-    shutil.rmtree(copy, ignore_errors=True)
-    shutil.copytree(bundle, copy)
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    copy = fresh_copy(bundle, work / f"{name}_{bundle.name}")
     argv = command(copy, mode, budget, args)
-    if core is not None:
-        env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    if core is None:
+        run_logged(argv, work / f"{name}.log")
+    else:
         argv = ["taskset", "-c", str(core), *argv]
-    with open(work / f"{name}.log", "w") as log:
-        code = subprocess.call(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
-    if code != 0:
-        raise SystemExit(f"{label} run failed (exit {code}); see {work / (name + '.log')}")
+        run_logged(argv, work / f"{name}.log", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     return argv, copy
 
 
@@ -119,10 +119,10 @@ def summarise(copy: Path, label: str, mode: str, budget: float, args: argparse.N
               argv: list[str]) -> dict[str, Any]:
     """One mode's measurements from its ``metrics.json`` and ``train_summary.json``."""
     model = copy / "model_fold0"
-    rows = read_json(model / "metrics.json")["rows"]
+    rows = metrics_rows(copy)
     summary = read_json(model / "train_summary.json")
     validated = [r for r in rows if r.get("mean_dice") is not None]
-    reached = next((r for r in validated if r["mean_dice"] >= args.target), None)
+    reached = first_at(validated, args.target)
     steady = rows[1:] or rows  # the first epoch pays one-off set-up
     best_at = {}
     for seconds in CHECKPOINTS_S:
@@ -150,7 +150,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     """Train every run (side by side: fast's budgets one after another on core 0, regular on core 1; or
     one after another with every core) and gather their measurements."""
     import monai
-    import torch
 
     from autotune.precision import cpu_bf16_native
 
@@ -186,16 +185,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "benchmark": "time to Dice, fast against regular", "data": args.data, "algo": args.algo,
         "settings": {k: v for k, v in vars(args).items() if k not in ("out", "work", "report_only")},
-        "environment": {"cpu": cpu_name(), "cores": os.cpu_count(), "native_bf16": list(cpu_bf16_native()),
-                        "torch": torch.__version__, "monai": monai.__version__,
-                        "date": time.strftime("%Y-%m-%d")},
+        "environment": environment(native_bf16=list(cpu_bf16_native()), monai=monai.__version__,
+                                   date=time.strftime("%Y-%m-%d")),
         "results": results,
         "fast_over_regular_time_to_target": ratio,
     }
-
-
-def _fmt(value: Any, spec: str) -> str:
-    return "–" if value is None else format(value, spec)
 
 
 def table(report: dict[str, Any]) -> str:
@@ -215,10 +209,10 @@ def table(report: dict[str, Any]) -> str:
             planned = f"fitted to {budget:g} s ({schedule.get('planned_epochs')} epochs)"
         else:
             planned = f"{schedule.get('planned_epochs')} epochs"
-        cells = [r.get("label", r["mode"]), str(r["precision"]), planned, str(r["epochs"]), _fmt(r["epoch_s"], ".1f"),
-                 _fmt(r["samples_per_s"], ".2f"), _fmt(r["time_to_target_s"], ".0f") + (" s" if r["time_to_target_s"] else ""),
-                 _fmt(r["epoch_at_target"], "d"), *(_fmt(r["best_dice_at_s"][s], ".3f") for s in times),
-                 _fmt(r["best_dice"], ".3f")]
+        cells = [r.get("label", r["mode"]), str(r["precision"]), planned, str(r["epochs"]), cell(r["epoch_s"], ".1f", "–"),
+                 cell(r["samples_per_s"], ".2f", "–"), cell(r["time_to_target_s"], ".0f", "–") + (" s" if r["time_to_target_s"] else ""),
+                 cell(r["epoch_at_target"], "d", "–"), *(cell(r["best_dice_at_s"][s], ".3f", "–") for s in times),
+                 cell(r["best_dice"], ".3f", "–")]
         lines.append("| " + " | ".join(cells) + " |")
     ratio = report.get("fast_over_regular_time_to_target")
     reached = [r["time_to_target_s"] for r in modes if r["mode"] == "fast" and r["time_to_target_s"]]
@@ -242,7 +236,7 @@ def breakdown(report: dict[str, Any]) -> str:
     for r in report["results"].values():
         phases = r["phases_s"]
         rest = r["epoch_s"] - sum(phases.values())
-        cells = [r.get("label", r["mode"]), _fmt(r["epoch_s"], ".1f"),
+        cells = [r.get("label", r["mode"]), cell(r["epoch_s"], ".1f", "–"),
                  *(f"{phases[key]:.1f} ({100 * phases[key] / r['epoch_s']:.0f} %)" for key, _ in PHASES),
                  f"{rest:.1f} ({100 * rest / r['epoch_s']:.0f} %)"]
         lines.append("| " + " | ".join(cells) + " |")
@@ -251,24 +245,10 @@ def breakdown(report: dict[str, Any]) -> str:
 
 def plot(report: dict[str, Any], path: Path) -> None:
     """Validation mean Dice against wall seconds, one line per mode, the target dashed."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for r in report["results"].values():
-        ax.plot([p[1] for p in r["curve"]], [p[2] for p in r["curve"]], marker=".",
-                label=f"{r.get('label', r['mode'])} ({r['precision']})")
-    ax.axhline(report["settings"]["target"], color="grey", linestyle="--", linewidth=0.8)
-    ax.set_xlabel("wall seconds (caching included)")
-    ax.set_ylabel("validation mean Dice")
-    ax.set_title(f"{report['algo']}: {report['environment']['cpu']}")
-    ax.legend()
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
-
-
+    lines = [(f"{r.get('label', r['mode'])} ({r['precision']})", [p[1] for p in r["curve"]], [p[2] for p in r["curve"]])
+             for r in report["results"].values()]
+    dice_plot(path, [(f"{report['algo']}: {report['environment']['cpu']}", lines)], "wall seconds (caching included)",
+              target=report["settings"]["target"])
 def main(argv: list[str] | None = None) -> int:
     args = _args(argv)
     out = Path(args.out)

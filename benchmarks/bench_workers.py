@@ -33,11 +33,10 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import LoadSampler, parser, write_json
+from benchmarks.common import LoadSampler, generate_bundles, new_database, parser, write_json
 
 MARGIN = 0.10
 SPACE = {"range_num_images_per_batch": [1, 64], "range_num_sw_batch_size": [1, 64]}
@@ -105,14 +104,10 @@ def worker_main(args: argparse.Namespace) -> int:
 # -- the harness ----------------------------------------------------------------------
 def make_bundle(root: Path) -> Path:
     from autotune.bundles.templates import load_overrides
-    from autotune.data.analyze import analyze
     from autotune.data.synthetic import make_demo_dataset
-    from autotune.facade.bundlegen import BundleGen
 
     data = make_demo_dataset(root / "data", cases=2, size=32, classes=2, seed=0)
-    res = analyze(data, root / "work", num_fold=1, progress=False)
-    gen = BundleGen(root / "work", algos=["unet"], data_stats_filename=res.datastats, data_src_cfg_name=res.data_src)
-    return Path(gen.generate(root / "work", num_fold=1, overrides=load_overrides("tiny"))[0]["path"])
+    return generate_bundles(data, root / "work", ["unet"], overrides=load_overrides("tiny"))["unet"]
 
 
 def fit_models(bundle: Path) -> tuple[dict[str, Any], int]:
@@ -140,15 +135,7 @@ class Postgres:
         self.url = url
 
     def new_database(self) -> str:
-        import sqlalchemy
-        from sqlalchemy.engine import make_url
-
-        name = f"bench_workers_{uuid.uuid4().hex[:10]}"
-        engine = sqlalchemy.create_engine(self.url, isolation_level="AUTOCOMMIT")
-        with engine.connect() as conn:
-            conn.execute(sqlalchemy.text(f'CREATE DATABASE "{name}"'))
-        engine.dispose()
-        return make_url(self.url).set(database=name).render_as_string(hide_password=False)
+        return new_database(self.url, "bench_workers")[0]
 
     def close(self) -> None:
         if self.cluster is not None:

@@ -5,7 +5,7 @@ estimator's worst over-prediction (``fit.max_over_prediction``); the fast search
 the probe one above a measured fit when the estimate there exceeds the budget by more than
 that bound (``autotune/search/curves/edge.py``). This script does the same for the CPU, where
 "memory" is the tracked tensor peak: for each template at full size (the shared hippocampus
-set, the bundles ``bench_search`` generates) and with the tiny preset, in both precisions the CPU trains in (``amp`` on: bf16
+set, ``common.full_size_bundles``) and with the tiny preset, in both precisions the CPU trains in (``amp`` on: bf16
 where the CPU runs it natively, else fp32; ``amp`` off: fp32), at several batch sizes, one
 real probe (isolated child, tracked peak per phase) and one estimate (FakeTensorMode) of the
 same point. The bound is the worst estimate / measured - 1 over every point and phase (0
@@ -94,9 +94,9 @@ def _measure(args: Any, algos: list[str], sizes: list[int], amps: list[bool]) ->
     with tempfile.TemporaryDirectory(prefix="calibrate_cpu_") as tmp:
         sets: dict[str, dict[str, Path]] = {}
         if "full" in args.presets:
-            from benchmarks.bench_search import _bundles  # the full-size bundles the search benchmarks probe
+            from benchmarks.common import full_size_bundles
 
-            sets["full"] = _bundles(Path(tmp) / "full", "hippocampus", algos)
+            sets["full"] = full_size_bundles(Path(tmp) / "full", "hippocampus", algos)
         if "tiny" in args.presets:
             from tests.probe_fixtures import make_tiny_bundles
 

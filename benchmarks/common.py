@@ -27,6 +27,8 @@ from typing import Any
 
 #: How often the sampler reads the load average (seconds). The kernel updates it every 5 s.
 DEFAULT_INTERVAL_S = 2.0
+#: the checkout the benchmarks run from
+REPO = Path(__file__).resolve().parents[1]
 #: where the benchmarks' result JSON is committed
 RESULTS = Path(__file__).resolve().parent / "results"
 #: the Decathlon hippocampus set, beside the checkout (``../shared/datasets``)
@@ -144,12 +146,12 @@ def command(module: str, argv: list[str] | None = None) -> str:
     return " ".join(["python", "-m", module, *(sys.argv[1:] if argv is None else argv)])
 
 
-def environment() -> dict[str, Any]:
-    """The machine a benchmark measured: the CPU, its cores, torch's threads and the versions."""
+def environment(**extra: Any) -> dict[str, Any]:
+    """The machine a benchmark measured: the CPU, its cores, torch's threads and the versions; with ``extra``."""
     import torch
 
     return {"cpu": cpu_name(), "cores": os.cpu_count(), "threads": torch.get_num_threads(), "torch": torch.__version__,
-            "python": platform.python_version()}
+            "python": platform.python_version(), **extra}
 
 
 def report(args: argparse.Namespace, measure: Callable[[], Any], *tables: Callable[[Any], str]) -> Any:
@@ -163,6 +165,123 @@ def report(args: argparse.Namespace, measure: Callable[[], Any], *tables: Callab
         write_json(out, result)
     print("\n\n".join(table(result) for table in tables))
     return result
+
+
+def generate_bundles(data: Path | str, work: Path, algos: str | list[str], num_fold: int = 1,
+                     analyze_folds: int | None = None, overrides: Any = None) -> dict[str, Path]:
+    """Analyse ``data`` into ``work`` (``analyze_folds`` folds, default ``num_fold``) and generate the bundles of
+    ``algos`` there, ``num_fold`` folds each, with ``overrides``; each algorithm's fold-0 bundle."""
+    from autotune.data.analyze import analyze
+    from autotune.facade.bundlegen import BundleGen
+
+    res = analyze(data, work, num_fold=analyze_folds or num_fold, progress=False)
+    gen = BundleGen(work, algos=algos, data_stats_filename=res.datastats, data_src_cfg_name=res.data_src)
+    return {b["algo"]: Path(b["path"]) for b in gen.generate(work, num_fold=num_fold, overrides=overrides)
+            if b["fold"] == 0}
+
+
+def full_size_bundles(root: Path, dataset: str, algos: list[str]) -> dict[str, Path]:
+    """The full-size bundles (no preset) of ``algos`` under ``root``, one fold: on the demo data (``dataset``
+    "demo": ``autotune demo-data``'s defaults, made under ``root``) or on the hippocampus set."""
+    from autotune.data.synthetic import make_demo_dataset
+
+    source = make_demo_dataset(root / "demo-data") if dataset == "demo" else HIPPOCAMPUS
+    return generate_bundles(source, root / f"work-{dataset}", algos)
+
+
+def first_cases(data: Path, cases: int, root: Path) -> Path:
+    """A datalist of the first ``cases`` training cases of the Decathlon set ``data``, written to
+    ``root/datalist.json`` (absolute paths); its path."""
+    dataset = json.loads((data / "dataset.json").read_text())
+    datalist = {"training": [{"image": str((data / e["image"]).resolve()), "label": str((data / e["label"]).resolve())}
+                             for e in dataset["training"][:cases]]}
+    (root / "datalist.json").write_text(json.dumps(datalist))
+    return root / "datalist.json"
+
+
+def fresh_copy(bundle: Path, dest: Path) -> Path:
+    """``bundle`` copied to ``dest`` (replacing what was there) without its trained models; ``dest``."""
+    import shutil
+
+    shutil.rmtree(dest, ignore_errors=True)
+    return Path(shutil.copytree(bundle, dest, ignore=shutil.ignore_patterns("model_fold*")))
+
+
+def run_logged(argv: list[str], log: Path, **env: str) -> None:
+    """Run ``argv`` with this checkout importable (and ``env`` added), its output to ``log``; exit naming the
+    command and the log if it fails."""
+    import subprocess
+
+    with open(log, "w") as handle:
+        code = subprocess.call(argv, stdout=handle, stderr=subprocess.STDOUT,
+                               env={**os.environ, "PYTHONPATH": str(REPO), **env})
+    if code != 0:
+        raise SystemExit(f"failed (exit {code}): {' '.join(argv)}; see {log}")
+
+
+def metrics_rows(bundle: Path) -> list[dict[str, Any]]:
+    """The per-epoch rows of fold 0's ``metrics.json`` in a trained ``bundle``."""
+    return read_json(bundle / "model_fold0" / "metrics.json")["rows"]
+
+
+def first_at(rows: list[dict[str, Any]], dice: float) -> dict[str, Any] | None:
+    """The first validated row of ``rows`` whose mean Dice reaches ``dice``."""
+    return next((r for r in rows if r.get("mean_dice") is not None and r["mean_dice"] >= dice), None)
+
+
+def cell(value: Any, spec: str = ".3f", missing: str = "-") -> str:
+    """A table cell: ``value`` formatted by ``spec``, ``missing`` where it is None."""
+    return missing if value is None else format(value, spec)
+
+
+def load_cell(load: dict[str, Any]) -> str:
+    """A load summary (:meth:`LoadSampler.summary`) as "mean (min-max)", "-" where nothing was sampled."""
+    return f"{load['mean']:.1f} ({load['min']:.1f}-{load['max']:.1f})" if load.get("samples") else "-"
+
+
+def new_database(server_url: str, prefix: str) -> tuple[str, str]:
+    """A new, empty PostgreSQL database named ``prefix`` and a random suffix on the server at ``server_url``;
+    its URL (password kept) and its name."""
+    import uuid
+
+    import sqlalchemy
+    from sqlalchemy.engine import make_url
+
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+    engine = sqlalchemy.create_engine(server_url, isolation_level="AUTOCOMMIT")
+    with engine.connect() as conn:
+        conn.execute(sqlalchemy.text(f'CREATE DATABASE "{name}"'))
+    engine.dispose()
+    return make_url(server_url).set(database=name).render_as_string(hide_password=False), name
+
+
+#: one line of a Dice plot: its label, the wall times and the Dice at each
+Line = tuple[str, list[float], list[float]]
+
+
+def dice_plot(path: Path, panels: list[tuple[str, list[Line]]], xlabel: str, target: float | None = None,
+              stop: float | None = None, ylabel: str = "validation mean Dice") -> None:
+    """Validation Dice against wall time as a PNG at ``path``: one panel per (title, lines) side by side, one
+    line per (label, xs, ys); ``target`` dashed across each panel, ``stop`` (the runs' end) dashed down."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(panels), figsize=(7 * len(panels), 4.2), squeeze=False)
+    for ax, (title, lines) in zip(axes[0], panels, strict=True):
+        for label, xs, ys in lines:
+            ax.plot(xs, ys, marker="o", ms=3, label=label)
+        if target is not None:
+            ax.axhline(target, color="grey", lw=0.8, ls="--")
+        if stop is not None:
+            ax.axvline(stop, color="grey", lw=1, ls="--")
+        ax.set(title=title, xlabel=xlabel, ylabel=ylabel, ylim=(0, 1))
+        ax.grid(alpha=0.3)
+        ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def _block_pattern(name: str) -> re.Pattern[str]:

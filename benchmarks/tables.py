@@ -26,14 +26,10 @@ HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 DEFAULT_DOC = HERE.parent / "BENCHMARKS.md"
 #: per-topic notes that repeat some of the tables; their blocks are regenerated too
-TOPIC_DOCS = (HERE / "PROBE_RESULTS.md",)
+TOPIC_DOCS: tuple[Path, ...] = ()
 
 #: block name -> (benchmark module, render function, result JSONs in benchmarks/results/)
 TABLES: dict[str, tuple[str, str, tuple[str, ...]]] = {
-    "search": ("bench_search", "markdown_table", ("search.json", "search_unet_1gib.json")),
-    "probe-overhead": ("bench_probe_overhead", "overhead_table", ("probe_overhead.json",)),
-    "probe-fixed-cost": ("bench_probe_overhead", "fixed_cost_table",
-                         ("probe_overhead_subprocess.json", "probe_overhead_forkserver.json")),
     "workers": ("bench_workers", "markdown_table", ("workers.json",)),
     "workers-faults": ("bench_workers", "fault_summary", ("workers.json",)),
     "many-workers": ("bench_many_workers", "markdown_table", ("many_workers.json",)),
@@ -51,7 +47,6 @@ TABLES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "fast-vs-tpe-bounded": ("bench_fast_vs_tpe", "report_table", ("fast_vs_tpe_bounded.json",)),
     "fast-vs-tpe-replay": ("bench_fast_vs_tpe", "report_table", ("fast_vs_tpe_replay.json",)),
     "fast-vs-tpe-replay-dints": ("bench_fast_vs_tpe", "report_table", ("fast_vs_tpe_replay_dints.json",)),
-    "replay-check": ("check_replay", "markdown_table", ("replay_check.json",)),
     "contract": ("bench_contract", "markdown_table", ("contract.json",)),
     "precision": ("bench_precision", "markdown_table", ("precision.json",)),
     "precision-native-bf16": ("bench_precision", "markdown_table", ("precision_native_bf16.json",)),
@@ -68,9 +63,6 @@ TABLES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "gpu-model-loo": ("gpu_model", "loo_table", ("gpu_model.json",)),
     "gpu-model-out-of-sample": ("gpu_model", "oos_table", ("gpu_model.json",)),
     "gpu-model-explain-monai": ("gpu_model", "explain_table", ("gpu_model.json",)),
-    "early-steps-unet": ("bench_early_steps", "table", ("early_steps_unet.json",)),
-    "early-training-unet-long": ("bench_early_training", "table", ("early_training_unet_long.json",)),
-    "early-training-unet-lr": ("bench_early_training", "table", ("early_training_unet.json",)),
     "time-to-dice-unet": ("bench_time_to_dice", "table", ("time_to_dice_unet_cpu.json",)),
     "time-to-dice-unet-breakdown": ("bench_time_to_dice", "breakdown", ("time_to_dice_unet_cpu.json",)),
     "oom-recovery": ("bench_oom_recovery", "markdown_table", ("oom_recovery.json",)),
