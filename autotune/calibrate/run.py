@@ -97,6 +97,36 @@ def _predicted_fits(bundle: Path, n: int, m: int, device: str, card: int | None)
     return peak <= _CARD_SHARE * card, peak
 
 
+
+def _measure_points(bundles: Any, n_values: dict[str, Sequence[int]], device: str, card: int | None, timeout: float,
+                    start: float, max_seconds: float | None,
+                    say: Callable[[str], None]) -> tuple[list[dict[str, Any]], list[Any], list[dict[str, Any]]]:
+    """Probe and estimate every planned point (template, N, M): the points, their estimates and those skipped
+    (over the time limit, or predicted over a share of ``card``'s memory where it is given)."""
+    from autotune.calibrate.points import measure_point
+
+    points: list[dict[str, Any]] = []
+    estimates: list[Any] = []
+    skipped: list[dict[str, Any]] = []
+    for algo, bundle, n, m in _plan(bundles, n_values):
+        if max_seconds is not None and time.monotonic() - start > max_seconds - _FIT_RESERVE_S:
+            skipped.append({"algo": algo, "n": n, "m": m, "why": "time limit"})
+            continue
+        fits, predicted = _predicted_fits(bundle, n, m, device, card)
+        if not fits:
+            skipped.append({"algo": algo, "n": n, "m": m, "why": f"predicted {predicted} bytes, over "
+                                                               f"{_CARD_SHARE:.0%} of the card"})
+            say(f"[calibrate] {algo} N={n} M={m}: not probed (predicted over {_CARD_SHARE:.0%} of the card)")
+            continue
+        point, est = measure_point(algo, bundle, n, m, device, timeout)
+        points.append(point)
+        estimates.append(est)
+        say(f"[calibrate] {algo} N={n} M={m}: {point['probe']['status']}"
+            + "".join(f", {phase} reserved {_gib(point[phase]['max_memory_reserved'] or point[phase]['tracked_peak_bytes'])}"
+                      f" (estimate {_gib(point[phase]['estimate_bytes'])})" for phase in ("train", "infer")))
+    return points, estimates, skipped
+
+
 def calibrate(device: str = "cuda:0", out_dir: str | os.PathLike[str] | None = None,
               work_dir: str | os.PathLike[str] | None = None, templates: Sequence[str] = TEMPLATES,
               quick: bool = False, dry_run: bool = False, timeout: float = 120.0, max_seconds: float | None = None,
@@ -111,7 +141,6 @@ def calibrate(device: str = "cuda:0", out_dir: str | os.PathLike[str] | None = N
         SpecError: no CUDA device (and not a dry run), an unknown template, or no point could be measured.
     """
     from autotune.calibrate.data import CT_SPACING, generate, make_ct_dataset, shape_for_card
-    from autotune.calibrate.points import measure_point
     from autotune.cuda_alloc import alloc_conf, expandable_segments
 
     start = time.monotonic()
@@ -136,23 +165,8 @@ def calibrate(device: str = "cuda:0", out_dir: str | os.PathLike[str] | None = N
     prestart()  # the probes' fork server imports torch and MONAI while the set is made
     n_values = {**{t.name: t.points_for(quick=quick, dry_run=dry_run) for t in calibrated}, **(n_values or {})}
     check_fit = not dry_run and shape != shape_for_card(None)  # a smaller card than the default points were chosen on
-    points, estimates, skipped = [], [], []
-    for algo, bundle, n, m in _plan(bundles, n_values):
-        if max_seconds is not None and time.monotonic() - start > max_seconds - _FIT_RESERVE_S:
-            skipped.append({"algo": algo, "n": n, "m": m, "why": "time limit"})
-            continue
-        fits, predicted = _predicted_fits(bundle, n, m, device, gpu.get("torch_total_memory") if check_fit else None)
-        if not fits:
-            skipped.append({"algo": algo, "n": n, "m": m, "why": f"predicted {predicted} bytes, over "
-                                                               f"{_CARD_SHARE:.0%} of the card"})
-            say(f"[calibrate] {algo} N={n} M={m}: not probed (predicted over {_CARD_SHARE:.0%} of the card)")
-            continue
-        point, est = measure_point(algo, bundle, n, m, device, timeout)
-        points.append(point)
-        estimates.append(est)
-        say(f"[calibrate] {algo} N={n} M={m}: {point['probe']['status']}"
-            + "".join(f", {phase} reserved {_gib(point[phase]['max_memory_reserved'] or point[phase]['tracked_peak_bytes'])}"
-                      f" (estimate {_gib(point[phase]['estimate_bytes'])})" for phase in ("train", "infer")))
+    card = gpu.get("torch_total_memory") if check_fit else None
+    points, estimates, skipped = _measure_points(bundles, n_values, device, card, timeout, start, max_seconds, say)
     before = _before(points, estimates, device, gpu, expandable_segments(alloc_conf()))
     report = _fit_and_write(gpu, points, estimates, skipped, work, out_dir, dry_run, alloc_conf(),
                             expandable_segments(alloc_conf()), say)
