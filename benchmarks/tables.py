@@ -30,12 +30,8 @@ TOPIC_DOCS: tuple[Path, ...] = ()
 
 #: block name -> (benchmark module, render function, result JSONs in benchmarks/results/)
 TABLES: dict[str, tuple[str, str, tuple[str, ...]]] = {
-    "workers": ("bench_workers", "markdown_table", ("workers.json",)),
-    "workers-faults": ("bench_workers", "fault_summary", ("workers.json",)),
     "many-workers": ("bench_many_workers", "markdown_table", ("many_workers.json",)),
     "plain-claims": ("bench_plain_claims", "table", ("plain_claims.json",)),
-    "plan-targets": ("bench_plan", "plans_table", ("plan.json",)),
-    "plan-cpu-check": ("bench_plan", "checks_table", ("plan.json",)),
     "batch-scaling": ("bench_batch_scaling", "table", ("batch_scaling.json",)),
     "batch-scaling-curves": ("bench_batch_scaling", "curves", ("batch_scaling.json",)),
     "handoff-scaling": ("bench_batch_scaling", "table", ("batch_scaling_handoff.json",)),
