@@ -58,7 +58,6 @@ TABLES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "gpu-model-accounting": ("gpu_model", "accounting_table", ("gpu_model.json",)),
     "gpu-model-loo": ("gpu_model", "loo_table", ("gpu_model.json",)),
     "gpu-model-out-of-sample": ("gpu_model", "oos_table", ("gpu_model.json",)),
-    "gpu-model-explain-monai": ("gpu_model", "explain_table", ("gpu_model.json",)),
     "time-to-dice-unet": ("bench_time_to_dice", "table", ("time_to_dice_unet_cpu.json",)),
     "time-to-dice-unet-breakdown": ("bench_time_to_dice", "breakdown", ("time_to_dice_unet_cpu.json",)),
     "oom-recovery": ("bench_oom_recovery", "markdown_table", ("oom_recovery.json",)),
