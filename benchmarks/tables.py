@@ -54,7 +54,6 @@ TABLES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "bf16-training-segresnet-dints": ("bench_bf16_training", "markdown_table",
                                       ("bf16_training_segresnet_dints.json",)),
     "bf16-training-full": ("bench_bf16_training", "markdown_table", ("bf16_training_full.json",)),
-    "test-suite": ("bench_suite", "table", ("test_suite.json",)),
     "gpu-model-accounting": ("gpu_model", "accounting_table", ("gpu_model.json",)),
     "gpu-model-loo": ("gpu_model", "loo_table", ("gpu_model.json",)),
     "gpu-model-out-of-sample": ("gpu_model", "oos_table", ("gpu_model.json",)),
