@@ -1,5 +1,5 @@
-"""The first GPU run's 16 points: the estimator's gap to CUDA term by term, and the old model against the new,
-each point predicted from the others (leave one out).
+"""The first GPU run's 16 points: the estimator's gap to CUDA term by term, and the device model out of sample
+(each point predicted from the others, and the schemes of ``autotune.calibrate.validate``).
 
     python -m benchmarks.gpu_model [--run benchmarks/results/gpu_check_nvidia-h200.json]
                                    [--out benchmarks/results/gpu_model.json]
@@ -17,11 +17,12 @@ figures are the estimator's at this commit, never copied from the run.
   measured ones. The counted terms that turn out small are printed too: the sliding window's
   output and count buffers, and autocast's fp16 weight copies (both already counted by the fake
   pass).
-- **Leave one out**: each point's ``max_memory_reserved`` predicted from the other points only.
-  Old: the version-1 affine allowance (one context, workspace and slack over every template and
-  phase; ``fit_allowance`` on the other 15 points). New: the device model (workspace factor per
-  template and phase: the mean of the template's other points' factors). The goals: every point
-  within 10%, no under-prediction by more than 2% of the card, the worst over-prediction 15% at most.
+- **Leave one out**: each point's ``max_memory_reserved`` predicted from the other points only by the
+  device model (workspace factor per template and phase: the mean of the template's other points'
+  factors). The goals: every point within 10%, no under-prediction by more than 2% of the card, the
+  worst over-prediction 15% at most.
+- **Out of sample**: the summaries of every scheme ``autotune.calibrate.validate`` computes (leave one
+  point, scale, phase or template out).
 """
 
 from __future__ import annotations
@@ -42,135 +43,28 @@ OUT = HERE / "results" / "gpu_model.json"
 GOALS = {"within": 0.10, "under_of_card": 0.02, "over": 0.15}
 
 
-def _old_loo(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The version-1 allowance, each row predicted from a fit on the other rows (every template and phase)."""
-    from autotune.probe.calibration import fit_allowance
-
-    out = []
-    for i, row in enumerate(rows):
-        fit = fit_allowance([r for j, r in enumerate(rows) if j != i])
-        predicted = row["estimate_bytes"] * (1 + fit["allocator_slack_fraction"]) + fit["cudnn_workspace_bytes"]
-        out.append({**{k: row[k] for k in ("algo", "n", "m", "phase")}, "predicted_bytes": int(predicted),
-                    "reserved_bytes": row["reserved_bytes"], "error": predicted / row["reserved_bytes"] - 1})
-    return out
-
-
-def _old_fitted(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    from autotune.probe.calibration import fit_allowance
-
-    fit = fit_allowance(rows)
-    return [{**{k: r[k] for k in ("algo", "n", "m", "phase")}, "reserved_bytes": r["reserved_bytes"],
-             "predicted_bytes": int(r["estimate_bytes"] * (1 + fit["allocator_slack_fraction"])
-                                    + fit["cudnn_workspace_bytes"]),
-             "error": (r["estimate_bytes"] * (1 + fit["allocator_slack_fraction"]) + fit["cudnn_workspace_bytes"])
-             / r["reserved_bytes"] - 1} for r in rows]
-
-
-def _old_loto(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The version-1 allowance, each template's rows predicted from a fit on the other templates' rows only."""
-    from autotune.probe.calibration import fit_allowance
-
-    out = []
-    for algo in sorted({r["algo"] for r in rows}):
-        fit = fit_allowance([r for r in rows if r["algo"] != algo])
-        for row in (r for r in rows if r["algo"] == algo):
-            predicted = row["estimate_bytes"] * (1 + fit["allocator_slack_fraction"]) + fit["cudnn_workspace_bytes"]
-            out.append({**{k: row[k] for k in ("algo", "n", "m", "phase")}, "predicted_bytes": int(predicted),
-                        "reserved_bytes": row["reserved_bytes"], "error": predicted / row["reserved_bytes"] - 1})
-    return out
-
-
-def out_of_sample_report(fit: dict[str, Any], rows: list[dict[str, Any]], card: int) -> dict[str, Any]:
-    """Every scheme's summary for the old models and the new one (rows kept for the JSON)."""
+def out_of_sample_report(fit: dict[str, Any]) -> dict[str, Any]:
+    """Every scheme's summary of the device model held out (rows kept for the JSON)."""
     validation = fit["out_of_sample_rows"]
     loto = validation["leave_one_template_out"]
-    old_loto = _old_loto(rows)
     device, template_out = "device model, template's factor (v2 and v3 alike)", "leave one template out"
     schemes = [
-        ("leave one point out", "v1 affine (one allowance for all)", _summary(_old_loo(rows), card)),
         ("leave one point out", device, validation["leave_one_out"]["summary"]),
         ("leave one scale out", device, validation["leave_one_scale_out"]["summary"]),
         ("leave one phase out", "device model, the other phase's factor (not used)",
          validation["leave_one_phase_out"]["summary"]),
-        (template_out, "v1 affine, fitted on the other two templates", _summary(old_loto, card)),
         *((template_out, name, loto[model]["summary"]) for model, name in (
             ("largest", "v2: the largest factor measured (old: MONAI's templates)"),
             ("pooled", "pooled: the mean factor of the other templates"),
             ("raw", "raw estimator, tensors only"),
             ("allocator", "v3 outside the domain: the allocator's rules (chosen)"))),
     ]
-    return {
-        "schemes": [{"scheme": scheme, "model": model, "summary": summary} for scheme, model, summary in schemes],
-        "rows": {**{k: v for k, v in validation.items()}, "old_leave_one_template_out": old_loto},
-        "bounds": fit["bounds"], "verdict": fit["verdict"],
-    }
-
-
-def explain_monai(work: Path, n_values: tuple[int, ...] = (8, 16)) -> dict[str, Any]:
-    """MONAI's DiNTS (``BundleGen`` on MONAI's templates, the Heart-shaped set call A measures it on, 96^3, fp16
-    on CUDA): the device model's terms at each N with the workspace the version-2 file gave it (the largest
-    factor measured: UNet's), with none (the allocator's rules: what version 3 uses outside the domain) and the
-    version-1 defaults (the estimator without the file). One trace per N, made here with CUDA hidden."""
-    import autotune
-    from autotune.probe.allowances import DEFAULT_CUDA_ALLOWANCE, default_allowance
-    from autotune.probe.device_model import explain_terms
-    from autotune.probe.estimate import estimate
-    from autotune.probe.runner import resolve_request
-    from benchmarks.gpu_data import make_heart_dataset
-    from benchmarks.gpu_memory import FULL, monai_templates
-
-    templates = monai_templates()
-    if templates is None:
-        return {"not_at_hand": "MONAI's templates are neither in .gpu_data/monai nor ../shared/monai"}
-    cfg = FULL["monai"]
-    source = make_heart_dataset(work / "heart", cfg["cases"], cfg["in_plane"], cfg["depths"], cfg["spacing"])
-    analysed = autotune.analyze(str(source), str(work), num_fold=1, progress=False)
-    gen = autotune.BundleGen(algo_path=str(work), algos="dints", data_stats_filename=analysed.datastats,
-                             data_src_cfg_name=analysed.data_src, templates_path_or_url=str(templates))
-    cwd = os.getcwd()
-    try:
-        os.chdir(work)
-        bundle = Path(gen.generate(str(work), num_fold=1)[0])
-    finally:
-        os.chdir(cwd)
-    resolved = resolve_request(str(bundle), check_device=False)["config"]
-    shipped = default_allowance()
-    _, check = shipped.factors_for(resolved)
-    # the version-2 file's factors are the shipped file's (the same fit); v2 gave a template it lacked the largest
-    largest = {phase: max(float(f[phase]) for f in (shipped.workspace_factors or {}).values()) for phase in ("train", "infer")}
-    points = []
-    for n in n_values:
-        est = estimate(str(bundle), num_patches_per_iter=n, device="cuda:0", record=True)
-        v1 = {p: int(est[f"{p}_peak_bytes"] * (1 + DEFAULT_CUDA_ALLOWANCE.allocator_slack_fraction))
-              + DEFAULT_CUDA_ALLOWANCE.cudnn_workspace_bytes for p in ("train", "infer")}
-        points.append({"n": n, "m": est.get("num_sw_batch_size"), "v2_largest": explain_terms(est, largest),
-                       "v3_allocator": explain_terms(est, {"train": 0.0, "infer": 0.0}), "v1_default": v1})
-    return {"bundle": str(bundle), "roi_size": resolved.get("roi_size"), "largest_factor": largest,
-            "domain_check": check.why, "points": points}
-
-
-def explain_table(report: dict[str, Any]) -> str:
-    """Markdown: MONAI's DiNTS at 96^3, each term of the reserved peak per model."""
-    entry = report.get("explain_monai") or {}
-    if not entry.get("points"):
-        return f"(not made: {entry.get('not_at_hand', 'no MONAI templates')})"
-    lines = ["| N | phase | tensors | + allocator | + cuDNN release | + workspace: v2 (UNet's factor) | v2 reserved | "
-             "v3 reserved (allocator's rules) | v2 / v3 | v1 defaults (no file) |",
-             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for p in entry["points"]:
-        for phase in ("train", "infer"):
-            old, new = p["v2_largest"].get(phase), p["v3_allocator"].get(phase)
-            if not old:
-                continue
-            lines.append(f"| {p['n']} | {phase} | {format_bytes(old['tensors'])} | {format_bytes(old['allocator'])} | "
-                         f"{format_bytes(old['cudnn_release'])} | {format_bytes(old['workspace'])} | "
-                         f"{format_bytes(old['reserved'])} | {format_bytes(new['reserved'])} | "
-                         f"{old['reserved'] / new['reserved']:.2f}x | {format_bytes(p['v1_default'][phase])} |")
-    return "\n".join(lines)
+    return {"schemes": [{"scheme": scheme, "model": model, "summary": summary} for scheme, model, summary in schemes],
+            "rows": dict(validation), "bounds": fit["bounds"], "verdict": fit["verdict"]}
 
 
 def oos_table(report: dict[str, Any]) -> str:
-    """Markdown: every out-of-sample scheme, the old models against the new one."""
+    """Markdown: every out-of-sample scheme of the device model."""
     lines = ["| held out | model | within 10% | worst over | worst under | worst under, share of the card |",
              "|---|---|---:|---:|---:|---:|"]
     for entry in report["out_of_sample"]["schemes"]:
@@ -218,15 +112,8 @@ def account(points: list[Any], factors: dict[str, dict[str, float]], bundles: di
     return out
 
 
-def _summary(rows: list[dict[str, Any]], card: int) -> dict[str, Any]:
-    from autotune.probe.model_fit import error_summary
-
-    return error_summary(rows, card, GOALS["within"])
-
-
 def run(path: Path) -> dict[str, Any]:
     from autotune.calibrate.fit import fit_model, model_points
-    from autotune.calibrate.points import calibration_rows
 
     merged = json.loads(path.read_text(encoding="utf-8"))
     memory = merged["memory"]
@@ -235,21 +122,17 @@ def run(path: Path) -> dict[str, Any]:
     points = points_of(memory)
     mpoints = model_points(points, estimates)
     fit = fit_model(mpoints, card)
-    rows = calibration_rows(points)
     bundles = _local_bundles(memory)  # the run's bundle paths were on the GPU machine: made again here
-    old_loo, old_fitted = _old_loo(rows), _old_fitted(rows)
     report = {
         "run": str(path.relative_to(HERE.parent)) if path.is_relative_to(HERE.parent) else str(path),
         "gpu": memory["gpu"], "card_bytes": card, "goals": GOALS, "workspace": fit["workspace"],
         "point_factors": fit["point_factors"],
-        "old": {"fitted": old_fitted, "leave_one_out": old_loo,
-                "summary": {"fitted": _summary(old_fitted, card), "leave_one_out": _summary(old_loo, card)}},
         "new": {"fitted": fit["fitted"], "leave_one_out": fit["leave_one_out"], "summary": fit["summary"],
                 "by_template": fit["by_template"]},
         "accounting": account(mpoints, fit["workspace"], bundles),
         "emulated_vs_device_estimate": [{"algo": p["algo"], "n": p["n"], **(p.get("estimate_emulated") or {})
                                          .get("over_device_estimate", {})} for p in points],
-        "out_of_sample": out_of_sample_report(fit, rows, card),
+        "out_of_sample": out_of_sample_report(fit),
     }
     return report
 
@@ -273,20 +156,15 @@ def _pct(value: float | None) -> str:
 
 
 def loo_table(report: dict[str, Any]) -> str:
-    """Markdown: each point's measured reserved peak and both models' leave-one-out predictions."""
-    old = {(r["algo"], r["n"], r["phase"]): r for r in report["old"]["leave_one_out"]}
-    lines = ["| template | N | M | phase | measured reserved | old model (v1) | error | new model | error |",
-             "|---|---:|---:|---|---:|---:|---:|---:|---:|"]
+    """Markdown: each point's measured reserved peak and the device model's leave-one-out prediction."""
+    lines = ["| template | N | M | phase | measured reserved | device model | error |",
+             "|---|---:|---:|---|---:|---:|---:|"]
     for r in report["new"]["leave_one_out"]:
-        o = old[(r["algo"], r["n"], r["phase"])]
         lines.append(f"| {r['algo']} | {r['n']} | {r['m']} | {r['phase']} | {format_bytes(r['reserved_bytes'])} | "
-                     f"{format_bytes(o['predicted_bytes'])} | {_pct(o['error'])} | {format_bytes(r['predicted_bytes'])} | "
-                     f"{_pct(r['error'])} |")
-    for name in ("old", "new"):
-        s = report[name]["summary"]["leave_one_out"]
-        lines.append(f"| **{name}: {s['within']} of {s['points']} within 10%** | | | | | | worst over "
-                     f"{_pct(s['max_over'])} | worst under {_pct(s['max_under'])} | under by "
-                     f"{100 * -s['max_under_of_card']:.1f}% of the card |")
+                     f"{format_bytes(r['predicted_bytes'])} | {_pct(r['error'])} |")
+    s = report["new"]["summary"]["leave_one_out"]
+    lines.append(f"| **{s['within']} of {s['points']} within 10%** | | | | worst over {_pct(s['max_over'])} | "
+                 f"worst under {_pct(s['max_under'])} | under by {100 * -s['max_under_of_card']:.1f}% of the card |")
     return "\n".join(lines)
 
 
@@ -312,23 +190,15 @@ def main(argv: list[str] | None = None) -> int:
     p = parser(__doc__, report_only=False)
     p.add_argument("--run", default=str(RUN), help="the installed GPU run (benchmarks/results/gpu_check_<gpu>.json)")
     p.add_argument("--out", default=str(OUT))
-    p.add_argument("--no-monai", action="store_true", help="leave MONAI's DiNTS at 96^3 out (a few minutes)")
     args = p.parse_args(argv)
     os.environ["CUDA_VISIBLE_DEVICES"] = ""  # before torch is imported: a machine without a GPU planning for one
     report = run(Path(args.run))
-    if not args.no_monai:
-        import tempfile
-
-        with tempfile.TemporaryDirectory(prefix="gpu_model_monai_") as tmp:
-            report["explain_monai"] = explain_monai(Path(tmp))
     write_json(Path(args.out), report)
     print(accounting_table(report))
     print()
     print(loo_table(report))
     print()
     print(oos_table(report))
-    print()
-    print(explain_table(report))
     small = report["accounting"]
     print(f"\ncounted by the fake pass already: sliding-window output and count buffers up to "
           f"{format_bytes(max(a['sliding_window_buffers_bytes'] or 0 for a in small))}, autocast's fp16 weight copies "

@@ -30,12 +30,8 @@ TOPIC_DOCS: tuple[Path, ...] = ()
 
 #: block name -> (benchmark module, render function, result JSONs in benchmarks/results/)
 TABLES: dict[str, tuple[str, str, tuple[str, ...]]] = {
-    "workers": ("bench_workers", "markdown_table", ("workers.json",)),
-    "workers-faults": ("bench_workers", "fault_summary", ("workers.json",)),
     "many-workers": ("bench_many_workers", "markdown_table", ("many_workers.json",)),
     "plain-claims": ("bench_plain_claims", "table", ("plain_claims.json",)),
-    "plan-targets": ("bench_plan", "plans_table", ("plan.json",)),
-    "plan-cpu-check": ("bench_plan", "checks_table", ("plan.json",)),
     "batch-scaling": ("bench_batch_scaling", "table", ("batch_scaling.json",)),
     "batch-scaling-curves": ("bench_batch_scaling", "curves", ("batch_scaling.json",)),
     "handoff-scaling": ("bench_batch_scaling", "table", ("batch_scaling_handoff.json",)),
@@ -58,11 +54,9 @@ TABLES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "bf16-training-segresnet-dints": ("bench_bf16_training", "markdown_table",
                                       ("bf16_training_segresnet_dints.json",)),
     "bf16-training-full": ("bench_bf16_training", "markdown_table", ("bf16_training_full.json",)),
-    "test-suite": ("bench_suite", "table", ("test_suite.json",)),
     "gpu-model-accounting": ("gpu_model", "accounting_table", ("gpu_model.json",)),
     "gpu-model-loo": ("gpu_model", "loo_table", ("gpu_model.json",)),
     "gpu-model-out-of-sample": ("gpu_model", "oos_table", ("gpu_model.json",)),
-    "gpu-model-explain-monai": ("gpu_model", "explain_table", ("gpu_model.json",)),
     "time-to-dice-unet": ("bench_time_to_dice", "table", ("time_to_dice_unet_cpu.json",)),
     "time-to-dice-unet-breakdown": ("bench_time_to_dice", "breakdown", ("time_to_dice_unet_cpu.json",)),
     "oom-recovery": ("bench_oom_recovery", "markdown_table", ("oom_recovery.json",)),
