@@ -11,12 +11,22 @@ A section's status is decided by what happened in it, never assumed:
 The run's exit code follows (``exit_code``): 1 when a section failed, 3 when none failed but
 one was cut by the deadline, 0 otherwise. Everything goes under ``OUT``: one JSON rewritten
 after every measurement, one log file (the device tool brings back at most 8 files).
+
+On a GPU every command is a fresh interpreter, as a user starts it. A CPU dry run forks the
+commands of ``FORKED`` (``autotune``, its trainer, the gradient-norm wrapper) from the probes'
+fork server instead (``autotune.probe.isolation.start_forked_call``: a process of its own, its
+own session, output and environment, killed as a group at its limit), so that it checks the
+same sections without paying seconds of imports for each command; ``torchrun`` stays a
+subprocess.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
+import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable, Mapping
@@ -32,6 +42,10 @@ __all__ = ["Check", "exit_code", "OK", "FAILED", "PARTIAL", "SKIPPED", "TIMEOUT_
 OK, FAILED, PARTIAL, SKIPPED = "ok", "failed", "partial: deadline", "skipped: deadline"
 TIMEOUT_RC = 124  # what a subprocess killed at its time limit reports, as timeout(1) does
 _LOG_TAIL = 20000  # characters of a subprocess's output kept in the log file
+#: ``python -m MODULE`` -> the function a dry run forks instead (``module:function``, called with the arguments)
+FORKED = {"autotune": "autotune.cli:main", "autotune.trainer": "autotune.trainer.__main__:main",
+          "benchmarks.gpu_gradnorm": "benchmarks.gpu_gradnorm:main"}
+_START = threading.Lock()  # sections start commands from threads; multiprocessing's start is not thread-safe
 
 
 class Check:
@@ -126,12 +140,16 @@ class Check:
         A non-zero exit, or a kill at the time limit (rc 124), fails the current section."""
         limit = max(5.0, min(timeout if timeout is not None else 1e9, self.left()))
         start = time.monotonic()
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=limit, env=dict(env or self.env),
-                                  cwd=str(ROOT))
-        except subprocess.TimeoutExpired as exc:
-            text = _text(exc.stdout) + _text(exc.stderr)
-            proc = subprocess.CompletedProcess(cmd, TIMEOUT_RC, text, f"killed at its time limit of {limit:.0f} s")
+        target = FORKED.get(cmd[2]) if self.dry_run and cmd[:2] == [sys.executable, "-m"] and len(cmd) > 2 else None
+        if target:
+            proc = self._forked(cmd, target, limit, dict(env or self.env), log_name)
+        else:
+            try:
+                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=limit, env=dict(env or self.env),
+                                      cwd=str(ROOT))
+            except subprocess.TimeoutExpired as exc:
+                text = _text(exc.stdout) + _text(exc.stderr)
+                proc = subprocess.CompletedProcess(cmd, TIMEOUT_RC, text, f"killed at its time limit of {limit:.0f} s")
         seconds = round(time.monotonic() - start, 1)
         self._log(log_name, f"$ {' '.join(cmd)}\nrc={proc.returncode} ({seconds} s)\n{proc.stdout}\n{proc.stderr}")
         if self._record is not None:
@@ -141,9 +159,42 @@ class Check:
                           + (" (killed at its time limit)" if proc.returncode == TIMEOUT_RC else ""))
         return proc
 
+    def _forked(self, cmd: list[str], target: str, limit: float, env: dict[str, str],
+                log_name: str) -> subprocess.CompletedProcess[str]:
+        """``cmd`` forked from the fork server as ``target(cmd[3:])`` (the module docstring), its process group
+        killed at ``limit`` (rc 124); its output read back from two files."""
+        from autotune.probe.isolation import start_forked_call
+
+        files = [self.work / f".{log_name}.{threading.get_ident()}.{name}" for name in ("out", "err")]
+        with _START:
+            child = start_forked_call("benchmarks.gpu_harness:forked_main", [str(ROOT), target, *cmd[3:]],
+                                      str(files[0]), str(files[1]), env, name=f"check-{log_name}")
+        rc = child.wait() if child.wait_for(limit) else None
+        if rc is None:
+            try:
+                os.killpg(child.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            child.wait()
+        out, err = (f.read_text(errors="replace") if f.is_file() else "" for f in files)
+        for f in files:
+            f.unlink(missing_ok=True)
+        if rc is None:
+            return subprocess.CompletedProcess(cmd, TIMEOUT_RC, out, err + f"killed at its time limit of {limit:.0f} s")
+        return subprocess.CompletedProcess(cmd, rc, out, err)
+
     def _log(self, name: str, text: str) -> None:
         with open(self.log_path, "a", encoding="utf-8") as handle:
             handle.write(f"===== {name}\n{text[-_LOG_TAIL:]}\n")
+
+
+def forked_main(argv: list[str]) -> Any:
+    """In a forked command: ``argv`` is the folder to run in, the ``module:function`` and its arguments."""
+    import importlib
+
+    os.chdir(argv[0])
+    module, _, function = argv[1].partition(":")
+    return getattr(importlib.import_module(module), function)(argv[2:])
 
 
 def _text(value: Any) -> str:

@@ -48,6 +48,38 @@ def test_a_subprocess_killed_at_its_limit_fails_its_section(check: Check) -> Non
     assert "killed at its time limit" in record["failures"][0]
 
 
+def report_where(argv: list[str]) -> int:
+    """A forked command's stand-in: where it runs and with what, then exit code 3 (or sleep, to be killed)."""
+    if argv[:1] == ["sleep"]:
+        import time
+
+        time.sleep(120)
+    print(json.dumps({"pid": os.getpid(), "ppid": os.getppid(), "cwd": os.getcwd(), "argv": argv,
+                      "env": os.environ.get("CHECK_MARK")}))
+    print("a line on stderr", file=sys.stderr)
+    return 3
+
+
+def test_a_dry_run_forks_its_commands_and_kills_them_at_their_limit(check: Check, monkeypatch: pytest.MonkeyPatch,
+                                                                    tmp_path: Path) -> None:
+    """A dry run's ``python -m MODULE`` of ``FORKED`` is a child of the fork server (not of this process), run in
+    the repository with the asked environment and arguments; its exit code and output are a subprocess's."""
+    from benchmarks import gpu_harness
+
+    monkeypatch.setitem(gpu_harness.FORKED, "report_where", "test_gpu_check:report_where")
+    monkeypatch.chdir(tmp_path)
+    env = dict(check.env, CHECK_MARK="asked", PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), str(ROOT)]))
+    record = check.section("forked", lambda r: check.run([PY, "-m", "report_where", "a", "b"], "forked", env=env))
+    assert record["status"] == FAILED and record["subprocesses"][0]["rc"] == 3
+    seen = json.loads(check.log_path.read_text().split("rc=3")[1].split("\n", 2)[1])
+    assert seen["argv"] == ["a", "b"] and seen["cwd"] == str(ROOT) and seen["env"] == "asked"
+    assert seen["ppid"] != os.getpid()  # forked from the server, not started by this process
+    assert "a line on stderr" in check.log_path.read_text()
+    record = check.section("killed", lambda r: check.run([PY, "-m", "report_where", "sleep"], "killed", timeout=1,
+                                                        env=env))
+    assert record["subprocesses"][0]["rc"] == TIMEOUT_RC and "killed at its time limit" in record["failures"][0]
+
+
 def test_a_raising_section_fails_and_the_next_one_runs(check: Check) -> None:
 
     def boom(record: dict[str, Any]) -> None:
