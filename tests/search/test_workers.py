@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import sys
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -92,11 +90,13 @@ class Worker:
 
 
 def _start(work: Path, url: str, limit: int, name: str, *extra: str) -> Worker:
-    """An ``autotune worker`` process (forked with torch and MONAI already imported: ``forked_cli``)."""
+    """An ``autotune worker`` process (forked with torch and MONAI already imported: ``forked_cli``), whose
+    waiters look for the searching worker's result every second (``worker_processes.worker``)."""
     argv = ["worker", "--work-dir", str(work), "--storage", url, "--device", "cpu", "--memory-limit", str(limit),
             "--margin", str(MARGIN), *extra]
     env = {**os.environ, "AUTOTUNE_CLAIM_STALE_SECONDS": str(STALE_SECONDS)}
-    return Worker(start_cli(argv, work.parent / f"{name}.out", work.parent / f"{name}.err", env))
+    return Worker(start_cli(argv, work.parent / f"{name}.out", work.parent / f"{name}.err", env,
+                            target="worker_processes:worker"))
 
 
 def _prepare(url: str) -> None:
@@ -154,26 +154,14 @@ def _wait_for_midway(storage: optuna.storages.RDBStorage, workers: list[Worker],
 
 
 def test_workers_started_together_on_an_empty_database(pg_database_url: str, tmp_path: Path) -> None:  # noqa: F811
-    """Workers of a job array start at once on an empty database: all must open it."""
-    start_at = time.time() + 4.0
-    script = (
-        "import sys, time\n"
-        "from autotune.search.storage.claims import ClaimStore\n"
-        "from autotune.search.storage.liveness import Liveness\n"
-        "from autotune.search.storage.study import open_storage\n"
-        f"time.sleep(max(0.0, {start_at} - time.time()))\n"
-        "storage = open_storage(sys.argv[1])\n"
-        "liveness = Liveness(storage, 'w')\n"
-        "claims = ClaimStore(liveness)\n"
-        "print('held' if claims.claim('s', 'key:k') else 'waits', flush=True)\n"
-        "time.sleep(3.0)\n"  # all claim while the first holder is live
-        "liveness.close()\n"
-        "print('opened')\n"
-    )
-    procs = [subprocess.Popen([sys.executable, "-c", script, pg_database_url], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for _ in range(6)]
+    """Workers of a job array start at once on an empty database: all must open it. Each is a process of its own
+    (forked: ``tests/worker_processes.py``); they meet before opening the storage and again after claiming."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    procs = [start_cli([pg_database_url, str(marks), str(i), "6"], tmp_path / f"p{i}.out", tmp_path / f"p{i}.err",
+                       target="worker_processes:open_together") for i in range(6)]
     outcomes = [p.communicate(timeout=120) for p in procs]
-    failed = [err.strip().splitlines()[-1] for (out, err), p in zip(outcomes, procs, strict=True)
+    failed = [(err.strip().splitlines() or ["(no output)"])[-1] for (out, err), p in zip(outcomes, procs, strict=True)
               if p.returncode != 0 or "opened" not in out]
     assert not failed, failed
     assert sum("held" in out for out, _err in outcomes) == 1, "one of the workers starting at once holds the claim"

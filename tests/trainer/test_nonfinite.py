@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import math
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from bundle_fixtures import copy_bundle
+from forked_cli import start_cli
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -193,6 +192,14 @@ _build.build_loss = build_loss
 '''
 
 
+def _run(argv: list[str], env: dict[str, str], logs: Path) -> tuple[int, str]:
+    """``autotune ARGV`` forked with torch imported (``forked_cli``; the ranks it spawns are fresh interpreters,
+    which load the hook): its exit code and stderr."""
+    proc = start_cli(argv, logs.with_suffix(".out"), logs.with_suffix(".err"), env)
+    _out, err = proc.communicate(timeout=600)
+    return int(proc.returncode), err
+
+
 @pytest.mark.slow
 def test_two_ddp_ranks_agree_on_skips_and_on_the_stop(bundles: dict[str, Path], tmp_path: Path) -> None:
     """Only rank 1's loss goes nan: both ranks skip the same steps and stop at the same one, one line, exit 5."""
@@ -205,11 +212,11 @@ def test_two_ddp_ranks_agree_on_skips_and_on_the_stop(bundles: dict[str, Path], 
            "AUTOTUNE_PRECISION": "fp32", "NAN_FROM": "2", "NAN_RANK": "1"}
     bundle = copy_bundle(bundles["segresnet_0"], tmp_path / "b")
     out = bundle / "model_fold0"
-    cmd = [sys.executable, "-m", "autotune", "train", str(bundle), "--device", "cpu", "--nproc", "2", "-q"]
+    argv = ["train", str(bundle), "--device", "cpu", "--nproc", "2", "-q", "--epochs", "3"]
     # 2 steps per rank and epoch: step 1 applied, then 1 skipped in epoch 1, 2 in epoch 2, the 5th is epoch 3's 2nd
-    done = subprocess.run([*cmd, "--epochs", "3"], env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 5, done.stderr[-2000:]
-    [line] = [line for line in done.stderr.splitlines() if line.startswith("autotune ")]  # one line, not one per rank
+    code, stderr = _run(argv, env, tmp_path / "diverged")
+    assert code == 5, stderr[-2000:]
+    [line] = [line for line in stderr.splitlines() if line.startswith("autotune ")]  # one line, not one per rank
     assert line.startswith("autotune train: diverged: gradients nan (loss ")  # rank 0's loss was finite
     assert ("in 5 steps in a row, none applied to the weights; stopped in epoch 3 at step 2 of 2 on each rank "
             f"(precision fp32); kept: {out / 'last.pt'} (epoch 2), {out / 'best.pt'} (epoch 1);") in line
@@ -218,8 +225,8 @@ def test_two_ddp_ranks_agree_on_skips_and_on_the_stop(bundles: dict[str, Path], 
     assert _finite(torch.load(out / "best.pt", map_location="cpu", weights_only=True)["model"])
     assert {int(s["step"]) for s in last["optimizer"]["state"].values()} == {1}
     env.pop("NAN_RANK")
-    resumed = subprocess.run([*cmd, "--epochs", "3", "--resume"], env=env, capture_output=True, text=True, timeout=600)
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    code, stderr = _run([*argv, "--resume"], env, tmp_path / "resumed")
+    assert code == 0, stderr[-2000:]
     final = torch.load(out / "last.pt", map_location="cpu", weights_only=True)
     assert final["epoch"] == 3 and _finite(final["model"])
     assert {int(s["step"]) for s in final["optimizer"]["state"].values()} == {3}

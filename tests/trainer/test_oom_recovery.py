@@ -292,10 +292,9 @@ def test_two_ddp_ranks_split_together_and_hold_the_same_weights(
     """Two gloo ranks under a limit where a 2-patch pass (with DDP's gradient buckets) does not fit and a split
     does: both split, the gradients are synchronised on the last micro-batch, and the ranks' weights stay equal."""
     import os
-    import subprocess
-    import sys
 
     import torch
+    from forked_cli import start_cli
 
     repo = Path(__file__).resolve().parents[2]
     (tmp_path / "hook").mkdir()
@@ -305,13 +304,14 @@ def test_two_ddp_ranks_split_together_and_hold_the_same_weights(
     bundle = copy_bundle(demo_bundles["unet_0"], tmp_path / "unet_0")
     # between the split's peak under DDP (0.95x the one process's unsplit peak) and the unsplit one's (1.15x)
     limit = str(int(1.05 * reference["peak"]))
-    done = subprocess.run([sys.executable, "-m", "autotune", "train", str(bundle), "--device", "cpu", "--nproc", "2",
-                           "--epochs", "2", "-q", "--memory-limit", limit], env=env, capture_output=True, text=True,
-                          timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
+    # the launcher forked with torch imported (``forked_cli``); the ranks it spawns are fresh interpreters (the hook)
+    proc = start_cli(["train", str(bundle), "--device", "cpu", "--nproc", "2", "--epochs", "2", "-q", "--memory-limit",
+                      limit], tmp_path / "train.out", tmp_path / "train.err", env)
+    _out, stderr = proc.communicate(timeout=600)
+    assert proc.returncode == 0, stderr[-2000:]
     summary = json.loads((bundle / "model_fold0" / "train_summary.json").read_text())
     assert summary["world_size"] == 2 and summary["micro_batches"] == 2
-    assert "memory: out of memory in training pass of 2 patches" in done.stderr
+    assert "memory: out of memory in training pass of 2 patches" in stderr
     micro = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
     assert micro[0] == micro[1] and micro[0][-1] == 2  # the ranks stepped down at the same pass
     rank0, rank1 = (torch.load(tmp_path / f"rank{rank}.pt", weights_only=True) for rank in (0, 1))

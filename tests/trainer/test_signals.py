@@ -183,7 +183,8 @@ _data.split_datalist = split_datalist
 @pytest.mark.slow
 def test_a_scheduler_sees_the_signals_code_from_either_launcher(bundles: dict[str, Path], tmp_path: Path) -> None:
     """SIGTERM to torchrun (through ``python -m autotune.torchrun``) inside an epoch: 143 from the process
-    started, not torchrun's 1. SIGUSR1 to ``autotune train --nproc 2`` before its ranks train: 138. Side by side."""
+    started, not torchrun's 1. SIGUSR1 to ``autotune train --nproc 2`` (forked) before its ranks train: 138.
+    Side by side."""
     from concurrent.futures import ThreadPoolExecutor
 
     def popen(cmd: list[str], env: dict[str, str]) -> subprocess.Popen:
@@ -203,8 +204,9 @@ def test_a_scheduler_sees_the_signals_code_from_either_launcher(bundles: dict[st
         (folder / "hook" / "sitecustomize.py").write_text(_BEFORE_TRAINING_HOOK)
         env = {**_env(folder), "PYTHONPATH": f"{folder / 'hook'}{os.pathsep}{REPO}", "MARK_FILE": str(folder / "mark")}
         bundle = copy_bundle(bundles["segresnet_0"], folder / "b")
-        cmd = [sys.executable, "-m", "autotune", *_train_argv(bundle, "--nproc", "2", epochs=2)]
-        return bundle, _signal_at_mark(popen(cmd, env), folder / "mark", signal.SIGUSR1)
+        # forked (the fresh ``python -m autotune train --nproc 2`` a scheduler starts is the test above's)
+        proc = start_cli(_train_argv(bundle, "--nproc", "2", epochs=2), folder / "out", folder / "err", env)
+        return bundle, _signal_at_mark(proc, folder / "mark", signal.SIGUSR1)
 
     with ThreadPoolExecutor(2) as pool:
         runs = [pool.submit(torchrun), pool.submit(launcher)]
