@@ -4,12 +4,16 @@
 (``scripts/``, ``configs/*.yaml`` with ``$`` expressions and ``@`` references, ``algo_object.json``),
 with small networks at 32^3 and scripts of their own; ``register_versions`` adds the hashes of those
 scripts to the known versions (the tests' own "version"). ``shared_templates`` is MONAI's templates at
-``<repo>/../shared/monai/algorithm_templates`` (None when absent: those tests skip).
+``<repo>/../shared/monai/algorithm_templates`` (None when absent: those tests skip). ``run_launcher`` runs
+``python -m autotune.launch ARGS`` as a process forked from the probes' fork server (``forked_cli``), torch and
+MONAI imported once.
 """
 
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +22,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 SHARED_TEMPLATES = REPO.parent / "shared" / "monai" / "algorithm_templates"
 TEST_VERSION = "test-0"
+LAUNCH_FOLDER_ENV = "MONAI_FIXTURES_LAUNCH_FOLDER"  # the forked launcher's working folder
 SKIP_REASON = f"MONAI's official templates are not at {SHARED_TEMPLATES} (../shared/monai of the repository)"
 
 
@@ -137,3 +142,31 @@ def register_versions(monkeypatch: Any, *bundles: Path) -> None:
         configs = tuple(sorted(p.name for p in (root / "configs").iterdir()))
         entry = versions.TemplateVersion(name, TEST_VERSION, configs, recognise.script_hashes(root))
         monkeypatch.setitem(versions.KNOWN_VERSIONS, (name, TEST_VERSION), entry)
+
+
+def start_launcher(argv: Sequence[str], folder: Path) -> Any:
+    """Start ``python -m autotune.launch ARGV`` with ``folder`` its working folder, as a process of its own (its
+    own pid and session) forked from the probes' fork server (``forked_cli.start_cli``: torch and MONAI already
+    imported, the launcher's ``main`` as its entry), stdout and stderr to ``folder``'s ``launch.out`` and
+    ``launch.err``; returns its ``forked_cli.CliProcess``. Tests of the launcher's fresh interpreter start
+    ``python -m autotune.launch`` itself."""
+    from forked_cli import start_cli
+
+    env = {**os.environ, LAUNCH_FOLDER_ENV: str(folder)}
+    return start_cli(list(argv), folder / "launch.out", folder / "launch.err", env,
+                     target="monai_fixtures:launch_in_folder")
+
+
+def run_launcher(argv: Sequence[str], folder: Path, timeout: float) -> tuple[int, str]:
+    """``start_launcher`` to its end: its exit code and its stderr."""
+    proc = start_launcher(argv, folder)
+    _, err = proc.communicate(timeout)
+    return int(proc.returncode), err
+
+
+def launch_in_folder(argv: Sequence[str]) -> int:
+    """In the forked child: into the folder ``run_launcher`` named, then the launcher's ``main(argv)``."""
+    from autotune.auto3dseg.launcher import main
+
+    os.chdir(os.environ.pop(LAUNCH_FOLDER_ENV))
+    return main(argv)

@@ -1,5 +1,8 @@
 """``python -m autotune.launch``: a script runs under the memory limit, its peak recorded; stopped, the launcher
-keeps its record and leaves no process behind."""
+keeps its record and leaves no process behind.
+
+The launches run forked from the probes' fork server with torch imported (``monai_fixtures.start_launcher``,
+the launcher's ``main`` in a process of its own); the bad arguments start ``python -m autotune.launch`` itself."""
 
 from __future__ import annotations
 
@@ -7,8 +10,10 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+from monai_fixtures import run_launcher, start_launcher
 
 SCRIPT = '''
 import sys
@@ -30,15 +35,16 @@ if __name__ == "__main__":
 '''
 
 
-def _launch(tmp_path: Path, limit: str, size: int, code: int = 0) -> tuple[subprocess.CompletedProcess, dict]:
+def _launch(tmp_path: Path, limit: str, size: int, code: int = 0) -> tuple[SimpleNamespace, dict]:
+    """The launch to its end: (its ``returncode`` and ``stderr``, its record)."""
     bundle = tmp_path / "bundle"
     (bundle / "scripts").mkdir(parents=True, exist_ok=True)
     script = bundle / "scripts" / "train.py"
     script.write_text(SCRIPT)
-    proc = subprocess.run([sys.executable, "-m", "autotune.launch", "--memory-limit", limit, "--device", "cpu", "--",
-                           str(script), "run", str(size), str(code)], capture_output=True, text=True, timeout=300)
+    returncode, stderr = run_launcher(["--memory-limit", limit, "--device", "cpu", "--", str(script), "run",
+                                       str(size), str(code)], tmp_path, timeout=300)
     record = json.loads((bundle / "autotune" / "launch.json").read_text())
-    return proc, record
+    return SimpleNamespace(returncode=returncode, stderr=stderr), record
 
 
 def test_the_script_runs_under_the_limit_and_its_peaks_are_recorded(tmp_path: Path) -> None:
@@ -135,16 +141,15 @@ def test_a_stopped_launch_keeps_its_record_and_leaves_no_process_behind(tmp_path
     script.write_text(STARTS_CHILDREN)
     pids_dir = tmp_path / "pids"
     pids_dir.mkdir()
-    proc = subprocess.Popen([sys.executable, "-m", "autotune.launch", "--memory-limit", "64MiB", "--device", "cpu",
-                             "--", str(script), "run", str(pids_dir)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = start_launcher(["--memory-limit", "64MiB", "--device", "cpu", "--", str(script), "run", str(pids_dir)],
+                          tmp_path)
     pids: list[int] = []
     try:
         deadline = time.monotonic() + 120
         while not (tmp_path / "ready").exists() and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
         pids = [int(p.name) for p in pids_dir.iterdir()]
-        assert len(pids) == 5, proc.stderr.read() if proc.poll() is not None else "the script did not start"
+        assert len(pids) == 5, proc.err.read_text() if proc.poll() is not None else "the script did not start"
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
         assert proc.returncode == 143, err

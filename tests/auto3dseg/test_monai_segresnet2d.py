@@ -12,14 +12,12 @@ from __future__ import annotations
 import importlib.util
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from monai_fixtures import SKIP_REASON, make_anisotropic_dataset, shared_templates
+from monai_fixtures import SKIP_REASON, make_anisotropic_dataset, run_launcher, shared_templates
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 pytestmark = [
@@ -160,12 +158,11 @@ def test_tuned_segresnet2d_trains_through_the_launcher_within_the_probes_peak(bu
     assert data["auto_scale_allowed"] is False and data["batch_size"] * data["num_crops_per_image"] == 2
     assert yaml.safe_load((bundle_2d / "autotune" / "tuning.yaml").read_text())["num_patches_per_iter"] == 2
     config = str(bundle_2d / "configs" / "hyper_parameters.yaml")
-    proc = subprocess.run(
-        [sys.executable, "-m", "autotune.launch", "--memory-limit", "128MiB", "--device", "cpu", "--peak-json",
-         str(tmp_path / "peak.json"), "--", str(bundle_2d / "scripts" / "train.py"), "run", f"--config_file={config}",
-         "--num_epochs=1", "--num_epochs_per_validation=1", "--num_workers=0", "--cache_rate=0"],
-        capture_output=True, text=True, timeout=600, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    code, err = run_launcher(  # python -m autotune.launch, forked with torch and MONAI imported
+        ["--memory-limit", "128MiB", "--device", "cpu", "--peak-json", str(tmp_path / "peak.json"), "--",
+         str(bundle_2d / "scripts" / "train.py"), "run", f"--config_file={config}", "--num_epochs=1",
+         "--num_epochs_per_validation=1", "--num_workers=0", "--cache_rate=0"], tmp_path, timeout=600)
+    assert code == 0, err[-3000:]
     record = json.loads((tmp_path / "peak.json").read_text())
     assert record["status"] == "ok" and record["within_limit"] and record["validation_peak_bytes"] > 0
     tuned = result["train_peak_bytes"]  # the estimate at the handed batch: the CPU probe's, to the byte (above)

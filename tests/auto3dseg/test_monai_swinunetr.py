@@ -12,13 +12,12 @@ from __future__ import annotations
 import importlib.util
 import json
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
-from monai_fixtures import SKIP_REASON, shared_templates
+from monai_fixtures import SKIP_REASON, run_launcher, shared_templates
 
 pytestmark = [
     pytest.mark.skipif(shared_templates() is None, reason=SKIP_REASON),
@@ -117,22 +116,6 @@ def test_generation_memory_follows_the_target_the_limit_then_the_device() -> Non
     assert module.get_mem_from_visible_gpus is original  # type: ignore[attr-defined]
 
 
-@pytest.mark.slow
-def test_the_estimate_equals_the_cpu_probe_of_its_train_step(bundle: Path) -> None:
-    """The probe runs train.py's step (SwinUNETR, DiceCELoss, AdamW, uint8 labels) for real; the estimator the same
-    with fake tensors: on the CPU both count the same tracked bytes, training and validation."""
-    from autotune.auto3dseg import update_bundle
-    from autotune.probe.estimate import estimate
-    from autotune.probe.runner import run_probe
-
-    update_bundle(bundle, {"num_patches_per_iter": 1, "num_images_per_batch": 1, "num_crops_per_image": 1})
-    probed = run_probe(bundle, num_patches_per_iter=1, num_sw_batch_size=2, device="cpu", timeout=300)
-    assert probed["status"] == "ok", probed.get("error_tail")
-    est = estimate(bundle, num_patches_per_iter=1, num_sw_batch_size=2, device="cpu")
-    assert est["train_peak_bytes"] == probed["train_peak_bytes"]
-    assert est["infer_peak_bytes"] == probed["infer_peak_bytes"]
-
-
 def test_written_back_values_land_in_its_own_keys_and_monai_reads_them_back(bundle: Path) -> None:
     """The write-back alone (the slow tier runs it after a real tune): top-level keys, plain values (the sw batch
     no longer tied to num_patches_per_iter by the template's expression), auto_scale off, provenance beside."""
@@ -196,30 +179,37 @@ def test_tuned_values_land_in_its_own_keys_and_monai_reads_them_back(bundle: Pat
 
 
 @pytest.mark.slow
-def test_its_train_py_runs_through_the_launcher_on_the_cpu_as_the_probe_measured(bundle: Path, tmp_path: Path) -> None:
-    """MONAI's own train.py (hard-coded cuda) for one short epoch on the CPU under the limit, at a written-back
-    batch: its training peak against the probe's at that batch."""
+def test_the_estimate_equals_the_cpu_probe_and_train_py_runs_through_the_launcher_as_probed(bundle: Path,
+                                                                                          tmp_path: Path) -> None:
+    """The probe runs train.py's step (SwinUNETR, DiceCELoss, AdamW, uint8 labels) for real; the estimator the same
+    with fake tensors: on the CPU both count the same tracked bytes, training and validation. Then MONAI's own
+    train.py (hard-coded cuda) for one short epoch on the CPU under the limit, through the launcher, at that
+    written-back batch: its training peak against the probe's."""
     from autotune.auto3dseg import load_view, update_bundle
+    from autotune.probe.estimate import estimate
     from autotune.probe.runner import run_probe
 
     # one patch per loader batch: the template's RandRotate90d turns this test's non-cubic roi, and MONAI's collate
     # cannot stack two crops of different shapes (MONAI generates cubes)
     update_bundle(bundle, {"num_patches_per_iter": 1, "num_images_per_batch": 1, "num_crops_per_image": 1,
                            "num_sw_batch_size": 2})
+    probed = run_probe(bundle, num_patches_per_iter=1, num_sw_batch_size=2, device="cpu", timeout=300)
+    assert probed["status"] == "ok", probed.get("error_tail")
+    est = estimate(bundle, num_patches_per_iter=1, num_sw_batch_size=2, device="cpu")
+    assert est["train_peak_bytes"] == probed["train_peak_bytes"]
+    assert est["infer_peak_bytes"] == probed["infer_peak_bytes"]
     cases = json.loads(Path(load_view(bundle)["datalist"]).read_text())["training"]
     small = [next(c for c in cases if c["fold"] == 0), *[c for c in cases if c["fold"] != 0][:2]]
     (tmp_path / "small.json").write_text(json.dumps({"training": small}))  # two steps (the second holds AdamW's
     # state, as the probe's steady step does), one case to validate
     config = ",".join(sorted(str(p) for p in (bundle / "configs").iterdir()))
-    proc = subprocess.run(
-        [sys.executable, "-m", "autotune.launch", "--memory-limit", "2GiB", "--device", "cpu", "--peak-json",
-         str(tmp_path / "peak.json"), "--", str(bundle / "scripts" / "train.py"), "run", f"--config_file={config}",
-         "--num_epochs=1", "--num_epochs_per_validation=1", "--use_pretrain=False", "--num_workers=1",
-         "--num_workers_validation=0", "--num_cache_workers=1", f"--data_list_file_path={tmp_path / 'small.json'}"],
-        capture_output=True, text=True, timeout=600, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    code, err = run_launcher(  # python -m autotune.launch, forked with torch and MONAI imported
+        ["--memory-limit", "2GiB", "--device", "cpu", "--peak-json", str(tmp_path / "peak.json"), "--",
+         str(bundle / "scripts" / "train.py"), "run", f"--config_file={config}", "--num_epochs=1",
+         "--num_epochs_per_validation=1", "--use_pretrain=False", "--num_workers=1", "--num_workers_validation=0",
+         "--num_cache_workers=1", f"--data_list_file_path={tmp_path / 'small.json'}"], tmp_path, timeout=600)
+    assert code == 0, err[-3000:]
     record = json.loads((tmp_path / "peak.json").read_text())
     assert record["status"] == "ok" and record["within_limit"] and record["cpu_context"].startswith("swinunetr")
     assert (bundle / "model_fold0" / "best_metric_model.pt").is_file()  # trained, validated, saved
-    probe = run_probe(bundle, num_patches_per_iter=1, phases=("train",), device="cpu", timeout=300)
-    assert abs(record["train_peak_bytes"] - probe["train_peak_bytes"]) / probe["train_peak_bytes"] < 0.02
+    assert abs(record["train_peak_bytes"] - probed["train_peak_bytes"]) / probed["train_peak_bytes"] < 0.02

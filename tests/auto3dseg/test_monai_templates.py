@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from monai_fixtures import SKIP_REASON, shared_templates
+from monai_fixtures import SKIP_REASON, run_launcher, shared_templates
 
 from autotune.errors import ConfigError
 
@@ -125,12 +125,11 @@ def test_tuned_monai_bundles_train_through_the_launcher_and_load_in_monai(bundle
     seg = bundles["segresnet_0"]
     n = next(r["num_patches_per_iter"] for r in results if r["bundle"] == str(seg))
     config = str(seg / "configs" / "hyper_parameters.yaml")
-    proc = subprocess.run(
-        [sys.executable, "-m", "autotune.launch", "--memory-limit", "2GiB", "--device", "cpu", "--peak-json",
-         str(tmp_path / "peak.json"), "--", str(seg / "scripts" / "train.py"), "run", f"--config_file={config}",
-         "--num_epochs=1", "--num_epochs_per_validation=1", "--quick=true", "--num_workers=0", "--cache_rate=0"],
-        capture_output=True, text=True, timeout=1500, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    code, err = run_launcher(  # python -m autotune.launch, forked with torch and MONAI imported
+        ["--memory-limit", "2GiB", "--device", "cpu", "--peak-json", str(tmp_path / "peak.json"), "--",
+         str(seg / "scripts" / "train.py"), "run", f"--config_file={config}", "--num_epochs=1",
+         "--num_epochs_per_validation=1", "--quick=true", "--num_workers=0", "--cache_rate=0"], tmp_path, timeout=1500)
+    assert code == 0, err[-3000:]
     import json
 
     record = json.loads((tmp_path / "peak.json").read_text())
