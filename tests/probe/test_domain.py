@@ -77,16 +77,16 @@ def test_explain_adds_the_terms_up_to_the_estimate(tmp_path_factory: pytest.Temp
     from autotune.probe import estimate_on_device
 
     bundle = shared_tiny_bundles(tmp_path_factory)["unet"]
-    for allowance in (CudaAllowance(workspace_factors=FACTORS), CudaAllowance()):  # the device model, the affine one
-        result = estimate_on_device(bundle, allowance, device="cuda:0", explain=True, num_patches_per_iter=2,
-                                    num_sw_batch_size=2)
+    results = [estimate_on_device(bundle, allowance, device="cuda:0", explain=True, num_patches_per_iter=2,
+                                  num_sw_batch_size=2)
+               for allowance in (CudaAllowance(workspace_factors=FACTORS), CudaAllowance())]  # device model, affine
+    for result in results:
         for phase, terms in result["device_terms"].items():
             parts = sum(v for k, v in terms.items() if k != "reserved")
             assert parts == terms["reserved"] == result[f"{phase}_device_reserved_bytes"]
             assert terms["tensors"] == result[f"{phase}_peak_bytes"]
-    assert result["device_model"] == "affine"
-    simulated = estimate_on_device(bundle, CudaAllowance(workspace_factors=FACTORS), device="cuda:0", explain=True,
-                                   num_patches_per_iter=2, num_sw_batch_size=2)
+    simulated, affine = results
+    assert affine["device_model"] == "affine"
     assert simulated["device_model_fit"] == "fitted" and simulated["device_terms"]["train"]["workspace"] > 0
     assert main(["estimate", str(bundle), "--device", "cuda:0", "--explain", "--num-patches-per-iter", "2"]) == 0
     out = capsys.readouterr().out
