@@ -167,8 +167,8 @@ class Check:
 
         files = [self.work / f".{log_name}.{threading.get_ident()}.{name}" for name in ("out", "err")]
         with _START:
-            child = start_forked_call("benchmarks.gpu_harness:forked_main", [str(ROOT), target, *cmd[3:]],
-                                      str(files[0]), str(files[1]), env, name=f"check-{log_name}")
+            child = start_forked_call(target, cmd[3:], str(files[0]), str(files[1]), env, name=f"check-{log_name}",
+                                      cwd=str(ROOT))
         rc = child.wait() if child.wait_for(limit) else None
         if rc is None:
             try:
@@ -186,15 +186,6 @@ class Check:
     def _log(self, name: str, text: str) -> None:
         with open(self.log_path, "a", encoding="utf-8") as handle:
             handle.write(f"===== {name}\n{text[-_LOG_TAIL:]}\n")
-
-
-def forked_main(argv: list[str]) -> Any:
-    """In a forked command: ``argv`` is the folder to run in, the ``module:function`` and its arguments."""
-    import importlib
-
-    os.chdir(argv[0])
-    module, _, function = argv[1].partition(":")
-    return getattr(importlib.import_module(module), function)(argv[2:])
 
 
 def _text(value: Any) -> str:

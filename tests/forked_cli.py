@@ -71,15 +71,16 @@ class CliProcess:
 
 
 def start_cli(argv: Sequence[str], out: Path, err: Path, env: Mapping[str, str] | None = None,
-              target: str = "autotune.cli:main") -> CliProcess:
+              target: str = "autotune.cli:main", cwd: Path | None = None) -> CliProcess:
     """Start ``autotune ARGV`` forked from the fork server, stdout to ``out`` and stderr to ``err``, with
     ``env`` as its whole environment (default: this process's). ``target`` (``module:function``, called
-    with ``argv``) may wrap the command, e.g. with a test's hook."""
+    with ``argv``) may wrap the command, e.g. with a test's hook; ``cwd`` is its working folder (default: the
+    fork server's)."""
     from autotune.probe.isolation import start_forked_call
 
     child_env = {**(os.environ if env is None else env), TARGET_ENV: target}
     child = start_forked_call("forked_cli:from_a_terminal", list(argv), str(out), str(err), child_env,
-                              name="autotune-cli")
+                              name="autotune-cli", cwd=None if cwd is None else str(cwd))
     return CliProcess(child, argv, Path(out), Path(err))
 
 

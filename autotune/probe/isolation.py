@@ -144,9 +144,10 @@ def _release_server() -> None:
         forkserver._forkserver._forkserver_alive_fd = None
 
 
-def _child_main(target: str, argv: list[str], stdout_path: str, stderr_path: str, env: Mapping[str, str]) -> None:
-    """In the forked child: own session, own output files, the asked environment, then ``target(argv)``
-    (``module:function``); its return value (or a ``SystemExit``'s code) is the exit code. The child ends
+def _child_main(target: str, argv: list[str], stdout_path: str, stderr_path: str, env: Mapping[str, str],
+                cwd: str | None = None) -> None:
+    """In the forked child: own session, own output files, the asked environment and working folder, then
+    ``target(argv)`` (``module:function``); its return value (or a ``SystemExit``'s code) is the exit code. The child ends
     when the server does (``watch_parent``), and the server when its starter does (its ``alive`` pipe), so a
     process killed outright leaves no trial computing."""
     from autotune.stopping import watch_parent
@@ -161,6 +162,11 @@ def _child_main(target: str, argv: list[str], stdout_path: str, stderr_path: str
             os._exit(1)
         os.dup2(handle, fd)
         os.close(handle)
+    if cwd is not None:
+        try:
+            os.chdir(cwd)
+        except OSError:  # as above: the folder is gone
+            os._exit(1)
     os.environ.clear()
     os.environ.update(env)
     code: Any = 1
@@ -209,17 +215,17 @@ def start_forked(request_path: str, stdout_path: str, stderr_path: str, env: Map
 
 
 def start_forked_call(target: str, argv: list[str], stdout_path: str, stderr_path: str, env: Mapping[str, str],
-                      name: str = "autotune-child") -> ForkedChild:
+                      name: str = "autotune-child", cwd: str | None = None) -> ForkedChild:
     """Fork a child that runs ``target(argv)`` (``module:function``, e.g. ``autotune.cli:main``) in a session
-    of its own, with ``env`` as its whole environment and its output in the two files; the function's
-    return value is the child's exit code.
+    of its own, with ``env`` as its whole environment, its output in the two files and ``cwd`` its working
+    folder (default: the server's); the function's return value is the child's exit code.
 
     Raises:
         OSError: the server or the child could not be started, or this Python is not in ``CHECKED_PYTHONS``.
     """
     if not _forkserver_checked():
         raise OSError(f"the fork-server launch is not checked on Python {sys.version_info[0]}.{sys.version_info[1]}")
-    process = _ProbeProcess(target=_child_main, args=(target, list(argv), stdout_path, stderr_path, dict(env)),
+    process = _ProbeProcess(target=_child_main, args=(target, list(argv), stdout_path, stderr_path, dict(env), cwd),
                             name=name, daemon=False)
     process.start()
     return ForkedChild(process)

@@ -12,7 +12,6 @@ MONAI imported once.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,6 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 SHARED_TEMPLATES = REPO.parent / "shared" / "monai" / "algorithm_templates"
 TEST_VERSION = "test-0"
-LAUNCH_FOLDER_ENV = "MONAI_FIXTURES_LAUNCH_FOLDER"  # the forked launcher's working folder
 SKIP_REASON = f"MONAI's official templates are not at {SHARED_TEMPLATES} (../shared/monai of the repository)"
 
 
@@ -152,9 +150,8 @@ def start_launcher(argv: Sequence[str], folder: Path) -> Any:
     ``python -m autotune.launch`` itself."""
     from forked_cli import start_cli
 
-    env = {**os.environ, LAUNCH_FOLDER_ENV: str(folder)}
-    return start_cli(list(argv), folder / "launch.out", folder / "launch.err", env,
-                     target="monai_fixtures:launch_in_folder")
+    return start_cli(list(argv), folder / "launch.out", folder / "launch.err",
+                     target="autotune.auto3dseg.launcher:main", cwd=folder)
 
 
 def run_launcher(argv: Sequence[str], folder: Path, timeout: float) -> tuple[int, str]:
@@ -162,11 +159,3 @@ def run_launcher(argv: Sequence[str], folder: Path, timeout: float) -> tuple[int
     proc = start_launcher(argv, folder)
     _, err = proc.communicate(timeout)
     return int(proc.returncode), err
-
-
-def launch_in_folder(argv: Sequence[str]) -> int:
-    """In the forked child: into the folder ``run_launcher`` named, then the launcher's ``main(argv)``."""
-    from autotune.auto3dseg.launcher import main
-
-    os.chdir(os.environ.pop(LAUNCH_FOLDER_ENV))
-    return main(argv)
