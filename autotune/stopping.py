@@ -13,7 +13,8 @@ schedulers requeue on.
 A process that autotune starts and that could outlive the one that started it (a probe child
 forked from the fork server, a DDP rank, the launcher's worker) calls ``watch_parent`` first:
 when its parent is gone it is killed too (Linux ``PR_SET_PDEATHSIG``; elsewhere a thread that
-polls the parent's pid), so a SIGKILL of the parent leaves no orphan computing on a GPU.
+polls the parent's pid), so a SIGKILL of the parent leaves no orphan computing on a GPU. A child
+whose parent is a fork server but that another process asked for also calls ``watch_process``.
 """
 
 from __future__ import annotations
@@ -108,3 +109,44 @@ def watch_parent(parent: int | None = None, *, signum: int = signal.SIGKILL, pol
 
         threading.Thread(target=poll, name="autotune-watch-parent", daemon=True).start()
     return how
+
+
+def watch_process(pid: int, *, signum: int = signal.SIGKILL, poll_s: float = 1.0) -> str:
+    """End this process with ``signum`` when process ``pid`` (not its parent: e.g. the process that asked a fork
+    server for it) has ended. Linux: a daemon thread waits on the process's pidfd; else, or where that cannot be
+    opened, it looks every ``poll_s`` seconds. A process already gone ends this one at once.
+
+    Returns:
+        How it watches: ``"pidfd"`` or ``"poll"`` (``"gone"`` only where ``signum`` did not end this process).
+    """
+    import select
+
+    try:
+        fd: int | None = os.pidfd_open(int(pid))  # type: ignore[attr-defined]
+        how = "pidfd"
+    except ProcessLookupError:  # gone already
+        os.kill(os.getpid(), signum)
+        return "gone"
+    except (AttributeError, OSError):
+        fd, how = None, "poll"
+
+    def wait() -> None:
+        if fd is not None:
+            select.select([fd], [], [])  # readable once the process has ended
+        else:
+            while _exists(int(pid)):
+                time.sleep(poll_s)
+        os.kill(os.getpid(), signum)
+
+    threading.Thread(target=wait, name="autotune-watch-process", daemon=True).start()
+    return how
+
+
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, as another user's
+        return True
+    return True

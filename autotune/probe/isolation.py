@@ -8,6 +8,10 @@ with its own stdout/stderr files and the environment the parent asked for; a cra
 out-of-memory kill or a hang ends that child only. The server never touches CUDA (importing
 torch does not initialise it), so a child may still choose and initialise its device.
 
+A process that was itself forked from the server (a test's or the GPU check's forked command) forks its
+own children through the same server instead of starting a second one (a second import of torch and MONAI);
+those children end when the process that asked for them ends, as they would with a server of its own.
+
 ``AUTOTUNE_PROBE_ISOLATION=subprocess`` starts a fresh interpreter per probe instead (slower;
 for comparison and where a fork server cannot start). Launching a child with the parent's
 main module left out overrides a private method of CPython's ``multiprocessing``
@@ -38,6 +42,8 @@ PRELOAD = ["autotune.probe.server_output", "autotune.probe.preload"]  # the serv
 CHECKED_PYTHONS = ((3, 10), (3, 11), (3, 12), (3, 13))
 _LOCK = threading.Lock()
 _CONTEXT: Any = None
+# in a child forked from the server: the server's address, through which it forks children of its own
+_SERVED_BY: Any = None
 log = logging.getLogger(__name__)
 
 
@@ -90,6 +96,8 @@ def prestart() -> bool:
     False where probes do not use a fork server (nothing started)."""
     if isolation_mode() != "forkserver":
         return False
+    if _SERVED_BY is not None:  # forked from the server: it is running
+        return True
     _context()
     forkserver.ensure_running()
     return True
@@ -115,7 +123,7 @@ class _Popen(popen_forkserver.Popen):
             reduction.dump(process_obj, buf)
         finally:
             context.set_spawning_popen(None)
-        self.sentinel, w = forkserver.connect_to_new_process(self._fds)
+        self.sentinel, w = _connect(self._fds) if _SERVED_BY is not None else forkserver.connect_to_new_process(self._fds)
         _parent_w = os.dup(w)
         self.finalizer = util.Finalize(self, util.close_fds, (_parent_w, self.sentinel))
         with open(w, "wb", closefd=True) as f:
@@ -131,10 +139,13 @@ class _ProbeProcess(context.ForkServerProcess):
 
 
 def _release_server() -> None:
-    """Close the fork server's ``alive`` pipe that multiprocessing hands every forked child (so that it could
-    start children of its own through the same server): the server exits when that pipe has no writer left, so
-    a child holding it would keep the server alive after the process that started both is gone, and the server
-    would keep the child (which ends with the server, ``watch_parent``)."""
+    """Close the fork server's ``alive`` pipe that multiprocessing hands every forked child, and keep the server's
+    address (``_SERVED_BY``): the server exits when that pipe has no writer left, so a child holding it would keep
+    the server alive after the process that started both is gone, and the server would keep the child (which ends
+    with the server, ``watch_parent``). Children of this child are forked through the address (``_connect``).
+    Where the server authenticates its clients (Python versions past ``CHECKED_PYTHONS``' 3.11 protocol), the
+    address is not kept: a child starts a server of its own."""
+    global _SERVED_BY
     fd = getattr(forkserver._forkserver, "_forkserver_alive_fd", None)
     if fd is not None:
         try:
@@ -142,18 +153,49 @@ def _release_server() -> None:
         except OSError:
             pass
         forkserver._forkserver._forkserver_alive_fd = None
+    if not hasattr(forkserver._forkserver, "_forkserver_authkey"):
+        _SERVED_BY = getattr(forkserver._forkserver, "_forkserver_address", None)
+
+
+def _connect(fds: list[int]) -> tuple[int, int]:
+    """``forkserver.connect_to_new_process`` (CPython's, of the versions in ``CHECKED_PYTHONS``) to the server this
+    process was forked from, without starting one: the new child's ``alive`` end is a stand-in (``/dev/null``),
+    which it closes (``_release_server``), so no child of a child keeps the server alive."""
+    import socket
+    from multiprocessing import resource_tracker
+
+    if len(fds) + 4 >= forkserver.MAXFDS_TO_SEND:
+        raise ValueError("too many fds")
+    with socket.socket(socket.AF_UNIX) as client:
+        client.connect(_SERVED_BY)
+        parent_r, child_w = os.pipe()
+        child_r, parent_w = os.pipe()
+        stand_in = os.open(os.devnull, os.O_RDONLY)
+        try:
+            reduction.sendfds(client, [child_r, child_w, stand_in, resource_tracker.getfd(), *fds])
+            return parent_r, parent_w
+        except BaseException:
+            os.close(parent_r)
+            os.close(parent_w)
+            raise
+        finally:
+            for fd in (child_r, child_w, stand_in):
+                os.close(fd)
 
 
 def _child_main(target: str, argv: list[str], stdout_path: str, stderr_path: str, env: Mapping[str, str],
-                cwd: str | None = None) -> None:
+                cwd: str | None = None, requester: int | None = None) -> None:
     """In the forked child: own session, own output files, the asked environment and working folder, then
     ``target(argv)`` (``module:function``); its return value (or a ``SystemExit``'s code) is the exit code. The child ends
     when the server does (``watch_parent``), and the server when its starter does (its ``alive`` pipe), so a
-    process killed outright leaves no trial computing."""
-    from autotune.stopping import watch_parent
+    process killed outright leaves no trial computing; a child that another child asked for (``requester``) ends
+    when that one does (``watch_process``)."""
+    from autotune.stopping import watch_parent, watch_process
 
     _release_server()
     watch_parent()
+    if requester is not None:
+        watch_process(requester)
     os.setsid()  # lead a process group of its own, as a subprocess started with start_new_session
     for fd, path in ((1, stdout_path), (2, stderr_path)):
         try:
@@ -225,7 +267,9 @@ def start_forked_call(target: str, argv: list[str], stdout_path: str, stderr_pat
     """
     if not _forkserver_checked():
         raise OSError(f"the fork-server launch is not checked on Python {sys.version_info[0]}.{sys.version_info[1]}")
-    process = _ProbeProcess(target=_child_main, args=(target, list(argv), stdout_path, stderr_path, dict(env), cwd),
+    requester = os.getpid() if _SERVED_BY is not None else None  # a child's child ends with the child
+    process = _ProbeProcess(target=_child_main,
+                            args=(target, list(argv), stdout_path, stderr_path, dict(env), cwd, requester),
                             name=name, daemon=False)
     process.start()
     return ForkedChild(process)

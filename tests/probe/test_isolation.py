@@ -133,3 +133,90 @@ def test_the_server_lets_go_of_its_callers_output_at_once() -> None:
     import autotune.probe.server_output as server_output
 
     assert not server_output.in_the_fork_server()  # imported here: this process's output stays
+
+
+def ask_the_server(argv: list[str]) -> int:
+    """A forked child's target: fork a child of its own (``report`` ARGV), say what it saw as JSON lines in
+    ``argv[0]``/child.json, and either wait for the child or (``argv[1] == "leave"``) sleep until killed."""
+    import json
+    import os
+    import time
+    from multiprocessing import forkserver
+
+    folder, mode = Path(argv[0]), argv[1]
+    child = isolation.start_forked_call("test_isolation:report", [str(folder), mode], str(folder / "g.out"),
+                                        str(folder / "g.err"), dict(os.environ))
+    seen = {"pid": os.getpid(), "ppid": os.getppid(), "grandchild": child.pid, "prestart": isolation.prestart(),
+            "server_started_here": forkserver._forkserver._forkserver_pid is not None}
+    (folder / "child.json").write_text(json.dumps(seen))
+    if mode == "leave":
+        time.sleep(300)
+    return child.wait()
+
+
+def report(argv: list[str]) -> int:
+    """The grandchild: its parent's pid in ``argv[0]``/grandchild.json, then exit 7 (or sleep, to be ended)."""
+    import json
+    import os
+    import time
+
+    folder = Path(argv[0])
+    (folder / "grandchild.json").write_text(json.dumps({"pid": os.getpid(), "ppid": os.getppid()}))
+    if argv[1] == "leave":
+        time.sleep(300)
+    return 7
+
+
+def _read_when_there(path: Path, child: object) -> dict:
+    import json
+    import time
+
+    deadline = time.monotonic() + 120
+    while not path.is_file() or not path.read_text():
+        assert time.monotonic() < deadline, f"{path.name} never written"
+        assert child.returncode is None or path.is_file(), f"the child ended with {child.returncode}"  # type: ignore[attr-defined]
+        time.sleep(0.05)
+    return json.loads(path.read_text())
+
+
+@forkserver_checked
+def test_a_forked_child_forks_its_children_through_the_same_server(tmp_path: Path) -> None:
+    """No second server (a second import of torch and MONAI): the grandchild is the server's child too, its exit
+    code reaches the child; a grandchild whose asker is killed outright ends with it."""
+    import os
+    import signal
+    import time
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), *sys.path])}
+    for mode in ("wait", "leave"):
+        folder = tmp_path / mode
+        folder.mkdir()
+        child = isolation.start_forked_call("test_isolation:ask_the_server", [str(folder), mode],
+                                            str(folder / "c.out"), str(folder / "c.err"), env)
+        seen = _read_when_there(folder / "child.json", child)
+        grandchild = _read_when_there(folder / "grandchild.json", child)
+        assert seen["prestart"] is True and seen["server_started_here"] is False
+        assert grandchild["ppid"] == seen["ppid"] != os.getpid()  # both forked by the one server
+        if mode == "wait":
+            assert child.wait() == 7, (folder / "c.err").read_text()[-2000:]
+            continue
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+        deadline = time.monotonic() + 60
+        while _exists(grandchild["pid"]):
+            assert time.monotonic() < deadline, "the grandchild outlived the child that asked for it"
+            time.sleep(0.05)
+
+
+def _exists(pid: int) -> bool:
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as stat:  # a zombie the server has not reaped yet is gone too
+            return stat.read().split(") ")[-1][:1] != "Z"
+    except FileNotFoundError:  # reaped meanwhile
+        return False
