@@ -3,6 +3,9 @@
 - ``worker``: ``autotune ARGV`` whose waiters look for another worker's result every second at most (the
   command's pause grows to ``MAX_POLL_SECONDS``, 15 s, which on these searches of seconds leaves the
   waiters idle long after the result is stored);
+- ``worker_every_pass``: ``worker`` whose estimate strategy makes an estimator pass for every point (none
+  answered from a pass it already made: ``EstimateProber(reuse_answers=False)``), so that its trials last
+  long enough to be caught running;
 - ``open_together``: a worker's first steps on a storage (open it, register as live, claim a tuning key),
   started with others at the same moment; the processes meet at two barriers (files in a shared folder),
   so they open the empty database at once and all claim while the first holder is still live, whatever
@@ -35,6 +38,16 @@ def worker(argv: Sequence[str]) -> int:
 
     key.MAX_POLL_SECONDS = 1.0
     return main(list(argv))
+
+
+def worker_every_pass(argv: Sequence[str]) -> int:
+    """``worker`` with every estimated point its own estimator pass (this process's prober only)."""
+    import functools
+
+    from autotune.search.curves.probers import EstimateProber
+
+    EstimateProber.__init__ = functools.partialmethod(EstimateProber.__init__, reuse_answers=False)  # type: ignore[method-assign]
+    return worker(argv)
 
 
 def open_together(argv: Sequence[str]) -> int:

@@ -3,7 +3,8 @@
 - Measure: ``run_probe`` runs a short real trial in an isolated child process (``runner``,
   ``isolation``, ``trial``) and returns its measured peaks, step time and status (ok, oom,
   error, killed, timeout); ``resolve_request`` checks its arguments (``PHASES``,
-  ``VALIDATION_DEVICES``); ``prestart`` starts the fork server the children come from.
+  ``VALIDATION_DEVICES``), ``base_result`` gives the keys a probe's or an estimate's result starts
+  from; ``prestart`` starts the fork server the children come from.
 - Estimate: ``estimate`` computes the peaks with no compute, under ``FakeTensorMode``
   (``estimate``). ``replay_of`` turns one recorded training trace at ``marker_batch`` into the
   exact peak at every N (``TrainingReplay``, ``replay``): the fast search's curve.
@@ -47,7 +48,7 @@ from autotune.probe.memory_model import MemoryModel
 from autotune.probe.replay import ReplayError, TrainingReplay, marker_batch, replay_of
 from autotune.probe.report import default_validation_device, estimate_report
 from autotune.probe.runner import PHASES, VALIDATION_DEVICES, resolve_request, run_probe
-from autotune.probe.trial import cuda_result_keys
+from autotune.probe.trial import base_result, cuda_result_keys
 
 # names whose module imports torch at its top: imported when first asked for
 _LAZY = {"MemoryTracker": "autotune.probe.tracker", "tensors_of": "autotune.probe.tracker"}
@@ -66,6 +67,7 @@ __all__ = [
     "allowance_for",
     "allowance_from_record",
     "apply_allowance",
+    "base_result",
     "cuda_peaks",
     "cuda_reset_peaks",
     "cuda_result_keys",

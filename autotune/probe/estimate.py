@@ -172,8 +172,9 @@ def estimate(bundle: str | Path | Mapping[str, Any], point: Point | Mapping[str,
     ``train_peak_bytes``, ``infer_peak_bytes``, ``peak_bytes`` (no allowance added),
     ``semantics`` (``cpu``, ``cuda``, or ``cpu-emulating-cuda`` for a CUDA target with no GPU
     visible) and ``guessed_values`` (truth values answered without data; see the module
-    docstring). Only the compute device's storages are counted: for a CUDA target with
-    ``validation_device="cpu"`` the volume and stitched output are left out, as on a GPU.
+    docstring; ``guessed_values_by_phase``: how many building the parts and each phase's trace answered).
+    Only the compute device's storages are counted: for a CUDA target with ``validation_device="cpu"`` the
+    volume and stitched output are left out, as on a GPU.
 
     Raises:
         ConfigError: the bundle is missing or invalid.
@@ -191,6 +192,7 @@ def estimate(bundle: str | Path | Mapping[str, Any], point: Point | Mapping[str,
     result = base_result(req)
     result.update(measured=False, status="ok", device_name=None, device_total_memory=None)
     guesses: list[str] = []
+    by_phase: dict[str, int] = {}
     phase = "build"
     try:
         import monai
@@ -202,18 +204,22 @@ def estimate(bundle: str | Path | Mapping[str, Any], point: Point | Mapping[str,
         dtype = amp_dtype(cfg, req["device"], req["precision"])
         with fake_session(emulate_cuda=target.emulate, guesses=guesses):
             model, loss_fn, optimizer, steps = _build(cfg, target)
+            by_phase["build"] = len(guesses)
             for phase in req["phases"]:
+                before = len(guesses)
                 if phase == "train":
                     result.update(_trace_training(req, (model, loss_fn, optimizer, steps), target.compute, dtype,
                                                   record))
                 else:
                     result.update(_trace_validation(req, (model, loss_fn, optimizer, steps), target, dtype,
                                                     record))
+                by_phase[phase] = len(guesses) - before
     except Exception as exc:  # the fake pass is ours: any failure is reported as a ProbeError
         raise ProbeError(f"estimate of {cfg.get('algo')} failed in phase {phase!r}: {type(exc).__name__}: {exc}") from exc
     peaks = [result[f"{p}_peak_bytes"] for p in ("train", "infer") if result.get(f"{p}_peak_bytes") is not None]
     result["peak_bytes"] = max(peaks) if peaks else None
     result["guessed_values"] = len(guesses)
+    result["guessed_values_by_phase"] = by_phase
     result["seconds"] = time.perf_counter() - start
     return result
 

@@ -89,14 +89,15 @@ class Worker:
         return int(self.proc.returncode), out, err
 
 
-def _start(work: Path, url: str, limit: int, name: str, *extra: str) -> Worker:
+def _start(work: Path, url: str, limit: int, name: str, *extra: str, target: str = "worker") -> Worker:
     """An ``autotune worker`` process (forked with torch and MONAI already imported: ``forked_cli``), whose
-    waiters look for the searching worker's result every second (``worker_processes.worker``)."""
+    waiters look for the searching worker's result every second (``worker_processes.worker``; a test that
+    kills an estimating worker mid-trial takes ``worker_every_pass``, whose trials each make a pass)."""
     argv = ["worker", "--work-dir", str(work), "--storage", url, "--device", "cpu", "--memory-limit", str(limit),
             "--margin", str(MARGIN), *extra]
     env = {**os.environ, "AUTOTUNE_CLAIM_STALE_SECONDS": str(STALE_SECONDS)}
     return Worker(start_cli(argv, work.parent / f"{name}.out", work.parent / f"{name}.err", env,
-                            target="worker_processes:worker"))
+                            target=f"worker_processes:{target}"))
 
 
 def _prepare(url: str) -> None:
@@ -191,7 +192,8 @@ def test_four_workers_one_killed_halfway(work: Path, pg_database_url: str, limit
                                          reference: dict) -> None:
     _prepare(pg_database_url)
     storage = optuna.storages.RDBStorage(pg_database_url)
-    workers = [_start(work, pg_database_url, limit, f"w{i}", "--strategy", "estimate", *SPACE) for i in range(4)]
+    workers = [_start(work, pg_database_url, limit, f"w{i}", "--strategy", "estimate", *SPACE,
+                      target="worker_every_pass") for i in range(4)]
     victim, done_before, running = _wait_for_midway(storage, workers)
     victim.kill()
     survivors = [w for w in workers if w is not victim]
@@ -217,7 +219,8 @@ def test_worker_killed_then_rerun(work: Path, pg_database_url: str, limit: int, 
                                   reference: dict) -> None:
     _prepare(pg_database_url)
     storage = optuna.storages.RDBStorage(pg_database_url)
-    first = _start(work, pg_database_url, limit, "first", "--strategy", "estimate", *SPACE)
+    first = _start(work, pg_database_url, limit, "first", "--strategy", "estimate", *SPACE,
+                   target="worker_every_pass")
     victim, done_before, running = _wait_for_midway(storage, [first])
     victim.kill()
     assert "tuning" not in load_bundle_config(work / "unet_0"), "a killed worker wrote nothing back"

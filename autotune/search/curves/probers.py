@@ -64,6 +64,7 @@ class _ModelMixin:
     scale: float = 1.0
     offset: int = 0
     allowance: Any = None
+    answers: Any = None  # raw answers kept for reuse (``autotune.search.curves.answers``); None: none kept
 
     def factors(self) -> dict[str, float] | None:
         """The device model's workspace factors for this bundle: fitted inside the calibration's domain, none
@@ -126,6 +127,8 @@ class _ModelMixin:
                     ratios[int(n)] = ratio
             else:
                 result = estimate(self.bundle, rest.at(phase, n), device=self.device, phases=(phase,))
+                if self.answers is not None and phase == "infer":
+                    self.answers.keep_infer(rest.at(phase, n), result)
             raw = int(result[f"{phase}_peak_bytes"])
             if on_estimate is not None:
                 on_estimate(n, raw)
@@ -177,12 +180,16 @@ class _ModelMixin:
             log.warning("estimate for %s (train) failed: %s", Path(self.bundle).name, exc)
             return None, None
         infer_raw = int(result["infer_peak_bytes"]) if result.get("infer_peak_bytes") is not None else None
+        if self.answers is not None:
+            self.answers.keep_infer(point, result)
         try:
             curve = replay_of(result, crops)
         except ValueError as exc:
             log.warning("the training trace of %s does not replay (%s); estimating point by point",
                         Path(self.bundle).name, exc)
             return None, infer_raw
+        if self.answers is not None:
+            self.answers.keep_replay(curve, result)
         factors = self.factors()
         if factors is not None:
             from autotune.search.curves.device import DeviceCurve
@@ -245,19 +252,27 @@ class ProbeProber(_ModelMixin):
 
 
 class EstimateProber(_ModelMixin):
-    """Answers from the estimator: no compute, no real memory, any machine."""
+    """Answers from the estimator: no compute, no real memory, any machine.
+
+    Where no device model applies, a point whose raw answer this prober already has is not estimated again
+    (``autotune.search.curves.answers``: training from the replay curve, validation from a pass that traced
+    the same sliding-window batch and validation device); ``reuse_answers=False`` estimates every point.
+    """
 
     measured = False
 
     def __init__(
         self, bundle: str | Path, device: str, budget_bytes: int, scale: float = 1.0, offset: int = 0,
-        allowance: Any = None,
+        allowance: Any = None, reuse_answers: bool = True,
     ) -> None:
+        from autotune.search.curves.answers import RawAnswers
+
         self.bundle = str(bundle)
         self.device = device
         self.budget_bytes = int(budget_bytes)
         self.scale, self.offset = float(scale), int(offset)
         self.allowance = allowance
+        self.answers = RawAnswers() if reuse_answers else None
         self._scales: dict[str, float] = {}
 
     def plan_scale(self, phase: str) -> float:
@@ -277,9 +292,8 @@ class EstimateProber(_ModelMixin):
 
     def probe(self, point: Mapping[str, Any], phases: tuple[str, ...]) -> dict[str, Any]:
         """The estimator's answer at ``point``: on CUDA with a device model, the phases simulated as a probe
-        runs them (``estimate_on_device``); else the raw peaks with ``raw * scale + offset``."""
-        from autotune.probe import estimate
-
+        runs them (``estimate_on_device``); else the raw peaks with ``raw * scale + offset``, answered without a
+        pass where this prober holds them (``RawAnswers.answer``: ``answered_by`` says from what)."""
         if self.factors() is not None:
             from autotune.probe import estimate_on_device
 
@@ -296,7 +310,7 @@ class EstimateProber(_ModelMixin):
             result["peak_bytes"] = max(planned) if planned else result["peak_bytes"]
             result["plan_scale"] = {phase: self.plan_scale(phase) for phase in phases}
         else:
-            result = dict(estimate(self.bundle, Point.taken_from(point), device=self.device, phases=tuple(phases)))
+            result = self._raw_result(point, tuple(phases))
             raw = int(result.get("peak_bytes") or 0)
             result["raw_peak_bytes"] = raw
             result["peak_bytes"] = int(raw * self.scale) + self.offset
@@ -304,4 +318,17 @@ class EstimateProber(_ModelMixin):
         # an estimate never runs out of memory; "oom" marks a point past the budget, as a probe would
         result["status"] = "ok" if result["peak_bytes"] <= self.budget_bytes else "oom"
         result["measured"] = False
+        return result
+
+    def _raw_result(self, point: Mapping[str, Any], phases: tuple[str, ...]) -> dict[str, Any]:
+        """The estimator's raw result at ``point``: an answer held, else a new pass (whose validation peak is
+        kept)."""
+        from autotune.probe import estimate
+
+        held = self.answers.answer(self.bundle, self.device, point, phases) if self.answers is not None else None
+        if held is not None:
+            return held
+        result = dict(estimate(self.bundle, Point.taken_from(point), device=self.device, phases=phases))
+        if self.answers is not None:
+            self.answers.keep_infer(point, result)
         return result

@@ -41,6 +41,7 @@ RESULT_ATTRS = (
     "error_type",
     "signal",
     "allowance_bytes",
+    "answered_by",  # an estimate given from one the prober held (``autotune.search.curves.answers``)
     *cuda_result_keys(),  # one definition with the trial that writes them, so the names cannot drift
 )
 
