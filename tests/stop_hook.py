@@ -2,10 +2,11 @@
 (or, with ``STOP_HOOK_TARGET=module:function``, that function) in a forked command (``forked_cli.start_cli(...,
 target="stop_hook:main")``) with:
 
-- a light probe fork server: ``autotune.probe.isolation.PRELOAD`` emptied, so the command's own fork server
-  starts in a fraction of a second instead of importing torch and MONAI (seconds). The process tree is the
-  same (command -> fork server -> trial in a session of its own); a trial held by the ``hang`` fault (which
-  fires before the trial imports torch) never needs what the preload would have imported;
+- a light probe fork server of its own (``autotune.probe.isolation.own_server``, not the one it was forked from):
+  ``autotune.probe.isolation.PRELOAD`` emptied, so it starts in a fraction of a second instead of importing
+  torch and MONAI (seconds). The process tree is a user's command's (command -> fork server -> trial in a
+  session of its own); a trial held by the ``hang`` fault (which fires before the trial imports torch) never
+  needs what the preload would have imported;
 - with ``HOLD_AT=module:function``: that function's first call creates ``HOLD_FILE`` and holds until a stop
   signal has reached this process (its own handler has run: a handler that raises ends the hold there), so a
   test's signal arrives while the command is at a known point of its work.
@@ -65,6 +66,7 @@ def _hold_at(target: str, mark: str) -> None:
 def main(argv: Sequence[str]) -> int:
     import autotune.probe.isolation as isolation
 
+    isolation.own_server()
     isolation.PRELOAD = []
     if os.environ.get("HOLD_AT"):
         _hold_at(os.environ["HOLD_AT"], os.environ["HOLD_FILE"])

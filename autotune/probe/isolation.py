@@ -32,7 +32,7 @@ from collections.abc import Mapping
 from multiprocessing import context, forkserver, popen_forkserver, reduction, spawn, util
 from typing import Any
 
-__all__ = ["CHECKED_PYTHONS", "ISOLATION_ENV", "PRELOAD", "isolation_mode", "prestart", "ForkedChild",
+__all__ = ["CHECKED_PYTHONS", "ISOLATION_ENV", "PRELOAD", "isolation_mode", "prestart", "own_server", "ForkedChild",
            "start_forked", "start_forked_call"]
 
 ISOLATION_ENV = "AUTOTUNE_PROBE_ISOLATION"
@@ -155,6 +155,14 @@ def _release_server() -> None:
         forkserver._forkserver._forkserver_alive_fd = None
     if not hasattr(forkserver._forkserver, "_forkserver_authkey"):
         _SERVED_BY = getattr(forkserver._forkserver, "_forkserver_address", None)
+
+
+def own_server() -> None:
+    """In a child forked from the server: fork this process's children through a server of its own, started
+    on first use, as a fresh process does (the process tree command -> server -> child that a user's command
+    has), instead of through the server it came from."""
+    global _SERVED_BY
+    _SERVED_BY = None
 
 
 def _connect(fds: list[int]) -> tuple[int, int]:
