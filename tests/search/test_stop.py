@@ -25,16 +25,19 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return one_window_unet(tmp_path_factory, "stop_src")
 
 
-def _tune(bundle: Path, storage: str, limit: int, name: str = "first") -> CliProcess:
-    """An ``autotune worker`` process on ``bundle``'s work folder (forked with torch and MONAI imported)."""
+def _tune(bundle: Path, storage: str, limit: int, name: str = "first", fault: str | None = None) -> CliProcess:
+    """An ``autotune worker`` process on ``bundle``'s work folder (forked with torch and MONAI imported);
+    ``fault``: its probes' ``AUTOTUNE_PROBE_FAULT``."""
     argv = ["worker", "--work-dir", str(bundle.parent), "--storage", storage, "--device", "cpu", "--memory-limit",
             str(limit), "--margin", str(MARGIN), "--timeout", "240", *SPACE]
     root = bundle.parent.parent
-    return start_cli(argv, root / f"{name}.out", root / f"{name}.err")
+    env = {**os.environ, **({"AUTOTUNE_PROBE_FAULT": fault} if fault else {})}
+    return start_cli(argv, root / f"{name}.out", root / f"{name}.err", env)
 
 
-def _running_trial(storage: str, proc: CliProcess, timeout: float = 240.0) -> int:
-    """Wait until a trial of ``proc`` is RUNNING (a probe is in flight); its number."""
+def _running_trial(storage: str, proc: CliProcess, timeout: float = 240.0, n: int | None = None) -> int:
+    """Wait until a trial of ``proc`` (at ``n`` patches per pass, if given) is RUNNING (a probe is in flight); its
+    number."""
     deadline = time.time() + timeout
     while time.time() < deadline:
         assert proc.poll() is None, proc.communicate()[1][-2000:]
@@ -42,7 +45,7 @@ def _running_trial(storage: str, proc: CliProcess, timeout: float = 240.0) -> in
             for summary in optuna.get_all_study_summaries(storage, include_best_trial=False):
                 study = optuna.load_study(study_name=summary.study_name, storage=storage)
                 running = [t.number for t in study.get_trials(deepcopy=False, states=(States.RUNNING,))
-                           if "point_id" in t.user_attrs]
+                           if "point_id" in t.user_attrs and n in (None, t.params.get("num_patches_per_iter"))]
                 if running:
                     return running[0]
         except Exception:  # noqa: BLE001 - the worker may be creating the tables
@@ -58,8 +61,10 @@ def test_sigterm_fails_the_trial_in_flight_and_exits_143(tiny: Path, tmp_path: P
     shutil.copytree(tiny, bundle)
     limit = limit_for_patches(bundle, 3.5, MARGIN)
     storage = f"sqlite:///{tmp_path / 'stop.db'}"
-    proc = _tune(bundle, storage, limit)
-    number = _running_trial(storage, proc)
+    # the edge's first point (3) is probed; the probe of 4 hangs, so the signal finds a probe in flight however
+    # quickly the probes run (the search's points come from the estimator: the same on any machine)
+    proc = _tune(bundle, storage, limit, fault="hang@num_patches_per_iter=4")
+    number = _running_trial(storage, proc, n=4)
     proc.send_signal(signal.SIGTERM)
     _out, err = proc.communicate(timeout=120)
     assert proc.returncode == 143, err[-2000:]
@@ -81,6 +86,7 @@ def test_sigterm_fails_the_trial_in_flight_and_exits_143(tiny: Path, tmp_path: P
     assert worker.state == States.COMPLETE, "the stopped worker closed its worker trial"
     assert not [t for t in coordination if t.state == States.RUNNING], "no claim held by the stopped worker"
     done_before = [t for t in trials if t.state == States.COMPLETE]
+    assert done_before and stopped.params["num_patches_per_iter"] == 4, "one point finished, the next in flight"
     again = _tune(bundle, storage, limit, "again")
     _out, err = again.communicate(timeout=480)
     assert again.returncode == 0, err[-2000:]
