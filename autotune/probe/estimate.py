@@ -203,24 +203,18 @@ def estimate(bundle: str | Path | Mapping[str, Any], point: Point | Mapping[str,
         result["semantics"] = target.semantics
         dtype = amp_dtype(cfg, req["device"], req["precision"])
         with fake_session(emulate_cuda=target.emulate, guesses=guesses):
-            model, loss_fn, optimizer, steps = _build(cfg, target)
+            parts = _build(cfg, target)
             by_phase["build"] = len(guesses)
             for phase in req["phases"]:
                 before = len(guesses)
-                if phase == "train":
-                    result.update(_trace_training(req, (model, loss_fn, optimizer, steps), target.compute, dtype,
-                                                  record))
-                else:
-                    result.update(_trace_validation(req, (model, loss_fn, optimizer, steps), target, dtype,
-                                                    record))
+                result.update(_trace_training(req, parts, target.compute, dtype, record) if phase == "train"
+                              else _trace_validation(req, parts, target, dtype, record))
                 by_phase[phase] = len(guesses) - before
     except Exception as exc:  # the fake pass is ours: any failure is reported as a ProbeError
         raise ProbeError(f"estimate of {cfg.get('algo')} failed in phase {phase!r}: {type(exc).__name__}: {exc}") from exc
     peaks = [result[f"{p}_peak_bytes"] for p in ("train", "infer") if result.get(f"{p}_peak_bytes") is not None]
     result["peak_bytes"] = max(peaks) if peaks else None
-    result["guessed_values"] = len(guesses)
-    result["guessed_values_by_phase"] = by_phase
-    result["seconds"] = time.perf_counter() - start
+    result.update(guessed_values=len(guesses), guessed_values_by_phase=by_phase, seconds=time.perf_counter() - start)
     return result
 
 
