@@ -97,11 +97,18 @@ class Tunable:
         """Every spec key that sets this tunable: ``spec_key`` and its aliases."""
         return (self.spec_key, *self.spec_aliases)
 
-    def bundle_value(self, cfg: Mapping[str, Any]) -> Any:
-        """The value a loaded view holds (what training gets when nothing is tuned)."""
+    def bundle_value(self, config: Any) -> Any:
+        """The value a loaded config (``autotune.bundles.model.BundleConfig``) holds: what training gets when
+        nothing is tuned."""
+        held = config.tunable_value(self.view_key)
         if self.kind == "choice":  # a flag in the view: the second choice when it is set
-            return self.choices[1] if cfg.get(self.bundle_key or self.name) else self.choices[0]
-        return int(cfg[self.bundle_key or self.name])
+            return self.choices[1] if held else self.choices[0]
+        return int(held)
+
+    @property
+    def view_key(self) -> str:
+        """The key of a view (a field of a loaded config) that holds its value."""
+        return self.bundle_key or self.name
 
     def view_entry(self, value: Any) -> tuple[str, Any]:
         """The key of a view and what it holds for ``value`` (the inverse of ``bundle_value``)."""

@@ -37,10 +37,12 @@ def test_the_specs_take_each_tunables_keys_and_monais_names() -> None:
         parse_specs({"universal": {"validation_devices": ["gpu"]}}, ["unet"])
 
 
-def test_a_view_and_a_record_are_read_and_written_through_the_table() -> None:
+def test_a_view_and_a_record_are_read_and_written_through_the_table(demo_bundles: dict[str, Path]) -> None:
+    from autotune.bundles.config import load_bundle_config
     from autotune.tunables import loader_settings
 
-    cfg = {"num_patches_per_iter": 3, "num_sw_batch_size": 5, "sw_input_on_cpu": True, "num_crops_per_image": 2}
+    cfg = load_bundle_config(demo_bundles["unet_0"]).with_values(
+        num_patches_per_iter=3, num_images_per_batch=3, num_sw_batch_size=5, sw_input_on_cpu=True, num_crops_per_image=2)
     assert bundle_values(cfg) == {"num_patches_per_iter": 3, "num_sw_batch_size": 5, "validation_device": "cpu"}
     for n, crops in ((1, 1), (3, 2), (4, 6), (7, 4)):
         record = {"num_patches_per_iter": n, "num_sw_batch_size": 2, "sw_input_on_cpu": False}

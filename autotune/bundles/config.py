@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autotune.bundles.plan import TuningPlan, plan_of
+from autotune.bundles.model import BundleConfig
+from autotune.bundles.plan import TuningPlan
 from autotune.bundles.schema import (
     CONFIG_RELPATH,
     MAX_BATCH,
@@ -28,6 +29,7 @@ from autotune.bundles.schema import (
 
 __all__ = [
     "CONFIG_RELPATH",
+    "BundleConfig",
     "Bundle",
     "load_bundle",
     "bundle_config_path",
@@ -40,7 +42,7 @@ __all__ = [
 ]
 
 
-def load_bundle_config(bundle: str | os.PathLike[str]) -> dict[str, Any]:
+def load_bundle_config(bundle: str | os.PathLike[str]) -> BundleConfig:
     """Load and check a bundle config as its template family reads it; ``bundle_root`` is set to the bundle
     folder.
 
@@ -65,7 +67,7 @@ class Bundle:
 
     path: Path
     config_path: Path
-    config: dict[str, Any]
+    config: BundleConfig
     plan: TuningPlan | None
 
 
@@ -75,11 +77,11 @@ def load_bundle(bundle: str | os.PathLike[str]) -> Bundle:
     Raises:
         ConfigError: missing file, bad YAML, or an invalid value, the tuning block's included (the key is named).
     """
-    cfg = load_bundle_config(bundle)
-    return Bundle(Path(cfg["bundle_root"]), bundle_config_path(bundle), cfg, plan_of(cfg))
+    config = load_bundle_config(bundle)
+    return Bundle(Path(config.bundle_root), bundle_config_path(bundle), config, config.plan)
 
 
-def update_bundle_config(bundle: str | os.PathLike[str], updates: Mapping[str, Any]) -> dict[str, Any]:
+def update_bundle_config(bundle: str | os.PathLike[str], updates: Mapping[str, Any]) -> BundleConfig:
     """Write ``updates`` (plain top-level keys: tuned values, the loader batch, the learning rate, ``tuning``)
     into the bundle, where its template family keeps them, atomically; returns the config read back."""
     from autotune.families import family_of

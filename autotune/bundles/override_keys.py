@@ -47,7 +47,24 @@ def template_keys(name: str, templates_path: str | os.PathLike[str] | None = Non
     from autotune.bundles.templates import load_template
 
     filled = render_config(load_template(name, templates_path), _STATS, {"modality": "MRI"}, 0, 1)
-    return {**dict.fromkeys((*known_config_keys(), *STAGE_KEYS)), **filled}
+    known = {**dict.fromkeys((*known_config_keys(), *STAGE_KEYS)), **filled}
+    for key, fields in _documented_sections().items():  # a switch the model documents, stated or not
+        if isinstance(known.get(key), Mapping):
+            known[key] = {**dict.fromkeys(fields), **known[key]}
+    return known
+
+
+def _documented_sections() -> dict[str, tuple[str, ...]]:
+    """The sections whose keys the config model lists (``fast_training``, ``batch_scaling``, ...): their keys."""
+    from autotune.bundles.model import BundleConfig
+    from autotune.checks.typed import OpenModel, nested_model
+
+    out = {}
+    for name, field in BundleConfig.model_fields.items():
+        nested = nested_model(field.annotation)
+        if nested is not None and not issubclass(nested, OpenModel):
+            out[name] = tuple(nested.model_fields)
+    return out
 
 
 def check_override_keys(overrides: Mapping[str, Any], algos: Sequence[str], where: str = "overrides",

@@ -265,6 +265,9 @@ def plan_of(cfg: Mapping[str, Any], where: str | None = None) -> TuningPlan | No
     Raises:
         ConfigError: the block is malformed (``where`` names the file; default the bundle).
     """
+    parsed = getattr(cfg, "tuning", None)  # a loaded config (``BundleConfig``) holds the plan parsed
+    if isinstance(parsed, TuningPlan) or (parsed is None and hasattr(cfg, "tuning")):
+        return parsed
     block = cfg.get("tuning")
     if block is None:
         return None

@@ -226,4 +226,26 @@ def render_config(
     _set_roi(cfg, template["roi"], [facts["shape_median"][i] * spacing[i] / resolution[i] for i in range(3)])
     batch_scaling_of(cfg)  # a malformed block fails at generation, not at tuning
     cfg["infer_volume_shape"] = [max(int(a), int(b)) for a, b in zip(cfg["infer_volume_shape"], cfg["roi_size"], strict=True)]
+    _refuse_beyond_any_device(cfg, "infer_volume_shape" in (overrides or {}))
     return cfg
+
+
+def _refuse_beyond_any_device(cfg: Mapping[str, Any], volume_given: bool) -> None:
+    """Refuse a validation volume no device could hold, naming the key it comes from (``resample_resolution``
+    with the images' size, unless ``infer_volume_shape`` was given itself).
+
+    Raises:
+        ConfigError: one line naming the key, the volume and what to do.
+    """
+    from autotune.bundles.model import MAX_VOXELS
+
+    shape = [int(v) for v in cfg["infer_volume_shape"]]
+    voxels = math.prod(shape)
+    if voxels <= MAX_VOXELS:
+        return
+    size = f"{'x'.join(map(str, shape))} ({voxels:.3g} voxels, more than the {MAX_VOXELS:.3g} any device holds)"
+    if volume_given:
+        raise ConfigError(f"key 'infer_volume_shape': a validation volume of {size}; give a smaller one")
+    raise ConfigError(f"key 'resample_resolution': {cfg['resample_resolution']} makes the validation volume of the "
+                      f"images' 99.5th-percentile size {size}; give a coarser spacing (larger values), or leave it "
+                      "to the data ('auto')")

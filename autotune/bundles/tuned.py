@@ -18,11 +18,10 @@ reconciled silently. Bundles written by earlier versions hold the same keys and 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from autotune.bundles.plan import TuningPlan, plan_of
+from autotune.bundles.plan import TuningPlan
 from autotune.errors import ConfigError
 from autotune.tunables import BATCH, SW_BATCH, TUNABLES, VALIDATION_DEVICE, Point, loader_settings
 
@@ -84,21 +83,17 @@ class TunedValues:
         return self.plan.peak_bytes if self.plan is not None else None
 
 
-def tuned_values(cfg: Mapping[str, Any], where: str | None = None) -> TunedValues:
-    """The tuned values of the loaded view ``cfg`` (``where`` names it in an error; default the bundle).
+def tuned_values(config: Any, where: str | None = None) -> TunedValues:
+    """The tuned values of the loaded config ``config`` (an ``autotune.bundles.model.BundleConfig``, which
+    imports this module: ``config.tuned``); ``where`` names it in an error (default the bundle).
 
     Raises:
         ConfigError: the loader batch is not a whole number of passes of ``num_patches_per_iter`` (one line
-            naming the keys and what to set), or the ``tuning:`` block is malformed.
+            naming the keys and what to set), or the config is malformed.
     """
-    place = where or str(cfg.get("bundle_root") or "bundle config")
-    values = {}
-    for t in TUNABLES:
-        key = t.bundle_key or t.name
-        if t.kind == "int" and key not in cfg:
-            raise ConfigError(f"{place}: key {key!r} is missing; regenerate the bundle with 'autotune generate'")
-        values[t.name] = t.bundle_value(cfg)
-    images, crops = int(cfg["num_images_per_batch"]), max(1, int(cfg.get("num_crops_per_image", 1)))
+    place = where or str(config.bundle_root or "bundle config")
+    values = {t.name: t.bundle_value(config) for t in TUNABLES}
+    images, crops = config.num_images_per_batch, config.num_crops_per_image
     n = int(values[BATCH.name])
     if (images * crops) % n:
         fix = loader_settings(n, crops)["num_images_per_batch"]
@@ -107,4 +102,4 @@ def tuned_values(cfg: Mapping[str, Any], where: str | None = None) -> TunedValue
             f"{images} x num_crops_per_image {crops} = {images * crops} patches (training would run passes of "
             f"other sizes); set num_images_per_batch to {fix}, or {BATCH.name} to a divisor of {images * crops}, "
             "or run 'autotune tune' again, which writes all three")
-    return TunedValues(Point.of(values), images, crops, plan_of(cfg, where))
+    return TunedValues(Point.of(values), images, crops, config.plan)
