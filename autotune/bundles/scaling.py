@@ -23,10 +23,13 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.errors import ConfigError
 from autotune.utils import look_up_option
+
+if TYPE_CHECKING:  # pragma: no cover
+    from autotune.bundles.model import BundleConfig
 
 __all__ = [
     "COVERAGE_SHARE",
@@ -127,32 +130,36 @@ class SchedulePlan:
         return asdict(self)
 
 
-def plan_schedule(cfg: Mapping[str, Any], num_cases: int, epochs: int) -> SchedulePlan:
+def plan_schedule(config: BundleConfig, num_cases: int, epochs: int) -> SchedulePlan:
     """The schedule for ``epochs`` epochs over ``num_cases`` training cases with the bundle's batch.
 
     The batch and the loader batch are read as training reads them (``autotune.bundles.tuned``);
     ``lr_warmup_samples`` and ``lr_warmup_start_factor`` (written by the tuner when the
     learning rate was scaled up) become a ramp of ``ceil(samples / N)`` steps.
     """
-    from autotune.bundles.tuned import tuned_values
-
-    tuned = tuned_values(cfg)
+    tuned = config.tuned
     crops, batch = tuned.num_crops_per_image, tuned.num_patches_per_iter
     per_epoch = steps_per_epoch(num_cases, tuned.num_images_per_batch, crops, batch)
     samples = int(num_cases) * crops
-    warmup_samples = int(cfg.get("lr_warmup_samples") or 0)
-    start = float(cfg.get("lr_warmup_start_factor") or 1.0)
+    warmup_samples, start = config.lr_warmup_samples, config.lr_warmup_start_factor
     warmup_steps = math.ceil(warmup_samples / batch) if warmup_samples > 0 and start < 1.0 else 0
     return SchedulePlan(batch, samples, samples * int(epochs), per_epoch, per_epoch * int(epochs), warmup_samples,
                         warmup_steps, start if warmup_steps else 1.0)
 
 
-def batch_scaling_of(cfg: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The bundle's ``batch_scaling`` block, checked; None for bundles generated without one.
+def batch_scaling_of(cfg: Mapping[str, Any] | BundleConfig) -> dict[str, Any] | None:
+    """The bundle's ``batch_scaling`` block, checked: of a loaded ``BundleConfig`` (checked when it was read), or
+    of a plain config being generated; None for bundles generated without one.
 
     Raises:
         ConfigError: a malformed block (the key is named).
     """
+    from autotune.bundles.model import BundleConfig
+
+    if isinstance(cfg, BundleConfig):
+        typed = cfg.batch_scaling
+        return None if typed is None else typed.model_dump(
+            include={"reference_batch", "reference_learning_rate", "lr_scaling", "warmup_epochs"})
     block = cfg.get("batch_scaling")
     if block is None:
         return None

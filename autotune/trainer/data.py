@@ -15,20 +15,24 @@ from __future__ import annotations
 import logging
 import os
 import random
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.device import available_ram_bytes
 from autotune.errors import ConfigError, DataError
 from autotune.utils import bars_enabled, look_up_option, read_json
+
+if TYPE_CHECKING:  # pragma: no cover
+    from autotune.bundles.model import BundleConfig
 
 __all__ = [
     "MODES",
     "VALIDATION_SPLIT",
     "TrainOptions",
     "resolve_options",
+    "cache_folder",
     "split_datalist",
     "shard",
     "estimate_cache_bytes",
@@ -41,16 +45,6 @@ log = logging.getLogger(__name__)
 
 MODES = ("fast", "regular")
 VALIDATION_SPLIT = 0.2  # share of cases held out when the datalist has a single fold
-_FAST_DEFAULTS: dict[str, Any] = {
-    "cache": True,            # cache deterministic transforms (CacheDataset / PersistentDataset)
-    "thread_loader": True,    # ThreadDataLoader over the cache instead of worker processes
-    "nvtx": True,             # NVTX ranges (CUDA only)
-    "gpu_monitor": True,      # NVML sampler writing gpu_monitor.csv (GPU only)
-    "gpu_monitor_interval_s": 1.0,
-    "ram_fraction": 0.5,      # cache in RAM only if it fits in this share of the available RAM
-    "device_fraction": 0.25,  # cache on the GPU only if it fits in this share of its free memory
-    "cache_dir": None,        # PersistentDataset folder; default BUNDLE/cache
-}
 # Bytes per voxel held by the cache for one image channel, the label and the fg/bg indices (int64).
 _CACHE_BYTES_PER_VOXEL_LABEL = 4 + 8
 
@@ -92,86 +86,73 @@ class TrainOptions:
     cache_note: str = ""
 
 
-def _fast_switches(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """``cfg['fast_training']`` over the defaults.
-
-    Raises:
-        ConfigError: not a mapping, an unknown key, or a switch that is not true/false.
-    """
-    fast = dict(_FAST_DEFAULTS)
-    section = cfg.get("fast_training") or {}
-    if not isinstance(section, Mapping):
-        raise ConfigError("bundle config key 'fast_training' must be a mapping of switches, e.g. {cache: true}")
-    unknown = set(section) - set(_FAST_DEFAULTS)
-    if unknown:
-        look_up_option(sorted(unknown)[0], list(_FAST_DEFAULTS), "fast_training key")
-    fast.update(section)
-    for key in ("cache", "thread_loader", "nvtx", "gpu_monitor"):
-        if not isinstance(fast[key], bool):
-            raise ConfigError(f"bundle config key 'fast_training.{key}' must be true or false, got {fast[key]!r}")
-    return fast
-
-
-def _cache_place(cfg: Mapping[str, Any], fast: Mapping[str, Any], on_cuda: bool, cache_bytes: int | None,
+def _cache_place(config: BundleConfig, on_cuda: bool, cache_bytes: int | None,
                  device_free_bytes: int | None) -> tuple[bool, bool, str]:
     """Where the fast-mode cache goes: (on disk, on the device, why not where the config asked)."""
-    persistent = bool(cfg.get("persistent_cache", False)) and fast["cache"]
+    fast = config.fast_training
+    persistent = config.persistent_cache and fast.cache
     why = "persistent_cache: true" if persistent else ""
-    if fast["cache"] and not persistent and cache_bytes is not None:
-        limit = float(fast["ram_fraction"]) * available_ram_bytes()
-        if cache_bytes * float(cfg.get("cache_rate", 1.0)) > limit:
+    if fast.cache and not persistent and cache_bytes is not None:
+        limit = fast.ram_fraction * available_ram_bytes()
+        if cache_bytes * config.cache_rate > limit:
             persistent, why = True, f"cache of about {cache_bytes / 2**30:.1f} GiB would not fit in RAM"
     # Disk-cached items are re-read each epoch; they move to the device per batch instead.
-    on_device = on_cuda and fast["cache"] and not persistent and bool(cfg.get("cache_on_device", True))
+    on_device = on_cuda and fast.cache and not persistent and config.cache_on_device
     if on_device and cache_bytes is not None and device_free_bytes is not None:
-        share = cache_bytes * float(cfg.get("cache_rate", 1.0)) / max(device_free_bytes, 1)
-        if share > float(fast["device_fraction"]):
+        share = cache_bytes * config.cache_rate / max(device_free_bytes, 1)
+        if share > fast.device_fraction:
             on_device, why = False, f"cache would take {100 * share:.0f}% of the free GPU memory; held in RAM"
     return persistent, on_device, why
 
 
+def cache_folder(config: BundleConfig) -> Path:
+    """The persistent cache's folder: ``fast_training.cache_dir`` (``~`` expanded, a relative path taken from the
+    bundle folder), else ``BUNDLE/cache``."""
+    root = Path(config.bundle_root)
+    chosen = config.fast_training.cache_dir
+    return root / Path(chosen).expanduser() if chosen else root / "cache"
+
+
 def resolve_options(
-    cfg: Mapping[str, Any], mode: str, device: str, cache_bytes: int | None = None,
+    config: BundleConfig, mode: str, device: str, cache_bytes: int | None = None,
     device_free_bytes: int | None = None,
 ) -> TrainOptions:
-    """Resolve the fast-mode switches from ``cfg['fast_training']`` and the top-level keys.
+    """Resolve the fast-mode switches from ``config.fast_training`` and the top-level keys.
 
     Args:
-        cfg: the bundle config.
+        config: the bundle config.
         mode: ``fast`` (each technique on where it applies) or ``regular`` (the seed's baseline).
         device: the training device, e.g. ``cpu`` or ``cuda:0``.
         cache_bytes: estimated size of the cache, to decide between RAM and disk.
         device_free_bytes: free memory of the training GPU, to decide whether the cache goes there.
 
     Raises:
-        ConfigError: an unknown mode or a ``fast_training`` value of the wrong type.
+        ConfigError: an unknown mode.
     """
     mode = look_up_option(mode, MODES, "training mode")
-    fast = _fast_switches(cfg)
-    num_workers = int(cfg.get("num_workers", 2) or 0)
-    cache_dir = Path(fast["cache_dir"] or Path(cfg["bundle_root"]) / "cache")
+    fast = config.fast_training
+    cache_dir = cache_folder(config)
     on_cuda = str(device).startswith("cuda")
-    monitor = {"nvtx": on_cuda and fast["nvtx"], "gpu_monitor": fast["gpu_monitor"],
-               "gpu_monitor_interval_s": float(fast["gpu_monitor_interval_s"])}
+    monitor = {"nvtx": on_cuda and fast.nvtx, "gpu_monitor": fast.gpu_monitor,
+               "gpu_monitor_interval_s": fast.gpu_monitor_interval_s}
     if mode == "regular":
         return TrainOptions(mode=mode, cache=False, persistent=False, cache_on_device=False, thread_loader=False,
-                            num_workers=num_workers, amp=False, template_recipe=False, cache_rate=0.0,
+                            num_workers=config.num_workers, amp=False, template_recipe=False, cache_rate=0.0,
                             cache_dir=cache_dir, **monitor)
-    persistent, on_device, why = _cache_place(cfg, fast, on_cuda, cache_bytes, device_free_bytes)
+    persistent, on_device, why = _cache_place(config, on_cuda, cache_bytes, device_free_bytes)
     return TrainOptions(
-        mode=mode, cache=fast["cache"], persistent=persistent, cache_on_device=on_device,
-        thread_loader=fast["thread_loader"] and fast["cache"], num_workers=num_workers,
-        amp=bool(cfg.get("amp", True)), template_recipe=True, cache_rate=float(cfg.get("cache_rate", 1.0)),
-        cache_dir=cache_dir, cache_note=why, **monitor,
+        mode=mode, cache=fast.cache, persistent=persistent, cache_on_device=on_device,
+        thread_loader=fast.thread_loader and fast.cache, num_workers=config.num_workers, amp=config.amp,
+        template_recipe=True, cache_rate=config.cache_rate, cache_dir=cache_dir, cache_note=why, **monitor,
     )
 
 
-def split_datalist(cfg: Mapping[str, Any]) -> tuple[list[dict], list[dict], str]:
+def split_datalist(config: BundleConfig) -> tuple[list[dict], list[dict], str]:
     """Training and validation cases of the bundle's fold.
 
-    Validation is the cases whose ``fold`` equals ``cfg['fold']``; training is every
+    Validation is the cases whose ``fold`` equals ``config.fold``; training is every
     other case. When the bundle has ``num_fold: 1`` or the datalist holds a single
-    fold, a deterministic 20% of the cases (shuffled with ``cfg['seed']``) is held out.
+    fold, a deterministic 20% of the cases (shuffled with ``config.seed``) is held out.
 
     Returns:
         (training cases, validation cases, a one-line note of how they were split).
@@ -181,23 +162,23 @@ def split_datalist(cfg: Mapping[str, Any]) -> tuple[list[dict], list[dict], str]
         InputError: the datalist is missing or not JSON.
         DataError: the datalist has no training cases, or the fold has none.
     """
-    path = cfg.get("datalist")
+    path = config.datalist
     if not path:
         raise ConfigError("bundle config has no 'datalist'; regenerate the bundle with 'autotune generate'")
     datalist = read_json(path, DataError)
     cases = datalist.get("training") if isinstance(datalist, dict) else None
     if not isinstance(cases, list) or not cases:
         raise DataError(f"{path}: no 'training' cases; give an Auto3DSeg datalist with training cases")
-    fold = int(cfg.get("fold", 0))
+    fold = config.fold
     folds = {int(c.get("fold", 0)) for c in cases}
-    if int(cfg.get("num_fold", 1)) > 1 and len(folds) > 1:
+    if config.num_fold > 1 and len(folds) > 1:
         val = [c for c in cases if int(c.get("fold", 0)) == fold]
         train = [c for c in cases if int(c.get("fold", 0)) != fold]
         if not val:
             raise DataError(f"{path}: fold {fold} has no cases; folds present: {sorted(folds)}")
         return train, val, f"fold {fold}: {len(train)} training, {len(val)} validation cases"
     order = list(range(len(cases)))
-    random.Random(int(cfg.get("seed", 0))).shuffle(order)
+    random.Random(config.seed).shuffle(order)
     n_val = max(1, round(VALIDATION_SPLIT * len(cases))) if len(cases) > 1 else 0
     val_idx = set(order[:n_val])
     val = [c for i, c in enumerate(cases) if i in val_idx]
@@ -217,15 +198,15 @@ def shard(items: Sequence[dict], rank: int, world_size: int, seed: int, even: bo
                                   even_divisible=even)[rank])
 
 
-def estimate_cache_bytes(cases: Sequence[dict], cfg: Mapping[str, Any]) -> int:
+def estimate_cache_bytes(cases: Sequence[dict], config: BundleConfig) -> int:
     """Bytes the training cache would hold: resampled voxels x (channels x 4 + label 4 + indices 8).
 
     Read from the NIfTI headers only (shape and spacing); unknown formats count as 0.
     """
     import nibabel as nib
 
-    pixdim = [float(v) for v in cfg["resample_resolution"]]
-    channels = int(cfg.get("input_channels", 1))
+    pixdim = config.resample_resolution
+    channels = config.input_channels
     total = 0
     for case in cases:
         image = case["image"][0] if isinstance(case["image"], list) else case["image"]

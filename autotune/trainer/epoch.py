@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from autotune.utils import bars_enabled
 
 if TYPE_CHECKING:  # pragma: no cover
+    from autotune.bundles.model import BundleConfig
     from autotune.bundles.tuned import TunedValues
     from autotune.finite import StepGuard
     from autotune.trainer.ddp import DistContext
@@ -39,7 +40,7 @@ class EpochParts:
 
     Attributes:
         ctx: this process's rank, world size and device.
-        cfg: the bundle config (sliding-window settings, classes).
+        config: the bundle config (sliding-window settings, classes).
         tuned: the tuned values it trains with (``autotune.bundles.tuned``: the patches per pass).
         recipe: the network (``model``; ``net`` is what trains, DDP-wrapped with several processes),
             loss, optimizer, schedule, scaler, autocast dtype and NVTX ranges.
@@ -52,7 +53,7 @@ class EpochParts:
     """
 
     ctx: DistContext
-    cfg: Mapping[str, Any]
+    config: BundleConfig
     tuned: TunedValues
     recipe: ModelSetup
     memory: PhaseMemory
@@ -344,8 +345,9 @@ def validate(parts: EpochParts, row: dict[str, Any], dice_columns: list[str]) ->
     t0 = time.perf_counter()
     parts.memory.start(parts.recipe.model, parts.recipe.optimizer, "validation")
     with parts.memory.tracking():
-        per_class, mean = evaluate(parts.recipe.model, parts.val_loader, parts.cfg, parts.ctx.device, parts.recipe.amp_dtype,
-                                   parts.ctx, fallbacks=parts.fallbacks, epoch=int(row["epoch"]), memory=parts.memory)
+        per_class, mean = evaluate(parts.recipe.model, parts.val_loader, parts.config, parts.ctx.device,
+                                   parts.recipe.amp_dtype, parts.ctx, fallbacks=parts.fallbacks,
+                                   epoch=int(row["epoch"]), memory=parts.memory)
     row["val_s"] = time.perf_counter() - t0
     parts.memory.read(row, "val")
     row.update(dict(zip(dice_columns, per_class, strict=True)))

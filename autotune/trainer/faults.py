@@ -113,7 +113,7 @@ def run_diverged(run: Any, what: str) -> TrainingDiverged:
     group = run.recipe.optimizer.param_groups[0]
     return diverged_error(what, run.recipe.precision.name, kept_files(run.out, run.kept, run.best_saved),
                           run.continue_command(), run.continue_command(resume=False),
-                          float(group.get("initial_lr", group["lr"])), run.cfg["bundle_root"])
+                          float(group.get("initial_lr", group["lr"])), run.config.bundle_root)
 
 
 def run_fault(run: Any, exc: Exception) -> Exception | None:
@@ -126,7 +126,7 @@ def run_fault(run: Any, exc: Exception) -> Exception | None:
         return None
     if isinstance(exc, NonFiniteSteps):
         return run_diverged(run, skipped(exc, run.steps_per_epoch, run.ctx.world_size))
-    oom = out_of_memory_error(exc, run.cfg, run.memory_limit, run.memory.phase, run.epoch, run.out / "last.pt")
+    oom = out_of_memory_error(exc, run.config, run.memory_limit, run.memory.phase, run.epoch, run.out / "last.pt")
     refusal = write_refusal(exc, run.data.opts.cache_dir) if oom is None else None
     if refusal is None:
         return oom

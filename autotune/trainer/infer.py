@@ -15,13 +15,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from autotune.bundles.tuned import tuned_values
 from autotune.errors import ConfigError, HostWriteError, InputError
 from autotune.utils import bars_enabled, read_json
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
+    from autotune.bundles.model import BundleConfig
     from autotune.trainer.ddp import DistContext
 
 __all__ = ["infer", "evaluate", "model_dir", "resolve_checkpoint", "load_model", "plain_tensor", "predict_args", "class_labels"]
@@ -29,15 +29,15 @@ __all__ = ["infer", "evaluate", "model_dir", "resolve_checkpoint", "load_model",
 log = logging.getLogger(__name__)
 
 
-def model_dir(cfg: Mapping[str, Any]) -> Path:
+def model_dir(config: BundleConfig) -> Path:
     """``BUNDLE/model_fold<k>``: where checkpoints and metrics go."""
-    return Path(cfg["bundle_root"]) / f"model_fold{int(cfg.get('fold', 0))}"
+    return Path(config.bundle_root) / f"model_fold{config.fold}"
 
 
-def class_labels(cfg: Mapping[str, Any]) -> list[str]:
+def class_labels(config: BundleConfig) -> list[str]:
     """Names of the classes Dice is reported for (foreground only for softmax bundles)."""
-    count = int(cfg["output_classes"]) if cfg.get("sigmoid") else int(cfg["output_classes"]) - 1
-    names = [str(n) for n in (cfg.get("class_names") or [])]
+    count = config.output_classes if config.sigmoid else config.output_classes - 1
+    names = [str(n) for n in (config.class_names or [])]
     if len(names) != count:
         names = [f"class{i}" for i in range(1, count + 1)]
     return ["".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in name) for name in names]
@@ -48,20 +48,20 @@ def plain_tensor(tensor: Any) -> torch.Tensor:
     return tensor.as_tensor() if hasattr(tensor, "as_tensor") else tensor
 
 
-def resolve_checkpoint(cfg: Mapping[str, Any], checkpoint: str | os.PathLike[str]) -> Path:
+def resolve_checkpoint(config: BundleConfig, checkpoint: str | os.PathLike[str]) -> Path:
     """``best``, ``last`` or a path -> an existing checkpoint file.
 
     Raises:
         ConfigError: the checkpoint does not exist (says which command makes it).
     """
     name = str(checkpoint)
-    path = model_dir(cfg) / f"{name}.pt" if name in ("best", "last") else Path(name).expanduser()
+    path = model_dir(config) / f"{name}.pt" if name in ("best", "last") else Path(name).expanduser()
     if not path.is_file():
-        raise ConfigError(f"{path}: checkpoint not found; run 'autotune train {cfg['bundle_root']}' first")
+        raise ConfigError(f"{path}: checkpoint not found; run 'autotune train {config.bundle_root}' first")
     return path
 
 
-def load_model(cfg: Mapping[str, Any], path: Path, device: str) -> torch.nn.Module:
+def load_model(config: BundleConfig, path: Path, device: str) -> torch.nn.Module:
     """The bundle's network with the weights in ``path``, on ``device``, in eval mode.
 
     Raises:
@@ -71,11 +71,11 @@ def load_model(cfg: Mapping[str, Any], path: Path, device: str) -> torch.nn.Modu
 
     from autotune.build import build_network
 
-    model = build_network(cfg)
+    model = build_network(config)
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
         weights = state["model"] if "model" in state else state
-        _refuse_other_shapes(cfg, model, weights, path)
+        _refuse_other_shapes(config, model, weights, path)
         model.load_state_dict(weights)
     except (RuntimeError, KeyError, TypeError, OSError, AttributeError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -83,7 +83,7 @@ def load_model(cfg: Mapping[str, Any], path: Path, device: str) -> torch.nn.Modu
     return model.to(device).eval()
 
 
-def _refuse_other_shapes(cfg: Mapping[str, Any], model: Any, weights: Mapping[str, Any], path: Path) -> None:
+def _refuse_other_shapes(config: BundleConfig, model: Any, weights: Mapping[str, Any], path: Path) -> None:
     """Refuse weights of another shape than the bundle's network, naming the first tensor that differs and the
     bundle keys its shape comes from (a checkpoint of a bundle with other channels or classes).
 
@@ -95,23 +95,20 @@ def _refuse_other_shapes(cfg: Mapping[str, Any], model: Any, weights: Mapping[st
         if key in own and hasattr(tensor, "shape") and tuple(tensor.shape) != tuple(own[key].shape):
             raise ConfigError(f"{path}: {key} has shape {list(tensor.shape)} in the checkpoint but "
                               f"{list(own[key].shape)} in the network of this bundle (input_channels "
-                              f"{cfg['input_channels']}, output_classes {cfg['output_classes']} in "
-                              f"{cfg.get('bundle_root', 'its config')}); give a checkpoint trained from this bundle")
+                              f"{config.input_channels}, output_classes {config.output_classes} in "
+                              f"{config.bundle_root or 'its config'}); give a checkpoint trained from this bundle")
 
 
-def predict_args(cfg: Mapping[str, Any]) -> dict[str, Any]:
+def predict_args(config: BundleConfig) -> dict[str, Any]:
     """The sliding window's arguments: the roi, the tuned window batch (``autotune.bundles.tuned``), the overlap."""
-    return {
-        "roi_size": [int(v) for v in cfg["roi_size"]],
-        "sw_batch_size": tuned_values(cfg).num_sw_batch_size,
-        "overlap": float(cfg.get("sw_overlap", 0.5)),
-    }
+    return {"roi_size": list(config.roi_size), "sw_batch_size": config.tuned.num_sw_batch_size,
+            "overlap": config.sw_overlap}
 
 
 def evaluate(
     model: torch.nn.Module,
     loader: Any,
-    cfg: Mapping[str, Any],
+    config: BundleConfig,
     device: str,
     amp_dtype: torch.dtype | None,
     ctx: DistContext,
@@ -134,10 +131,10 @@ def evaluate(
     from autotune.step import make_dice_metric, score_case, sliding_window_predict
     from autotune.trainer.ddp import all_reduce_sum
 
-    sigmoid = bool(cfg.get("sigmoid"))
-    num_classes = int(cfg["output_classes"])
-    image_device = tuned_values(cfg).image_device(device)
-    metric = make_dice_metric(cfg)
+    sigmoid = config.sigmoid
+    num_classes = config.output_classes
+    image_device = config.tuned.image_device(device)
+    metric = make_dice_metric(config)
     count = num_classes if sigmoid else num_classes - 1
     sums, counts = [0.0] * count, [0.0] * count
     was_training = model.training
@@ -146,10 +143,10 @@ def evaluate(
         if fallbacks is None:
             image = plain_tensor(batch["image"]).to(image_device)
             label = plain_tensor(batch["label"]).to(image_device)
-            logits = sliding_window_predict(model, image, device=device, amp_dtype=amp_dtype, **predict_args(cfg))
-            scores = score_case(logits, label, cfg, metric).detach().cpu()
+            logits = sliding_window_predict(model, image, device=device, amp_dtype=amp_dtype, **predict_args(config))
+            scores = score_case(logits, label, config, metric).detach().cpu()
         else:
-            scores = _score_stepping_down(model, batch, cfg, device, amp_dtype, metric, fallbacks, epoch, case, memory)
+            scores = _score_stepping_down(model, batch, config, device, amp_dtype, metric, fallbacks, epoch, case, memory)
         for row in scores:
             for index, value in enumerate(row.tolist()[:count]):
                 if value == value:  # not NaN: the class is in this case's ground truth
@@ -168,7 +165,7 @@ def evaluate(
     return per_class, (sum(present) / len(present) if present else None)
 
 
-def _score_stepping_down(model: Any, batch: Mapping[str, Any], cfg: Mapping[str, Any], device: str, amp_dtype: Any,
+def _score_stepping_down(model: Any, batch: Mapping[str, Any], config: BundleConfig, device: str, amp_dtype: Any,
                          metric: Any, fallbacks: Any, epoch: int, case: int, memory: Any) -> Any:
     """One case's Dice per class with the sliding-window batch and validation device in force, stepping down
     (``fallbacks.validation_oom``) and scoring it again after each out-of-memory."""
@@ -183,8 +180,8 @@ def _score_stepping_down(model: Any, batch: Mapping[str, Any], cfg: Mapping[str,
             image = plain_tensor(batch["image"]).to(image_device)
             label = plain_tensor(batch["label"]).to(image_device)
             logits = sliding_window_predict(model, image, device=device, amp_dtype=amp_dtype,
-                                            **{**predict_args(cfg), "sw_batch_size": fallbacks.sw_batch})
-            return score_case(logits, label, cfg, metric).detach().cpu()
+                                            **{**predict_args(config), "sw_batch_size": fallbacks.sw_batch})
+            return score_case(logits, label, config, metric).detach().cpu()
         except Exception as exc:
             if not is_oom_error(exc):
                 raise
@@ -269,12 +266,12 @@ def infer(
     from autotune.device import check_device, resolve_device
     from autotune.files import check_creatable
 
-    cfg = load_bundle_config(bundle)
+    config = load_bundle_config(bundle)
     device = check_device(resolve_device(device))
     files = _input_files(images)
-    check_images_fit(cfg, files, bundle_config_path(bundle))  # before the model is built or a window run
+    check_images_fit(config, files, bundle_config_path(bundle))  # before the model is built or a window run
     check_creatable(output_dir, "the predictions folder (--output)", InputError)
-    predict = _Predictor(cfg, load_model(cfg, resolve_checkpoint(cfg, checkpoint), device), device)
+    predict = _Predictor(config, load_model(config, resolve_checkpoint(config, checkpoint), device), device)
     out = _output_folder(output_dir)
     written: list[Path] = []
     used: set[str] = set()
@@ -290,16 +287,16 @@ def infer(
 class _Predictor:
     """``predictor(image)`` -> (label map as uint8 in the image's own geometry, its affine)."""
 
-    def __init__(self, cfg: Mapping[str, Any], model: torch.nn.Module, device: str) -> None:
+    def __init__(self, config: BundleConfig, model: torch.nn.Module, device: str) -> None:
         from monai.transforms import Invertd
 
         from autotune.build import amp_dtype, build_transforms
 
-        self.cfg, self.model, self.device = cfg, model, device
-        self.transforms = build_transforms(cfg, "infer")
+        self.config, self.model, self.device = config, model, device
+        self.transforms = build_transforms(config, "infer")
         self.invert = Invertd(keys="pred", transform=self.transforms, orig_keys="image", nearest_interp=True)
-        self.image_device = tuned_values(cfg).image_device(device)
-        self.amp_dtype = amp_dtype(cfg, device)
+        self.image_device = config.tuned.image_device(device)
+        self.amp_dtype = amp_dtype(config, device)
 
     def __call__(self, item: Any) -> tuple[Any, Any]:
         import numpy as np
@@ -310,9 +307,9 @@ class _Predictor:
         data = self.transforms({"image": item})
         logits = sliding_window_predict(
             self.model, plain_tensor(data["image"]).unsqueeze(0).to(self.image_device), device=self.device,
-            amp_dtype=self.amp_dtype, **predict_args(self.cfg),
+            amp_dtype=self.amp_dtype, **predict_args(self.config),
         )[0].float()
-        if self.cfg.get("sigmoid"):
+        if self.config.sigmoid:
             pred = (logits.sigmoid() > 0.5).float()
         else:
             pred = logits.argmax(dim=0, keepdim=True).float()

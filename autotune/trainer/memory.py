@@ -11,24 +11,25 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.utils import format_bytes, parse_bytes
+
+if TYPE_CHECKING:  # pragma: no cover
+    from autotune.bundles.model import BundleConfig
 
 __all__ = ["PhaseMemory", "training_limit", "out_of_memory_error", "alloc_conf_warning"]
 
 
-def training_limit(cfg: dict[str, Any], device: str, memory_limit: int | str | None) -> int | None:
+def training_limit(config: BundleConfig, device: str, memory_limit: int | str | None) -> int | None:
     """The limit training keeps: the one given, else the tuning block's when training on the tuned
     device. A limit or device other than the tuned ones gets one warning line naming both."""
-    from autotune.bundles.tuned import tuned_values
-
-    plan = tuned_values(cfg).plan
+    plan = config.plan
     limit = None if memory_limit is None else parse_bytes(memory_limit, "--memory-limit")
     if plan is None:
         return limit
     if plan.method == "measured" and plan.device != str(device):
-        print(f"warning: {cfg.get('bundle_root')} was tuned on {plan.device} ({plan.device_name}) "
+        print(f"warning: {config.bundle_root} was tuned on {plan.device} ({plan.device_name}) "
               f"but trains on {device}: the tuned values may not fit; run 'autotune tune' on {device}",
               file=sys.stderr)
     elif limit is None and plan.device == str(device):
@@ -56,12 +57,11 @@ def alloc_conf_warning(plan: Any, device: str) -> str | None:
     return line
 
 
-def out_of_memory_error(exc: BaseException, cfg: dict[str, Any], limit: int | None, phase: str, epoch: int,
+def out_of_memory_error(exc: BaseException, config: BundleConfig, limit: int | None, phase: str, epoch: int,
                         last_checkpoint: Any) -> Exception | None:
     """``TrainingOutOfMemory`` (one line, what was tried, what to do) when ``exc`` is an out-of-memory error in
     ``phase`` of ``epoch``, else None. ``exc.tried`` (``autotune.trainer.fallback.StepDownsExhausted``) says
     which step-downs failed too."""
-    from autotune.bundles.tuned import tuned_values
     from autotune.errors import TrainingOutOfMemory
     from autotune.probe.memory import is_oom_error
 
@@ -69,11 +69,11 @@ def out_of_memory_error(exc: BaseException, cfg: dict[str, Any], limit: int | No
         return None
     under = format_bytes(limit) if limit else "the device's memory"
     tried = getattr(exc, "tried", "")
-    tuned = tuned_values(cfg)
+    tuned = config.tuned
     what = (f"tried {tried}" if tried else
             f"{tuned.num_patches_per_iter} patches per pass, sw batch {tuned.num_sw_batch_size}")
     return TrainingOutOfMemory(
-        f"{cfg['bundle_root']}: out of memory in {phase} of epoch {epoch} under {under} ({what}); "
+        f"{config.bundle_root}: out of memory in {phase} of epoch {epoch} under {under} ({what}); "
         f"run 'autotune tune' again at this limit or lower num_patches_per_iter; {last_checkpoint} "
         f"holds epoch {epoch - 1}, continue with --resume")
 

@@ -11,8 +11,7 @@ out-of-memory asks for it (``autotune.trainer.fallback.RestartRun``). Outputs go
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.checks import duration, integer
 from autotune.errors import ConfigError, SpecError
@@ -20,6 +19,9 @@ from autotune.trainer.fallback import RestartRun
 from autotune.trainer.memory import training_limit
 from autotune.trainer.training_run import TrainingRun
 from autotune.utils import read_json
+
+if TYPE_CHECKING:  # pragma: no cover
+    from autotune.bundles.model import BundleConfig
 
 __all__ = ["train", "run_worker", "parse_duration", "TrainingRun"]
 
@@ -89,26 +91,25 @@ def train(
         DataError / InputError: unusable data.
     """
     from autotune.bundles.config import load_bundle_config
-    from autotune.bundles.tuned import tuned_values
     from autotune.device import resolve_device
     from autotune.trainer.data import resolve_options
 
     device = resolve_device(device)
     _check_args(epochs, max_time, val_every, nproc)
-    cfg = load_bundle_config(bundle)  # fail here, in one process, on a bad bundle
-    tuned_values(cfg)  # and on a batch stated inconsistently (autotune.bundles.tuned)
-    _check_trained_here(bundle, cfg, memory_limit)
-    _check_data(bundle, cfg)
-    resolve_options(cfg, mode, "cpu")
+    config = load_bundle_config(bundle)  # fail here, in one process, on a bad bundle
+    _ = config.tuned  # and on a batch stated inconsistently (autotune.bundles.tuned)
+    _check_trained_here(bundle, config, memory_limit)
+    _check_data(bundle, config)
+    resolve_options(config, mode, "cpu")
     _check_device(device, nproc)
-    limit = training_limit(cfg, device, memory_limit)
+    limit = training_limit(config, device, memory_limit)
     kwargs = dict(bundle=str(bundle), device=device, epochs=epochs, max_time=max_time, val_every=val_every,
                   resume=resume, mode=mode, progress=progress, memory_limit=limit)
     if nproc > 1 and int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         from autotune.trainer.ddp import spawn
         from autotune.trainer.infer import model_dir
 
-        summary = model_dir(cfg) / "train_summary.json"
+        summary = model_dir(config) / "train_summary.json"
         before = _stamp(summary)
         spawn(run_worker, nproc, kwargs)
         if _stamp(summary) == before:  # rank 0 writes it last; an old one is not this run's
@@ -125,7 +126,7 @@ def _stamp(path: Any) -> tuple[int, int] | None:
     return stat.st_size, stat.st_mtime_ns
 
 
-def _check_data(bundle: str | os.PathLike[str], cfg: Mapping[str, Any]) -> None:
+def _check_data(bundle: str | os.PathLike[str], config: BundleConfig) -> None:
     """The fold's cases (training and validation) against the bundle, before anything is built or written:
     the images' channels and axes, the labels' grid and values (``autotune.data.bundle_fit``).
 
@@ -136,11 +137,11 @@ def _check_data(bundle: str | os.PathLike[str], cfg: Mapping[str, Any]) -> None:
     from autotune.data.bundle_fit import check_cases_fit
     from autotune.trainer.data import split_datalist
 
-    train_cases, val_cases, _note = split_datalist(cfg)
-    check_cases_fit(cfg, [*train_cases, *val_cases], bundle_config_path(bundle))
+    train_cases, val_cases, _note = split_datalist(config)
+    check_cases_fit(config, [*train_cases, *val_cases], bundle_config_path(bundle))
 
 
-def _check_trained_here(bundle: str | os.PathLike[str], cfg: Mapping[str, Any], memory_limit: Any) -> None:
+def _check_trained_here(bundle: str | os.PathLike[str], config: BundleConfig, memory_limit: Any) -> None:
     """Refuse a bundle its template family trains with its own command (``autotune.families``), naming it.
 
     Raises:
@@ -150,7 +151,7 @@ def _check_trained_here(bundle: str | os.PathLike[str], cfg: Mapping[str, Any], 
 
     from autotune.families import family_for
 
-    family = family_for(cfg)
+    family = family_for(config)
     if not family.trained_by_autotune:
         from autotune.utils import parse_bytes
 

@@ -14,7 +14,6 @@ import time
 from dataclasses import asdict
 from typing import Any
 
-from autotune.bundles.tuned import tuned_values
 from autotune.errors import HostWriteError, TrainingStopped
 from autotune.files import atomic_write_json
 from autotune.finite import StepGuard, nonfinite_parameters
@@ -58,17 +57,17 @@ class TrainingRun:
 
         self.t_start = self.clock()
         self.ctx, self.mode, self.resume, self.max_time = ctx, mode, resume, max_time
-        self.cfg = load_bundle_config(bundle)
-        self.tuned = tuned_values(self.cfg)  # what it trains and infers with, read once (autotune.bundles.tuned)
+        self.config = load_bundle_config(bundle)
+        self.tuned = self.config.tuned  # what it trains and infers with (autotune.bundles.tuned)
         self.progress = progress and ctx.is_main
-        self.total_epochs = int(epochs or self.cfg["num_epochs"])  # with a fitted schedule: the plan so far
-        self.val_every = int(val_every or self.cfg.get("num_epochs_per_validation", 1) or 1)
+        self.total_epochs = int(epochs or self.config.num_epochs)  # with a fitted schedule: the plan so far
+        self.val_every = int(val_every or self.config.num_epochs_per_validation)
         self.set_by = schedule_set_by(epochs, max_time)
         self.fixed_val_every = val_every is not None
         self.fit: Any = None  # the TimeFit of a run whose schedule its --max-time sets
-        self.patience = int(self.cfg.get("early_stop_patience") or 0)
-        self.out = model_dir(self.cfg)  # created in run(), once every check has passed
-        self.metrics = MetricsLog(self.out, class_labels(self.cfg), enabled=ctx.is_main)
+        self.patience = self.config.early_stop_patience or 0
+        self.out = model_dir(self.config)  # created in run(), once every check has passed
+        self.metrics = MetricsLog(self.out, class_labels(self.config), enabled=ctx.is_main)
         self.memory_limit = memory_limit
         self.memory = PhaseMemory(ctx.device, memory_limit)
         self.state = RunState()
@@ -100,15 +99,15 @@ class TrainingRun:
         from autotune.trainer.budget import TimeFit
         from autotune.trainer.timing import PhaseClock
 
-        self.data = setup_data(self.cfg, self.ctx, self.mode, self.total_epochs, self._device_room(), self.progress)
-        self.recipe = setup_model(self.cfg, self.ctx, self.mode, self.data.opts, self.data.plan)
+        self.data = setup_data(self.config, self.ctx, self.mode, self.total_epochs, self._device_room(), self.progress)
+        self.recipe = setup_model(self.config, self.ctx, self.mode, self.data.opts, self.data.plan)
         self.steps_per_epoch = self.data.plan.steps_per_epoch
         ctx = self.ctx
         guard = StepGuard(self.recipe.model, (lambda flag: all_ranks_max(ctx, [flag])[0]) if ctx.enabled else None)
-        self.fallbacks = start_fallbacks(self.cfg, ctx, self.memory_limit, self.recipe.model, self.restarted)
+        self.fallbacks = start_fallbacks(self.config, ctx, self.memory_limit, self.recipe.model, self.restarted)
         self.parts = EpochParts(
-            ctx=ctx, cfg=self.cfg, tuned=self.tuned, recipe=self.recipe, memory=self.memory,
-            train_loader=self.data.train_loader, val_loader=self.data.val_loader, seed=int(self.cfg.get("seed", 0)),
+            ctx=ctx, config=self.config, tuned=self.tuned, recipe=self.recipe, memory=self.memory,
+            train_loader=self.data.train_loader, val_loader=self.data.val_loader, seed=self.config.seed,
             train_transforms=self.data.train_transforms, total_epochs=self.total_epochs, progress=self.progress,
             guard=guard, clock=PhaseClock(ctx.device), fallbacks=self.fallbacks)
         if self.set_by == "max_time":
@@ -125,7 +124,8 @@ class TrainingRun:
     def checkpoint(self, epoch: int, partial: dict[str, Any] | None = None) -> dict[str, Any]:
         """The checkpoint after ``epoch`` (and ``partial``: how far the next epoch got)."""
         state = checkpoint_state(self.state_parts(), self.state, epoch, mode=self.mode, elapsed_s=self.elapsed(),
-                                 total_steps=self.total_epochs * self.steps_per_epoch, cfg=self.cfg, partial=partial)
+                                 total_steps=self.total_epochs * self.steps_per_epoch, cfg=self.config,
+                                 partial=partial)
         return {**state, "memory_fallbacks": self.fallbacks.state()}
 
     def continue_command(self, resume: bool = True) -> str:
@@ -133,7 +133,7 @@ class TrainingRun:
         left = None
         if self.fit is not None:  # a fresh run gets the whole budget again; a resumed one what was left
             left = self.fit.budget_s - (self.clock() - self.t_start) if resume else self.fit.budget_s
-        return continue_command(self.cfg["bundle_root"], self.total_epochs, self.mode, self.ctx.world_size, resume,
+        return continue_command(self.config.bundle_root, self.total_epochs, self.mode, self.ctx.world_size, resume,
                                 left)
 
     def elapsed(self) -> float:
@@ -151,7 +151,8 @@ class TrainingRun:
                 size = checkpoint_bytes(self.recipe.model, self.recipe.optimizer, self.recipe.scaler)
                 check_checkpoint_room(self.out, size, self.continue_command(resume=self.resume))
                 if self.data.opts.persistent:
-                    check_cache_room(self.data.opts.cache_dir, self.data.cache_disk_bytes, self.cfg["bundle_root"])
+                    check_cache_room(self.data.opts.cache_dir, self.data.cache_disk_bytes,
+                                      self.config.bundle_root)
             except HostWriteError as exc:
                 refusal = exc
         if broadcast_flag(self.ctx, refusal is not None):
@@ -360,7 +361,7 @@ class TrainingRun:
         from autotune.trainer.monitor import plot_curves
 
         if self.ctx.is_main and self.metrics.rows:
-            plot_curves(self.metrics.rows, self.out / "curves.png", f"{self.cfg['algo']} {self.mode}")
+            plot_curves(self.metrics.rows, self.out / "curves.png", f"{self.config.algo} {self.mode}")
             self.curves_at = time.monotonic()
 
     def _finish(self, stopped: str, epoch: int, seconds: float, monitor: Any) -> dict[str, Any]:
@@ -371,7 +372,7 @@ class TrainingRun:
 
         out, first = self.out, self.state.epoch + 1
         summary = {
-            "bundle": self.cfg["bundle_root"], "mode": self.mode, "device": self.ctx.device,
+            "bundle": self.config.bundle_root, "mode": self.mode, "device": self.ctx.device,
             "world_size": self.ctx.world_size, "first_epoch": first, "last_epoch": epoch,
             "epochs_run": epoch - self.state.epoch, "stopped": stopped, "best_metric": self.state.best,
             "best_epoch": self.state.best_epoch, "precision": self.recipe.precision.name,

@@ -26,16 +26,16 @@ def test_two_cpu_processes_share_one_epoch(unet_bundle: Path) -> None:
     summary = train(unet_bundle, max_time=0.5, nproc=2, progress=False)
     assert summary["world_size"] == 2 and summary["epochs_run"] == 1
     assert summary["schedule"]["set_by"] == "max_time" and summary["schedule"]["planned_epochs"] == 1
-    cfg = load_bundle_config(unet_bundle)
-    train_cases, _, _ = split_datalist(cfg)
+    config = load_bundle_config(unet_bundle)
+    train_cases, _, _ = split_datalist(config)
     # Each rank cached only its shard: half of the training cases (rounded up, padded to equal length).
     assert summary["train_cases_per_rank"] == -(-len(train_cases) // 2)
     row = json.loads((unet_bundle / "model_fold0" / "metrics.json").read_text())["rows"][-1]
-    per_rank = summary["train_cases_per_rank"] * cfg["num_crops_per_image"]
+    per_rank = summary["train_cases_per_rank"] * config.num_crops_per_image
     assert row["world_size"] == 2 and row["rank_samples"] == [per_rank, per_rank]  # both ranks trained
     assert row["samples"] == 2 * per_rank and row["mean_dice"] is not None
     state = torch.load(unet_bundle / "model_fold0" / "last.pt", map_location="cpu", weights_only=True)
-    model = build_network(cfg)
+    model = build_network(config)
     model.load_state_dict(state["model"])  # saved unwrapped: no "module." prefix
     assert state["epoch"] == 1
 

@@ -143,7 +143,7 @@ def test_the_checkpoint_size_is_known_before_the_first_step(bundle: Path, tmp_pa
     model = build.build_network(cfg)
     optimizer = build.build_optimizer(cfg, model.parameters())
     estimate = checkpoint_bytes(model, optimizer)  # before any step: the optimizer's state is still empty
-    model(torch.zeros(1, int(cfg["input_channels"]), *cfg["roi_size"])).sum().backward()
+    model(torch.zeros(1, cfg.input_channels, *cfg.roi_size)).sum().backward()
     optimizer.step()
     parts = {"model": model, "optimizer": optimizer, "scaler": None, "scheduler": None}
     save_checkpoint(tmp_path / "last.pt", checkpoint_state(parts, RunState(), 1, mode="fast", elapsed_s=0.0,

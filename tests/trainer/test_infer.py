@@ -40,7 +40,7 @@ def test_infer_reads_a_datalist_and_the_cli(trained_bundle: Path, tmp_path: Path
     from autotune.bundles.config import load_bundle_config
     from autotune.cli import main
 
-    datalist = load_bundle_config(trained_bundle)["datalist"]
+    datalist = load_bundle_config(trained_bundle).datalist
     assert main(["infer", str(trained_bundle), "--images", datalist, "--output", str(tmp_path / "out"),
                  "--device", "cpu", "--checkpoint", "best", "-q"]) == 0
     written = capsys.readouterr().out.split()

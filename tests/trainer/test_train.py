@@ -127,11 +127,12 @@ def test_persistent_cache_on_disk(bundle: Path) -> None:
     from autotune.bundles.config import update_bundle_config
     from autotune.trainer.runner import train
 
-    update_bundle_config(bundle, {"persistent_cache": True})
+    # fast_training.cache_dir (relative: from the bundle folder) instead of BUNDLE/cache
+    update_bundle_config(bundle, {"persistent_cache": True, "fast_training": {"cache_dir": "disk_cache"}})
     train(bundle, epochs=1, progress=False)
     record = json.loads((bundle / "model_fold0" / "metrics.json").read_text())
-    assert record["options"]["persistent"]
-    assert list((bundle / "cache" / "train").glob("*.pt"))
+    assert record["options"]["persistent"] and record["options"]["cache_dir"] == str(bundle / "disk_cache")
+    assert list((bundle / "disk_cache" / "train").glob("*.pt")) and not (bundle / "cache").exists()
 
 
 @pytest.mark.parametrize(
@@ -165,37 +166,59 @@ def test_parse_duration() -> None:
             parse_duration(bad)
 
 
-def test_single_fold_holds_out_a_seeded_fifth(tmp_path: Path) -> None:
+def test_single_fold_holds_out_a_seeded_fifth(bundles: dict[str, Path], tmp_path: Path) -> None:
+    from autotune.bundles.config import load_bundle_config
     from autotune.trainer.data import split_datalist
 
     datalist = tmp_path / "datalist.json"
     datalist.write_text(json.dumps({"training": [{"image": f"{i}.nii.gz", "label": f"{i}l.nii.gz", "fold": 0}
                                                  for i in range(10)]}))
-    cfg = {"datalist": str(datalist), "fold": 0, "num_fold": 1, "seed": 3}
-    train_cases, val_cases, note = split_datalist(cfg)
+    config = load_bundle_config(bundles["segresnet_0"]).with_values(datalist=str(datalist), fold=0, num_fold=1,
+                                                                     seed=3)
+    train_cases, val_cases, note = split_datalist(config)
     assert len(val_cases) == 2 and len(train_cases) == 8 and "20%" in note
-    assert split_datalist(cfg)[1] == val_cases  # deterministic
+    assert split_datalist(config)[1] == val_cases  # deterministic
     assert not {c["image"] for c in val_cases} & {c["image"] for c in train_cases}
+    other_seed = split_datalist(config.with_values(seed=4))[1]
+    assert other_seed != val_cases and len(other_seed) == 2
 
 
-def test_fast_options_resolve_from_the_config(tmp_path: Path) -> None:
+def test_fast_options_resolve_from_the_config(bundles: dict[str, Path]) -> None:
+    from autotune.bundles.config import load_bundle_config
     from autotune.trainer.data import resolve_options
 
-    cfg = {"bundle_root": str(tmp_path), "amp": True, "cache_rate": 1.0, "num_workers": 2, "cache_on_device": True}
-    cpu = resolve_options(cfg, "fast", "cpu")
+    config = load_bundle_config(bundles["segresnet_0"]).with_values(amp=True, cache_rate=1.0, num_workers=2,
+                                                                     cache_on_device=True)
+    cpu = resolve_options(config, "fast", "cpu")
     assert cpu.cache and cpu.thread_loader and not cpu.cache_on_device and not cpu.persistent and not cpu.nvtx
-    cuda = resolve_options(cfg, "fast", "cuda:0")
+    assert cpu.cache_dir == bundles["segresnet_0"] / "cache" and cpu.amp and cpu.num_workers == 2
+    cuda = resolve_options(config, "fast", "cuda:0")
     assert cuda.cache_on_device and cuda.nvtx
-    assert resolve_options(cfg, "fast", "cuda:0", cache_bytes=10**18).persistent  # would not fit in RAM
-    big = resolve_options(cfg, "fast", "cuda:0", cache_bytes=10**9, device_free_bytes=2 * 10**9)
+    assert resolve_options(config, "fast", "cuda:0", cache_bytes=10**18).persistent  # would not fit in RAM
+    big = resolve_options(config, "fast", "cuda:0", cache_bytes=10**9, device_free_bytes=2 * 10**9)
     assert not big.cache_on_device and not big.persistent and "GPU" in big.cache_note
-    assert resolve_options(cfg, "fast", "cuda:0", cache_bytes=10**8, device_free_bytes=2 * 10**9).cache_on_device
-    off = resolve_options({**cfg, "fast_training": {"cache": False}}, "fast", "cuda:0")
+    assert resolve_options(config, "fast", "cuda:0", cache_bytes=10**8, device_free_bytes=2 * 10**9).cache_on_device
+    off = resolve_options(config.with_values(fast_training={"cache": False}), "fast", "cuda:0")
     assert not off.cache and not off.thread_loader and not off.cache_on_device
-    regular = resolve_options(cfg, "regular", "cuda:0")
+    regular = resolve_options(config, "regular", "cuda:0")
     assert not (regular.cache or regular.amp or regular.thread_loader or regular.template_recipe)
+    disk = resolve_options(config.with_values(persistent_cache=True), "fast", "cuda:0")
+    assert disk.persistent and not disk.cache_on_device and disk.cache_note == "persistent_cache: true"
+
+
+def test_the_persistent_cache_goes_where_cache_dir_says(bundles: dict[str, Path], tmp_path: Path) -> None:
+    from autotune.bundles.config import load_bundle_config
+    from autotune.trainer.data import resolve_options
+
+    config = load_bundle_config(bundles["segresnet_0"])
+    elsewhere = config.with_values(fast_training={"cache_dir": str(tmp_path / "cache")}, persistent_cache=True)
+    assert resolve_options(elsewhere, "fast", "cpu").cache_dir == tmp_path / "cache"
+    relative = config.with_values(fast_training={"cache_dir": "scratch/cache"})
+    assert resolve_options(relative, "fast", "cpu").cache_dir == bundles["segresnet_0"] / "scratch" / "cache"
     with pytest.raises(ConfigError, match="did you mean"):
-        resolve_options({**cfg, "fast_training": {"cahce": False}}, "fast", "cpu")
+        config.with_values(fast_training={"cahce": False})
+    with pytest.raises(ConfigError, match="fast_training.ram_fraction"):
+        config.with_values(fast_training={"ram_fraction": 5})
 
 
 def test_nvtx_ranges_wrap_forward_loss_backward_and_step() -> None:
