@@ -24,7 +24,7 @@ import inspect
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from monai.auto3dseg.algo_gen import Algo
@@ -35,7 +35,6 @@ from autotune.bundles.config import (
     check_bundle_config,
     load_bundle_config,
 )
-from autotune.bundles.plan import plan_of
 from autotune.errors import ConfigError, InputError
 from autotune.facade.algo_params import (
     ENSEMBLE_PASSED_KEYS,
@@ -46,6 +45,9 @@ from autotune.facade.algo_params import (
 from autotune.files import atomic_write_yaml
 from autotune.utils import expand_path, read_json, read_yaml
 
+if TYPE_CHECKING:  # pragma: no cover
+    from autotune.bundles.model import BundleConfig
+
 __all__ = ["AutotuneAlgo", "InferClass", "TRAIN_CONFIG_RELPATH", "default_device", "ensemble_passed_keys"]
 
 TRAIN_CONFIG_RELPATH = Path("configs") / "hyper_parameters_train.yaml"
@@ -53,9 +55,9 @@ TRAIN_CONFIG_RELPATH = Path("configs") / "hyper_parameters_train.yaml"
 ID, ALGO, IS_TRAINED, SCORE = "identifier", "algo_instance", "is_trained", "best_metric"
 
 
-def default_device(cfg: Mapping[str, Any]) -> str:
+def default_device(config: BundleConfig) -> str:
     """The device the bundle was tuned on when it is here, else the first GPU, else the CPU."""
-    plan = plan_of(cfg)
+    plan = config.plan
     tuned = plan.device if plan is not None else ""
     cuda = torch.cuda.is_available()
     if tuned == "cpu" or (tuned.startswith("cuda") and cuda):
@@ -122,16 +124,16 @@ class InferClass:
         from autotune.trainer.infer import load_model, resolve_checkpoint
 
         self.options: PredictOptions = _predict_options(override, "predict_params")
-        self.cfg = load_bundle_config(_bundle_from(config_file))
-        self.device = check_device(self.options.device or default_device(self.cfg), 0, False)
-        self.checkpoint_path = resolve_checkpoint(self.cfg, self.options.checkpoint)
+        self.config = load_bundle_config(_bundle_from(config_file))
+        self.device = check_device(self.options.device or default_device(self.config), 0, False)
+        self.checkpoint_path = resolve_checkpoint(self.config, self.options.checkpoint)
         self.checkpoint_mtime = self.checkpoint_path.stat().st_mtime_ns
-        self.model = load_model(self.cfg, self.checkpoint_path, self.device)
-        self.transforms = build_transforms(self.cfg, "infer")
+        self.model = load_model(self.config, self.checkpoint_path, self.device)
+        self.transforms = build_transforms(self.config, "infer")
         # probabilities are resampled smoothly back to the input grid; labels by nearest neighbour
         self.invert = Invertd(keys="pred", transform=self.transforms, orig_keys="image",
                               nearest_interp=self.options.output == "label")
-        self.amp_dtype = amp_dtype(self.cfg, self.device)
+        self.amp_dtype = amp_dtype(self.config, self.device)
 
     def is_current(self) -> bool:
         """Whether the checkpoint file is still the one loaded (not retrained since)."""
@@ -148,12 +150,12 @@ class InferClass:
         from autotune.trainer.infer import plain_tensor, predict_args
 
         data = self.transforms({"image": _image_of(image_file)})
-        image_device = "cpu" if self.cfg.get("sw_input_on_cpu") else self.device
+        image_device = self.config.tuned.image_device(self.device)
         logits = sliding_window_predict(
             self.model, plain_tensor(data["image"]).unsqueeze(0).to(image_device), device=self.device,
-            amp_dtype=self.amp_dtype, **predict_args(self.cfg),
+            amp_dtype=self.amp_dtype, **predict_args(self.config),
         )[0].float()
-        sigmoid = bool(self.cfg.get("sigmoid"))
+        sigmoid = self.config.sigmoid
         if self.options.output == "label":
             pred = (logits.sigmoid() > 0.5).float() if sigmoid else logits.argmax(dim=0, keepdim=True).float()
         else:
@@ -197,7 +199,7 @@ class AutotuneAlgo(Algo):
         if not self.output_path:
             raise ConfigError("this AutotuneAlgo has no bundle; create it with the bundle folder")
 
-    def _config(self) -> dict[str, Any]:
+    def _config(self) -> BundleConfig:
         self._require_bundle()
         return load_bundle_config(self.output_path)
 
@@ -288,9 +290,9 @@ class AutotuneAlgo(Algo):
         """
         from autotune.trainer.runner import train as run_training
 
-        cfg = self._config()
-        run = parse_train_params(cfg, train_params, where=f"{self.name} train_params")
-        device = run.device or default_device(cfg)
+        config = self._config()
+        run = parse_train_params(config, train_params, where=f"{self.name} train_params")
+        device = run.device or default_device(config)
         setting = dict(device_setting or {})
         if int(setting.get("NUM_NODES", 1) or 1) > 1:
             raise ConfigError("device_setting NUM_NODES > 1: run 'torchrun -m autotune.trainer' on each node instead")
@@ -298,14 +300,15 @@ class AutotuneAlgo(Algo):
         target = Path(self.output_path) / TRAIN_CONFIG_RELPATH
         if run.updates:
             merged = {**read_yaml(bundle_config_path(self.output_path), ConfigError), **run.updates}
-            atomic_write_yaml(target, check_bundle_config(merged, str(target)))
+            check_bundle_config(merged, str(target))  # the file as written, checked as training will read it
+            atomic_write_yaml(target, merged)
             bundle = str(target)
         else:
             target.unlink(missing_ok=True)  # an earlier run's overrides no longer describe the weights
             bundle = self.output_path
         memory_limit = run.memory_limit
         if memory_limit is None and device.startswith("cuda"):  # the limit the bundle was tuned for
-            plan = plan_of(cfg)
+            plan = config.plan
             memory_limit = plan.memory_limit if plan is not None else None
         summary = run_training(bundle, device=device, max_time=run.max_time, resume=run.resume, mode=run.mode,
                                nproc=nproc, progress=run.progress, memory_limit=memory_limit)

@@ -11,10 +11,13 @@ from __future__ import annotations
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.errors import ConfigError, SpecError
 from autotune.utils import parse_bytes
+
+if TYPE_CHECKING:  # pragma: no cover
+    from autotune.bundles.model import BundleConfig
 
 __all__ = [
     "TRAIN_CONFIG_KEYS",
@@ -135,31 +138,32 @@ def _set_run_option(run: TrainRun, key: str, value: Any, where: str) -> None:
         setattr(run, key, value)
 
 
-def _apply_warmup(run: TrainRun, cfg: Mapping[str, Any], where: str) -> None:
+def _apply_warmup(run: TrainRun, config: BundleConfig, where: str) -> None:
     """Turn ``num_warmup_epochs`` in ``run.updates`` into the warm-up share of a ``WarmupCosineSchedule``."""
     warmup = run.updates.pop("num_warmup_epochs", None)
     if warmup is None:
         return
-    epochs = int(run.updates.get("num_epochs", cfg["num_epochs"]))
-    schedule = dict(cfg.get("lr_scheduler") or {})
-    if schedule.get("name") == "WarmupCosineSchedule":
+    epochs = int(run.updates.get("num_epochs", config.num_epochs))
+    schedule = config.lr_scheduler
+    name = schedule.name if schedule is not None else "none"
+    if schedule is not None and name == "WarmupCosineSchedule":
         if warmup > epochs:
             raise ConfigError(f"{where}['num_warmup_epochs'] ({warmup}) must not exceed num_epochs ({epochs})")
-        schedule["args"] = {**dict(schedule.get("args") or {}), "warmup_fraction": warmup / epochs}
-        run.updates["lr_scheduler"] = schedule
+        run.updates["lr_scheduler"] = {**schedule.as_dict(),
+                                       "args": {**schedule.args, "warmup_fraction": warmup / epochs}}
     elif warmup:
         # MONAI's scripts pass warm-up to every algo; a schedule without one trains as it is, said once.
         warnings.warn(
-            f"{where}['num_warmup_epochs']: this bundle's schedule {schedule.get('name', 'none')!r} has no "
+            f"{where}['num_warmup_epochs']: this bundle's schedule {name!r} has no "
             "warm-up; trained without one",
             stacklevel=4,  # the caller of AutotuneAlgo.train
         )
 
 
 def parse_train_params(
-    cfg: Mapping[str, Any], train_params: Mapping[str, Any] | None, where: str = "train_params"
+    config: BundleConfig, train_params: Mapping[str, Any] | None, where: str = "train_params"
 ) -> TrainRun:
-    """Check ``train_params`` against the bundle config ``cfg``; returns the config updates and run options.
+    """Check ``train_params`` against the bundle config ``config``; returns the config updates and run options.
 
     ``num_warmup_epochs`` becomes the warm-up share of a ``WarmupCosineSchedule``
     (warm-up epochs / epochs); other config keys are copied as they are.
@@ -183,7 +187,7 @@ def parse_train_params(
         if key in TUNED_KEYS:
             raise ConfigError(
                 f"{where}: {key!r} is set by the tuner for this bundle's memory limit; change it with "
-                f"'autotune tune {cfg.get('bundle_root', 'BUNDLE')}' or by editing configs/hyper_parameters.yaml"
+                f"'autotune tune {config.bundle_root or 'BUNDLE'}' or by editing configs/hyper_parameters.yaml"
             )
         if key not in known:
             raise _unknown(key, where, known)
@@ -191,7 +195,7 @@ def parse_train_params(
             run.updates[key] = _config_value(key, value, where)
         else:
             _set_run_option(run, key, value, where)
-    _apply_warmup(run, cfg, where)
+    _apply_warmup(run, config, where)
     return run
 
 

@@ -228,11 +228,11 @@ class BundleGen:
         for algo in self.algos:
             template = load_template(algo, self.templates_path)
             for fold in range(num_fold):
-                cfg = render_config(template, stats, dict(data_src), fold, num_fold, per_algo[algo],
-                                    datastats_path=str(self.data_stats_filename))
+                view = render_config(template, stats, dict(data_src), fold, num_fold, per_algo[algo],
+                                     datastats_path=str(self.data_stats_filename))
                 name = f"{algo}_{fold}"
-                check_bundle_config(cfg, f"{name} (generated)")
-                rendered.append(RenderedBundle(name, algo, fold, out / name, cfg,
+                check_bundle_config(view, f"{name} (generated)")
+                rendered.append(RenderedBundle(name, algo, fold, out / name, view,
                                                _bundle_meta(name, algo, template, stats_hash, fold, num_fold)))
         return rendered
 
@@ -274,18 +274,18 @@ class BundleGen:
                 for algo in self.algos}
 
     @staticmethod
-    def _write_bundle(target: Path, cfg: dict[str, Any], meta: dict[str, Any]) -> Path:
+    def _write_bundle(target: Path, view: dict[str, Any], meta: dict[str, Any]) -> Path:
         """Write a new bundle by renaming a finished temp folder into place; for an existing
         bundle replace the two generated files atomically and keep everything else."""
         target.parent.mkdir(parents=True, exist_ok=True)
         if target.is_dir():
-            atomic_write_yaml(target / CONFIG_RELPATH, cfg)
+            atomic_write_yaml(target / CONFIG_RELPATH, view)
             atomic_write_json(target / BUNDLE_META, meta)
             atomic_write_text(target / INFER_SCRIPT, _INFER_SCRIPT_TEXT)
             return target
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
         try:
-            atomic_write_yaml(tmp / CONFIG_RELPATH, cfg)
+            atomic_write_yaml(tmp / CONFIG_RELPATH, view)
             atomic_write_json(tmp / BUNDLE_META, meta)
             atomic_write_text(tmp / INFER_SCRIPT, _INFER_SCRIPT_TEXT)
             os.replace(tmp, target)

@@ -35,12 +35,12 @@ def test_generate_takes_overrides_as_the_cli_does(analysed, tmp_path: Path) -> N
     gen = _gen(analysed, "segresnet")
     gen.generate(tmp_path / "preset", num_fold=1, overrides="tiny")
     cfg = load_bundle_config(tmp_path / "preset" / "segresnet_0")
-    assert cfg["roi_size"] == [32, 32, 32] and cfg["network"]["args"]["init_filters"] == 8
+    assert cfg.roi_size == [32, 32, 32] and cfg.network.args["init_filters"] == 8
     custom = tmp_path / "mine.yaml"
     custom.write_text(yaml.safe_dump({"num_epochs": 3, "segresnet": {"learning_rate": 0.25}}))
     gen.generate(tmp_path / "file", num_fold=1, overrides=str(custom))
     cfg = load_bundle_config(tmp_path / "file" / "segresnet_0")
-    assert cfg["num_epochs"] == 3 and cfg["learning_rate"] == 0.25
+    assert cfg.num_epochs == 3 and cfg.learning_rate == 0.25
     with pytest.raises(ConfigError, match="unknown overrides preset 'tinyy'.*valid: tiny"):
         gen.generate(tmp_path / "bad", num_fold=1, overrides="tinyy")
     with pytest.raises(ConfigError, match="overrides must be a preset name"):
@@ -132,8 +132,8 @@ def test_monai_flow_trains_scores_and_ensembles(analysed, demo_data: Path, tmp_p
         assert h[AlgoKeys.IS_TRAINED] and h[AlgoKeys.SCORE] == score
         # the params went to a config of their own; the generated one is untouched
         trained = load_bundle_config(Path(algo.get_output_path()) / "configs" / "hyper_parameters_train.yaml")
-        assert trained["num_epochs"] == 1 and trained["lr_scheduler"]["args"]["warmup_fraction"] == 1.0
-        assert load_bundle_config(algo.get_output_path())["num_epochs"] == 4
+        assert trained.num_epochs == 1 and trained.lr_scheduler.args["warmup_fraction"] == 1.0
+        assert load_bundle_config(algo.get_output_path()).num_epochs == 4
     assert gen.get_history() is history
     # what MONAI's EnsembleRunner reads back from the work folder in a later process
     restored = {h[AlgoKeys.ID]: h for h in import_bundle_algo_history(str(tmp_path), only_trained=True)}
