@@ -25,7 +25,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from autotune.bundles.model import BundleConfig
 
 __all__ = ["Tunable", "TUNABLES", "BATCH", "SW_BATCH", "VALIDATION_DEVICE", "Point", "tunable", "of_phase", "sized_by",
            "spec_key_names", "bundle_values", "loader_settings", "written_values"]
@@ -97,7 +100,7 @@ class Tunable:
         """Every spec key that sets this tunable: ``spec_key`` and its aliases."""
         return (self.spec_key, *self.spec_aliases)
 
-    def bundle_value(self, config: Any) -> Any:
+    def bundle_value(self, config: BundleConfig) -> Any:
         """The value a loaded config (``autotune.bundles.model.BundleConfig``) holds: what training gets when
         nothing is tuned."""
         held = config.tunable_value(self.view_key)
@@ -232,9 +235,9 @@ def spec_key_names() -> tuple[str, ...]:
     return tuple(name for t in TUNABLES for name in t.spec_names)
 
 
-def bundle_values(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """Each tunable's value in the loaded view ``cfg``."""
-    return {t.name: t.bundle_value(cfg) for t in TUNABLES}
+def bundle_values(config: BundleConfig) -> dict[str, Any]:
+    """Each tunable's value in the loaded ``config``."""
+    return {t.name: t.bundle_value(config) for t in TUNABLES}
 
 
 def loader_settings(num_patches_per_iter: int, num_crops_per_image: int) -> dict[str, int]:
@@ -248,7 +251,7 @@ def loader_settings(num_patches_per_iter: int, num_crops_per_image: int) -> dict
     return {BATCH.name: n, "num_images_per_batch": images, "num_crops_per_image": crops}
 
 
-def written_values(record: Mapping[str, Any], cfg: Mapping[str, Any]) -> dict[str, Any]:
+def written_values(record: Mapping[str, Any], config: BundleConfig) -> dict[str, Any]:
     """The plain keys a tuned ``record`` writes into a view (a template family puts them in its own keys):
     the batch with the loader batch that yields it (``loader_settings``),
     ``sw_input_on_cpu`` for the validation device (the volume on the CPU while windows run on a GPU, as the
@@ -257,7 +260,7 @@ def written_values(record: Mapping[str, Any], cfg: Mapping[str, Any]) -> dict[st
     out: dict[str, Any] = {}
     for t in TUNABLES:
         if t is BATCH:
-            out.update(loader_settings(int(record[BATCH.name]), int(cfg.get("num_crops_per_image", 1))))
+            out.update(loader_settings(int(record[BATCH.name]), config.num_crops_per_image))
         elif t is VALIDATION_DEVICE:
             out[VALIDATION_DEVICE.bundle_key or VALIDATION_DEVICE.name] = bool(record["sw_input_on_cpu"])
         elif record.get(t.name) is not None:
