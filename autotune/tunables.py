@@ -108,6 +108,14 @@ class Tunable:
             return self.choices[1] if held else self.choices[0]
         return int(held)
 
+    def written_value(self, written: Mapping[str, Any]) -> Any:
+        """The value plain written keys hold (``written_values``', as a tuned result carries them): the inverse of
+        ``view_entry``; None where an int tunable's key is not there."""
+        held = written.get(self.view_key)
+        if self.kind == "choice":
+            return self.choices[1] if held else self.choices[0]
+        return None if held is None else int(held)
+
     @property
     def view_key(self) -> str:
         """The key of a view (a field of a loaded config) that holds its value."""

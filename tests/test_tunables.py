@@ -53,6 +53,7 @@ def test_a_view_and_a_record_are_read_and_written_through_the_table(demo_bundles
         assert {k: written[k] for k in ("num_patches_per_iter", "num_images_per_batch", "num_crops_per_image")} == \
             loader_settings(n, crops)
         assert (written["num_sw_batch_size"], written["sw_input_on_cpu"]) == (2, False)
+        assert [t.written_value(written) for t in TUNABLES] == [n, 2, "device"]  # what a tuned result shows
 
 
 def test_each_phase_is_sized_by_one_whole_number_tunable() -> None:
