@@ -25,10 +25,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from autotune.bundles.model import BundleConfig
+from typing import Any
 
 __all__ = ["Tunable", "TUNABLES", "BATCH", "SW_BATCH", "VALIDATION_DEVICE", "Point", "tunable", "of_phase", "sized_by",
            "spec_key_names", "bundle_values", "loader_settings", "written_values"]
@@ -100,7 +97,7 @@ class Tunable:
         """Every spec key that sets this tunable: ``spec_key`` and its aliases."""
         return (self.spec_key, *self.spec_aliases)
 
-    def bundle_value(self, config: BundleConfig) -> Any:
+    def bundle_value(self, config: Any) -> Any:
         """The value a loaded config (``autotune.bundles.model.BundleConfig``) holds: what training gets when
         nothing is tuned."""
         held = config.tunable_value(self.view_key)
@@ -243,8 +240,9 @@ def spec_key_names() -> tuple[str, ...]:
     return tuple(name for t in TUNABLES for name in t.spec_names)
 
 
-def bundle_values(config: BundleConfig) -> dict[str, Any]:
-    """Each tunable's value in the loaded ``config``."""
+def bundle_values(config: Any) -> dict[str, Any]:
+    """Each tunable's value in the loaded ``config`` (``autotune.bundles.model.BundleConfig``, which imports this
+    module: hence ``Any``)."""
     return {t.name: t.bundle_value(config) for t in TUNABLES}
 
 
@@ -259,12 +257,13 @@ def loader_settings(num_patches_per_iter: int, num_crops_per_image: int) -> dict
     return {BATCH.name: n, "num_images_per_batch": images, "num_crops_per_image": crops}
 
 
-def written_values(record: Mapping[str, Any], config: BundleConfig) -> dict[str, Any]:
+def written_values(record: Mapping[str, Any], config: Any) -> dict[str, Any]:
     """The plain keys a tuned ``record`` writes into a view (a template family puts them in its own keys):
     the batch with the loader batch that yields it (``loader_settings``),
     ``sw_input_on_cpu`` for the validation device (the volume on the CPU while windows run on a GPU, as the
     search recorded it), and any other tunable's value under its view key (``bundle_key`` or its name) where
-    the record holds one (a strategy that does not decide it leaves the bundle's value)."""
+    the record holds one (a strategy that does not decide it leaves the bundle's value). ``config``: the bundle's
+    ``BundleConfig`` (its ``num_crops_per_image``)."""
     out: dict[str, Any] = {}
     for t in TUNABLES:
         if t is BATCH:
