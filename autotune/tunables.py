@@ -105,6 +105,14 @@ class Tunable:
             return self.choices[1] if held else self.choices[0]
         return int(held)
 
+    def written_value(self, written: Mapping[str, Any]) -> Any:
+        """The value plain written keys hold (``written_values``', as a tuned result carries them): the inverse of
+        ``view_entry``; None where an int tunable's key is not there."""
+        held = written.get(self.view_key)
+        if self.kind == "choice":
+            return self.choices[1] if held else self.choices[0]
+        return None if held is None else int(held)
+
     @property
     def view_key(self) -> str:
         """The key of a view (a field of a loaded config) that holds its value."""
@@ -232,9 +240,10 @@ def spec_key_names() -> tuple[str, ...]:
     return tuple(name for t in TUNABLES for name in t.spec_names)
 
 
-def bundle_values(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """Each tunable's value in the loaded view ``cfg``."""
-    return {t.name: t.bundle_value(cfg) for t in TUNABLES}
+def bundle_values(config: Any) -> dict[str, Any]:
+    """Each tunable's value in the loaded ``config`` (``autotune.bundles.model.BundleConfig``, which imports this
+    module: hence ``Any``)."""
+    return {t.name: t.bundle_value(config) for t in TUNABLES}
 
 
 def loader_settings(num_patches_per_iter: int, num_crops_per_image: int) -> dict[str, int]:
@@ -248,16 +257,17 @@ def loader_settings(num_patches_per_iter: int, num_crops_per_image: int) -> dict
     return {BATCH.name: n, "num_images_per_batch": images, "num_crops_per_image": crops}
 
 
-def written_values(record: Mapping[str, Any], cfg: Mapping[str, Any]) -> dict[str, Any]:
+def written_values(record: Mapping[str, Any], config: Any) -> dict[str, Any]:
     """The plain keys a tuned ``record`` writes into a view (a template family puts them in its own keys):
     the batch with the loader batch that yields it (``loader_settings``),
     ``sw_input_on_cpu`` for the validation device (the volume on the CPU while windows run on a GPU, as the
     search recorded it), and any other tunable's value under its view key (``bundle_key`` or its name) where
-    the record holds one (a strategy that does not decide it leaves the bundle's value)."""
+    the record holds one (a strategy that does not decide it leaves the bundle's value). ``config``: the bundle's
+    ``BundleConfig`` (its ``num_crops_per_image``)."""
     out: dict[str, Any] = {}
     for t in TUNABLES:
         if t is BATCH:
-            out.update(loader_settings(int(record[BATCH.name]), int(cfg.get("num_crops_per_image", 1))))
+            out.update(loader_settings(int(record[BATCH.name]), config.num_crops_per_image))
         elif t is VALIDATION_DEVICE:
             out[VALIDATION_DEVICE.bundle_key or VALIDATION_DEVICE.name] = bool(record["sw_input_on_cpu"])
         elif record.get(t.name) is not None:

@@ -148,9 +148,11 @@ def test_forcing_another_precision_than_the_tuned_one_warns(monkeypatch: pytest.
 
 
 def test_the_precision_is_part_of_the_tuning_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    from config_fixtures import bundle_config
+
     from autotune.search.storage.study import make_key
 
-    cfg = {"algo": "unet", "roi_size": [32, 32, 32], "input_channels": 1, "output_classes": 2, "amp": True}
+    cfg = bundle_config(amp=True)
     info = {"device": "cpu", "device_name": "cpu", "device_total_memory": 8 * 1024**3}
     monkeypatch.delenv(PRECISION_ENV, raising=False)
     monkeypatch.setenv(CPU_BF16_ENV, "native")

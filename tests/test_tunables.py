@@ -20,16 +20,19 @@ from autotune.tunables import (
 
 
 def test_the_specs_take_each_tunables_keys_and_monais_names() -> None:
+    from config_fixtures import bundle_config
+
     from autotune.search.strategies.space import SPEC_KEYS, parse_specs, spec_for
 
     assert set(SPEC_KEYS) == {"num_trials", *(name for t in TUNABLES for name in t.spec_names)}
     explicit = parse_specs({"segresnet": {"range_num_images_per_batch": [2, 5], "validation_devices": "cpu",
                                           "range_num_sw_batch_size": [1, 3]}}, ["segresnet"])["segresnet"]
-    spec = spec_for(explicit, {"tuning_ranges": {"num_patches_per_iter": [1, 8]}})
+    spec = spec_for(explicit, bundle_config(tuning_ranges={"num_patches_per_iter": [1, 8]}))
     assert [spec.space_of(t) for t in TUNABLES] == [(2, 5), (1, 3), ("cpu",)]
     assert spec.as_dict() == {"num_trials": 20, "range_num_patches_per_iter": [2, 5], "range_num_sw_batch_size": [1, 3],
                               "validation_devices": ["cpu"]}
-    defaults = spec_for({}, {"tuning_ranges": {"num_sw_batch_size": [1, 7]}, "tuning_validation_devices": ["device"]})
+    defaults = spec_for({}, bundle_config(tuning_ranges={"num_sw_batch_size": [1, 7]},
+                                          tuning_validation_devices=["device"]))
     assert (defaults.patches_range, defaults.sw_range, defaults.validation_devices) == ((1, 64), (1, 7), ("device",))
     with pytest.raises(SpecError, match="give range_num_patches_per_iter or range_num_images_per_batch, not both"):
         parse_specs({"universal": {"range_num_images_per_batch": [1, 2], "range_num_patches_per_iter": [1, 2]}}, ["unet"])
@@ -46,10 +49,11 @@ def test_a_view_and_a_record_are_read_and_written_through_the_table(demo_bundles
     assert bundle_values(cfg) == {"num_patches_per_iter": 3, "num_sw_batch_size": 5, "validation_device": "cpu"}
     for n, crops in ((1, 1), (3, 2), (4, 6), (7, 4)):
         record = {"num_patches_per_iter": n, "num_sw_batch_size": 2, "sw_input_on_cpu": False}
-        written = written_values(record, {"num_crops_per_image": crops})
+        written = written_values(record, cfg.with_values(num_crops_per_image=crops))
         assert {k: written[k] for k in ("num_patches_per_iter", "num_images_per_batch", "num_crops_per_image")} == \
             loader_settings(n, crops)
         assert (written["num_sw_batch_size"], written["sw_input_on_cpu"]) == (2, False)
+        assert [t.written_value(written) for t in TUNABLES] == [n, 2, "device"]  # what a tuned result shows
 
 
 def test_each_phase_is_sized_by_one_whole_number_tunable() -> None:
@@ -90,13 +94,14 @@ from autotune.families import own
 own.KEYS["num_prefetch"] = ("num_prefetch",)
 
 bundle, out = sys.argv[1], {}
+from autotune.bundles.config import load_bundle_config
+config = load_bundle_config(bundle)
 from autotune.search.strategies.space import SPEC_KEYS, parse_specs, spec_for
-spec = spec_for(parse_specs({"unet": {"range_num_prefetch": [2, 4]}}, ["unet"])["unet"], {})
-out["spec"] = [list(spec.space_of(NEW)), list(spec_for({}, {}).space_of(NEW)), "range_num_prefetch" in SPEC_KEYS]
+spec = spec_for(parse_specs({"unet": {"range_num_prefetch": [2, 4]}}, ["unet"])["unet"], config)
+out["spec"] = [list(spec.space_of(NEW)), list(spec_for({}, config).space_of(NEW)), "range_num_prefetch" in SPEC_KEYS]
 
 from autotune.probe.runner import resolve_request
 from autotune.tunables import bundle_values
-from autotune.bundles.config import load_bundle_config
 request = resolve_request(bundle, num_prefetch=3, check_device=False)
 out["request"] = [request["num_prefetch"], request["config"]["num_prefetch"],
                   resolve_request(bundle, check_device=False)["num_prefetch"], bundle_values(load_bundle_config(bundle))]
@@ -127,7 +132,7 @@ infer = Evaluation(point={"num_patches_per_iter": 2, "num_sw_batch_size": 4, "va
 outcome = SearchOutcome.of_points(5, train, infer, [train, infer])
 answer = _answer(outcome, "cpu")
 out["outcome"] = [outcome.value("num_prefetch"), answer["num_prefetch"], sorted(distributions(spec, ("device",))),
-                  written_values(answer, {})["num_prefetch"]]
+                  written_values(answer, config)["num_prefetch"]]
 
 from autotune.cli import build_parser
 from autotune.commands.probe import tunable_args

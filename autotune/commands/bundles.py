@@ -52,12 +52,12 @@ def generate_command(args: argparse.Namespace) -> int:
     if not args.quiet:
         print(f"{'bundle':<14} {'network':<10} {'roi_size':<16} {'spacing':<20} {'in':>3} {'out':>4}")
         for b in bundles:
-            cfg = load_bundle_config(b["path"])
-            spacing = "x".join(f"{v:g}" for v in cfg["resample_resolution"])
-            roi = "x".join(str(v) for v in cfg["roi_size"])
+            config = load_bundle_config(b["path"])
+            spacing = "x".join(f"{v:g}" for v in config.resample_resolution)
+            roi = "x".join(str(v) for v in config.roi_size)
             print(
-                f"{b['identifier']:<14} {cfg['network']['name']:<10} {roi:<16} {spacing:<20} "
-                f"{cfg['input_channels']:>3} {cfg['output_classes']:>4}"
+                f"{b['identifier']:<14} {config.network.name:<10} {roi:<16} {spacing:<20} "
+                f"{config.input_channels:>3} {config.output_classes:>4}"
             )
         print(f"{len(bundles)} bundles in {Path(args.work_dir).resolve()}")
     return 0

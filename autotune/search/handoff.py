@@ -48,12 +48,15 @@ import dataclasses
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from autotune.bundles.scaling import batch_scaling_of, coverage_cap, scaled_learning_rate, steps_per_epoch
+from autotune.bundles.scaling import coverage_cap, scaled_learning_rate, steps_per_epoch
 from autotune.errors import AutotuneError
 from autotune.families import family_for
 from autotune.tunables import loader_settings
+
+if TYPE_CHECKING:
+    from autotune.bundles.model import BatchScaling, BundleConfig
 
 __all__ = ["DEFAULT_NOISE", "HANDOFFS", "DEFAULT_HANDOFF", "Verdict", "per_sample_efficiency", "decide",
            "training_set", "cap_range", "batch_report", "apply_handoff", "handoff_updates"]
@@ -61,6 +64,7 @@ __all__ = ["DEFAULT_NOISE", "HANDOFFS", "DEFAULT_HANDOFF", "Verdict", "per_sampl
 DEFAULT_NOISE = 0.10  # the relative noise of one samples/s figure on a shared machine (objective.TIE_TOLERANCE)
 HANDOFFS = ("goodput", "largest")
 DEFAULT_HANDOFF = "goodput"
+DEFAULT_LEARNING_RATE = 1e-3  # a bundle with no batch_scaling block and no learning_rate key keeps this one
 
 
 def per_sample_efficiency(lr_scaling: str, reference_batch: int, batch: int,
@@ -171,7 +175,7 @@ def decide(
                    margin, n if wins else ref, reason)
 
 
-def training_set(cfg: Mapping[str, Any]) -> tuple[int, list[float]]:
+def training_set(config: BundleConfig) -> tuple[int, list[float]]:
     """(training cases of the bundle's fold, median case shape at the training spacing).
 
     Raises:
@@ -182,53 +186,52 @@ def training_set(cfg: Mapping[str, Any]) -> tuple[int, list[float]]:
     from autotune.trainer.data import split_datalist
     from autotune.utils import read_yaml
 
-    train, _val, _note = split_datalist(cfg)
-    source = str(cfg.get("datastats") or "")
+    train, _val, _note = split_datalist(config)
+    source = config.datastats or ""
     stats = read_yaml(source, ConfigError)
     shape = xyz_stat(stat(stats, "image_stats.shape.median", source), "image_stats#shape#median", source)
     spacing = xyz_stat(stat(stats, "image_stats.spacing.median", source), "image_stats#spacing#median", source)
-    resolution = [float(v) for v in cfg["resample_resolution"]]
+    resolution = config.resample_resolution
     return len(train), [shape[i] * spacing[i] / resolution[i] for i in range(3)]
 
 
-def _no_block(cfg: Mapping[str, Any]) -> str:
+def _no_block(config: BundleConfig) -> str:
     """Why a bundle has no ``batch_scaling`` block, and what follows."""
-    return family_for(cfg).no_reference_reason(cfg)
+    return family_for(config).no_reference_reason(config)
 
 
-def _block_for(cfg: Mapping[str, Any], handoff: str) -> tuple[dict[str, Any] | None, str | None]:
+def _block_for(config: BundleConfig, handoff: str) -> tuple[BatchScaling | None, str | None]:
     """The bundle's checked ``batch_scaling`` block as the write-back applies it, and a note on any change.
 
     ``--handoff largest`` on a MONAI bundle keeps the template's learning rate, as MONAI's own
     ``auto_scale_*`` does when it changes the batch: the learning-rate rule is taken as ``none``.
     """
-    block = batch_scaling_of(cfg)
-    if block is None or handoff != "largest" or not family_for(cfg).keeps_learning_rate_largest(cfg):
+    block = config.batch_scaling
+    if block is None or handoff != "largest" or not family_for(config).keeps_learning_rate_largest(config):
         return block, None
-    return {**block, "lr_scaling": "none"}, ("--handoff largest on MONAI's template: the largest fit with the "
+    return block.model_copy(update={"lr_scaling": "none"}), ("--handoff largest on MONAI's template: the largest fit with the "
                                              "template's learning rate, as MONAI's auto_scale_* hands its batch over")
 
 
-def _reference_batch(cfg: Mapping[str, Any]) -> int:
-    block = batch_scaling_of(cfg)
-    return int(block["reference_batch"]) if block else 1
+def _reference_batch(config: BundleConfig) -> int:
+    return config.batch_scaling.reference_batch if config.batch_scaling is not None else 1
 
 
-def cap_range(spec: Any, cfg: Mapping[str, Any], say: Callable[[str], None]) -> tuple[Any, dict[str, Any]]:
+def cap_range(spec: Any, config: BundleConfig, say: Callable[[str], None]) -> tuple[Any, dict[str, Any]]:
     """Cap ``spec.patches_range`` by the training set; an explicit range is searched as given.
 
     Returns:
         (the spec to search, the cap's record for the ``tuning:`` block).
     """
-    algo = cfg.get("algo", "?")
+    algo = config.algo
     lo, hi = spec.patches_range
     explicit = "range_num_patches_per_iter" in spec.given
     try:
-        cases, shape = training_set(cfg)
+        cases, shape = training_set(config)
     except AutotuneError as exc:
         say(f"[{algo}] no training-set cap on patches/iter: {exc}")
         return spec, {"applied": False, "reason": f"training set unreadable: {exc}", "range": [lo, hi]}
-    cap = coverage_cap(cases, shape, cfg["roi_size"], _reference_batch(cfg))
+    cap = coverage_cap(cases, shape, config.roi_size, _reference_batch(config))
     info: dict[str, Any] = {**cap.as_dict(), "template_range": [lo, hi], "explicit_range": explicit}
     if explicit:
         if hi > cap.value:
@@ -287,7 +290,7 @@ def _speed(evaluation: Any) -> tuple[float | None, float | None]:
 
 def apply_handoff(
     record: dict[str, Any],
-    cfg: Mapping[str, Any],
+    config: BundleConfig,
     candidate: Any,
     measure_reference: Callable[[int], Any] | None,
     handoff: str,
@@ -297,7 +300,7 @@ def apply_handoff(
 
     Args:
         record: the key's tuned record (``num_patches_per_iter`` is the search's choice); updated in place.
-        cfg: the bundle config (its ``batch_scaling`` block: reference batch and lr rule).
+        config: the bundle config (its ``batch_scaling`` block: reference batch and lr rule).
         candidate: the search's training evaluation at ``num_patches_per_iter``.
         measure_reference: measures training at a batch (a study point when one exists); None when the
             search measures no speed (estimates, the TPE baseline): the rule cannot decide.
@@ -305,18 +308,18 @@ def apply_handoff(
         say: progress lines.
     """
 
-    algo, n = cfg.get("algo", "?"), int(record["num_patches_per_iter"])
+    algo, n = config.algo, int(record["num_patches_per_iter"])
     if handoff == "largest":
         record["handoff"] = {"rule": "largest", "handed": n,
                              "line": f"--handoff largest (the goodput rule is off): the search's batch -> hand over {n}"}
         return
-    block = batch_scaling_of(cfg)
+    block = config.batch_scaling
     if block is None:
         record["handoff"] = {"rule": "goodput", "handed": n, "line": (
-            f"{_no_block(cfg)} -> hand over {n}")}
+            f"{_no_block(config)} -> hand over {n}")}
         say(f"[{algo}] hand-off: {record['handoff']['line']}")
         return
-    ref = int(block["reference_batch"])
+    ref = block.reference_batch
     rate, spread = _speed(candidate) if candidate is not None else (None, None)
     reference = None
     ref_rate = ref_spread = None
@@ -325,7 +328,7 @@ def apply_handoff(
         if reference is not None and reference.feasible:
             ref_rate, ref_spread = _speed(reference)
     noise = (spread or 0.0) + (ref_spread or 0.0)
-    verdict = decide(ref, ref_rate, n, rate, block["lr_scaling"], noise=noise)
+    verdict = decide(ref, ref_rate, n, rate, block.lr_scaling, noise=noise)
     record["handoff"] = {"rule": "goodput", **verdict.as_dict(), "largest_fit": record.get("max_num_patches_per_iter"),
                          "largest_fit_trial": record.get("train_trial"),
                          "reference_trial": reference.trial_number if reference is not None else None}
@@ -341,11 +344,11 @@ def apply_handoff(
     )
 
 
-def handoff_updates(cfg: Mapping[str, Any], batch: int, handoff: str = DEFAULT_HANDOFF) -> dict[str, Any]:
+def handoff_updates(config: BundleConfig, batch: int, handoff: str = DEFAULT_HANDOFF) -> dict[str, Any]:
     """Learning rate, warm-up and the ``tuning:`` record of both, for ``batch`` patches per step.
 
     Args:
-        cfg: the bundle config (its ``batch_scaling`` block).
+        config: the bundle config (its ``batch_scaling`` block).
         batch: the batch handed to training.
         handoff: the rule that chose it (``goodput`` or ``largest``; see ``_block_for``).
 
@@ -354,33 +357,32 @@ def handoff_updates(cfg: Mapping[str, Any], batch: int, handoff: str = DEFAULT_H
         ``lr_warmup_start_factor``) and ``record`` for the ``tuning:`` block (for a MONAI bundle with its
         ``reference``: what a later tuning reads, the configs then holding the tuned values).
     """
-    block, note = _block_for(cfg, handoff)
-    crops = max(1, int(cfg.get("num_crops_per_image", 1)))
-    epochs = int(cfg["num_epochs"])
+    block, note = _block_for(config, handoff)
+    crops, epochs = config.num_crops_per_image, config.num_epochs
     try:
-        cases = training_set(cfg)[0]
+        cases = training_set(config)[0]
     except AutotuneError:
         cases = None
     if block is None:
-        lr = float(cfg.get("learning_rate", 1e-3))
+        lr = config.learning_rate if config.learning_rate is not None else DEFAULT_LEARNING_RATE
         return {"learning_rate": lr, "lr_warmup_samples": 0, "lr_warmup_start_factor": 1.0,
-                "record": {"lr_scaling": "none", "reason": _no_block(cfg),
+                "record": {"lr_scaling": "none", "reason": _no_block(config),
                            "learning_rate": {"before": lr, "after": lr}}}
-    ref_batch, ref_lr = int(block["reference_batch"]), float(block["reference_learning_rate"])
-    lr = scaled_learning_rate(ref_lr, ref_batch, batch, block["lr_scaling"])
+    ref_batch, ref_lr = block.reference_batch, block.reference_learning_rate
+    lr = scaled_learning_rate(ref_lr, ref_batch, batch, block.lr_scaling)
     ramp = lr > ref_lr
     samples_per_epoch = cases * crops if cases is not None else None
-    warmup_samples = int(round(block["warmup_epochs"] * samples_per_epoch)) if ramp and samples_per_epoch else 0
+    warmup_samples = int(round(block.warmup_epochs * samples_per_epoch)) if ramp and samples_per_epoch else 0
     start = ref_lr / lr if warmup_samples else 1.0
     record: dict[str, Any] = {
-        "lr_scaling": block["lr_scaling"], "reference_batch": ref_batch, "batch": int(batch),
+        "lr_scaling": block.lr_scaling, "reference_batch": ref_batch, "batch": int(batch),
         "learning_rate": {"before": ref_lr, "after": lr},
         "warmup": {"samples": warmup_samples, "start_factor": round(start, 6),
                    "steps": -(-warmup_samples // int(batch)) if warmup_samples else 0},
     }
     if note:
         record["reason"] = note
-    reference = family_for(cfg).handoff_reference(cfg)
+    reference = family_for(config).handoff_reference(config)
     if reference is not None:
         record["reference"] = reference
     if cases is not None:

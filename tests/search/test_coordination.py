@@ -247,9 +247,13 @@ def test_a_bad_fake_probe_setting_is_one_line(raw: str) -> None:
 
 
 def test_the_fake_probe_answers_from_its_model() -> None:
+    from config_fixtures import bundle_config
+
     from autotune.search.curves.fake import FakeProber, parse_fake_probe
 
-    prober = FakeProber(parse_fake_probe("sleep=0,base=64MiB,patch=32MiB,window=16MiB"), 200 * 2**20, {})
+    config = bundle_config()
+    prober = FakeProber(parse_fake_probe("sleep=0,base=64MiB,patch=32MiB,window=16MiB"), 200 * 2**20, config)
+    assert prober.config() is config  # the key's typed config, as the search handed it
     fits = prober.probe({"num_patches_per_iter": 4}, ("train",))
     assert fits["status"] == "ok" and fits["peak_bytes"] == (64 + 4 * 32) * 2**20 and fits["samples_per_s"] > 0
     assert prober.probe({"num_patches_per_iter": 5}, ("train",))["status"] == "oom"

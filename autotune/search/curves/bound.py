@@ -8,9 +8,12 @@ there exceeds the budget by more than the bound. ``$AUTOTUNE_PROBE_EDGE=1`` prob
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.search.curves.sparse import sparse_of
+
+if TYPE_CHECKING:
+    from autotune.bundles.model import BundleConfig
 
 __all__ = ["PROBE_EDGE_ENV", "probe_edge_forced", "edge_bound", "over_by_bound", "bound_held"]
 
@@ -26,7 +29,7 @@ def probe_edge_forced() -> bool:
 
 
 def edge_bound(device_name: str | None, measured: bool, template: str | None = None, allowance: Any = None,
-               cfg: Any = None, device: str = "cuda:0") -> dict[str, Any] | None:
+               config: BundleConfig | None = None, device: str = "cuda:0") -> dict[str, Any] | None:
     """The over-prediction bound that settles N+1 for a bundle, or None (probe N+1).
 
     Only for real probes on a device with a calibration file that states one. On CUDA, where the
@@ -38,8 +41,8 @@ def edge_bound(device_name: str | None, measured: bool, template: str | None = N
     bound."""
     if not measured or probe_edge_forced():
         return None
-    if allowance is not None and cfg is not None and getattr(allowance, "bounds", None):
-        _, check = allowance.factors_for(cfg, device)
+    if allowance is not None and config is not None and getattr(allowance, "bounds", None):
+        _, check = allowance.factors_for(config, device)
         found = allowance.bound_for(check, template)
         if found is not None:
             return {"bound": found["max_over"], "scope": f"{found['source']}; {check.why}",

@@ -18,9 +18,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.checks.fake_probe import FAKE_PROBE_ENV, FakeModel, parse_fake_probe
+
+if TYPE_CHECKING:
+    from autotune.bundles.model import BundleConfig
 
 __all__ = ["FAKE_PROBE_ENV", "FakeModel", "FakeProber", "parse_fake_probe"]
 
@@ -31,10 +34,10 @@ class FakeProber:
     measured = True
     kind = "fake"
 
-    def __init__(self, model: FakeModel, memory_limit: int, cfg: Mapping[str, Any]) -> None:
+    def __init__(self, model: FakeModel, memory_limit: int, config: BundleConfig) -> None:
         self.model = model
         self.memory_limit = int(memory_limit)
-        self._cfg = dict(cfg)
+        self._config = config
 
     def probe(self, point: Mapping[str, Any], phases: tuple[str, ...]) -> dict[str, Any]:
         model = self.model
@@ -60,5 +63,5 @@ class FakeProber:
                      on_estimate: Any = None, max_passes: int | None = None) -> Any:
         return None
 
-    def config(self) -> dict[str, Any]:
-        return dict(self._cfg)
+    def config(self) -> BundleConfig:
+        return self._config

@@ -11,9 +11,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from autotune.tunables import BATCH, VALIDATION_DEVICE, Point, sized_by
+
+if TYPE_CHECKING:
+    from autotune.bundles.model import BundleConfig
 
 __all__ = ["Prober", "ProbeProber", "EstimateProber", "loader_bytes_fn"]
 
@@ -36,21 +39,21 @@ class Prober(Protocol):
                      on_estimate: Any = None, max_passes: int | None = None) -> Any:
         """A curve read from at most ``max_passes`` point estimates (or None)."""
 
-    def config(self) -> dict[str, Any]:
-        """The bundle's resolved config."""
+    def config(self) -> BundleConfig:
+        """The bundle's config."""
 
 
-def loader_bytes_fn(cfg: Mapping[str, Any]) -> Callable[[int], float]:
+def loader_bytes_fn(config: BundleConfig) -> Callable[[int], float]:
     """Bytes of the two loader batches training holds at N patches per pass (``make_loader_batches``:
     lcm(N, crops) float32 images and labels each), exact and not affine in N."""
     import math
 
     from autotune.step import loader_batch_patches
 
-    voxels = math.prod(int(v) for v in cfg["roi_size"])
-    label_channels = int(cfg["output_classes"]) if cfg.get("sigmoid") else 1
-    per_patch = 4 * voxels * (int(cfg["input_channels"]) + label_channels)
-    crops = int(cfg.get("num_crops_per_image", 1) or 1)
+    voxels = math.prod(config.roi_size)
+    label_channels = config.output_classes if config.sigmoid else 1
+    per_patch = 4 * voxels * (config.input_channels + label_channels)
+    crops = config.num_crops_per_image
     return lambda n: float(2 * loader_batch_patches(n, crops) * per_patch)
 
 
@@ -65,6 +68,7 @@ class _ModelMixin:
     offset: int = 0
     allowance: Any = None
     answers: Any = None  # raw answers kept for reuse (``autotune.search.curves.answers``); None: none kept
+    _config: BundleConfig | None = None  # the bundle's config, loaded at the first ask
 
     def factors(self) -> dict[str, float] | None:
         """The device model's workspace factors for this bundle: fitted inside the calibration's domain, none
@@ -156,12 +160,12 @@ class _ModelMixin:
         rest = Point.taken_from(point).without(sized_by(phase).name)
         if phase == "train":
             rest = rest.without(VALIDATION_DEVICE.name)
-        cfg = self.config()
+        config = self.config()
         if phase == "infer":
             from autotune.step import num_windows
 
-            return rest, num_windows(cfg), None
-        return rest, None, loader_bytes_fn(cfg)
+            return rest, num_windows(config), None
+        return rest, None, loader_bytes_fn(config)
 
     def training_replay(self, infer_point: Mapping[str, Any] | None = None) -> tuple[Any, int | None]:
         """The training curve from one estimator pass (``autotune.probe.replay``), plus the device
@@ -170,8 +174,7 @@ class _ModelMixin:
         the raw inference estimate or None)."""
         from autotune.probe import estimate, marker_batch, replay_of
 
-        cfg = self.config()
-        crops = int(cfg.get("num_crops_per_image", 1) or 1)
+        crops = self.config().num_crops_per_image
         phases: tuple[str, ...] = ("train", "infer") if infer_point else ("train",)
         point = Point.taken_from(infer_point or {}).with_values(**{BATCH.name: marker_batch(crops)})
         try:
@@ -198,11 +201,13 @@ class _ModelMixin:
                                              expandable=self._expandable()), "train"), infer_raw
         return self._allowed(curve), infer_raw
 
-    def config(self) -> dict[str, Any]:
-        """The bundle's resolved config."""
-        from autotune.probe import resolve_request
+    def config(self) -> BundleConfig:
+        """The bundle's config, loaded once (the search does not change a bundle before its key is answered)."""
+        if self._config is None:
+            from autotune.bundles.config import load_bundle_config
 
-        return resolve_request(self.bundle, check_device=False)["config"]
+            self._config = load_bundle_config(self.bundle)
+        return self._config
 
     def _allowed(self, raw_curve: Any) -> Any:
         """``raw_curve`` with the device allowance (``raw * scale + offset``; identity on the CPU)."""
@@ -284,9 +289,9 @@ class EstimateProber(_ModelMixin):
             if self.allowance is not None and str(self.device).startswith("cuda") and self.allowance.bounds:
                 from autotune.probe import workspace_template
 
-                cfg = self.config()
-                _, check = self.allowance.factors_for(cfg, self.device)
-                scale = self.allowance.plan_scale(check, workspace_template(cfg), phase)
+                config = self.config()
+                _, check = self.allowance.factors_for(config, self.device)
+                scale = self.allowance.plan_scale(check, workspace_template(config), phase)
             self._scales[phase] = scale
         return self._scales[phase]
 

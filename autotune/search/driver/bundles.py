@@ -136,7 +136,7 @@ def _answer(session: Session, bundles: Mapping[str, Bundle], groups: Mapping[str
     try:
         return answer_key(session, keys[study_name], first, len(paths), wait=wait, known=known)
     except TakenOver as exc:  # this worker hung past its promise: the taker's result is awaited
-        session.say(f"[{first['algo']}] {exc}")
+        session.say(f"[{first.algo}] {exc}")
         return None
 
 
@@ -195,7 +195,7 @@ def search_bundles(bundles: Sequence[str | Path], specs: Mapping[str, Any] | Non
     if summary_path and Path(summary_path).is_dir():
         raise ConfigError(f"{summary_path}: is a folder; give --summary a file name, e.g. {Path(summary_path) / 'summary.json'}")
     check_writable([Path(summary_path).parent] if summary_path else [])
-    strategy, options, explicit, budget = check_method(specs, [b.config["algo"] for b in loaded.values()], settings)
+    strategy, options, explicit, budget = check_method(specs, [b.config.algo for b in loaded.values()], settings)
     session = Session(budget, open_store(options.storage, settings.workers_share, options.timeout), strategy,
                       options, explicit, say)
     try:

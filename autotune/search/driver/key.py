@@ -13,7 +13,7 @@ import hashlib
 import json
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.families import family_for
 from autotune.search.driver.session import Session
@@ -23,6 +23,9 @@ from autotune.search.storage.study import TuningKey, open_study
 from autotune.search.strategies.objective import metric_name
 from autotune.search.strategies.space import AlgoSpec, spec_for
 from autotune.utils import format_bytes
+
+if TYPE_CHECKING:
+    from autotune.bundles.model import BundleConfig
 
 __all__ = ["answer_key", "result_tag", "validation_devices", "MAX_POLL_SECONDS"]
 
@@ -62,9 +65,9 @@ def _open(session: Session, key: TuningKey, phase: str | None = None, sampler: A
                       metric=metric_name(session.objective, phase))
 
 
-def _sampler(session: Session, cfg: Mapping[str, Any], spec: AlgoSpec) -> Any:
+def _sampler(session: Session, config: BundleConfig, spec: AlgoSpec) -> Any:
     """The strategy's sampler of the key's study (None: Optuna's default)."""
-    return session.strategy.sampler(int(cfg.get("seed", 0)), spec, session.store.workers_share)
+    return session.strategy.sampler(config.seed, spec, session.store.workers_share)
 
 
 def _stored_result(session: Session, key: TuningKey, tag: str) -> dict[str, Any] | None:
@@ -151,20 +154,20 @@ def _provenance(session: Session, key: TuningKey, infer_study: Any, started: flo
     return fields
 
 
-def answer_key(session: Session, key: TuningKey, cfg: Mapping[str, Any], n_bundles: int,
+def answer_key(session: Session, key: TuningKey, config: BundleConfig, n_bundles: int,
                wait: bool, known: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
     """The key's record: from storage, or searched now; None when another worker holds it (and not ``wait``).
 
     ``known``: the user attributes of the key's study as just read (``get_all_studies``), when it exists: its
     stored result is then answered with no further call, and, without ``wait``, a key another worker has
     started is left for later without asking for its claim."""
-    algo = cfg["algo"]
-    if not cfg.get("tuning_supported", True):
+    algo = config.algo
+    if not config.tuning_supported:
         session.say(f"[{algo}] this template does not support tuning; bundles left as generated")
         return {"algo": algo, "status": "unsupported", "reason": "template does not support tuning"}
-    spec, batch_cap = cap_range(spec_for(session.explicit[algo], cfg), cfg, session.say)
+    spec, batch_cap = cap_range(spec_for(session.explicit[algo], config), config, session.say)
     devices = validation_devices(spec, session.budget.device)
-    reference = family_for(cfg).handoff_reference(cfg)
+    reference = family_for(config).handoff_reference(config)
     tag = result_tag(session.strategy.search, session.budget.margin, spec, devices, session.strategy.estimates_only,
                      session.handoff, reference)
     if known is not None and known.get(tag) is not None:
@@ -181,18 +184,18 @@ def answer_key(session: Session, key: TuningKey, cfg: Mapping[str, Any], n_bundl
         if stored is not None and _refuted(session, stored, failures, algo):
             stored = None
         elif stored is None:
-            study = _open(session, key, sampler=_sampler(session, cfg, spec))
+            study = _open(session, key, sampler=_sampler(session, config, spec))
             stored = study.user_attrs.get(tag)  # stored by a worker that let the key go just before this one took it
             stored = None if stored is not None and _refuted(session, stored, failures, algo) else stored
         if stored is not None:
             session.say(f"[{algo}] answered from storage ({key.study_name}); no new trial")
             return {**{k: v for k, v in stored.items() if k != SEEN}, "from_storage": True, "probes": 0}
-        study = study or _open(session, key, sampler=_sampler(session, cfg, spec))
+        study = study or _open(session, key, sampler=_sampler(session, config, spec))
         infer_study = None if session.strategy.joint else _open(session, key, "infer")
         _fail_stale(session, (study, infer_study), algo)
         _announce(session, key, spec, n_bundles, algo)
         started = time.perf_counter()
-        record, train_curve = search_key(study, cfg, spec, devices, session, infer_study)
+        record, train_curve = search_key(study, config, spec, devices, session, infer_study)
         record["batch"] = batch_report(record, batch_cap, predicted_fit(train_curve, batch_cap, session.budget.budget))
         record.update(_provenance(session, key, infer_study, started))
         from autotune.search.dashboard.notes import tell_story

@@ -56,7 +56,7 @@ def format_results(results: Sequence[Mapping[str, Any]]) -> str:
         lines.append(
             f"{name:<14} {'tuned':<10} {r[BATCH.name]:>12} {fits:>5} "
             f"{(f'{lr:.3g}' if isinstance(lr, (int, float)) else '-'):>8} {loader:>14} "
-            f"{' '.join(f'{t.bundle_value(r)!s:>{_width(t)}}' for t in _OTHERS)} {format_bytes(r.get('peak_bytes')):>10} "
+            f"{' '.join(f'{t.written_value(r)!s:>{_width(t)}}' for t in _OTHERS)} {format_bytes(r.get('peak_bytes')):>10} "
             f"{format_bytes(r.get('memory_limit')):>10} {(f'{sps:.2f}' if sps else '-'):>9} {method:<9} "
             f"{r.get('probes', 0):>6} {source}"
         )

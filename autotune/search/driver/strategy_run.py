@@ -9,8 +9,7 @@ training gets. The record is plain data: it goes into the study, the summary and
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.families import family_for
 from autotune.search.curves.bound import edge_bound
@@ -19,10 +18,13 @@ from autotune.search.handoff import apply_handoff
 from autotune.search.strategies.space import AlgoSpec
 from autotune.tunables import TUNABLES
 
+if TYPE_CHECKING:
+    from autotune.bundles.model import BundleConfig
+
 __all__ = ["search_key"]
 
 
-def _prober(cfg: Mapping[str, Any], session: Session) -> Any:
+def _prober(config: BundleConfig, session: Session) -> Any:
     """Real probes in isolated children, or the estimator alone (``estimate``); the fake probes of
     ``AUTOTUNE_FAKE_PROBE`` where that test hook is set."""
     from autotune.checks.environment import setting
@@ -33,30 +35,30 @@ def _prober(cfg: Mapping[str, Any], session: Session) -> Any:
     if fake is not None:  # the test hook (autotune.search.curves.fake): a sleep and a synthetic answer
         from autotune.search.curves.fake import FakeProber
 
-        return FakeProber(fake, budget.limit, cfg)
+        return FakeProber(fake, budget.limit, config)
     scale, offset = budget.allowance.affine()
     if session.strategy.estimates_only:
-        return EstimateProber(cfg["bundle_root"], budget.device, budget.budget, scale=scale, offset=offset,
+        return EstimateProber(config.bundle_root, budget.device, budget.budget, scale=scale, offset=offset,
                               allowance=budget.allowance)
     from autotune.probe import prestart
 
     prestart()  # the probes' fork server imports torch and MONAI while the estimator traces
-    return ProbeProber(cfg["bundle_root"], budget.device, budget.limit, timeout=session.timeout,
+    return ProbeProber(config.bundle_root, budget.device, budget.limit, timeout=session.timeout,
                        env=session.probe_env, scale=scale, offset=offset, allowance=budget.allowance)
 
 
-def _edge(cfg: Mapping[str, Any], session: Session, prober: Any) -> tuple[dict[str, Any] | None, str | None]:
+def _edge(config: BundleConfig, session: Session, prober: Any) -> tuple[dict[str, Any] | None, str | None]:
     """The calibration's stated bound on N+1 (or None), and why N+1 is probed whatever a calibration says."""
     # the template a calibration's stated bound covers, if any (``autotune.families``): else N+1 is probed
-    family = family_for(cfg)
-    covered = family.calibrated_as(cfg)
+    family = family_for(config)
+    covered = family.calibrated_as(config)
     budget = session.budget
-    stated = edge_bound(budget.info.get("device_name"), prober.measured, covered, budget.allowance, cfg,
+    stated = edge_bound(budget.info.get("device_name"), prober.measured, covered, budget.allowance, config,
                         budget.device) if covered else None
     return stated, (family.uncalibrated_reason if covered is None else None)
 
 
-def _device_model(cfg: Mapping[str, Any], session: Session, prober: Any) -> dict[str, Any] | None:
+def _device_model(config: BundleConfig, session: Session, prober: Any) -> dict[str, Any] | None:
     """On CUDA with a device model: which fit the key's estimates use and why (the calibration's domain), the
     out-of-sample bound of that situation and, for a plan, the margin it puts on each phase; said once."""
     budget = session.budget
@@ -64,8 +66,8 @@ def _device_model(cfg: Mapping[str, Any], session: Session, prober: Any) -> dict
         return None
     from autotune.probe import workspace_template
 
-    _, check = budget.allowance.factors_for(cfg, budget.device)
-    bound = budget.allowance.bound_for(check, workspace_template(cfg))
+    _, check = budget.allowance.factors_for(config, budget.device)
+    bound = budget.allowance.bound_for(check, workspace_template(config))
     model: dict[str, Any] = {"fit": "fitted" if check.inside else "allocator rules", "domain": check.why,
                              "bound": bound}
     said = (f"; out of sample {100 * bound['max_under']:+.1f}% .. {100 * bound['max_over']:+.1f}%" if bound
@@ -75,7 +77,7 @@ def _device_model(cfg: Mapping[str, Any], session: Session, prober: Any) -> dict
         said += ("; planned with peaks x " + ", ".join(f"{p} {v:.2f}" for p, v in model["plan_scale"].items())
                  + " (the out-of-sample under-prediction)")
     what = "the calibration's fit" if check.inside else "the allocator's rules alone (no fitted workspace)"
-    session.say(f"[{cfg['algo']}] device model: {what}: {check.why}{said}")
+    session.say(f"[{config.algo}] device model: {what}: {check.why}{said}")
     return model
 
 
@@ -122,7 +124,7 @@ def _allowances(session: Session) -> dict[str, Any]:
 
 
 def search_key(
-    study: Any, cfg: Mapping[str, Any], spec: AlgoSpec, devices: tuple[str, ...], session: Session,
+    study: Any, config: BundleConfig, spec: AlgoSpec, devices: tuple[str, ...], session: Session,
     infer_study: Any = None,
 ) -> tuple[dict[str, Any], Any]:
     """Run the session's strategy on ``study`` (inference-only trials on ``infer_study`` when given): the key's
@@ -131,20 +133,20 @@ def search_key(
     from autotune.search.strategies.outcome import distributions
     from autotune.search.strategies.registry import KeyRun
 
-    prober = _prober(cfg, session)
-    model = _device_model(cfg, session, prober)
+    prober = _prober(config, session)
+    model = _device_model(config, session, prober)
     store = session.store
     evaluator = Evaluator(
         study, prober, session.budget.budget, distributions(spec, devices), storage=store.storage,
-        progress=session.say, label=cfg["algo"], liveness=store.liveness, claims=store.claims,
+        progress=session.say, label=config.algo, liveness=store.liveness, claims=store.claims,
         objective=session.objective, infer_study=infer_study,
     )
     searched = session.strategy.run(KeyRun(study, evaluator, prober, spec, devices, session.objective,
-                                           int(cfg.get("seed", 0)), cfg["algo"], session.say,
-                                           lambda: _edge(cfg, session, prober)))
+                                           config.seed, config.algo, session.say,
+                                           lambda: _edge(config, session, prober)))
     outcome, train_curve = searched.outcome, searched.train_curve
     record: dict[str, Any] = {
-        "algo": cfg["algo"], "objective": session.objective, "method": "measured" if prober.measured else "estimated",
+        "algo": config.algo, "objective": session.objective, "method": "measured" if prober.measured else "estimated",
         "probes": evaluator.probes, "reused_points": evaluator.reused,
         "trials": evaluator.trial_numbers, "infer_trials": evaluator.infer_trial_numbers, **searched.fields,
         **({"device_model": model} if model else {}),
@@ -159,6 +161,6 @@ def search_key(
         return evaluator.evaluate({"num_patches_per_iter": n}, ("train",))
 
     timed = session.strategy.times_handoff and prober.measured  # the fast search with real probes
-    apply_handoff(record, cfg, outcome.train, measure if timed else None, session.handoff, session.say)
+    apply_handoff(record, config, outcome.train, measure if timed else None, session.handoff, session.say)
     record.update(probes=evaluator.probes, reused_points=evaluator.reused, **_allowances(session))
     return record, train_curve

@@ -39,8 +39,7 @@ def _probes(bundle: Bundle, plan: TuningPlan, budget: Budget, timeout: float, pr
     values = _values(bundle)
     at = run_probe(bundle.config, values, phases=("train", "infer"), **common)
     say(f"  at the plan: {at.get('status')}, peak {format_bytes(at.get('peak_bytes'))}")
-    top = plan.searched_top or int((bundle.config.get("tuning_ranges") or {}).get("num_patches_per_iter",
-                                                                                  [1, 10**6])[1])
+    top = plan.searched_top or bundle.config.tuning_ranges.get("num_patches_per_iter", [1, 10**6])[1]
     # the goodput hand-off may give training less than the largest fit: the edge is the largest fit's
     edge = max(int(values.num_patches_per_iter or 1), plan.largest_fit)
     if edge >= top:

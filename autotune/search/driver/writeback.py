@@ -37,14 +37,13 @@ def write_bundle(path: str, bundle: Bundle, record: Mapping[str, Any], write: bo
                  say: Callable[[str], None]) -> dict[str, Any]:
     """The result of ``bundle`` (given as ``path``): ``record`` with the values it gets; written into the bundle
     when ``write``."""
-    cfg = bundle.config
     result = {"bundle": path, **record}
     if record.get("status") != "tuned":
         say(f"[{record.get('algo')}] {bundle.path.name}: not tuned: {record.get('reason', record.get('status'))}")
         return result
-    updates: dict[str, Any] = written_values(record, cfg)  # each tunable's plain keys (autotune.tunables)
+    updates: dict[str, Any] = written_values(record, bundle.config)  # each tunable's plain keys (autotune.tunables)
     rule = str((record.get("handoff") or {}).get("rule") or "goodput")
-    handed = handoff_updates(cfg, int(record["num_patches_per_iter"]), rule)  # lr and schedule follow the batch
+    handed = handoff_updates(bundle.config, int(record["num_patches_per_iter"]), rule)  # lr and schedule follow the batch
     recipe = handed.pop("record")
     updates.update(handed)
     updates["tuning"] = TuningPlan.from_record(record, recipe).as_dict()

@@ -23,6 +23,8 @@ from autotune.search.storage.backends import quiet_optuna
 if TYPE_CHECKING:  # pragma: no cover
     import optuna
 
+    from autotune.bundles.model import BundleConfig
+
 __all__ = [
     "STORAGE_ENV",
     "TuningKey",
@@ -319,13 +321,17 @@ class TuningKey:
         return f"{self.study_name}-infer"
 
 
-def _section_hash(cfg: Mapping[str, Any]) -> str:
-    """Network, loss and optimizer settings change memory: hash them into the key."""
-    parts = {k: cfg.get(k) for k in ("network", "loss", "optimizer", "num_crops_per_image")}
+def _section_hash(config: BundleConfig) -> str:
+    """Network, loss and optimizer settings change memory: hash them into the key (each section as the bundle
+    writes it, a default left out, so that a key's digest does not move with the model's defaults)."""
+    parts: dict[str, Any] = {name: section.model_dump(exclude_unset=True)
+                             for name, section in (("network", config.network), ("loss", config.loss),
+                                                   ("optimizer", config.optimizer))}
+    parts["num_crops_per_image"] = config.num_crops_per_image
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
-def make_key(cfg: Mapping[str, Any], device: Mapping[str, Any], memory_limit: int, strategy: str,
+def make_key(config: BundleConfig, device: Mapping[str, Any], memory_limit: int, strategy: str,
              objective: str = "max-batch", joint: bool = False) -> TuningKey:
     """The tuning key of a bundle config on a device under a memory limit, for a strategy and objective.
 
@@ -337,16 +343,16 @@ def make_key(cfg: Mapping[str, Any], device: Mapping[str, Any], memory_limit: in
     from autotune.precision import for_config
 
     device_name = str(device.get("device") or "cpu")
-    precision = for_config(cfg, device_name).name
+    precision = for_config(config, device_name).name
     return TuningKey(
-        algo=str(cfg["algo"]),
-        template_version=int(cfg.get("template_version", 0)),
-        roi_size=tuple(int(v) for v in cfg["roi_size"]),
-        infer_volume_shape=tuple(int(v) for v in cfg.get("infer_volume_shape", cfg["roi_size"])),
-        input_channels=int(cfg["input_channels"]),
-        output_classes=int(cfg["output_classes"]),
+        algo=config.algo,
+        template_version=config.template_version or 0,
+        roi_size=tuple(config.roi_size),
+        infer_volume_shape=tuple(config.infer_volume_shape or config.roi_size),
+        input_channels=config.input_channels,
+        output_classes=config.output_classes,
         precision=precision,
-        network_hash=_section_hash(cfg),
+        network_hash=_section_hash(config),
         device_name=str(device["device_name"]),
         device_total_memory=int(device["device_total_memory"]),
         memory_limit=int(memory_limit),

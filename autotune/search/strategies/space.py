@@ -26,7 +26,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.errors import SpecError
 from autotune.families.registry import spec_aliases
@@ -34,6 +34,9 @@ from autotune.probe import VALIDATION_DEVICES
 from autotune.search.strategies.objective import SW_SCALE
 from autotune.tunables import BATCH, SW_BATCH, TUNABLES, VALIDATION_DEVICE, Tunable, spec_key_names
 from autotune.utils import look_up_option
+
+if TYPE_CHECKING:
+    from autotune.bundles.model import BundleConfig
 
 __all__ = ["AlgoSpec", "SPEC_KEYS", "SpecKeyWarning", "SpecsFile", "VALIDATION_DEVICES", "parse_specs",
            "spec_for"]
@@ -180,15 +183,16 @@ def _parse_specs(specs: Mapping[str, Any] | None, algos: Sequence[str],
     return {algo: {**universal, **per_algo.get(algo, {})} for algo in algos}
 
 
-def spec_for(explicit: Mapping[str, Any], bundle_cfg: Mapping[str, Any]) -> AlgoSpec:
-    """Combine explicit specs with the bundle's default ranges (``tuning_ranges``)."""
-    ranges = bundle_cfg.get("tuning_ranges") or {}
+def spec_for(explicit: Mapping[str, Any], config: BundleConfig) -> AlgoSpec:
+    """Combine explicit specs with the bundle's default ranges (``tuning_ranges``) and choices
+    (``tuning_validation_devices``)."""
+    ranges = config.tuning_ranges
     space: dict[str, tuple[Any, ...]] = {}
     for item in TUNABLES:
         if item.spec_key in explicit:
             space[item.name] = tuple(explicit[item.spec_key])
-        elif item.kind == "choice":  # the bundle's ``tuning_<spec key>`` (``tuning_validation_devices``)
-            space[item.name] = tuple(bundle_cfg.get(f"tuning_{item.spec_key}") or item.choices)
+        elif item.kind == "choice":  # the field ``tuning_<spec key>`` (``tuning_validation_devices``), else all
+            space[item.name] = tuple(getattr(config, f"tuning_{item.spec_key}", None) or item.choices)
         else:
             space[item.name] = _int_range(ranges.get(item.name, list(item.default_range or (1, 64))),
                                           f"bundle tuning_ranges.{item.name}")
