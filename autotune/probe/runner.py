@@ -326,20 +326,19 @@ def _classify(result: dict[str, Any], run: _ChildRun, first_phase: str) -> None:
         result["error_tail"] = result.get("error_tail") or run.stderr_tail
 
 
-def run_probe(bundle: str | Path | Mapping[str, Any] | BundleConfig, point: Point | Mapping[str, Any] | None = None, *, device: str = "auto",
-              memory_limit: int | str | None = None, timeout: float = 300.0, phases: tuple[str, ...] = PHASES,
-              warmup_steps: int = 1, measure_steps: int = 2, env: Mapping[str, str] | None = None,
-              precision: str | None = None, **tuned: Any) -> dict[str, Any]:
+def run_probe(bundle: str | Path | Mapping[str, Any] | BundleConfig, point: Point | Mapping[str, Any] | None = None,
+              *, device: str = "auto", memory_limit: int | str | None = None, timeout: float = 300.0,
+              phases: tuple[str, ...] = PHASES, warmup_steps: int = 1, measure_steps: int = 2,
+              env: Mapping[str, str] | None = None, precision: str | None = None, **tuned: Any) -> dict[str, Any]:
     """Run one measured trial of ``bundle`` at ``point`` in an isolated child; returns the result dict.
 
     A dict ``bundle`` is the config's plain view (parsed once here), a ``BundleConfig`` the loaded config; a path
-    is a bundle folder or its YAML. ``point`` and any tunable
-    given as a keyword as in ``resolve_request``: N or M left out means the bundle's value; the
-    ``validation_device`` left out, where the bundle keeps the volume (``cpu`` when it sets
-    ``sw_input_on_cpu``). ``device`` ``auto`` is the first GPU, else the CPU. ``memory_limit`` is bytes or a
-    size such as ``"8GiB"`` (CPU: the tracked tensor peak may not pass it; CUDA: the caching allocator is
-    capped at it). ``env`` adds to the child's environment. ``precision`` as in ``resolve_request``. See
-    the module docstring for the statuses.
+    is a bundle folder or its YAML. ``point`` and any tunable given as a keyword as in ``resolve_request``: N or M
+    left out means the bundle's value; the ``validation_device`` left out, where the bundle keeps the volume
+    (``cpu`` when it sets ``sw_input_on_cpu``). ``device`` ``auto`` is the first GPU, else the CPU.
+    ``memory_limit`` is bytes or a size such as ``"8GiB"`` (CPU: the tracked tensor peak may not pass it; CUDA:
+    the caching allocator is capped at it). ``env`` adds to the child's environment. ``precision`` as in
+    ``resolve_request``. See the module docstring for the statuses.
 
     Raises:
         ConfigError: the bundle is missing or invalid.
