@@ -236,9 +236,9 @@ def test_correction_fixes_scale_and_offset_not_shape() -> None:
 
 
 def test_objective_is_in_the_key_and_named_on_the_study(tmp_path) -> None:
-    from autotune.search.storage.study import make_key, open_storage, open_study
-
     from bundle_fixtures import least_config
+
+    from autotune.search.storage.study import make_key, open_storage, open_study
 
     cfg = least_config()
     info = {"device_name": "cpu", "device_total_memory": 8 * 1024**3}
