@@ -6,7 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from bundle_fixtures import copy_bundle, least_config
+from bundle_fixtures import copy_bundle
+from config_fixtures import bundle_config
 
 from autotune.errors import SpecError
 from autotune.precision import CPU_BF16_ENV, PRECISION_ENV, for_bundle, resolve_precision
@@ -48,10 +49,10 @@ def test_a_template_not_shown_to_train_in_bf16_on_the_cpu_keeps_fp32(native: Non
 
     assert load_template("unet")["training"]["cpu_bf16"] is False
     assert all("cpu_bf16" not in load_template(algo)["training"] for algo in ("segresnet", "dints"))
-    unet = least_config(amp=True, cpu_bf16=False)
+    unet = bundle_config(amp=True, cpu_bf16=False)
     chosen = for_config(unet, "cpu")
     assert chosen.name == "fp32" and "cpu_bf16: false" in chosen.reason
-    assert for_config(least_config(amp=True), "cpu").name == "bf16"  # a template that does not say
+    assert for_config(bundle_config(amp=True), "cpu").name == "bf16"  # a template that does not say
     assert for_config(unet, "cuda:0").name == "fp16"  # a CPU rule: CUDA keeps fp16 + GradScaler
     monkeypatch.setenv(PRECISION_ENV, "bf16")
     assert for_config(unet, "cpu").name == "bf16"  # forced
@@ -135,12 +136,12 @@ def test_training_keeps_the_tuned_precision_and_warns_when_this_machine_differs(
     assert for_bundle(_tuned_in("fp32", "cpu"), "cpu") == (for_bundle(_tuned_in("fp32", "cpu"), "cpu")[0], None)
     # tuned on another kind of device: decided here, no tuned memory to keep
     assert for_bundle(_tuned_in("fp16", "cuda:0"), "cpu")[0].name == "fp32"
-    assert for_bundle(least_config(amp=True), "cpu")[0].name == "fp32"
+    assert for_bundle(bundle_config(amp=True), "cpu")[0].name == "fp32"
 
 
 def _tuned_in(precision: str, device: str) -> object:
     """A config with ``amp: true`` tuned in ``precision`` on ``device``."""
-    return least_config(amp=True, tuning={**PLAN, "precision": precision, "device": device})
+    return bundle_config(amp=True, tuning={**PLAN, "precision": precision, "device": device})
 
 
 def test_forcing_another_precision_than_the_tuned_one_warns(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -151,9 +152,11 @@ def test_forcing_another_precision_than_the_tuned_one_warns(monkeypatch: pytest.
 
 
 def test_the_precision_is_part_of_the_tuning_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    from config_fixtures import bundle_config
+
     from autotune.search.storage.study import make_key
 
-    cfg = least_config(amp=True)
+    cfg = bundle_config(amp=True)
     info = {"device": "cpu", "device_name": "cpu", "device_total_memory": 8 * 1024**3}
     monkeypatch.delenv(PRECISION_ENV, raising=False)
     monkeypatch.setenv(CPU_BF16_ENV, "native")

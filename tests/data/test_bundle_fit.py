@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from bundle_fixtures import least_config
+from config_fixtures import bundle_config
 
 import autotune.data.bundle_fit as bundle_fit
 from autotune.data.analyze import analyze
@@ -23,7 +23,7 @@ def test_label_values_come_from_the_record_else_from_the_label(small_demo_data: 
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     data = Path(shutil.copytree(small_demo_data, tmp_path / "data"))
     stats = analyze(data, tmp_path / "work", num_fold=1, progress=False).datastats
-    cfg = least_config(output_classes=3, roi_size=[16, 16, 16], datastats=str(stats))
+    cfg = bundle_config(output_classes=3, roi_size=[16, 16, 16], datastats=str(stats))
     read: list[str] = []
     reader = bundle_fit._read_label_values
     monkeypatch.setattr(bundle_fit, "_read_label_values", lambda path: read.append(path) or reader(path))

@@ -236,11 +236,11 @@ def test_correction_fixes_scale_and_offset_not_shape() -> None:
 
 
 def test_objective_is_in_the_key_and_named_on_the_study(tmp_path) -> None:
-    from bundle_fixtures import least_config
+    from config_fixtures import bundle_config
 
     from autotune.search.storage.study import make_key, open_storage, open_study
 
-    cfg = least_config()
+    cfg = bundle_config()
     info = {"device_name": "cpu", "device_total_memory": 8 * 1024**3}
     keys = {obj: make_key(cfg, info, 1024**3, "fast", obj) for obj in ("max-batch", "throughput")}
     assert keys["max-batch"].study_name != keys["throughput"].study_name
