@@ -1,6 +1,8 @@
 """The training step and the sliding-window pass, shared by probe, estimator and trainer.
 
-Keeping these in one place is what makes a probe measure what training runs.
+Keeping these in one place is what makes a probe measure what training runs. A ``config`` here is the bundle's
+``autotune.bundles.model.BundleConfig`` (typed ``Any``: that module reaches this one through the tunables, and
+the layering test allows no cycle, a type-only import included).
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-    from autotune.bundles.model import BundleConfig
     from autotune.finite import StepGuard
 
 __all__ = ["train_step", "micro_batch_sizes", "split_patches", "sliding_window_predict", "num_windows", "make_grad_scaler",
@@ -26,14 +27,14 @@ def loader_batch_patches(num_patches_per_iter: int, num_crops_per_image: int) ->
     return math.lcm(max(1, int(num_patches_per_iter)), max(1, int(num_crops_per_image)))
 
 
-def make_dice_metric(config: BundleConfig) -> Any:
+def make_dice_metric(config: Any) -> Any:
     """Validation's metric: Dice per class, empty ground truth ignored (background left out for softmax)."""
     from monai.metrics import DiceMetric
 
     return DiceMetric(include_background=config.sigmoid, reduction="none", ignore_empty=True)
 
 
-def score_case(logits: torch.Tensor, label: torch.Tensor, config: BundleConfig, metric: Any) -> torch.Tensor:
+def score_case(logits: torch.Tensor, label: torch.Tensor, config: Any, metric: Any) -> torch.Tensor:
     """Validation's post-processing and metric for one case, where the logits live: argmax and
     one-hot (softmax) or a 0.5 threshold (sigmoid), then Dice per class (NaN where the class is absent)."""
     from monai.networks.utils import one_hot
@@ -171,7 +172,7 @@ def sliding_window_predict(
         )
 
 
-def num_windows(config: BundleConfig) -> int:
+def num_windows(config: Any) -> int:
     """Windows ``sliding_window_predict`` runs over the bundle's validation volume, by MONAI's own scan
     arithmetic: a sliding-window batch larger than this holds no more memory."""
     from monai.data.utils import dense_patch_slices
