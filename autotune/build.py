@@ -14,13 +14,14 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from autotune.bundles.network import NETWORKS, roi_divisor
-from autotune.bundles.network import config_section as _section
 from autotune.errors import ConfigError
 from autotune.utils import look_up_option
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
     from monai.transforms import Compose
+
+    from autotune.bundles.model import BundleConfig, Section
 
 __all__ = ["NETWORKS", "LOSSES", "OPTIMIZERS", "SCHEDULERS", "build_network", "build_loss", "build_optimizer",
            "build_lr_scheduler", "build_transforms", "amp_dtype", "roi_divisor"]
@@ -79,11 +80,11 @@ def _static_topology_class() -> type:
     return StaticTopologyInstance
 
 
-def _build_dints(net: Mapping[str, Any], in_channels: int, out_channels: int) -> torch.nn.Module:
+def _build_dints(net: Section, in_channels: int, out_channels: int) -> torch.nn.Module:
     import numpy as np
     from monai.networks.nets import DiNTS
 
-    topo = net.get("topology")
+    topo = net.extra("topology")
     if not isinstance(topo, Mapping):
         raise ConfigError("bundle config 'network.topology' is missing; DiNTS needs its architecture code")
     try:
@@ -106,7 +107,7 @@ def _build_dints(net: Mapping[str, Any], in_channels: int, out_channels: int) ->
         raise ConfigError(f"network.topology.node_a must be {num_blocks + 1}x{num_depths}")
     if arch_c.min() < 0 or arch_c.max() > 4:
         raise ConfigError("network.topology.arch_code_c holds operation indices 0-4 only")
-    args = {k: _as_tuple_args(v) for k, v in (net.get("args") or {}).items()}
+    args = {k: _as_tuple_args(v) for k, v in net.args.items()}
     use_downsample = bool(topo.get("use_downsample", True))
     # MONAI prints a roi hint on every construction; the roi is already checked at generation.
     with contextlib.redirect_stdout(io.StringIO()):
@@ -129,19 +130,18 @@ def _build_dints(net: Mapping[str, Any], in_channels: int, out_channels: int) ->
     )
 
 
-def build_network(cfg: Mapping[str, Any]) -> torch.nn.Module:
-    """Build the network named in ``cfg['network']`` with the data's channels and classes.
+def build_network(config: BundleConfig) -> torch.nn.Module:
+    """Build the network of ``config.network`` with the data's channels and classes.
 
     Raises:
         ConfigError: unknown network name or arguments MONAI rejects.
     """
     from monai.networks.nets import SegResNet, UNet
 
-    net = _section(cfg, "network")
-    name = look_up_option(net["name"], NETWORKS, "network")
-    in_channels = int(cfg.get("input_channels", 1))
-    out_channels = int(cfg.get("output_classes", 2))
-    args = {k: _as_tuple_args(v) for k, v in (net.get("args") or {}).items()}
+    net = config.network
+    name = look_up_option(net.name, NETWORKS, "network")
+    in_channels, out_channels = config.input_channels, config.output_classes
+    args = {k: _as_tuple_args(v) for k, v in net.args.items()}
     try:
         if name == "SegResNet":
             return SegResNet(spatial_dims=3, in_channels=in_channels, out_channels=out_channels, **args)
@@ -152,14 +152,13 @@ def build_network(cfg: Mapping[str, Any]) -> torch.nn.Module:
         raise ConfigError(f"bundle config 'network' ({name}) is invalid: {exc}") from exc
 
 
-def build_loss(cfg: Mapping[str, Any]) -> torch.nn.Module:
-    """Build the loss named in ``cfg['loss']``; sigmoid bundles switch softmax for sigmoid."""
+def build_loss(config: BundleConfig) -> torch.nn.Module:
+    """Build the loss of ``config.loss``; sigmoid bundles switch softmax for sigmoid."""
     from monai import losses
 
-    loss = _section(cfg, "loss")
-    name = look_up_option(loss["name"], LOSSES, "loss")
-    args = dict(loss.get("args") or {})
-    if cfg.get("sigmoid"):
+    name = look_up_option(config.loss.name, LOSSES, "loss")
+    args = dict(config.loss.args)
+    if config.sigmoid:
         args.update(softmax=False, sigmoid=True, to_onehot_y=False)
     try:
         return getattr(losses, name)(**args)
@@ -167,15 +166,15 @@ def build_loss(cfg: Mapping[str, Any]) -> torch.nn.Module:
         raise ConfigError(f"bundle config 'loss' ({name}) is invalid: {exc}") from exc
 
 
-def build_optimizer(cfg: Mapping[str, Any], params: Iterable[Any]) -> torch.optim.Optimizer:
-    """Build the optimizer named in ``cfg['optimizer']`` with ``cfg['learning_rate']``."""
+def build_optimizer(config: BundleConfig, params: Iterable[Any]) -> torch.optim.Optimizer:
+    """Build the optimizer of ``config.optimizer`` with ``config.learning_rate`` (else the section's ``lr``,
+    else 1e-3)."""
     import torch
 
-    opt = _section(cfg, "optimizer")
-    name = look_up_option(opt["name"], OPTIMIZERS, "optimizer")
-    args = dict(opt.get("args") or {})
-    lr = float(cfg.get("learning_rate", args.pop("lr", 1e-3)))
-    args.pop("lr", None)
+    name = look_up_option(config.optimizer.name, OPTIMIZERS, "optimizer")
+    args = dict(config.optimizer.args)
+    section_lr = args.pop("lr", 1e-3)
+    lr = float(config.learning_rate if config.learning_rate is not None else section_lr)
     try:
         if name == "Novograd":
             from monai.optimizers import Novograd
@@ -187,10 +186,10 @@ def build_optimizer(cfg: Mapping[str, Any], params: Iterable[Any]) -> torch.opti
 
 
 def build_lr_scheduler(
-    cfg: Mapping[str, Any], optimizer: torch.optim.Optimizer, total_steps: int, warmup_steps: int = 0,
+    config: BundleConfig, optimizer: torch.optim.Optimizer, total_steps: int, warmup_steps: int = 0,
     warmup_start_factor: float = 1.0,
 ) -> torch.optim.lr_scheduler.LRScheduler | None:
-    """Build the schedule in ``cfg['lr_scheduler']``, stepped ``total_steps`` times in all.
+    """Build the schedule of ``config.lr_scheduler``, stepped ``total_steps`` times in all.
 
     Every schedule is the closed form of ``autotune.schedule`` in a ``LambdaLR`` (step for step MONAI's
     ``WarmupCosineSchedule`` and PyTorch's ``PolynomialLR`` and ``CosineAnnealingLR``), so a run trained
@@ -201,9 +200,9 @@ def build_lr_scheduler(
     """
     from autotune.schedule import build_scaled_scheduler
 
-    section = cfg.get("lr_scheduler") or {"name": "none"}
-    name = look_up_option(str(section.get("name", "none")), SCHEDULERS, "lr_scheduler")
-    args = dict(section.get("args") or {})
+    section = config.lr_scheduler
+    name = look_up_option(section.name if section is not None else "none", SCHEDULERS, "lr_scheduler")
+    args = dict(section.args) if section is not None else {}
     ramp = warmup_steps > 0 and warmup_start_factor < 1.0
     if name == "none" and not ramp:
         return None
@@ -211,7 +210,7 @@ def build_lr_scheduler(
                                   warmup_steps if ramp else 0, warmup_start_factor if ramp else 1.0)
 
 
-def amp_dtype(cfg: Mapping[str, Any], device: str | torch.device, precision: str | None = None) -> torch.dtype | None:
+def amp_dtype(config: BundleConfig, device: str | torch.device, precision: str | None = None) -> torch.dtype | None:
     """Autocast dtype for this bundle on ``device``; None means fp32 (no autocast).
 
     ``precision`` (``fp32``, ``bf16``, ``fp16``) when the caller has decided it (a probe request
@@ -221,28 +220,23 @@ def amp_dtype(cfg: Mapping[str, Any], device: str | torch.device, precision: str
     from autotune.precision import dtype_of, for_bundle
 
     if precision is None:
-        precision = for_bundle(cfg, str(device))[0].name
+        precision = for_bundle(config, str(device))[0].name
     return dtype_of(precision)
 
 
-def _intensity_transform(cfg: Mapping[str, Any]) -> Any:
+def _intensity_transform(config: BundleConfig) -> Any:
+    """``intensity_normalization``: z-score per channel over the foreground, or a clipped range (its bounds
+    checked when the config was read: ``autotune.bundles.model.Normalization``)."""
     from monai.transforms import NormalizeIntensityd, ScaleIntensityRanged
 
-    norm = cfg.get("intensity_normalization") or {"mode": "zscore"}
-    mode = look_up_option(str(norm.get("mode")), ("zscore", "clip"), "intensity_normalization.mode")
-    if mode == "zscore":
+    norm = config.intensity_normalization
+    if norm.mode == "zscore":
         return NormalizeIntensityd(keys="image", nonzero=True, channel_wise=True)
-    return ScaleIntensityRanged(
-        keys="image",
-        a_min=float(norm["a_min"]),
-        a_max=float(norm["a_max"]),
-        b_min=float(norm.get("b_min", 0.0)),
-        b_max=float(norm.get("b_max", 1.0)),
-        clip=True,
-    )
+    return ScaleIntensityRanged(keys="image", a_min=float(norm.a_min), a_max=float(norm.a_max), b_min=norm.b_min,
+                                b_max=norm.b_max, clip=True)
 
 
-def _load_transforms(cfg: Mapping[str, Any], keys: list[str], modes: list[str]) -> list[Any]:
+def _load_transforms(config: BundleConfig, keys: list[str], modes: list[str]) -> list[Any]:
     """Load, channel first, float32, RAS, resample to the training spacing, normalise: every stage's start."""
     import torch
     from monai.transforms import EnsureChannelFirstd, EnsureTyped, LoadImaged, Orientationd, Spacingd
@@ -252,12 +246,12 @@ def _load_transforms(cfg: Mapping[str, Any], keys: list[str], modes: list[str]) 
         EnsureChannelFirstd(keys=keys),
         EnsureTyped(keys=keys, dtype=torch.float32),
         Orientationd(keys=keys, axcodes="RAS", labels=None),
-        Spacingd(keys=keys, pixdim=[float(v) for v in cfg["resample_resolution"]], mode=modes),
-        _intensity_transform(cfg),
+        Spacingd(keys=keys, pixdim=list(config.resample_resolution), mode=modes),
+        _intensity_transform(config),
     ]
 
 
-def _random_transforms(cfg: Mapping[str, Any], keys: list[str]) -> list[Any]:
+def _random_transforms(config: BundleConfig, keys: list[str]) -> list[Any]:
     """Training's random part: crops by the foreground/background indices, flips, intensity jitter."""
     from monai.transforms import (
         RandCropByPosNegLabeld,
@@ -266,15 +260,15 @@ def _random_transforms(cfg: Mapping[str, Any], keys: list[str]) -> list[Any]:
         RandShiftIntensityd,
     )
 
-    pos, neg = (cfg.get("pos_neg_ratio") or [1, 1])[:2]
+    pos, neg = config.pos_neg_ratio
     return [
         RandCropByPosNegLabeld(
             keys=keys,
             label_key="label",
-            spatial_size=[int(v) for v in cfg["roi_size"]],
-            pos=float(pos),
-            neg=float(neg),
-            num_samples=int(cfg.get("num_crops_per_image", 1)),
+            spatial_size=list(config.roi_size),
+            pos=pos,
+            neg=neg,
+            num_samples=config.num_crops_per_image,
             fg_indices_key="label_fg",
             bg_indices_key="label_bg",
         ),
@@ -286,7 +280,7 @@ def _random_transforms(cfg: Mapping[str, Any], keys: list[str]) -> list[Any]:
     ]
 
 
-def build_transforms(cfg: Mapping[str, Any], stage: str, device: str | torch.device | None = None) -> Compose:
+def build_transforms(config: BundleConfig, stage: str, device: str | torch.device | None = None) -> Compose:
     """Transforms for ``stage`` in ``train``, ``val``, ``infer``.
 
     The deterministic part (load, orient, resample, normalise, crop foreground, and
@@ -298,17 +292,17 @@ def build_transforms(cfg: Mapping[str, Any], stage: str, device: str | torch.dev
 
     stage = look_up_option(stage, ("train", "val", "infer"), "transform stage")
     if stage == "infer":
-        return Compose(_load_transforms(cfg, ["image"], ["bilinear"]))
+        return Compose(_load_transforms(config, ["image"], ["bilinear"]))
     keys = ["image", "label"]
-    xforms = _load_transforms(cfg, keys, ["bilinear", "nearest"])
-    if cfg.get("crop_foreground", True):
+    xforms = _load_transforms(config, keys, ["bilinear", "nearest"])
+    if config.crop_foreground:
         xforms.append(CropForegroundd(keys=keys, source_key="image", allow_smaller=True))
     if stage == "val":
         return Compose(xforms)
     xforms += [
-        SpatialPadd(keys=keys, spatial_size=[int(v) for v in cfg["roi_size"]]),
+        SpatialPadd(keys=keys, spatial_size=list(config.roi_size)),
         FgBgToIndicesd(keys="label", fg_postfix="_fg", bg_postfix="_bg", image_key="image"),
     ]
     if device is not None:
         xforms.append(EnsureTyped(keys=keys, device=device, track_meta=False))
-    return Compose(xforms + _random_transforms(cfg, keys))
+    return Compose(xforms + _random_transforms(config, keys))

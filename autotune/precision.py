@@ -31,9 +31,12 @@ import contextlib
 import functools
 import os
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from autotune.bundles.model import BundleConfig
 
 __all__ = [
     "PRECISIONS",
@@ -164,22 +167,20 @@ def resolve_precision(amp: bool, device: str | Any, cpu_bf16: bool = True) -> Pr
                              f"bf16 would be emulated, about 100x slower; {PRECISION_ENV}=bf16 forces it")
 
 
-def for_config(cfg: Mapping[str, Any], device: str | Any) -> Precision:
-    """``resolve_precision`` for a bundle config: its ``amp`` and its template's ``cpu_bf16`` (default true:
-    a bundle whose template does not say)."""
-    return resolve_precision(bool(cfg.get("amp", False)), device, bool(cfg.get("cpu_bf16", True)))
+def for_config(config: BundleConfig, device: str | Any) -> Precision:
+    """``resolve_precision`` for a bundle config: its ``amp`` and its template's ``cpu_bf16`` (true when the
+    template does not say)."""
+    return resolve_precision(config.amp, device, config.cpu_bf16 is not False)
 
 
-def for_bundle(cfg: Mapping[str, Any], device: str) -> tuple[Precision, str | None]:
+def for_bundle(config: BundleConfig, device: str) -> tuple[Precision, str | None]:
     """The precision training runs in, and a warning line or None.
 
     The precision the bundle was tuned in (``tuning.precision``), when it was tuned on this
     kind of device and nothing forces another; else what ``resolve_precision`` decides.
     """
-    here = for_config(cfg, device)
-    from autotune.bundles.plan import plan_of
-
-    plan = plan_of(cfg)
+    here = for_config(config, device)
+    plan = config.plan
     tuned = plan.precision if plan is not None else None
     tuned_kind = plan.device.split(":")[0] if plan is not None else ""
     if here.forced or tuned not in PRECISIONS or tuned_kind != str(device).split(":")[0]:

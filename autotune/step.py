@@ -1,6 +1,8 @@
 """The training step and the sliding-window pass, shared by probe, estimator and trainer.
 
-Keeping these in one place is what makes a probe measure what training runs.
+Keeping these in one place is what makes a probe measure what training runs. A ``config`` here is the bundle's
+``autotune.bundles.model.BundleConfig`` (typed ``Any``: that module reaches this one through the tunables, and
+the layering test allows no cycle, a type-only import included).
 """
 
 from __future__ import annotations
@@ -25,20 +27,20 @@ def loader_batch_patches(num_patches_per_iter: int, num_crops_per_image: int) ->
     return math.lcm(max(1, int(num_patches_per_iter)), max(1, int(num_crops_per_image)))
 
 
-def make_dice_metric(cfg: Any) -> Any:
+def make_dice_metric(config: Any) -> Any:
     """Validation's metric: Dice per class, empty ground truth ignored (background left out for softmax)."""
     from monai.metrics import DiceMetric
 
-    return DiceMetric(include_background=bool(cfg.get("sigmoid")), reduction="none", ignore_empty=True)
+    return DiceMetric(include_background=config.sigmoid, reduction="none", ignore_empty=True)
 
 
-def score_case(logits: torch.Tensor, label: torch.Tensor, cfg: Any, metric: Any) -> torch.Tensor:
+def score_case(logits: torch.Tensor, label: torch.Tensor, config: Any, metric: Any) -> torch.Tensor:
     """Validation's post-processing and metric for one case, where the logits live: argmax and
     one-hot (softmax) or a 0.5 threshold (sigmoid), then Dice per class (NaN where the class is absent)."""
     from monai.networks.utils import one_hot
 
-    num_classes = int(cfg["output_classes"])
-    if cfg.get("sigmoid"):
+    num_classes = config.output_classes
+    if config.sigmoid:
         pred, target = (logits.float().sigmoid() > 0.5).float(), label
     else:
         pred = one_hot(logits.argmax(dim=1, keepdim=True), num_classes=num_classes)
@@ -170,14 +172,14 @@ def sliding_window_predict(
         )
 
 
-def num_windows(cfg: Any) -> int:
+def num_windows(config: Any) -> int:
     """Windows ``sliding_window_predict`` runs over the bundle's validation volume, by MONAI's own scan
     arithmetic: a sliding-window batch larger than this holds no more memory."""
     from monai.data.utils import dense_patch_slices
     from monai.inferers.utils import _get_scan_interval
 
-    roi = tuple(int(v) for v in cfg["roi_size"])
-    shape = tuple(max(int(s), r) for s, r in zip(cfg.get("infer_volume_shape") or roi, roi, strict=True))
-    overlap = (tuple(float(v) for v in cfg["sw_overlap_axes"]) if cfg.get("sw_overlap_axes")  # per axis (SegResNet2D)
-               else (float(cfg.get("sw_overlap", 0.5)),) * len(roi))
+    roi = tuple(config.roi_size)
+    shape = tuple(max(s, r) for s, r in zip(config.infer_volume_shape or roi, roi, strict=True))
+    overlap = (tuple(config.sw_overlap_axes) if config.sw_overlap_axes  # per axis (SegResNet2D)
+               else (config.sw_overlap,) * len(roi))
     return len(dense_patch_slices(shape, roi, _get_scan_interval(shape, roi, len(roi), overlap)))

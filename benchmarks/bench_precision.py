@@ -45,12 +45,16 @@ def _unet_step_case() -> tuple[Any, Any]:
     import torch
 
     from autotune.build import build_loss, build_network, build_optimizer
+    from autotune.bundles.model import BundleConfig
     from autotune.bundles.templates import load_template
     from autotune.step import train_step
 
-    cfg = dict(load_template("unet"))
-    cfg.update(input_channels=1, output_classes=3)
+    template = load_template("unet")
     roi = [48, 64, 48]
+    view = {**template["training"], "algo": "unet", "input_channels": 1, "output_classes": 3, "roi_size": roi,
+            "resample_resolution": [1.0, 1.0, 1.0], "intensity_normalization": {"mode": "zscore"},
+            **{key: template[key] for key in ("network", "loss", "optimizer", "lr_scheduler")}}
+    cfg = BundleConfig.parse(view, "the unet template")
     torch.manual_seed(0)
     model = build_network(cfg)
     loss_fn, optimizer = build_loss(cfg), build_optimizer(cfg, model.parameters())

@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args = _args(argv)
     cfg = load_bundle_config(args.bundle)
-    torch.manual_seed(int(cfg.get("seed", 0)))
+    torch.manual_seed(cfg.seed)
     model = build.build_network(cfg)
     if args.checkpoint:
         model.load_state_dict(torch.load(args.checkpoint, map_location="cpu", weights_only=True)["model"])

@@ -278,7 +278,7 @@ def section_monai_dints(check: Check, record: dict[str, Any]) -> None:
         return
     bundle = _monai_dints_bundle(check, cfg, templates)
     resolved = resolve_request(str(bundle), check_device=False)["config"]
-    record.update(bundle=str(bundle), templates=str(templates), roi_size=resolved.get("roi_size"),
+    record.update(bundle=str(bundle), templates=str(templates), roi_size=list(resolved.roi_size),
                   precision=None, monai_figure={"gpu": "A100 80GB", "num_patches_per_iter": 8, "fitted": 9},
                   points=[])
     allowance = allowance_for(check.device) if check.cuda else None
@@ -334,7 +334,7 @@ def _largest_under(bundle: str, allowance: Any, device: str, budget: int, measur
     from autotune.search.curves.sparse import bisect_fits
 
     cfg = resolve_request(bundle, check_device=False)["config"]
-    crops = int(cfg.get("num_crops_per_image", 1) or 1)
+    crops = cfg.num_crops_per_image
     factors = allowance.factors_for(cfg, device)[0] if str(device).startswith("cuda") else None
     try:
         traced = estimate(bundle, device=device, phases=("train",), num_patches_per_iter=marker_batch(crops),

@@ -101,9 +101,9 @@ def section_data(check: Check, record: dict[str, Any], state: dict[str, Any], hi
                   preset="tiny" if check.dry_run else "full", bundles={})
     for algo, bundle in bundles.items():
         cfg = resolve_request(str(bundle), check_device=False)["config"]
-        record["bundles"][algo] = {"bundle": str(bundle), "roi_size": cfg.get("roi_size"),
-                                   "num_patches_per_iter": cfg.get("num_patches_per_iter"),
-                                   "num_crops_per_image": cfg.get("num_crops_per_image")}
+        record["bundles"][algo] = {"bundle": str(bundle), "roi_size": list(cfg.roi_size),
+                                   "num_patches_per_iter": cfg.num_patches_per_iter,
+                                   "num_crops_per_image": cfg.num_crops_per_image}
     state["bundles"] = bundles
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from bundle_fixtures import copy_bundle
+from config_fixtures import bundle_config
 
 from autotune.errors import SpecError
 from autotune.precision import CPU_BF16_ENV, PRECISION_ENV, for_bundle, resolve_precision
@@ -48,10 +49,10 @@ def test_a_template_not_shown_to_train_in_bf16_on_the_cpu_keeps_fp32(native: Non
 
     assert load_template("unet")["training"]["cpu_bf16"] is False
     assert all("cpu_bf16" not in load_template(algo)["training"] for algo in ("segresnet", "dints"))
-    unet = {"amp": True, "cpu_bf16": False}
+    unet = bundle_config(amp=True, cpu_bf16=False)
     chosen = for_config(unet, "cpu")
     assert chosen.name == "fp32" and "cpu_bf16: false" in chosen.reason
-    assert for_config({"amp": True}, "cpu").name == "bf16"  # a template that does not say
+    assert for_config(bundle_config(amp=True), "cpu").name == "bf16"  # a template that does not say
     assert for_config(unet, "cuda:0").name == "fp16"  # a CPU rule: CUDA keeps fp16 + GradScaler
     monkeypatch.setenv(PRECISION_ENV, "bf16")
     assert for_config(unet, "cpu").name == "bf16"  # forced
@@ -129,20 +130,23 @@ def test_the_real_check_answers_here_and_the_timing_is_a_ratio() -> None:
 
 
 def test_training_keeps_the_tuned_precision_and_warns_when_this_machine_differs(emulated: None) -> None:
-    tuned = {"amp": True, "tuning": {**PLAN, "precision": "bf16", "device": "cpu"}}
-    chosen, warning = for_bundle(tuned, "cpu")
+    chosen, warning = for_bundle(_tuned_in("bf16", "cpu"), "cpu")
     assert chosen.name == "bf16" and "as tuned" in chosen.reason
     assert warning is not None and "tuned in bf16" in warning and "fp32" in warning
-    assert for_bundle({"amp": True, "tuning": {**PLAN, "precision": "fp32", "device": "cpu"}}, "cpu") == (
-        for_bundle({"amp": True, "tuning": {**PLAN, "precision": "fp32", "device": "cpu"}}, "cpu")[0], None)
+    assert for_bundle(_tuned_in("fp32", "cpu"), "cpu") == (for_bundle(_tuned_in("fp32", "cpu"), "cpu")[0], None)
     # tuned on another kind of device: decided here, no tuned memory to keep
-    assert for_bundle({"amp": True, "tuning": {**PLAN, "precision": "fp16", "device": "cuda:0"}}, "cpu")[0].name == "fp32"
-    assert for_bundle({"amp": True}, "cpu")[0].name == "fp32"
+    assert for_bundle(_tuned_in("fp16", "cuda:0"), "cpu")[0].name == "fp32"
+    assert for_bundle(bundle_config(amp=True), "cpu")[0].name == "fp32"
+
+
+def _tuned_in(precision: str, device: str) -> object:
+    """A config with ``amp: true`` tuned in ``precision`` on ``device``."""
+    return bundle_config(amp=True, tuning={**PLAN, "precision": precision, "device": device})
 
 
 def test_forcing_another_precision_than_the_tuned_one_warns(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(PRECISION_ENV, "fp32")
-    chosen, warning = for_bundle({"amp": True, "tuning": {**PLAN, "precision": "bf16", "device": "cpu"}}, "cpu")
+    chosen, warning = for_bundle(_tuned_in("bf16", "cpu"), "cpu")
     assert chosen.name == "fp32" and chosen.forced
     assert warning is not None and "memory figures do not hold" in warning
 
@@ -174,7 +178,7 @@ def test_no_native_bf16_means_fp32_from_estimate_and_probe_to_tuning_and_trainin
     from autotune.trainer.runner import train
 
     bundle = copy_bundle(demo_bundles_one_fold["unet_0"], tmp_path / "unet_0")
-    assert load_bundle_config(bundle)["amp"] is True  # the template asks for mixed precision
+    assert load_bundle_config(bundle).amp is True  # the template asks for mixed precision
     assert estimate(bundle, num_patches_per_iter=1, phases=("train",))["precision"] == "fp32"
     probe = run_probe(bundle, num_patches_per_iter=1, num_sw_batch_size=1)
     assert probe["status"] == "ok" and probe["precision"] == "fp32"
@@ -186,8 +190,8 @@ def test_no_native_bf16_means_fp32_from_estimate_and_probe_to_tuning_and_trainin
     assert result["status"] == "tuned" and result["precision"] == "fp32"
     assert [line for line in lines if line.startswith("precision ")] == [
         resolve_precision(True, "cpu").line()]  # said once, with the reason
-    block = load_bundle_config(bundle)["tuning"]
-    assert block["precision"] == "fp32" and block["key"]["precision"] == "fp32"
+    plan = load_bundle_config(bundle).plan
+    assert plan.precision == "fp32" and plan.key["precision"] == "fp32"
     study = optuna.load_study(study_name=result["study_name"], storage=storage)
     assert {t.user_attrs.get("precision") for t in study.trials} == {"fp32"}  # every probe and estimate
     summary = train(bundle, device="cpu", epochs=1, val_every=1, progress=False)

@@ -76,7 +76,7 @@ def root(small_demo_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
     nib.save(nib.Nifti1Image(np.random.default_rng(0).random((16, 16), np.float32), np.eye(4)), base / "flat.nii.gz")
     cfg = load_bundle_config(base / "work" / "unet_0")
     torch.save({"model": build_network(cfg).state_dict()}, base / "weights.pt")
-    torch.save({"model": build_network({**cfg, "output_classes": 5}).state_dict()}, base / "five_classes.pt")
+    torch.save({"model": build_network(cfg.with_values(output_classes=5)).state_dict()}, base / "five_classes.pt")
     (base / "bad_specs.yaml").write_text("universal:\n  range_num_images_per_batch: [8, 2]\n")
     (base / "not_a_database.db").write_text("notes, not a database\n")
     with sqlite3.connect(base / "other_program.db") as other:

@@ -74,6 +74,7 @@ def test_the_probe_request_holds_every_tunable_and_refuses_an_unknown_one(demo_b
     bundle = next(iter(demo_bundles.values()))
     req = resolve_request(bundle, num_sw_batch_size=3, check_device=False)
     assert {t.name for t in TUNABLES} <= set(req) and req["num_sw_batch_size"] == 3
+    assert req["config"].num_sw_batch_size == 3  # the step reads it from the config, as training does
     assert req["validation_device"] in VALIDATION_DEVICE.choices
     with pytest.raises(ProbeError, match="unknown tunable 'num_workers'"):
         resolve_request(bundle, num_workers=2, check_device=False)
@@ -103,7 +104,7 @@ out["spec"] = [list(spec.space_of(NEW)), list(spec_for({}, config).space_of(NEW)
 from autotune.probe.runner import resolve_request
 from autotune.tunables import bundle_values
 request = resolve_request(bundle, num_prefetch=3, check_device=False)
-out["request"] = [request["num_prefetch"], request["config"]["num_prefetch"],
+out["request"] = [request["num_prefetch"], request["config"].tunable_value("num_prefetch"),
                   resolve_request(bundle, check_device=False)["num_prefetch"], bundle_values(load_bundle_config(bundle))]
 
 from autotune.bundles.plan import TuningPlan

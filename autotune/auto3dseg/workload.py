@@ -20,8 +20,11 @@ the request's precision is fp16 (CUDA with ``amp: true``, or a CUDA target emula
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from autotune.bundles.model import BundleConfig
 
 __all__ = ["MonaiWorkload"]
 
@@ -30,18 +33,18 @@ class MonaiWorkload:
     """The functions of ``autotune.probe.workload`` for a MONAI bundle (see the module docstring).
 
     Args:
-        cfg: the bundle's view (``autotune.auto3dseg.view.load_view``).
+        config: the bundle's config (``autotune.auto3dseg.view.load_view``, parsed).
         accuracy: the template's training accuracy (SegResNet's ``DiceHelper``); None: it has none.
         host: where the loader's tensors live: ``cpu``, or ``meta`` when the estimator emulates a GPU
             (host memory is not the GPU's, and meta tensors are not counted).
     """
 
-    def __init__(self, cfg: Mapping[str, Any], loss_fn: Any, accuracy: Any, host: str = "cpu") -> None:
+    def __init__(self, config: BundleConfig, loss_fn: Any, accuracy: Any, host: str = "cpu") -> None:
         from autotune.auto3dseg.templates import template_named
         from autotune.auto3dseg.view import template_of
 
-        self.cfg = cfg
-        self.template = template_named(template_of(cfg), cfg.get("bundle_root"))
+        self.config = config
+        self.template = template_named(template_of(config), config.bundle_root or None)
         self.loss_fn = loss_fn
         self.accuracy = accuracy
         self.host = host
@@ -49,21 +52,21 @@ class MonaiWorkload:
         self._loop_batch: Any = None
         self._pending: Any = None  # a loader batch made and not yet trained on
 
-    def make_loader_batches(self, cfg: Mapping[str, Any], num_patches_per_iter: int, device: Any) -> tuple[Any, None]:
+    def make_loader_batches(self, config: BundleConfig, num_patches_per_iter: int, device: Any) -> tuple[Any, None]:
         """One loader batch on the host (images x crops patches) and no prefetched batch on the device."""
         import torch
 
         from autotune.step import loader_batch_patches
 
         host = self.host if torch.device(device).type != "cpu" else "cpu"
-        total = loader_batch_patches(num_patches_per_iter, int(cfg.get("num_crops_per_image", 1) or 1))
-        roi = [int(v) for v in cfg["roi_size"]]
-        images = torch.randn(total, int(cfg["input_channels"]), *roi, device=host)
-        if cfg.get("loader_label_dtype"):  # as the template's transforms leave them (SwinUNETR: uint8)
-            labels = torch.randint(0, int(cfg["output_classes"]), (total, 1, *roi), device=host,
-                                   dtype=getattr(torch, str(cfg["loader_label_dtype"])))
+        total = loader_batch_patches(num_patches_per_iter, config.num_crops_per_image)
+        roi, classes = config.roi_size, config.output_classes
+        images = torch.randn(total, config.input_channels, *roi, device=host)
+        if config.loader_label_dtype:  # as the template's transforms leave them (SwinUNETR: uint8)
+            labels = torch.randint(0, classes, (total, 1, *roi), device=host,
+                                   dtype=getattr(torch, config.loader_label_dtype))
         else:
-            labels = torch.randint(0, int(cfg["output_classes"]), (total, 1, *roi), device=host).float()
+            labels = torch.randint(0, classes, (total, 1, *roi), device=host).float()
         self._pending = (images, labels)
         return self._pending, None
 
@@ -74,7 +77,7 @@ class MonaiWorkload:
         if self._loop is None or self._loop_batch is not batch:
             self._loop_batch = batch
             self._loop = self.template.training_loop(model, loss_fn, optimizer, self.accuracy, batch,
-                                                     num_patches_per_iter, amp_dtype, self.cfg)
+                                                     num_patches_per_iter, amp_dtype, self.config)
             next(self._loop)
         next(self._loop)
 
@@ -89,30 +92,30 @@ class MonaiWorkload:
         self._loop = self._loop_batch = None
         if not optimizer.state:
             device = next(model.parameters()).device
-            batch, _ = self.make_loader_batches(self.cfg, 1, device)
+            batch, _ = self.make_loader_batches(self.config, 1, device)
             self.train_loader_batch(model, self.loss_fn, optimizer, batch, 1, None)
             self._loop = self._loop_batch = None
         if self.template.validates_without_gradients:
             for param in model.parameters():
                 param.grad = None
 
-    def make_volume(self, cfg: Mapping[str, Any], device: Any) -> Any:
+    def make_volume(self, config: BundleConfig, device: Any) -> Any:
         """One validation image (1, C, *infer_volume_shape), float32, where validation reads it."""
         import torch
 
-        shape = [int(v) for v in (cfg.get("infer_volume_shape") or cfg["roi_size"])]
-        return torch.randn(1, int(cfg["input_channels"]), *shape, device=device)
+        shape = config.infer_volume_shape or config.roi_size
+        return torch.randn(1, config.input_channels, *shape, device=device)
 
-    def make_volume_label(self, cfg: Mapping[str, Any], device: Any) -> Any:
+    def make_volume_label(self, config: BundleConfig, device: Any) -> Any:
         """Its label, class indices as uint8 (1, 1, *shape), as MONAI's validation transforms give it."""
         import torch
 
-        shape = [int(v) for v in (cfg.get("infer_volume_shape") or cfg["roi_size"])]
-        return torch.randint(0, int(cfg["output_classes"]), (1, 1, *shape), device=device, dtype=torch.uint8)
+        shape = config.infer_volume_shape or config.roi_size
+        return torch.randint(0, config.output_classes, (1, 1, *shape), device=device, dtype=torch.uint8)
 
-    def validate_volume(self, model: Any, volume: Any, label: Any, cfg: Mapping[str, Any], sw_batch_size: int,
+    def validate_volume(self, model: Any, volume: Any, label: Any, config: BundleConfig, sw_batch_size: int,
                         device: Any, amp_dtype: Any, metric: Any) -> Any:
         """Validation of one case as the template runs it; ``metric`` None: the estimator's volume on the meta
         device, scored off the GPU (not counted): the sliding window alone."""
-        return self.template.validate(model, volume, label, cfg, sw_batch_size, device, amp_dtype, self.accuracy,
+        return self.template.validate(model, volume, label, config, sw_batch_size, device, amp_dtype, self.accuracy,
                                       score=metric is not None)

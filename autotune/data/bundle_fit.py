@@ -24,33 +24,50 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.data.headers import open_image
 from autotune.errors import DataError
 
+if TYPE_CHECKING:  # pragma: no cover
+    from autotune.bundles.model import BundleConfig
+
 __all__ = ["check_images_fit", "check_cases_fit", "check_bundle_data", "allowed_labels"]
 
 
-def _where(cfg: Mapping[str, Any], config_path: str | os.PathLike[str] | None) -> str:
-    if config_path is not None:
-        return str(config_path)
-    root = cfg.get("bundle_root")
-    return f"{root}'s config" if root else "the bundle config"
+@dataclass(frozen=True)
+class _Made:
+    """What a bundle is made for (its config's ``input_channels``, ``output_classes``, ``sigmoid`` and
+    ``roi_size``), and ``where`` that config is, for messages."""
+
+    channels: int
+    classes: int
+    sigmoid: bool
+    roi: tuple[int, ...]
+    where: str
+
+    @classmethod
+    def of(cls, config: BundleConfig, config_path: str | os.PathLike[str] | None) -> _Made:
+        if config_path is not None:
+            where = str(config_path)
+        else:
+            where = f"{config.bundle_root}'s config" if config.bundle_root else "the bundle config"
+        return cls(config.input_channels, config.output_classes, config.sigmoid, tuple(config.roi_size), where)
 
 
 def _files(item: Any) -> list[str]:
     return [str(p) for p in item] if isinstance(item, (list, tuple)) else [str(item)]
 
 
-def _image_facts(files: Sequence[str], cfg: Mapping[str, Any], where: str) -> tuple[tuple[int, ...], int]:
+def _image_facts(files: Sequence[str], made: _Made) -> tuple[tuple[int, ...], int]:
     """(spatial shape, channels in all) of one case's image files, each a 3D volume or 4D with channels last.
 
     Raises:
         DataError: a file with another number of axes (the bundle's ``roi_size`` named).
     """
-    roi = list(cfg.get("roi_size") or [])
+    roi = list(made.roi)
     shape: tuple[int, ...] = ()
     channels = 0
     for path in files:
@@ -58,22 +75,22 @@ def _image_facts(files: Sequence[str], cfg: Mapping[str, Any], where: str) -> tu
         spatial = full[:3] if len(full) in (3, 4) else full
         if len(full) not in (3, 4):
             raise DataError(f"{path}: the image has {len(full)} axes (shape {'x'.join(map(str, full))}) but the "
-                            f"bundle is {len(roi) or 3}D (roi_size {roi} in {where}); give 3D volumes (or 4D with the "
-                            "channels last)")
+                            f"bundle is {len(roi) or 3}D (roi_size {roi} in {made.where}); give 3D volumes (or 4D "
+                            "with the channels last)")
         shape = shape or spatial
         channels += full[3] if len(full) == 4 else 1
     return shape, channels
 
 
-def _refuse_channels(path: str, channels: int, cfg: Mapping[str, Any], where: str) -> None:
-    expected = int(cfg["input_channels"])
+def _refuse_channels(path: str, channels: int, made: _Made) -> None:
+    expected = made.channels
     if channels != expected:
         raise DataError(f"{path}: the image has {channels} channel(s) but the bundle's input_channels is {expected} "
-                        f"({where}); give images of {expected} channel(s), or a bundle generated from data like "
+                        f"({made.where}); give images of {expected} channel(s), or a bundle generated from data like "
                         "these ('autotune generate')")
 
 
-def check_images_fit(cfg: Mapping[str, Any], items: Iterable[Any],
+def check_images_fit(config: BundleConfig, items: Iterable[Any],
                      config_path: str | os.PathLike[str] | None = None) -> None:
     """Refuse images a bundle cannot take: not 3D (or 4D with the channels last), or with other channels than its
     ``input_channels``. ``items``: one path, or a list of one file per modality, per image.
@@ -81,31 +98,37 @@ def check_images_fit(cfg: Mapping[str, Any], items: Iterable[Any],
     Raises:
         DataError: the first image at fault, with the bundle key and both values.
     """
-    where = _where(cfg, config_path)
+    _check_images(items, _Made.of(config, config_path))
+
+
+def _check_images(items: Iterable[Any], made: _Made) -> None:
     for item in items:
         files = _files(item)
-        _shape, channels = _image_facts(files, cfg, where)
-        _refuse_channels(files[0], channels, cfg, where)
+        _shape, channels = _image_facts(files, made)
+        _refuse_channels(files[0], channels, made)
 
 
-def allowed_labels(cfg: Mapping[str, Any]) -> tuple[int, str]:
+def allowed_labels(config: BundleConfig) -> tuple[int, str]:
     """The largest label value a bundle takes, and the words that say why."""
-    classes = int(cfg["output_classes"])
-    if cfg.get("sigmoid"):  # overlapping regions: class k is label value k (or a channel of its own)
+    return _allowed_labels(config.output_classes, config.sigmoid)
+
+
+def _allowed_labels(classes: int, sigmoid: bool) -> tuple[int, str]:
+    if sigmoid:  # overlapping regions: class k is label value k (or a channel of its own)
         return classes, f"output_classes is {classes} (sigmoid: label values 0-{classes})"
     return classes - 1, f"output_classes is {classes} (label values 0-{classes - 1})"
 
 
-def _refuse_labels(path: str, values: Iterable[int], cfg: Mapping[str, Any], where: str) -> None:
-    highest, why = allowed_labels(cfg)
+def _refuse_labels(path: str, values: Iterable[int], made: _Made) -> None:
+    highest, why = _allowed_labels(made.classes, made.sigmoid)
     beyond = sorted(int(v) for v in values if int(v) > highest or int(v) < 0)
     if beyond:
-        raise DataError(f"{path}: the label holds the value {beyond[0]} but the bundle's {why} ({where}); give "
+        raise DataError(f"{path}: the label holds the value {beyond[0]} but the bundle's {why} ({made.where}); give "
                         "labels of this bundle's classes, or a bundle generated from data like these "
                         "('autotune generate')")
 
 
-def check_cases_fit(cfg: Mapping[str, Any], cases: Sequence[Mapping[str, Any]],
+def check_cases_fit(config: BundleConfig, cases: Sequence[Mapping[str, Any]],
                     config_path: str | os.PathLike[str] | None = None) -> None:
     """Refuse training cases a bundle cannot take: images as ``check_images_fit``, a label that is not a volume on
     its image's grid, or a label value beyond the bundle's classes.
@@ -113,27 +136,26 @@ def check_cases_fit(cfg: Mapping[str, Any], cases: Sequence[Mapping[str, Any]],
     Raises:
         DataError: the first file at fault, with the bundle key and both values.
     """
-    where = _where(cfg, config_path)
-    values = _label_values(cfg, cases)
+    made = _Made.of(config, config_path)
+    values = _label_values(config.datastats, cases)
     for case, found in zip(cases, values, strict=True):
         files = _files(case["image"])
-        shape, channels = _image_facts(files, cfg, where)
-        _refuse_channels(files[0], channels, cfg, where)
+        shape, channels = _image_facts(files, made)
+        _refuse_channels(files[0], channels, made)
         label = str(case["label"])
         label_shape = tuple(int(n) for n in open_image(label).shape)
         if len(label_shape) not in (3, 4) or label_shape[:3] != shape:
             raise DataError(f"{label}: the label's shape {'x'.join(map(str, label_shape))} is not its image's "
                             f"{'x'.join(map(str, shape))} ({files[0]}); re-export the label on the image grid")
-        _refuse_labels(label, found if found is not None else _read_label_values(label), cfg, where)
+        _refuse_labels(label, found if found is not None else _read_label_values(label), made)
 
 
-def _label_values(cfg: Mapping[str, Any], cases: Sequence[Mapping[str, Any]]) -> list[tuple[int, ...] | None]:
-    """Each case's label values as the analysis recorded them for files unchanged since (None where it has no
-    record: the label is read)."""
+def _label_values(stats: str | None, cases: Sequence[Mapping[str, Any]]) -> list[tuple[int, ...] | None]:
+    """Each case's label values as the analysis (its ``datastats.yaml`` at ``stats``) recorded them for files
+    unchanged since (None where it has no record: the label is read)."""
     from autotune.data.analyze import cache_settings
     from autotune.data.case_cache import CASE_CACHE, CaseCache
 
-    stats = cfg.get("datastats")
     if not stats:
         return [None] * len(cases)
     cache = CaseCache.load(Path(str(stats)).parent / CASE_CACHE, cache_settings())
@@ -160,7 +182,7 @@ def _read_label_values(path: str) -> tuple[int, ...]:
     return tuple(int(v) for v in np.unique(data))
 
 
-def check_bundle_data(cfg: Mapping[str, Any], config_path: str | os.PathLike[str] | None = None) -> None:
+def check_bundle_data(config: BundleConfig, config_path: str | os.PathLike[str] | None = None) -> None:
     """For the stages that run no real data (``probe``, ``estimate``, ``tune``): the images of the bundle's
     datalist found on this machine (headers; a bundle tuned away from its data is not refused), and the label
     values its ``datastats.yaml`` records, against the bundle. Remembered per file state within a process.
@@ -168,13 +190,8 @@ def check_bundle_data(cfg: Mapping[str, Any], config_path: str | os.PathLike[str
     Raises:
         DataError: a mismatch (the file, the bundle key and both values).
     """
-    if "input_channels" not in cfg or "output_classes" not in cfg:
-        return
-    datalist = str(cfg.get("datalist") or "")
-    stats = str(cfg.get("datastats") or "")
-    _checked_data(_stamp(datalist), _stamp(stats), str(cfg.get("dataroot") or ""), int(cfg["input_channels"]),
-                  int(cfg["output_classes"]), bool(cfg.get("sigmoid")), tuple(cfg.get("roi_size") or ()),
-                  _where(cfg, config_path))
+    _checked_data(_stamp(config.datalist or ""), _stamp(config.datastats or ""), config.dataroot or "",
+                  _Made.of(config, config_path))
 
 
 def _stamp(path: str) -> tuple[str, int, int]:
@@ -186,12 +203,10 @@ def _stamp(path: str) -> tuple[str, int, int]:
 
 
 @functools.lru_cache(maxsize=64)
-def _checked_data(datalist: tuple[str, int, int], stats: tuple[str, int, int], dataroot: str, channels: int,
-                  classes: int, sigmoid: bool, roi: tuple[int, ...], where: str) -> None:
+def _checked_data(datalist: tuple[str, int, int], stats: tuple[str, int, int], dataroot: str, made: _Made) -> None:
     from autotune.errors import AutotuneError
     from autotune.utils import read_json, read_yaml
 
-    cfg = {"input_channels": channels, "output_classes": classes, "sigmoid": sigmoid, "roi_size": list(roi)}
     if datalist[1] >= 0:
         try:
             listed = read_json(datalist[0], DataError)
@@ -203,7 +218,7 @@ def _checked_data(datalist: tuple[str, int, int], stats: tuple[str, int, int], d
             image = case.get("image") if isinstance(case, dict) else None
             files = [str(root / f) if not os.path.isabs(str(f)) else str(f) for f in _files(image)] if image else []
             if files and all(os.path.isfile(f) for f in files):
-                check_images_fit(cfg, [files], where)
+                _check_images([files], made)
     if stats[1] >= 0:
         try:
             data = read_yaml(stats[0], DataError)
@@ -211,4 +226,4 @@ def _checked_data(datalist: tuple[str, int, int], stats: tuple[str, int, int], d
         except (AutotuneError, KeyError, TypeError):
             return
         if isinstance(labels, list) and all(isinstance(v, int) for v in labels):
-            _refuse_labels(f"{stats[0]} (label_stats)", labels, cfg, where)
+            _refuse_labels(f"{stats[0]} (label_stats)", labels, made)

@@ -13,9 +13,12 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from autotune.families.interface import TemplateFamily
+
+if TYPE_CHECKING:  # pragma: no cover
+    from autotune.bundles.model import BundleConfig
 
 __all__ = ["MonaiTemplates"]
 
@@ -72,18 +75,18 @@ class MonaiTemplates(TemplateFamily):
 
         return update_bundle(bundle, updates)
 
-    def probe_parts(self, cfg: Mapping[str, Any], device: Any, amp_dtype: Any) -> dict[str, Any]:
+    def probe_parts(self, config: BundleConfig, device: Any, amp_dtype: Any) -> dict[str, Any]:
         import torch
 
         from autotune.auto3dseg.build import probe_parts
 
-        torch.manual_seed(int(cfg.get("seed", 0)))
-        return probe_parts(cfg, device, amp_dtype)
+        torch.manual_seed(config.seed)
+        return probe_parts(config, device, amp_dtype)
 
-    def fake_parts(self, cfg: Mapping[str, Any], compute: str, emulate: bool) -> tuple[Any, Any, Any, Any]:
+    def fake_parts(self, config: BundleConfig, compute: str, emulate: bool) -> tuple[Any, Any, Any, Any]:
         from autotune.auto3dseg.build import fake_parts
 
-        return fake_parts(cfg, compute, emulate)
+        return fake_parts(config, compute, emulate)
 
     def tunable_keys(self, cfg: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
         from autotune.auto3dseg.templates import find_template

@@ -15,10 +15,13 @@ import os
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from autotune.errors import SpecError
 from autotune.families.interface import TemplateFamily
+
+if TYPE_CHECKING:  # pragma: no cover
+    from autotune.bundles.model import BundleConfig
 
 __all__ = ["OwnTemplates", "KEYS", "OwnTemplate", "CALIBRATED", "own_template", "calibrated_names"]
 
@@ -105,20 +108,20 @@ class OwnTemplates(TemplateFamily):
 
         return write_own_config(bundle, updates)
 
-    def probe_parts(self, cfg: Mapping[str, Any], device: Any, amp_dtype: Any) -> dict[str, Any]:
+    def probe_parts(self, config: BundleConfig, device: Any, amp_dtype: Any) -> dict[str, Any]:
         import torch
 
         from autotune.build import build_loss, build_network, build_optimizer
         from autotune.probe import workload
         from autotune.step import make_grad_scaler
 
-        torch.manual_seed(int(cfg.get("seed", 0)))
-        model = build_network(cfg).to(device)
-        return {"device": device, "model": model, "loss_fn": build_loss(cfg),
-                "optimizer": build_optimizer(cfg, model.parameters()), "amp_dtype": amp_dtype,
+        torch.manual_seed(config.seed)
+        model = build_network(config).to(device)
+        return {"device": device, "model": model, "loss_fn": build_loss(config),
+                "optimizer": build_optimizer(config, model.parameters()), "amp_dtype": amp_dtype,
                 "scaler": make_grad_scaler(device, amp_dtype), "workload": workload}
 
-    def fake_parts(self, cfg: Mapping[str, Any], compute: str, emulate: bool) -> tuple[Any, Any, Any, Any]:
+    def fake_parts(self, config: BundleConfig, compute: str, emulate: bool) -> tuple[Any, Any, Any, Any]:
         import torch
         from torch._subclasses.fake_tensor import unset_fake_temporarily
 
@@ -126,9 +129,9 @@ class OwnTemplates(TemplateFamily):
         from autotune.probe import workload
 
         with unset_fake_temporarily(), torch.device("meta"):  # no memory, then fake parameters on ``compute``
-            model = build_network(cfg)
+            model = build_network(config)
         model = model._apply(lambda t: torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=compute))
-        return model, build_loss(cfg), build_optimizer(cfg, model.parameters()), workload
+        return model, build_loss(config), build_optimizer(config, model.parameters()), workload
 
     def tunable_keys(self, cfg: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
         return dict(KEYS)

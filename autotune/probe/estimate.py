@@ -43,10 +43,12 @@ from autotune.tunables import VALIDATION_DEVICE, Point
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
+    from autotune.bundles.model import BundleConfig
+
 __all__ = ["estimate", "fit_memory_model"]
 
 
-def _resolve(bundle: str | Path | Mapping[str, Any], point: Point, device: str, phases: Any,
+def _resolve(bundle: str | Path | Mapping[str, Any] | BundleConfig, point: Point, device: str, phases: Any,
              precision: str | None) -> dict[str, Any]:
     """Check the arguments the way ``run_probe`` does; returns a request dict."""
     from autotune.probe.runner import resolve_request
@@ -69,13 +71,13 @@ def _no_gc() -> Iterator[None]:
             gc.enable()
 
 
-def _build(cfg: Mapping[str, Any], target: _Target) -> tuple[torch.nn.Module, Any, torch.optim.Optimizer, Any]:
+def _build(config: BundleConfig, target: _Target) -> tuple[torch.nn.Module, Any, torch.optim.Optimizer, Any]:
     """The bundle's network with fake parameters on the target's compute device, its loss, its optimizer
     and the workload they run (``autotune.probe.workload``, or the template's own), as the bundle's template
     family builds them for the probe (``autotune.families``). Must be called inside ``fake_session``."""
     from autotune.families import family_for
 
-    return family_for(cfg).fake_parts(cfg, target.compute, target.emulate)
+    return family_for(config).fake_parts(config, target.compute, target.emulate)
 
 
 @dataclass(frozen=True)
@@ -135,20 +137,20 @@ def _trace_validation(req: Mapping[str, Any], parts: tuple[Any, Any, Any, Any], 
     from autotune.probe.tracker import MemoryTracker, tensors_of
     from autotune.step import make_dice_metric
 
-    cfg = req["config"]
+    config: BundleConfig = req["config"]
     model, _loss_fn, optimizer, workload = parts
     tracker = MemoryTracker(target.compute.split(":")[0])
     workload.ensure_training_state(model, optimizer)
     model.eval()
-    volume = workload.make_volume(cfg, target.volume_device)
-    label = workload.make_volume_label(cfg, target.volume_device)
+    volume = workload.make_volume(config, target.volume_device)
+    label = workload.make_volume_label(config, target.volume_device)
     if record:
         tracker.record()
     tracker.track(tensors_of(model, optimizer), "state")
     tracker.track(tensors_of(volume, label), "volume")
     with tracker:
-        metric = None if target.volume_device == "meta" else make_dice_metric(cfg)
-        out = workload.validate_volume(model, volume, label, cfg, req["num_sw_batch_size"], target.compute,
+        metric = None if target.volume_device == "meta" else make_dice_metric(config)
+        out = workload.validate_volume(model, volume, label, config, req["num_sw_batch_size"], target.compute,
                                        dtype, metric)
         del out
     del volume, label
@@ -159,9 +161,9 @@ def _trace_validation(req: Mapping[str, Any], parts: tuple[Any, Any, Any, Any], 
     return traced
 
 
-def estimate(bundle: str | Path | Mapping[str, Any], point: Point | Mapping[str, Any] | None = None, *,
-             device: str = "cpu", phases: Any = ("train", "infer"), precision: str | None = None, record: bool = False,
-             **tuned: Any) -> dict[str, Any]:
+def estimate(bundle: str | Path | Mapping[str, Any] | BundleConfig, point: Point | Mapping[str, Any] | None = None,
+             *, device: str = "cpu", phases: Any = ("train", "infer"), precision: str | None = None,
+             record: bool = False, **tuned: Any) -> dict[str, Any]:
     """Estimate the peak tensor memory of a probe of ``bundle`` at ``point``, in this process, with fake tensors.
 
     ``point`` (``autotune.tunables.Point``) and any tunable given as a keyword as in ``run_probe``, except that
@@ -188,7 +190,7 @@ def estimate(bundle: str | Path | Mapping[str, Any], point: Point | Mapping[str,
     point = Point.of(point, **tuned)
     point = point.with_values(**{VALIDATION_DEVICE.name: point.validation_device or "device"})
     req = _resolve(bundle, point, device, phases, precision)
-    cfg = req["config"]
+    config: BundleConfig = req["config"]
     result = base_result(req)
     result.update(measured=False, status="ok", device_name=None, device_total_memory=None)
     guesses: list[str] = []
@@ -201,9 +203,9 @@ def estimate(bundle: str | Path | Mapping[str, Any], point: Point | Mapping[str,
         result.update(torch_version=torch.__version__, monai_version=monai.__version__)
         target = _Target.of(req["device"], req["validation_device"])
         result["semantics"] = target.semantics
-        dtype = amp_dtype(cfg, req["device"], req["precision"])
+        dtype = amp_dtype(config, req["device"], req["precision"])
         with fake_session(emulate_cuda=target.emulate, guesses=guesses):
-            parts = _build(cfg, target)
+            parts = _build(config, target)
             by_phase["build"] = len(guesses)
             for phase in req["phases"]:
                 before = len(guesses)
@@ -211,16 +213,16 @@ def estimate(bundle: str | Path | Mapping[str, Any], point: Point | Mapping[str,
                               else _trace_validation(req, parts, target, dtype, record))
                 by_phase[phase] = len(guesses) - before
     except Exception as exc:  # the fake pass is ours: any failure is reported as a ProbeError
-        raise ProbeError(f"estimate of {cfg.get('algo')} failed in phase {phase!r}: {type(exc).__name__}: {exc}") from exc
+        raise ProbeError(f"estimate of {config.algo} failed in phase {phase!r}: {type(exc).__name__}: {exc}") from exc
     peaks = [result[f"{p}_peak_bytes"] for p in ("train", "infer") if result.get(f"{p}_peak_bytes") is not None]
     result["peak_bytes"] = max(peaks) if peaks else None
     result.update(guessed_values=len(guesses), guessed_values_by_phase=by_phase, seconds=time.perf_counter() - start)
     return result
 
 
-def fit_memory_model(bundle: str | Path | Mapping[str, Any], point: Point | Mapping[str, Any] | None = None, *,
-                     phase: str = "train", n_values: tuple[int, int] = (1, 2), device: str = "cpu",
-                     **tuned: Any) -> MemoryModel:
+def fit_memory_model(bundle: str | Path | Mapping[str, Any] | BundleConfig,
+                     point: Point | Mapping[str, Any] | None = None, *, phase: str = "train",
+                     n_values: tuple[int, int] = (1, 2), device: str = "cpu", **tuned: Any) -> MemoryModel:
     """Fit ``MemoryModel`` for ``phase`` from two estimates at ``n_values`` of the tunable that sizes it, the others
     at ``point`` (and any tunable given as a keyword, as in ``estimate``).
 

@@ -13,6 +13,7 @@ import torch  # noqa: F401
 import torch._dynamo  # noqa: F401  (building an optimizer imports it, and sympy: ~3 s a child otherwise)
 
 import autotune.build  # noqa: F401
+import autotune.bundles.model  # noqa: F401  (the child parses its request's config: pydantic)
 import autotune.probe.memory  # noqa: F401
 import autotune.probe.tracker  # noqa: F401
 import autotune.probe.trial  # noqa: F401

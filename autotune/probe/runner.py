@@ -49,13 +49,16 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.errors import ProbeError
 from autotune.files import atomic_write_json
 from autotune.probe.isolation import isolation_mode
 from autotune.tunables import TUNABLES, VALIDATION_DEVICE, Point, Tunable
 from autotune.utils import look_up_option, parse_bytes
+
+if TYPE_CHECKING:  # pragma: no cover
+    from autotune.bundles.model import BundleConfig
 
 __all__ = ["PHASES", "VALIDATION_DEVICES", "resolve_request", "run_probe"]
 
@@ -71,11 +74,31 @@ def _positive_int(value: Any, name: str, minimum: int = 1) -> int:
     return value
 
 
-def _tuned_value(item: Tunable, value: Any, cfg: Mapping[str, Any]) -> Any:
+def _tuned_value(item: Tunable, value: Any, config: BundleConfig) -> Any:
     """The checked value of tunable ``item`` for a trial: ``value``, or the bundle's when None (or empty)."""
     if item.kind == "choice":
-        return look_up_option(value or item.bundle_value(cfg), item.choices, item.name, ProbeError)
-    return _positive_int(item.bundle_value(cfg) if value is None else value, item.name)
+        return look_up_option(value or item.bundle_value(config), item.choices, item.name, ProbeError)
+    return _positive_int(item.bundle_value(config) if value is None else value, item.name)
+
+
+def _request_config(bundle: str | Path | Mapping[str, Any] | BundleConfig) -> BundleConfig:
+    """The checked config of ``bundle``: a loaded config as it is, a plain view (a dict) parsed here, a folder
+    or its YAML loaded and its data held against it.
+
+    Raises:
+        ConfigError: the bundle is missing or invalid. DataError: its data does not fit it.
+    """
+    from autotune.bundles.config import BundleConfig, bundle_config_path, load_bundle_config
+
+    if isinstance(bundle, BundleConfig):
+        return bundle
+    if isinstance(bundle, Mapping):
+        return BundleConfig.parse(json.loads(json.dumps(dict(bundle))), "bundle config (dict)")
+    from autotune.data.bundle_fit import check_bundle_data
+
+    config = load_bundle_config(bundle)
+    check_bundle_data(config, bundle_config_path(bundle))  # the data it is made for, against it
+    return config
 
 
 def _phases(phases: str | Sequence[str]) -> list[str]:
@@ -100,11 +123,15 @@ def _check_cuda(device: str) -> None:
         raise ProbeError(f"device {device!r}: only {torch.cuda.device_count()} CUDA device(s) visible")
 
 
-def resolve_request(bundle: str | Path | Mapping[str, Any], point: Point | Mapping[str, Any] | None = None, *,
-                    device: str = "cpu", memory_limit: int | str | None = None, phases: str | Sequence[str] = PHASES,
+def resolve_request(bundle: str | Path | Mapping[str, Any] | BundleConfig,
+                    point: Point | Mapping[str, Any] | None = None, *, device: str = "cpu",
+                    memory_limit: int | str | None = None, phases: str | Sequence[str] = PHASES,
                     warmup_steps: int = 1, measure_steps: int = 2, check_device: bool = True,
                     precision: str | None = None, **tuned: Any) -> dict[str, Any]:
-    """Load the bundle config and check every argument; returns the request a trial runs from.
+    """Load the bundle config and check every argument; returns the request a trial runs from, its ``config``
+    the bundle's ``BundleConfig`` holding the trial's tunables (what the step reads, as training reads them).
+
+    ``bundle``: a folder or its YAML, a loaded ``BundleConfig``, or a plain view (a dict, parsed here).
 
     ``point`` (``autotune.tunables.Point``) holds the tunables' values; a tunable may also be given as a keyword
     by its name (``num_patches_per_iter=4``), over the point. A tunable left out (or None) means the bundle's value.
@@ -117,16 +144,7 @@ def resolve_request(bundle: str | Path | Mapping[str, Any], point: Point | Mappi
         DataError: the bundle's data does not fit it (``autotune.data.bundle_fit.check_bundle_data``).
         ProbeError: an argument is invalid, or a CUDA device is asked for but not visible.
     """
-    from autotune.bundles.config import check_bundle_config, load_bundle_config
-
-    if isinstance(bundle, Mapping):
-        cfg = check_bundle_config(json.loads(json.dumps(dict(bundle))), "bundle config (dict)")
-    else:
-        from autotune.bundles.config import bundle_config_path
-        from autotune.data.bundle_fit import check_bundle_data
-
-        cfg = load_bundle_config(bundle)
-        check_bundle_data(cfg, bundle_config_path(bundle))  # the data it is made for, against it
+    config = _request_config(bundle)
     if not isinstance(device, str) or not _DEVICE_RE.fullmatch(device):
         raise ProbeError(f"unknown device {device!r}; give cpu, cuda or cuda:N")
     if check_device and device.startswith("cuda"):
@@ -135,16 +153,14 @@ def resolve_request(bundle: str | Path | Mapping[str, Any], point: Point | Mappi
     from autotune.precision import PRECISIONS, for_config
 
     if precision is None:
-        precision = for_config(cfg, device).name
+        precision = for_config(config, device).name
     given = Point.of(point, **tuned)
     unknown = given.unknown()
     if unknown:
         raise ProbeError(f"unknown tunable {unknown[0]!r}; known: {', '.join(t.name for t in TUNABLES)}")
-    values = {t.name: _tuned_value(t, given.get(t.name), cfg) for t in TUNABLES}
-    # the step reads a tunable from the view as training reads it from its config: the requested values there
-    cfg = {**cfg, **dict(t.view_entry(values[t.name]) for t in TUNABLES)}
+    values = {t.name: _tuned_value(t, given.get(t.name), config) for t in TUNABLES}
     return {
-        "config": cfg,
+        "config": config.with_values(**dict(t.view_entry(values[t.name]) for t in TUNABLES)),
         **values,
         "device": device,
         "memory_limit": limit,
@@ -275,7 +291,8 @@ def _run_child(req: dict[str, Any], child_env: dict[str, str], timeout: float) -
         tmpdir = Path(tmp)
         req.update(result_path=str(tmpdir / "result.json"), state_path=str(tmpdir / "state.json"),
                    launched_at=time.time())
-        atomic_write_json(tmpdir / "request.json", req)
+        # the config as plain data: the child parses it back (autotune.probe.trial.main)
+        atomic_write_json(tmpdir / "request.json", {**req, "config": req["config"].as_view()})
         if isolation_mode() == "forkserver":
             proc, finished = _run_forked(tmpdir, child_env, timeout)
         else:
@@ -309,19 +326,19 @@ def _classify(result: dict[str, Any], run: _ChildRun, first_phase: str) -> None:
         result["error_tail"] = result.get("error_tail") or run.stderr_tail
 
 
-def run_probe(bundle: str | Path | dict, point: Point | Mapping[str, Any] | None = None, *, device: str = "auto",
-              memory_limit: int | str | None = None, timeout: float = 300.0, phases: tuple[str, ...] = PHASES,
-              warmup_steps: int = 1, measure_steps: int = 2, env: Mapping[str, str] | None = None,
-              precision: str | None = None, **tuned: Any) -> dict[str, Any]:
+def run_probe(bundle: str | Path | Mapping[str, Any] | BundleConfig, point: Point | Mapping[str, Any] | None = None,
+              *, device: str = "auto", memory_limit: int | str | None = None, timeout: float = 300.0,
+              phases: tuple[str, ...] = PHASES, warmup_steps: int = 1, measure_steps: int = 2,
+              env: Mapping[str, str] | None = None, precision: str | None = None, **tuned: Any) -> dict[str, Any]:
     """Run one measured trial of ``bundle`` at ``point`` in an isolated child; returns the result dict.
 
-    A dict ``bundle`` is the config itself; a path is a bundle folder or its YAML. ``point`` and any tunable
-    given as a keyword as in ``resolve_request``: N or M left out means the bundle's value; the
-    ``validation_device`` left out, where the bundle keeps the volume (``cpu`` when it sets
-    ``sw_input_on_cpu``). ``device`` ``auto`` is the first GPU, else the CPU. ``memory_limit`` is bytes or a
-    size such as ``"8GiB"`` (CPU: the tracked tensor peak may not pass it; CUDA: the caching allocator is
-    capped at it). ``env`` adds to the child's environment. ``precision`` as in ``resolve_request``. See
-    the module docstring for the statuses.
+    A dict ``bundle`` is the config's plain view (parsed once here), a ``BundleConfig`` the loaded config; a path
+    is a bundle folder or its YAML. ``point`` and any tunable given as a keyword as in ``resolve_request``: N or M
+    left out means the bundle's value; the ``validation_device`` left out, where the bundle keeps the volume
+    (``cpu`` when it sets ``sw_input_on_cpu``). ``device`` ``auto`` is the first GPU, else the CPU.
+    ``memory_limit`` is bytes or a size such as ``"8GiB"`` (CPU: the tracked tensor peak may not pass it; CUDA:
+    the caching allocator is capped at it). ``env`` adds to the child's environment. ``precision`` as in
+    ``resolve_request``. See the module docstring for the statuses.
 
     Raises:
         ConfigError: the bundle is missing or invalid.

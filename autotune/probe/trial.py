@@ -1,7 +1,8 @@
 """What runs in the probe's child process: build the bundle's model, run a few real steps, measure.
 
 Run as ``python -m autotune.probe.trial REQUEST.json``. The request (written by
-``autotune.probe.runner``) holds the bundle config and the trial's settings; the result
+``autotune.probe.runner``) holds the bundle config's view (parsed back here once into a
+``BundleConfig``, ``autotune.bundles.model``) and the trial's settings; the result
 is written as JSON to ``request["result_path"]`` and the exit code says how it went:
 0 ok, 3 out of memory, 5 non-finite (the loss or the weights after the steps), 1 any other error. While it runs, the child writes what it is
 doing (device facts, current phase) to ``request["state_path"]`` so the parent can say
@@ -32,6 +33,8 @@ from autotune.tunables import TUNABLES
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
+
+    from autotune.bundles.model import BundleConfig
 
 __all__ = [
     "EXIT_OK",
@@ -78,9 +81,10 @@ def _sync(device: torch.device) -> None:
 
 
 def _train_phase(req: Mapping[str, Any], parts: dict[str, Any], result: dict[str, Any]) -> None:
-    cfg, device, n = req["config"], parts["device"], int(req["num_patches_per_iter"])
+    config: BundleConfig = req["config"]
+    device, n = parts["device"], int(req["num_patches_per_iter"])
     steps = parts["workload"]  # the template family's training step (autotune.probe.workload, or the template's own)
-    batch, prefetched = steps.make_loader_batches(cfg, n, device)
+    batch, prefetched = steps.make_loader_batches(config, n, device)
     parts["model"].train()
     losses: list[float] = []  # each loader batch's last loss, as a number (no tensor kept alive)
 
@@ -121,17 +125,17 @@ def _check_finite(losses: Sequence[float], model: Any, dtype: str) -> None:
 def _infer_phase(req: Mapping[str, Any], parts: dict[str, Any], result: dict[str, Any]) -> None:
     from autotune.step import make_dice_metric
 
-    cfg, device = req["config"], parts["device"]
-    model, optimizer = parts["model"], parts["optimizer"]
+    config: BundleConfig = req["config"]
+    device, model, optimizer = parts["device"], parts["model"], parts["optimizer"]
     steps = parts["workload"]  # the template family's validation (autotune.probe.workload, or the template's own)
     steps.ensure_training_state(model, optimizer)
     model.eval()
     volume_device = "cpu" if req["validation_device"] == "cpu" else device
-    volume, label = steps.make_volume(cfg, volume_device), steps.make_volume_label(cfg, volume_device)
-    metric = make_dice_metric(cfg)
+    volume, label = steps.make_volume(config, volume_device), steps.make_volume_label(config, volume_device)
+    metric = make_dice_metric(config)
     times = _measured_loop(
         req, parts, result, "infer", (model, optimizer, volume, label),
-        lambda: steps.validate_volume(model, volume, label, cfg, int(req["num_sw_batch_size"]), device,
+        lambda: steps.validate_volume(model, volume, label, config, int(req["num_sw_batch_size"]), device,
                                 parts["amp_dtype"], metric),
     )
     result["sw_seconds_per_volume"] = statistics.median(times)
@@ -218,14 +222,15 @@ def _parts(req: Mapping[str, Any]) -> dict[str, Any]:
     from autotune.build import amp_dtype
     from autotune.families import family_for
 
-    cfg = req["config"]
+    config: BundleConfig = req["config"]
     device = _prepare_device(req)
-    return family_for(cfg).probe_parts(cfg, device, amp_dtype(cfg, device, req.get("precision")))
+    return family_for(config).probe_parts(config, device, amp_dtype(config, device, req.get("precision")))
 
 
 def base_result(req: Mapping[str, Any]) -> dict[str, Any]:
-    """The result keys known before anything runs (shared by probe and estimate)."""
-    cfg = req["config"]
+    """The result keys known before anything runs (shared by probe and estimate); ``req["config"]``: the
+    ``BundleConfig`` the trial runs."""
+    config: BundleConfig = req["config"]
     return {
         "status": None, "phase_failed": None,
         **{t.name: int(req[t.name]) if t.kind == "int" else req[t.name] for t in TUNABLES},
@@ -233,15 +238,16 @@ def base_result(req: Mapping[str, Any]) -> dict[str, Any]:
         "device_total_memory": None, "memory_limit": req.get("memory_limit"),
         "train_peak_bytes": None, "infer_peak_bytes": None, "peak_bytes": None,
         "step_seconds_median": None, "samples_per_s": None, "sw_seconds_per_volume": None,
-        "roi_size": list(cfg["roi_size"]), "infer_volume_shape": list(cfg.get("infer_volume_shape") or cfg["roi_size"]),
-        "amp": bool(cfg.get("amp", False)), "precision": req.get("precision"), "algo": cfg.get("algo"), "phases": list(req["phases"]),
+        "roi_size": list(config.roi_size), "infer_volume_shape": list(config.infer_volume_shape or config.roi_size),
+        "amp": config.amp, "precision": req.get("precision"), "algo": config.algo, "phases": list(req["phases"]),
         "torch_version": None, "monai_version": None, "error_type": None, "error_tail": None,
     }
 
 
 def run_trial(req: Mapping[str, Any]) -> dict[str, Any]:
-    """Run the trial described by ``req`` in this process and return its result (never raises for
-    failures of the trial itself: they become ``status`` ``oom`` or ``error``)."""
+    """Run the trial described by ``req`` (``autotune.probe.runner.resolve_request``: its ``config`` a
+    ``BundleConfig``) in this process and return its result (never raises for failures of the trial itself:
+    they become ``status`` ``oom`` or ``error``)."""
     result = base_result(req)
     timings: dict[str, float] = {}
     result["timings"] = timings
@@ -318,7 +324,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if len(args) != 1:
         print("usage: python -m autotune.probe.trial REQUEST.json", file=sys.stderr)
         return EXIT_ERROR
+    from autotune.bundles.model import BundleConfig
+
     req = json.loads(Path(args[0]).read_text(encoding="utf-8"))
+    req["config"] = BundleConfig.parse(req["config"], "probe request")  # the parent's view, checked once here
     result = run_trial(req)
     atomic_write_json(req["result_path"], result)
     return {"ok": EXIT_OK, "oom": EXIT_OOM, "nonfinite": EXIT_NONFINITE}.get(result["status"], EXIT_ERROR)

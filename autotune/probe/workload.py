@@ -8,59 +8,59 @@ imported inside the functions.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
+    from autotune.bundles.model import BundleConfig
+
 __all__ = ["make_batch", "make_volume", "make_volume_label", "make_loader_batches", "train_loader_batch",
            "validate_volume", "ensure_training_state"]
 
 
-def make_batch(cfg: Mapping[str, Any], num_patches: int, device: str | torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def make_batch(config: BundleConfig, num_patches: int,
+               device: str | torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """Images (N, C, *roi) and labels as the training loader gives them: class indices (N, 1, *roi)
     as float, or for sigmoid bundles one binary channel per class."""
     import torch
 
-    roi = [int(v) for v in cfg["roi_size"]]
-    channels, classes = int(cfg["input_channels"]), int(cfg["output_classes"])
+    roi, channels, classes = config.roi_size, config.input_channels, config.output_classes
     images = torch.randn(num_patches, channels, *roi, device=device)
-    if cfg.get("sigmoid"):
+    if config.sigmoid:
         labels = torch.randint(0, 2, (num_patches, classes, *roi), device=device).float()
     else:
         labels = torch.randint(0, classes, (num_patches, 1, *roi), device=device).float()
     return images, labels
 
 
-def make_volume(cfg: Mapping[str, Any], device: str | torch.device) -> torch.Tensor:
+def make_volume(config: BundleConfig, device: str | torch.device) -> torch.Tensor:
     """One validation volume (1, C, *infer_volume_shape); the roi when the shape is not recorded."""
     import torch
 
-    shape = [int(v) for v in (cfg.get("infer_volume_shape") or cfg["roi_size"])]
-    return torch.randn(1, int(cfg["input_channels"]), *shape, device=device)
+    shape = config.infer_volume_shape or config.roi_size
+    return torch.randn(1, config.input_channels, *shape, device=device)
 
 
-def make_volume_label(cfg: Mapping[str, Any], device: str | torch.device) -> torch.Tensor:
+def make_volume_label(config: BundleConfig, device: str | torch.device) -> torch.Tensor:
     """The validation label for ``make_volume``'s volume, as the validation loader gives it:
     class indices (1, 1, *shape) as float, or one binary channel per class for sigmoid bundles."""
     import torch
 
-    shape = [int(v) for v in (cfg.get("infer_volume_shape") or cfg["roi_size"])]
-    classes = int(cfg["output_classes"])
-    if cfg.get("sigmoid"):
+    shape, classes = config.infer_volume_shape or config.roi_size, config.output_classes
+    if config.sigmoid:
         return torch.randint(0, 2, (1, classes, *shape), device=device).float()
     return torch.randint(0, classes, (1, 1, *shape), device=device).float()
 
 
-def make_loader_batches(cfg: Mapping[str, Any], num_patches_per_iter: int,
+def make_loader_batches(config: BundleConfig, num_patches_per_iter: int,
                         device: str | torch.device) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
     """What training holds on the device at a step: the loader batch being stepped through
     (images x crops patches, ``loader_batch_patches``) and the one the thread loader has prefetched."""
     from autotune.step import loader_batch_patches
 
-    total = loader_batch_patches(num_patches_per_iter, int(cfg.get("num_crops_per_image", 1) or 1))
-    return make_batch(cfg, total, device), make_batch(cfg, total, device)
+    total = loader_batch_patches(num_patches_per_iter, config.num_crops_per_image)
+    return make_batch(config, total, device), make_batch(config, total, device)
 
 
 def train_loader_batch(model: Any, loss_fn: Any, optimizer: Any, batch: tuple[torch.Tensor, torch.Tensor],
@@ -75,18 +75,18 @@ def train_loader_batch(model: Any, loss_fn: Any, optimizer: Any, batch: tuple[to
     return loss
 
 
-def validate_volume(model: Any, volume: torch.Tensor, label: torch.Tensor, cfg: Mapping[str, Any], sw_batch_size: int,
+def validate_volume(model: Any, volume: torch.Tensor, label: torch.Tensor, config: BundleConfig, sw_batch_size: int,
                     device: Any, amp_dtype: Any, metric: Any) -> torch.Tensor:
     """Validation of one case as training runs it: sliding window, post-processing and the metric
     where the volume lives; returns the scores (the logits when ``metric`` is None: the estimator's
     volume on the meta device, whose scoring happens off the GPU and is not counted)."""
     from autotune.step import score_case, sliding_window_predict
 
-    logits = sliding_window_predict(model, volume, cfg["roi_size"], int(sw_batch_size), device,
-                                    float(cfg.get("sw_overlap", 0.5)), amp_dtype)
+    logits = sliding_window_predict(model, volume, config.roi_size, int(sw_batch_size), device, config.sw_overlap,
+                                    amp_dtype)
     if metric is None:
         return logits
-    scores = score_case(logits, label, cfg, metric)
+    scores = score_case(logits, label, config, metric)
     metric.reset()
     return scores
 

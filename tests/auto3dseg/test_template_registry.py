@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from autotune.auto3dseg.templates import ConfigReader, MonaiTemplate
+from autotune.bundles.model import BundleConfig
 from autotune.errors import ConfigError
 
 NAME = "faketemplate"
@@ -88,21 +89,21 @@ class FakeTemplate(MonaiTemplate):
             out["validate_on_cpu"] = bool(updates["sw_input_on_cpu"])
         return out
 
-    def build(self, parser: Any, cfg: Mapping[str, Any]) -> tuple[Any, Any, Any, Any]:
+    def build(self, parser: Any, config: BundleConfig) -> tuple[Any, Any, Any, Any]:
         return (parser.get_parsed_content("network"), parser.get_parsed_content("loss"),
                 parser.get_parsed_content("optimizer", instantiate=False), None)
 
     def training_loop(self, model: Any, loss_fn: Any, optimizer: Any, accuracy: Any, batch: Any,
-                      num_patches_per_iter: int, amp_dtype: Any, cfg: Mapping[str, Any]) -> Iterator[None]:
+                      num_patches_per_iter: int, amp_dtype: Any, config: BundleConfig) -> Iterator[None]:
         from autotune.auto3dseg.templates.dints import train_py_loop
 
         return train_py_loop(model, loss_fn, optimizer, batch, num_patches_per_iter, amp_dtype)
 
-    def validate(self, model: Any, volume: Any, label: Any, cfg: Mapping[str, Any], sw_batch_size: int,
+    def validate(self, model: Any, volume: Any, label: Any, config: BundleConfig, sw_batch_size: int,
                  device: Any, amp_dtype: Any, accuracy: Any, score: bool) -> Any:
         from autotune.auto3dseg.validation import validate_dints
 
-        return validate_dints(model, volume, label, cfg, sw_batch_size, device, amp_dtype, score=score)
+        return validate_dints(model, volume, label, config, sw_batch_size, device, amp_dtype, score=score)
 
 
 @pytest.fixture()
@@ -170,9 +171,9 @@ def test_a_template_autotune_does_not_tune_is_refused_in_one_line(bundles: dict[
     from autotune.auto3dseg.writeback import template_updates
     from autotune.bundles.config import load_bundle_config
 
-    view = {**load_bundle_config(bundles["dints"]), "monai_template": "nosuchtemplate"}
-    for attempt in (lambda: template_named("nosuchtemplate"), lambda: build_model_loss_optimizer(view, "cpu"),
-                    lambda: MonaiWorkload(view, None, None), lambda: template_updates(view, {}, {})):
+    config = load_bundle_config(bundles["dints"]).with_values(monai_template="nosuchtemplate")
+    for attempt in (lambda: template_named("nosuchtemplate"), lambda: build_model_loss_optimizer(config, "cpu"),
+                    lambda: MonaiWorkload(config, None, None), lambda: template_updates(config.view, {}, {})):
         with pytest.raises(ConfigError, match="autotune does not tune MONAI's nosuchtemplate template") as refused:
             attempt()
         assert "\n" not in str(refused.value) and "segresnet" in str(refused.value)

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from bundle_fixtures import copy_bundle
+from config_fixtures import bundle_config
 
 from autotune.bundles.config import load_bundle_config
 from autotune.bundles.scaling import (
@@ -86,7 +87,7 @@ def test_closed_form_schedule_equals_the_builtin(name: str, args: dict) -> None:
 
     from autotune.build import build_lr_scheduler
 
-    cfg = {"lr_scheduler": {"name": name, "args": args}}
+    cfg = bundle_config(lr_scheduler={"name": name, "args": args})
     lrs: dict[str, list[float]] = {}
     for variant, ramp in (("builtin", None), ("closed", (0, 1.0)), ("ramped", (10, 0.25))):
         opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.4)
@@ -113,7 +114,7 @@ def test_a_refitted_schedule_follows_its_new_length() -> None:
     from autotune.build import build_lr_scheduler
     from autotune.schedule import fitted_schedule_of
 
-    cfg = {"lr_scheduler": {"name": "WarmupCosineSchedule", "args": {"warmup_fraction": 0.1}}}
+    cfg = bundle_config(lr_scheduler={"name": "WarmupCosineSchedule", "args": {"warmup_fraction": 0.1}})
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
     sched = build_lr_scheduler(cfg, opt, 1000)
     factor = fitted_schedule_of(sched)

@@ -42,11 +42,12 @@ def test_other_loss_and_optimizer(bundles: dict[str, Path]) -> None:
     """DiceFocal runs as is; Novograd reads ``if exp_avg_sq == 0`` (answered False, counted)."""
     from autotune.bundles.config import load_bundle_config
 
-    cfg = {**load_bundle_config(bundles["unet"]), "loss": {"name": "DiceFocalLoss", "args": {
-        "to_onehot_y": True, "softmax": True}}, "optimizer": {"name": "Novograd", "args": {}}}
-    measured = run_trial(resolve_request(cfg, phases=("train",), warmup_steps=1, measure_steps=1))
+    config = load_bundle_config(bundles["unet"]).with_values(
+        loss={"name": "DiceFocalLoss", "args": {"to_onehot_y": True, "softmax": True}},
+        optimizer={"name": "Novograd", "args": {}})
+    measured = run_trial(resolve_request(config, phases=("train",), warmup_steps=1, measure_steps=1))
     assert measured["status"] == "ok", measured["error_tail"]
-    est = estimate(cfg, phases=("train",))
+    est = estimate(config, phases=("train",))
     assert est["guessed_values"] > 0
     assert abs(est["train_peak_bytes"] - measured["train_peak_bytes"]) / measured["train_peak_bytes"] <= 0.05
 

@@ -3,6 +3,8 @@ the number of sliding windows that caps a sliding-window batch."""
 
 from __future__ import annotations
 
+from config_fixtures import bundle_config
+
 from autotune.probe.memory_model import MAX_FITTING, MemoryModel
 from autotune.step import num_windows
 
@@ -31,6 +33,8 @@ def test_cap_bounds_prediction_and_answer() -> None:
 
 def test_num_windows_counts_monai_scan() -> None:
     # 64^3 volume, 32^3 roi, overlap 0.5: windows start every 16 voxels -> 3 per axis
-    assert num_windows({"roi_size": [32, 32, 32], "infer_volume_shape": [64, 64, 64], "sw_overlap": 0.5}) == 27
+    assert num_windows(bundle_config(roi_size=[32, 32, 32], infer_volume_shape=[64, 64, 64], sw_overlap=0.5)) == 27
     # no volume shape: one window of the roi itself
-    assert num_windows({"roi_size": [16, 16, 16]}) == 1
+    assert num_windows(bundle_config(roi_size=[16, 16, 16])) == 1
+    # an overlap per axis (SegResNet2D's): none along the slices, so 3 x 3 x 2 windows
+    assert num_windows(bundle_config(infer_volume_shape=[64, 64, 64], sw_overlap_axes=[0.5, 0.5, 0.0])) == 18

@@ -41,22 +41,24 @@ def probes(bundles: dict[str, Path]) -> dict[str, dict[str, Any]]:
     """The slower probes, run side by side (run_probe is safe to call from threads): one ok probe of
     each template, one over a memory limit, a kill in a named phase and a hang. First used after the
     fault tests, so it also shows the calling process carries on."""
-    # Config dicts with a one-window validation volume keep these quick; the estimate tests cover 8 windows.
-    configs = {algo: {**load_bundle_config(bundles[algo]), "infer_volume_shape": [32, 32, 32]} for algo in ALGOS}
-    unet_peak = estimate(configs["unet"], phases=("train",), num_patches_per_iter=1)["train_peak_bytes"]
+    # Configs with a one-window validation volume keep these quick; the estimate tests cover 8 windows. The
+    # UNet's is given as plain data (a dict), the others as loaded configs: run_probe takes either.
+    configs = {algo: load_bundle_config(bundles[algo]).with_values(infer_volume_shape=[32, 32, 32])
+               for algo in ALGOS}
+    unet = configs["unet"]
+    unet_peak = estimate(unet.as_view(), phases=("train",), num_patches_per_iter=1)["train_peak_bytes"]
     jobs: dict[str, tuple[Any, dict[str, Any]]] = {
         "segresnet": (configs["segresnet"], QUICK),
         "dints": (configs["dints"], QUICK),
-        "unet": (configs["unet"], {**QUICK, "warmup_steps": 1}),  # two steps: the optimizer state is counted
+        "unet": (unet.as_view(), {**QUICK, "warmup_steps": 1}),  # two steps: the optimizer state is counted
         "oom": (bundles["unet"], {**QUICK, "memory_limit": unet_peak // 2}),
         "killed_in_infer": (bundles["unet"], {**QUICK, "phases": ("infer",),
                                               "env": {"AUTOTUNE_PROBE_FAULT": "sigkill@phase=infer"}}),
         "hang": (bundles["unet"], {**QUICK, "timeout": 3, "env": {"AUTOTUNE_PROBE_FAULT": "hang"}}),
         # an optimizer that blows the weights up (the largest learning rate a config may give, SGD with a
         # momentum of 1e30): the second step's loss is nan
-        "diverged": ({**configs["unet"], "learning_rate": 1000.0,
-                      "optimizer": {**configs["unet"]["optimizer"],
-                                    "args": {**configs["unet"]["optimizer"]["args"], "momentum": 1e30}}},
+        "diverged": (unet.with_values(learning_rate=1000.0, optimizer={
+                         **unet.optimizer.as_dict(), "args": {**unet.optimizer.args, "momentum": 1e30}}),
                      {**QUICK, "warmup_steps": 1, "phases": ("train",), "precision": "fp32"}),
     }
     with ThreadPoolExecutor(len(jobs)) as pool:
@@ -104,7 +106,7 @@ def test_probe_each_template_ok(probes: dict[str, dict[str, Any]], bundles: dict
     assert result["train_peak_bytes"] > 0 and result["infer_peak_bytes"] > 0
     assert result["peak_bytes"] == max(result["train_peak_bytes"], result["infer_peak_bytes"])
     # one measured step is one loader batch (images x crops patches), stepped through N at a time as training does
-    crops = int(load_bundle_config(bundles[algo])["num_crops_per_image"])
+    crops = load_bundle_config(bundles[algo]).num_crops_per_image
     assert result["loader_batch_patches"] == math.lcm(result["num_patches_per_iter"], crops)
     assert result["samples_per_s"] == pytest.approx(result["loader_batch_patches"] / result["step_seconds_median"])
     assert result["infer_volume_shape"] == [32, 32, 32]

@@ -19,7 +19,7 @@ def bundles(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def _crops(bundle: Path) -> int:
-    return int(resolve_request(bundle, check_device=False)["config"].get("num_crops_per_image", 1) or 1)
+    return resolve_request(bundle, check_device=False)["config"].num_crops_per_image
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])

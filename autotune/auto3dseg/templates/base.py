@@ -19,10 +19,13 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from autotune.errors import ConfigError
 from autotune.utils import plain_data
+
+if TYPE_CHECKING:  # pragma: no cover
+    from autotune.bundles.model import BundleConfig
 
 __all__ = ["MonaiTemplate", "ConfigReader", "TemplateVersion", "KnownVersion", "known_version", "file_sha256"]
 
@@ -161,20 +164,20 @@ class MonaiTemplate(ABC):
         return None
 
     @abstractmethod
-    def build(self, parser: Any, cfg: Mapping[str, Any]) -> tuple[Any, Any, Any, Any]:
+    def build(self, parser: Any, config: BundleConfig) -> tuple[Any, Any, Any, Any]:
         """(network, loss, optimizer section, accuracy) as the template builds them (accuracy None: none)."""
 
-    def placed(self, model: Any, cfg: Mapping[str, Any]) -> Any:
+    def placed(self, model: Any, config: BundleConfig) -> Any:
         """The network as the template leaves it once on its device (a memory format, ...)."""
         return model
 
     @abstractmethod
     def training_loop(self, model: Any, loss_fn: Any, optimizer: Any, accuracy: Any, batch: Any,
-                      num_patches_per_iter: int, amp_dtype: Any, cfg: Mapping[str, Any]) -> Iterator[None]:
+                      num_patches_per_iter: int, amp_dtype: Any, config: BundleConfig) -> Iterator[None]:
         """The template's training loop over ``batch`` (one loader batch per iteration)."""
 
     @abstractmethod
-    def validate(self, model: Any, volume: Any, label: Any, cfg: Mapping[str, Any], sw_batch_size: int,
+    def validate(self, model: Any, volume: Any, label: Any, config: BundleConfig, sw_batch_size: int,
                  device: Any, amp_dtype: Any, accuracy: Any, score: bool) -> Any:
         """One validation case; ``score`` False: the sliding window's output alone."""
 

@@ -41,6 +41,8 @@ from autotune.utils import plain_data
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
+    from autotune.bundles.model import BundleConfig
+
 __all__ = ["DiNTS", "load_arch_code", "train_py_values", "train_py_updates", "train_py_loop",
            "static_topology_target"]
 
@@ -221,7 +223,7 @@ class DiNTS(MonaiTemplate):
     def static_topology(self, parser: Any) -> None:
         parser["training_network#dints_space#_target_"] = static_topology_target()
 
-    def build(self, parser: Any, cfg: Mapping[str, Any]) -> tuple[Any, Any, Any, Any]:
+    def build(self, parser: Any, config: BundleConfig) -> tuple[Any, Any, Any, Any]:
         with io.StringIO() as buffer, contextlib.redirect_stdout(buffer):  # train.py silences the roi hint so
             model = parser.get_parsed_content("training_network#network")
         loss = parser.get_parsed_content("training#loss")
@@ -229,14 +231,14 @@ class DiNTS(MonaiTemplate):
         return model, loss, optimizer, None
 
     def training_loop(self, model: Any, loss_fn: Any, optimizer: Any, accuracy: Any, batch: Any,
-                      num_patches_per_iter: int, amp_dtype: Any, cfg: Mapping[str, Any]) -> Iterator[None]:
+                      num_patches_per_iter: int, amp_dtype: Any, config: BundleConfig) -> Iterator[None]:
         return train_py_loop(model, loss_fn, optimizer, batch, num_patches_per_iter, amp_dtype)
 
-    def validate(self, model: Any, volume: Any, label: Any, cfg: Mapping[str, Any], sw_batch_size: int,
+    def validate(self, model: Any, volume: Any, label: Any, config: BundleConfig, sw_batch_size: int,
                  device: Any, amp_dtype: Any, accuracy: Any, score: bool) -> Any:
         from autotune.auto3dseg.validation import validate_dints
 
-        return validate_dints(model, volume, label, cfg, sw_batch_size, device, amp_dtype, score=score)
+        return validate_dints(model, volume, label, config, sw_batch_size, device, amp_dtype, score=score)
 
 
 def _static_topology_class() -> type:

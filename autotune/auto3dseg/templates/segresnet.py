@@ -22,9 +22,12 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterator, Mapping
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from autotune.auto3dseg.templates.base import ConfigReader, KnownVersion, MonaiTemplate, known_version
+
+if TYPE_CHECKING:  # pragma: no cover
+    from autotune.bundles.model import BundleConfig
 
 __all__ = ["SegResNet", "SW_OVERLAP", "segmenter_loop", "segmenter_updates"]
 
@@ -32,16 +35,16 @@ SW_OVERLAP = 0.625  # Segmenter's default SlidingWindowInfererAdapt
 
 
 def segmenter_loop(model: Any, loss_function: Any, optimizer: Any, accuracy: Any, batch: Any,
-                   amp_dtype: Any, cfg: Mapping[str, Any]) -> Iterator[None]:
+                   amp_dtype: Any, config: BundleConfig) -> Iterator[None]:
     """``Segmenter.train_epoch``, one loader batch per iteration (``num_steps_per_image`` 1)."""
     import torch
 
     model.train()
     device = next(model.parameters()).device
-    memory_format = torch.channels_last_3d if cfg.get("channels_last", True) else torch.preserve_format
+    memory_format = torch.channels_last_3d if config.channels_last else torch.preserve_format
     use_amp = amp_dtype is torch.float16
     grad_scaler = torch.amp.GradScaler("cuda", enabled=use_amp and device.type == "cuda")
-    sigmoid = bool(cfg.get("sigmoid"))
+    sigmoid = config.sigmoid
     while True:
         batch_data = {"image": batch[0], "label": batch[1]}
         data = batch_data["image"].as_subclass(torch.Tensor).to(memory_format=memory_format, device=device)
@@ -94,7 +97,7 @@ def segmenter_updates(view: Mapping[str, Any], updates: Mapping[str, Any], raw: 
     return out
 
 
-def _network_config(parser: Any, cfg: Mapping[str, Any]) -> dict[str, Any]:
+def _network_config(parser: Any, config: BundleConfig) -> dict[str, Any]:
     """The ``network`` section as ``Segmenter.setup_model`` hands it to ``ConfigParser``."""
     from monai.networks.layers.factories import split_args
     from monai.utils import optional_import
@@ -115,7 +118,7 @@ def _network_config(parser: Any, cfg: Mapping[str, Any]) -> dict[str, Any]:
         network["norm"] = norm_name if len(norm_args) == 0 else [norm_name, norm_args]
     anisotropic = bool(parser.get_parsed_content("anisotropic_scales")) if "anisotropic_scales" in parser else False
     if spatial_dims == 3 and anisotropic and "SegResNetDS" in str(network["_target_"]):
-        network["resolution"] = copy.deepcopy(list(cfg["resample_resolution"]))
+        network["resolution"] = list(config.resample_resolution)
     return network
 
 
@@ -183,36 +186,36 @@ class SegResNet(MonaiTemplate):
     def updates(self, view: Mapping[str, Any], updates: Mapping[str, Any], raw: Mapping[str, Any]) -> dict[str, Any]:
         return segmenter_updates(view, updates, raw, float(view["sw_overlap"]), True)
 
-    def build(self, parser: Any, cfg: Mapping[str, Any]) -> tuple[Any, Any, Any, Any]:
+    def build(self, parser: Any, config: BundleConfig) -> tuple[Any, Any, Any, Any]:
         import warnings
 
         from monai.bundle import ConfigParser
         from monai.losses import DeepSupervisionLoss
         from monai.metrics import DiceHelper
 
-        model = ConfigParser(_network_config(parser, cfg)).get_parsed_content()
+        model = ConfigParser(_network_config(parser, config)).get_parsed_content()
         loss = DeepSupervisionLoss(ConfigParser(parser.get_parsed_content("loss", instantiate=False).get_config())
                                    .get_parsed_content(instantiate=True))
         ignore_empty = bool(parser.get_parsed_content("dice_ignore_empty")) if "dice_ignore_empty" in parser else True
         with warnings.catch_warnings():  # the template's own call; MONAI 1.5+ warns that 'sigmoid' is deprecated
             warnings.simplefilter("ignore", FutureWarning)
-            accuracy = DiceHelper(sigmoid=bool(cfg.get("sigmoid")), ignore_empty=ignore_empty)
+            accuracy = DiceHelper(sigmoid=config.sigmoid, ignore_empty=ignore_empty)
         optimizer = ConfigParser(parser.get_parsed_content("optimizer", instantiate=False).get_config())
         return model, loss, optimizer.get_parsed_content(instantiate=False), accuracy
 
-    def placed(self, model: Any, cfg: Mapping[str, Any]) -> Any:
+    def placed(self, model: Any, config: BundleConfig) -> Any:
         import torch
 
-        if cfg.get("channels_last", True):  # setup_model, after the move
+        if config.channels_last:  # setup_model, after the move
             return model.to(memory_format=torch.channels_last_3d)
         return model
 
     def training_loop(self, model: Any, loss_fn: Any, optimizer: Any, accuracy: Any, batch: Any,
-                      num_patches_per_iter: int, amp_dtype: Any, cfg: Mapping[str, Any]) -> Iterator[None]:
-        return segmenter_loop(model, loss_fn, optimizer, accuracy, batch, amp_dtype, cfg)
+                      num_patches_per_iter: int, amp_dtype: Any, config: BundleConfig) -> Iterator[None]:
+        return segmenter_loop(model, loss_fn, optimizer, accuracy, batch, amp_dtype, config)
 
-    def validate(self, model: Any, volume: Any, label: Any, cfg: Mapping[str, Any], sw_batch_size: int,
+    def validate(self, model: Any, volume: Any, label: Any, config: BundleConfig, sw_batch_size: int,
                  device: Any, amp_dtype: Any, accuracy: Any, score: bool) -> Any:
         from autotune.auto3dseg.validation import validate_segresnet
 
-        return validate_segresnet(model, volume, label, cfg, sw_batch_size, device, amp_dtype, accuracy, score=score)
+        return validate_segresnet(model, volume, label, config, sw_batch_size, device, amp_dtype, accuracy, score=score)

@@ -28,11 +28,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from autotune.auto3dseg.templates.base import ConfigReader, KnownVersion, MonaiTemplate, known_version
 from autotune.auto3dseg.templates.segresnet import SegResNet, segmenter_loop, segmenter_updates
 from autotune.errors import ConfigError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from autotune.bundles.model import BundleConfig
 
 __all__ = ["SegResNet2D", "SW_OVERLAP", "view_values", "build_parts", "wrapped_model_2d", "validate", "inferrer"]
 
@@ -124,7 +127,7 @@ def wrapped_model_2d(net: Any, channels_last: bool) -> Any:
     return _wrapped_class()(net, memory_format=memory_format)
 
 
-def build_parts(parser: Any, cfg: Mapping[str, Any]) -> tuple[Any, Any, Any, Any]:
+def build_parts(parser: Any, config: BundleConfig) -> tuple[Any, Any, Any, Any]:
     """(network, loss, optimizer section, accuracy) as ``Segmenter2D`` builds them; the optimizer section is
     MONAI's ``ConfigItem`` (``instantiate(params=...)``)."""
     import warnings
@@ -134,38 +137,38 @@ def build_parts(parser: Any, cfg: Mapping[str, Any]) -> tuple[Any, Any, Any, Any
     from monai.metrics import DiceHelper
 
     network = ConfigParser(parser.get_parsed_content("network", instantiate=False).get_config()).get_parsed_content()
-    model = wrapped_model_2d(network, bool(cfg.get("model_channels_last", True)))
+    model = wrapped_model_2d(network, config.model_channels_last is not False)
     loss = DeepSupervisionLoss(ConfigParser(parser.get_parsed_content("loss", instantiate=False).get_config())
                                .get_parsed_content(instantiate=True))
     with warnings.catch_warnings():  # the template's own call; MONAI 1.5+ warns that 'sigmoid' is deprecated
         warnings.simplefilter("ignore", FutureWarning)
-        accuracy = DiceHelper(sigmoid=bool(cfg.get("sigmoid")))
+        accuracy = DiceHelper(sigmoid=config.sigmoid)
     optimizer = ConfigParser(parser.get_parsed_content("optimizer", instantiate=False).get_config())
     return model, loss, optimizer.get_parsed_content(instantiate=False), accuracy
 
 
-def inferrer(cfg: Mapping[str, Any], sw_batch_size: int, output_device: Any, sw_device: Any) -> Any:
+def inferrer(config: BundleConfig, sw_batch_size: int, output_device: Any, sw_device: Any) -> Any:
     """The inferrer SegResNet2D validates with. MONAI computes its Gaussian weight map on the device at each
     case (no cache); here an empty tensor of that shape on the device stands for it (memory, not values)."""
     import torch
     from monai.inferers import SlidingWindowInfererAdapt
 
-    roi = [int(v) for v in cfg.get("roi_size_valid") or cfg["roi_size"]]
+    roi = config.validation_roi
     sliding = SlidingWindowInfererAdapt(roi_size=roi, sw_batch_size=int(sw_batch_size),
-                                        overlap=list(cfg.get("sw_overlap_axes") or SW_OVERLAP), mode="gaussian",
+                                        overlap=list(config.sw_overlap_axes or SW_OVERLAP), mode="gaussian",
                                         cache_roi_weight_map=False, progress=False, device=output_device)
     sliding.roi_weight_map = torch.empty(roi, dtype=torch.float32, device=sw_device)
     return sliding
 
 
-def validate(model: Any, volume: Any, label: Any, cfg: Mapping[str, Any], sw_batch_size: int, device: Any,
+def validate(model: Any, volume: Any, label: Any, config: BundleConfig, sw_batch_size: int, device: Any,
              amp_dtype: Any, accuracy: Any, score: bool = True) -> Any:
     """One case of ``Segmenter.val_epoch`` with SegResNet2D's inferrer (no post-transforms, no loss); the view's
     ``channels_last`` is off, as after ``setup_model``."""
     from autotune.auto3dseg.validation import validate_segresnet
 
-    return validate_segresnet(model, volume, label, cfg, sw_batch_size, device, amp_dtype, accuracy, score,
-                              make_inferrer=lambda output_device: inferrer(cfg, sw_batch_size, output_device, device))
+    return validate_segresnet(model, volume, label, config, sw_batch_size, device, amp_dtype, accuracy, score,
+                              make_inferrer=lambda output_device: inferrer(config, sw_batch_size, output_device, device))
 
 
 class SegResNet2D(MonaiTemplate):
@@ -197,14 +200,14 @@ class SegResNet2D(MonaiTemplate):
         """SegResNet's, with Segmenter2D's inferrer: overlap per axis, no cached weight map."""
         return segmenter_updates(view, updates, raw, [float(v) for v in view["sw_overlap_axes"]], False)
 
-    def build(self, parser: Any, cfg: Mapping[str, Any]) -> tuple[Any, Any, Any, Any]:
+    def build(self, parser: Any, config: BundleConfig) -> tuple[Any, Any, Any, Any]:
         """``Segmenter2D.setup_model``: wrapped, no 3D channels-last."""
-        return build_parts(parser, cfg)
+        return build_parts(parser, config)
 
     def training_loop(self, model: Any, loss_fn: Any, optimizer: Any, accuracy: Any, batch: Any,
-                      num_patches_per_iter: int, amp_dtype: Any, cfg: Mapping[str, Any]) -> Iterator[None]:
-        return segmenter_loop(model, loss_fn, optimizer, accuracy, batch, amp_dtype, cfg)
+                      num_patches_per_iter: int, amp_dtype: Any, config: BundleConfig) -> Iterator[None]:
+        return segmenter_loop(model, loss_fn, optimizer, accuracy, batch, amp_dtype, config)
 
-    def validate(self, model: Any, volume: Any, label: Any, cfg: Mapping[str, Any], sw_batch_size: int,
+    def validate(self, model: Any, volume: Any, label: Any, config: BundleConfig, sw_batch_size: int,
                  device: Any, amp_dtype: Any, accuracy: Any, score: bool) -> Any:
-        return validate(model, volume, label, cfg, sw_batch_size, device, amp_dtype, accuracy, score=score)
+        return validate(model, volume, label, config, sw_batch_size, device, amp_dtype, accuracy, score=score)

@@ -37,10 +37,13 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from autotune.auto3dseg.templates.base import ConfigReader, KnownVersion, MonaiTemplate, known_version
 from autotune.auto3dseg.templates.dints import train_py_loop, train_py_updates, train_py_values
+
+if TYPE_CHECKING:  # pragma: no cover
+    from autotune.bundles.model import BundleConfig
 
 __all__ = ["SwinUNETR", "DEFAULT_GENERATION_MEMORY", "generation_memory", "visible_gpu_memory", "build", "validate",
            "cuda_on_cpu", "LABEL_DTYPE"]
@@ -146,7 +149,7 @@ def _post_pred(outputs: Any, softmax: bool) -> Any:
     return (torch.sigmoid(outputs) >= 0.5).to(torch.float32)
 
 
-def validate(model: Any, volume: Any, label: Any, cfg: Mapping[str, Any], sw_batch_size: int, device: Any,
+def validate(model: Any, volume: Any, label: Any, config: BundleConfig, sw_batch_size: int, device: Any,
              amp_dtype: Any, score: bool = True) -> Any:
     """One case of SwinUNETR ``train.py``'s validation: the sliding window with its input and output where the
     volume is (the device, or the CPU for ``sw_input_on_cpu``), ``post_pred`` and ``compute_dice`` there."""
@@ -156,19 +159,19 @@ def validate(model: Any, volume: Any, label: Any, cfg: Mapping[str, Any], sw_bat
 
     device = torch.device(device)
     device_io = volume.device
-    roi = [int(v) for v in cfg.get("roi_size_valid") or cfg["roi_size"]]
-    softmax = not cfg.get("sigmoid")
+    roi = config.validation_roi
+    softmax = not config.sigmoid
     with torch.no_grad():
         with torch.autocast(device.type, dtype=torch.float16, enabled=amp_dtype is torch.float16):
             val_outputs = sliding_window_inference(
                 inputs=volume.to(device_io), roi_size=roi, sw_batch_size=int(sw_batch_size), predictor=model,
-                mode="gaussian", overlap=float(cfg.get("sw_overlap", SW_OVERLAP)), sw_device=device, device=device_io)
+                mode="gaussian", overlap=config.sw_overlap, sw_device=device, device=device_io)
         if not score:
             return val_outputs
         val_outputs = _post_pred(val_outputs[0, ...], softmax)
         val_outputs = val_outputs[None, ...]
         return compute_dice(y_pred=val_outputs, y=label.to(val_outputs.device), include_background=not softmax,
-                            num_classes=int(cfg["output_classes"])).to(device)
+                            num_classes=config.output_classes).to(device)
 
 
 # ---------------------------------------------------------------------------------------------------- launcher
@@ -258,16 +261,16 @@ class SwinUNETR(MonaiTemplate):
     def updates(self, view: Mapping[str, Any], updates: Mapping[str, Any], raw: Mapping[str, Any]) -> dict[str, Any]:
         return train_py_updates(view, updates, "", tie_sw=True)
 
-    def build(self, parser: Any, cfg: Mapping[str, Any]) -> tuple[Any, Any, Any, Any]:
+    def build(self, parser: Any, config: BundleConfig) -> tuple[Any, Any, Any, Any]:
         return build(parser)
 
     def training_loop(self, model: Any, loss_fn: Any, optimizer: Any, accuracy: Any, batch: Any,
-                      num_patches_per_iter: int, amp_dtype: Any, cfg: Mapping[str, Any]) -> Iterator[None]:
+                      num_patches_per_iter: int, amp_dtype: Any, config: BundleConfig) -> Iterator[None]:
         return train_py_loop(model, loss_fn, optimizer, batch, num_patches_per_iter, amp_dtype)
 
-    def validate(self, model: Any, volume: Any, label: Any, cfg: Mapping[str, Any], sw_batch_size: int,
+    def validate(self, model: Any, volume: Any, label: Any, config: BundleConfig, sw_batch_size: int,
                  device: Any, amp_dtype: Any, accuracy: Any, score: bool) -> Any:
-        return validate(model, volume, label, cfg, sw_batch_size, device, amp_dtype, score=score)
+        return validate(model, volume, label, config, sw_batch_size, device, amp_dtype, score=score)
 
     def cpu_context(self) -> contextlib.AbstractContextManager[None] | None:
         return cuda_on_cpu()
