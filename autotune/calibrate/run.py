@@ -265,8 +265,7 @@ def points_domain(points: Sequence[dict[str, Any]], fit_points: Sequence[Any], d
     entries = []
     for point in points:
         if (point["algo"], point["n"], point["m"]) in fitted and point.get("bundle"):
-            cfg = load_bundle_config(point["bundle"])
-            entries.append({**bundle_domain(cfg, device), "n": point["n"], "m": point["m"]})
+            entries.append((bundle_domain(load_bundle_config(point["bundle"]), device), point["n"], point["m"]))
     return fit_domain(entries)
 
 
