@@ -58,7 +58,6 @@ if TYPE_CHECKING:
     from autotune.probe.calibration_file import Calibration
 
 __all__ = [
-    "CALIBRATION_VERSION",
     "PACKAGE_DIR",
     "Lookup",
     "calibration_dirs",
@@ -72,7 +71,6 @@ __all__ = [
     "stated_bound",
 ]
 
-CALIBRATION_VERSION = 3  # the newest format (``autotune.probe.calibration_file`` reads 1 to this)
 PACKAGE_DIR = Path(__file__).resolve().parent / "calibrations"
 _MIB = 1024**2
 
@@ -269,6 +267,8 @@ def calibration_record(gpu: Mapping[str, Any], fit: Mapping[str, Any], points: S
     """The calibration file's content: the GPU and versions, the allowance (version 1's block), with
     ``model`` the device model's calibrated part (version 2; 3 where it holds its domain and bounds), the
     points, when and how."""
+    from autotune.probe.calibration_file import CALIBRATION_VERSION
+
     version = 1 if model is None else CALIBRATION_VERSION if "domain" in model and "bounds" in model else 2
     record = {
         "calibration_version": version,

@@ -33,13 +33,14 @@ from autotune.checks.typed import Checked, FileModel, OpenModel, parse, refuse_k
 from autotune.checks.values import Error, refuse
 from autotune.errors import ConfigError
 from autotune.precision import PRECISIONS
-from autotune.probe.calibration import CALIBRATION_VERSION
-from autotune.probe.model_fit import MAX_FACTOR
 
-__all__ = ["MAX_BYTES", "MAX_FACTOR", "Calibration", "Allowance", "Fit", "DeviceModelPart",
+__all__ = ["CALIBRATION_VERSION", "MAX_BYTES", "MAX_FACTOR", "Calibration", "Allowance", "Fit", "DeviceModelPart",
            "DomainEntry", "Bound", "Bounds", "PhaseFactors", "FittedPart", "read_calibration", "parse_calibration",
            "stated_gpu_name"]
 
+CALIBRATION_VERSION = 3  # the newest format: this autotune reads versions 1 to this one and writes it
+#: the largest workspace factor a fit gives (``autotune.probe.model_fit.MAX_FACTOR``, its bisection's top)
+MAX_FACTOR = 64.0
 MAX_BYTES = 2**44  # 16 TiB: a size beyond any device's memory is a broken file, not a measurement
 MAX_FILE_BYTES = 64 * 2**20  # a calibration is a few hundred kB
 _MAX_BATCH = 65_536

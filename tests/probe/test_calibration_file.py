@@ -63,6 +63,9 @@ def test_the_shipped_files_load_and_give_what_they_gave() -> None:
     assert stated_bound("NVIDIA H200", [PACKAGE_DIR], "dints")["bound"] == RAW["fit"]["by_template"]["dints"][
         "max_over_prediction"]
     assert stated_bound("NVIDIA H200", [PACKAGE_DIR])["bound"] == RAW["fit"]["max_over_prediction"]
+    from autotune.probe import calibration_file, model_fit
+
+    assert calibration_file.MAX_FACTOR == model_fit.MAX_FACTOR  # a factor the fit can give is one a file may hold
     # a plan records the allowance as plain data and reads the same one back
     from dataclasses import asdict
 
