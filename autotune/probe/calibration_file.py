@@ -288,8 +288,7 @@ class Calibration(FileModel):
             return self
         if version > CALIBRATION_VERSION:
             refuse_key("calibration_version", f"got {version}; this autotune reads versions 1 to "
-                                              f"{CALIBRATION_VERSION}: upgrade autotune, or calibrate again with "
-                                              "this one")
+                                              f"{CALIBRATION_VERSION} (a newer autotune wrote it: upgrade)")
         if version == 1 and self.model is not None:
             refuse_key("calibration_version", "got 1, but the file holds a device model ('model'): a version-1 "
                                               "file has none; set the version to 2 or 3, or remove 'model'")
