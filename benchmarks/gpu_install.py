@@ -70,7 +70,7 @@ def reestimate(results: dict[str, Any], work: Path | None = None, record: bool =
         for p in points:
             est = estimate(str(bundles[p["algo"]]), num_patches_per_iter=p["n"], num_sw_batch_size=p["m"],
                            device="cuda:0", record=record)
-            est["domain"] = {**bundle_domain(load_bundle_config(bundles[p["algo"]]), "cuda:0"), "n": p["n"], "m": p["m"]}
+            est["domain"] = (bundle_domain(load_bundle_config(bundles[p["algo"]]), "cuda:0"), p["n"], p["m"])
             device_estimate = {ph: p[ph]["estimate_bytes"] for ph in ("train", "infer")}
             p["estimate_emulated"] = {
                 "train": est["train_peak_bytes"], "infer": est["infer_peak_bytes"], "semantics": est.get("semantics"),
@@ -103,7 +103,7 @@ def fit_from_run(memory: dict[str, Any], estimates: list[dict[str, Any] | None],
 
     fitted = {(p.algo, p.n, p.m) for p in model_points(points, estimates)}
     domain = fit_domain(e["domain"] for e in estimates
-                        if e and e.get("domain") and (e["domain"]["template"], e["domain"]["n"], e["domain"]["m"]) in fitted)
+                        if e and e.get("domain") and (e["domain"][0].template, *e["domain"][1:]) in fitted)
     model = {"kind": "device-model", "context_bytes": int(allowance.get("context_bytes") or 0),
              "workspace": fit["workspace"], "release_after_search": True, "alloc_conf": None, "band": list(BAND),
              "traces": "estimated on a CPU with CUDA hidden (cpu-emulating-cuda), the peaks measured on the GPU",

@@ -56,7 +56,7 @@ FULL: dict[str, Any] = {
     "needs_s": {"calibrate": 120.0, "plan": 20.0, "contract": 35.0, "monai_dints": 60.0, "expandable": 12.0},
 }
 DRY: dict[str, Any] = {
-    "calibrate_points": {"segresnet": (1,)}, "calibrate_templates": ("segresnet",),
+    "calibrate_points": {"segresnet": (1, 2)}, "calibrate_templates": ("segresnet",),  # calibrate asks for two
     "probe_timeout": 300.0, "calibrate_seconds": 600.0,
     "plan_algo": "segresnet", "plan_card_fraction": None, "plan_limit": "48MiB", "plan_range": (1, 64),
     # the dry run: one point, training only (MONAI's DiNTS validates slowly on a CPU)

@@ -21,6 +21,30 @@ def test_calibrate_refuses_without_a_gpu_and_checks_its_points(capsys: pytest.Ca
         assert "--points" in capsys.readouterr().err
 
 
+def test_calibrate_refuses_points_it_would_not_use_before_anything(tmp_path, capsys: pytest.CaptureFixture,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from autotune.calibrate import calibrate
+    from autotune.errors import SpecError
+
+    users, work = tmp_path / "users", tmp_path / "work"
+    users.mkdir()
+    monkeypatch.setenv("AUTOTUNE_CALIBRATION_DIR", str(users))
+    for args, said in ((["--points", "unet=2,2,2"], "give two or more distinct batch sizes"),
+                       (["--templates", "unet", "--points", "dints=1,2"],
+                        "dints is not among the templates calibrated (--templates unet)"),
+                       (["--points", "unet=1,2", "--points", "unet=4,8"], "unet's batch sizes are given twice")):
+        assert main(["calibrate", "--dry-run", "--work", str(work), *args]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and said in err and "--points" in err, err
+        assert not work.exists() and not any(users.iterdir())  # nothing made, nothing written
+    # the library refuses the same, before its set is made
+    with pytest.raises(SpecError, match="--points unet=3,3: one distinct batch size"):
+        calibrate(dry_run=True, work_dir=work, templates=["unet"], n_values={"unet": (3, 3)})
+    with pytest.raises(SpecError, match="dints is not among the templates calibrated"):
+        calibrate(dry_run=True, work_dir=work, templates=["unet"], n_values={"dints": (1, 2)})
+    assert not work.exists()
+
+
 def test_the_report_says_what_memory_would_hold_past_the_range() -> None:
     from autotune.search.handoff import EXTEND_LIMIT, batch_report
 

@@ -27,7 +27,8 @@ from typing import Any
 from autotune.errors import SpecError
 from autotune.families.own import calibrated_names, own_template
 
-__all__ = ["TEMPLATES", "DRY_SHAPE", "gpu_facts", "calibrate", "user_folder", "per_template_lines"]
+__all__ = ["TEMPLATES", "DRY_SHAPE", "gpu_facts", "calibrate", "user_folder", "per_template_lines",
+           "points_by_template", "check_points"]
 
 TEMPLATES = calibrated_names()
 DRY_SHAPE = (64, 64, 24)
@@ -67,6 +68,45 @@ def gpu_facts(device: str) -> dict[str, Any]:
     except Exception as exc:  # noqa: BLE001 - NVML is an aid; torch named the GPU
         facts["nvml_error"] = f"{type(exc).__name__}: {exc}"
     return facts
+
+
+def _sizes(sizes: Sequence[int]) -> str:
+    return ",".join(str(n) for n in sizes)
+
+
+def points_by_template(given: Sequence[tuple[str, Sequence[int]]], templates: Sequence[str]) -> dict[str, tuple[int, ...]]:
+    """``--points`` as given (``(template, sizes)`` each), per template, checked against ``templates``
+    (``check_points``).
+
+    Raises:
+        SpecError: a template's points given twice, or points for a template not calibrated.
+    """
+    out: dict[str, tuple[int, ...]] = {}
+    for name, sizes in given:
+        if name in out:
+            raise SpecError(f"--points {name}={_sizes(sizes)}: {name}'s batch sizes are given twice "
+                            f"({_sizes(out[name])} before); give them in one --points {name}=N,N")
+        out[name] = tuple(int(n) for n in sizes)
+    check_points(templates, out)
+    return out
+
+
+def check_points(templates: Sequence[str], n_values: dict[str, Sequence[int]]) -> None:
+    """Refuse, before anything is measured, points for a template not in ``templates`` (they would not be
+    probed) and a template with fewer than two distinct batch sizes (its fit could not be checked out of
+    sample: leave one out and leave one scale out need another batch size).
+
+    Raises:
+        SpecError: one line naming the template and what to give.
+    """
+    for name, sizes in n_values.items():
+        if name not in templates:
+            raise SpecError(f"--points {name}={_sizes(sizes)}: {name} is not among the templates calibrated "
+                            f"(--templates {','.join(templates)}); add it to --templates or leave its points out")
+        if len(set(sizes)) < 2:
+            count = "one distinct batch size" if sizes else "no batch size"
+            raise SpecError(f"--points {name}={_sizes(sizes)}: {count}; give two or more (the fit is checked by "
+                            "predicting each batch size from the others)")
 
 
 def _plan(bundles: dict[str, Path], n_values: dict[str, Sequence[int]]) -> list[tuple[str, Path, int, int]]:
@@ -135,10 +175,12 @@ def calibrate(device: str = "cuda:0", out_dir: str | os.PathLike[str] | None = N
     """Measure, fit and write this GPU's calibration (see the module docstring); returns the report:
     ``gpu``, ``points`` (each point's record), ``before`` (each point predicted by the calibration in force
     before this run, which never saw it), ``fit`` (``autotune.calibrate.fit.fit_model``), ``file`` and
-    ``seconds``. ``n_values``: the batch sizes probed per template, in place of the defaults.
+    ``seconds``. ``n_values``: the batch sizes probed per template, in place of the defaults (two or more
+    distinct ones, for templates of ``templates`` only: ``check_points``).
 
     Raises:
-        SpecError: no CUDA device (and not a dry run), an unknown template, or no point could be measured.
+        SpecError: no CUDA device (and not a dry run), an unknown template, points refused by
+            ``check_points`` (before anything is measured), or no point could be measured.
     """
     from autotune.calibrate.data import CT_SPACING, generate, make_ct_dataset, shape_for_card
     from autotune.cuda_alloc import alloc_conf, expandable_segments
@@ -146,6 +188,8 @@ def calibrate(device: str = "cuda:0", out_dir: str | os.PathLike[str] | None = N
     start = time.monotonic()
     say = progress or (lambda line: None)
     calibrated = [own_template(name) for name in sorted(set(templates))]  # an unknown one: refused in one line
+    n_values = {**{t.name: t.points_for(quick=quick, dry_run=dry_run) for t in calibrated}, **(n_values or {})}
+    check_points([t.name for t in calibrated], n_values)
     if not dry_run:
         import torch
 
@@ -163,7 +207,6 @@ def calibrate(device: str = "cuda:0", out_dir: str | os.PathLike[str] | None = N
     from autotune.probe.isolation import prestart
 
     prestart()  # the probes' fork server imports torch and MONAI while the set is made
-    n_values = {**{t.name: t.points_for(quick=quick, dry_run=dry_run) for t in calibrated}, **(n_values or {})}
     check_fit = not dry_run and shape != shape_for_card(None)  # a smaller card than the default points were chosen on
     card = gpu.get("torch_total_memory") if check_fit else None
     points, estimates, skipped = _measure_points(bundles, n_values, device, card, timeout, start, max_seconds, say)
@@ -265,8 +308,7 @@ def points_domain(points: Sequence[dict[str, Any]], fit_points: Sequence[Any], d
     entries = []
     for point in points:
         if (point["algo"], point["n"], point["m"]) in fitted and point.get("bundle"):
-            config = load_bundle_config(point["bundle"])
-            entries.append({**bundle_domain(config, device), "n": point["n"], "m": point["m"]})
+            entries.append((bundle_domain(load_bundle_config(point["bundle"]), device), point["n"], point["m"]))
     return fit_domain(entries)
 
 

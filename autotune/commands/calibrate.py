@@ -18,7 +18,7 @@ __all__ = ["register"]
 
 
 def _points(text: str) -> tuple[str, tuple[int, ...]]:
-    """``TEMPLATE=N,N``: a template and its batch sizes (positive, at most 4096)."""
+    """``TEMPLATE=N,N``: a template and two or more distinct batch sizes (positive, at most 4096)."""
     names = calibrated_names()
     name, _, values = text.partition("=")
     name = name.strip()
@@ -31,6 +31,9 @@ def _points(text: str) -> tuple[str, tuple[int, ...]]:
         raise argparse.ArgumentTypeError(f"got {text!r}; the batch sizes must be whole numbers") from None
     if not sizes or any(n < 1 or n > 4096 for n in sizes):
         raise argparse.ArgumentTypeError(f"got {text!r}; each batch size must be 1-4096")
+    if len(set(sizes)) < 2:
+        raise argparse.ArgumentTypeError(f"got {text!r}; give two or more distinct batch sizes (the fit is checked "
+                                         "by predicting each from the others)")
     return name, sizes
 
 
@@ -47,8 +50,8 @@ def _args(p: argparse.ArgumentParser) -> None:
                    help=f"comma-separated templates to calibrate (default {','.join(names)})")
     p.add_argument("--quick", action="store_true", help="two points per template instead of two or three")
     p.add_argument("--points", action="append", default=None, metavar="TEMPLATE=N,N", type=_points,
-                   help="the batch sizes to probe for a template, e.g. segresnet=1,3 (repeatable; M: the windows "
-                        "split as for the defaults)")
+                   help="the batch sizes to probe for a template, two or more, e.g. segresnet=1,3 (repeatable, once "
+                        "per template of --templates; M: the windows split as for the defaults)")
     p.add_argument("--timeout", type=types.seconds(), default=120.0, metavar="S",
                    help="a probe's time limit in seconds (default 120)")
     p.add_argument("--max-seconds", type=types.seconds(), default=None, metavar="S",
@@ -67,15 +70,17 @@ def calibrate_command(args: argparse.Namespace) -> int:
     on for this GPU by tune, estimate and plans), and print each template's error: on its own points, leave one
     out, leave one scale out and leave one template out. A fit whose out-of-sample error is worse than the raw
     estimator's with the allocator's rules is not installed (kept in the work folder). Exit codes: 0 written,
-    1 the fit refused, 2 no CUDA device (without --dry-run) or bad input.
+    1 the fit refused, 2 no CUDA device (without --dry-run) or bad input (before anything is measured: --points
+    with fewer than two distinct batch sizes, for a template not in --templates, or given twice).
     """
     from autotune.calibrate import calibrate, per_template_lines
+    from autotune.calibrate.run import points_by_template
     from autotune.files import atomic_write_json
 
     templates = [t for t in str(args.templates).split(",") if t]
     report = calibrate(device=args.device, out_dir=args.out, work_dir=args.work, templates=templates,
                        quick=args.quick, dry_run=args.dry_run, timeout=args.timeout, max_seconds=args.max_seconds,
-                       progress=progress_printer(args), n_values=dict(args.points or []))
+                       progress=progress_printer(args), n_values=points_by_template(args.points or [], templates))
     if args.report:
         atomic_write_json(args.report, json.loads(json.dumps(report, default=str)))
     print("\n".join(per_template_lines(report)))

@@ -29,6 +29,12 @@ a catalogue name such as "NVIDIA H100 80GB" matches the driver's "NVIDIA H100 80
 Versions are recorded, not matched: a calibration from another torch or driver still
 applies, and the provenance says which versions it came from.
 
+Each file is parsed once into a ``Calibration`` (``autotune.probe.calibration_file``) and checked: the
+file that would be used, or one that names no GPU (it may be this one's), is refused in one line naming it
+and the key when malformed (never skipped); a malformed file that names another GPU is passed over with a
+warning on stderr. A file in a user's folder that is not used says why on stderr (for another GPU, or
+shadowed by the first match), once per process; the allowance's ``source`` names the file used.
+
 The fit (``fit_allowance``) is the smallest allowance that covers every measured point:
 ``estimate x (1 + slack) + workspace >= max_memory_reserved`` at each point, minimising
 the total over-prediction (a two-variable linear programme solved at its vertices), and
@@ -38,20 +44,25 @@ the context is the largest NVML-used memory not held by the caching allocator.
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import math
 import os
+import sys
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.files import atomic_write_json
 
+if TYPE_CHECKING:
+    from autotune.probe.calibration_file import Calibration
+
 __all__ = [
-    "CALIBRATION_VERSION",
     "PACKAGE_DIR",
+    "Lookup",
     "calibration_dirs",
     "find_calibration",
+    "look_up",
     "fit_allowance",
     "calibration_record",
     "calibration_filename",
@@ -60,7 +71,6 @@ __all__ = [
     "stated_bound",
 ]
 
-CALIBRATION_VERSION = 3
 PACKAGE_DIR = Path(__file__).resolve().parent / "calibrations"
 _MIB = 1024**2
 
@@ -91,60 +101,116 @@ def calibration_dirs() -> list[Path]:
     return dirs
 
 
-def _read(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(data, dict) or not isinstance(data.get("allowance"), dict) or not data.get("gpu_name"):
-        return None
-    allowance = data["allowance"]
-    try:
-        values = [float(allowance[k]) for k in ("context_bytes", "cudnn_workspace_bytes", "allocator_slack_fraction")]
-    except (KeyError, TypeError, ValueError):
-        return None
-    if any(not math.isfinite(v) or v < 0 for v in values):
-        return None
-    if "model" in data and model_factors(data) is None:  # a version-2 file whose model is unreadable
-        return None
-    data["path"] = str(path)
-    return data
+_READ: dict[tuple[str, int, int], Any] = {}  # (path, mtime, size) -> its Calibration or the ConfigError it raised
+_SAID: set[str] = set()  # the notes said in this process (each once)
 
 
-def model_factors(data: Mapping[str, Any]) -> dict[str, dict[str, float]] | None:
-    """A version-2 calibration's workspace factors (template -> phase -> w), or None when it has none or
-    they are not finite, non-negative numbers for both phases."""
-    model = data.get("model")
-    workspace = model.get("workspace") if isinstance(model, Mapping) else None
-    if not isinstance(workspace, Mapping) or not workspace:
-        return None
-    out: dict[str, dict[str, float]] = {}
-    for template, phases in workspace.items():
+def _read(path: Path) -> Calibration:
+    """``read_calibration`` of ``path``, once per version of the file in this process.
+
+    Raises:
+        ConfigError: the file is malformed (``autotune.probe.calibration_file``)."""
+    from autotune.errors import ConfigError
+    from autotune.probe.calibration_file import read_calibration
+
+    try:
+        stat = path.stat()
+        key = (str(path), stat.st_mtime_ns, stat.st_size)
+    except OSError:
+        return read_calibration(path)  # says why in one line
+    if key not in _READ:
+        if len(_READ) > 256:
+            _READ.clear()
         try:
-            values = {phase: float(phases[phase]) for phase in ("train", "infer")}
-        except (KeyError, TypeError, ValueError):
-            return None
-        if any(not math.isfinite(v) or v < 0 for v in values.values()):
-            return None
-        out[str(template)] = values
-    return out
+            _READ[key] = read_calibration(path)
+        except ConfigError as exc:
+            _READ[key] = exc
+    found = _READ[key]
+    if isinstance(found, ConfigError):
+        raise ConfigError(str(found))
+    return found
 
 
-def find_calibration(gpu_name: str | None, dirs: Sequence[Path] | None = None) -> dict[str, Any] | None:
-    """The first readable calibration for ``gpu_name`` (see the module docstring), or None.
+def _say(line: str) -> None:
+    """Print ``line`` on stderr, once in this process."""
+    if line not in _SAID:
+        _SAID.add(line)
+        print(line, file=sys.stderr, flush=True)
 
-    Unreadable or malformed files are skipped (a calibration is an aid; the defaults stand in).
+
+@dataclass(frozen=True)
+class Lookup:
+    """What a search for a GPU's calibration found: the ``calibration`` used (None: none), and a line for each
+    file a person put in a searched folder that is not used, saying why (``notes``)."""
+
+    calibration: Calibration | None
+    notes: tuple[str, ...] = ()
+
+
+def _shipped(folder: Path) -> bool:
+    try:
+        return folder.resolve() == PACKAGE_DIR
+    except OSError:
+        return False
+
+
+def look_up(gpu_name: str | None, dirs: Sequence[Path] | None = None) -> Lookup:
+    """The calibration for ``gpu_name`` (see the module docstring) and why each other candidate is not used.
+
+    Every ``*.json`` in a searched folder is taken for a calibration. Up to the first match each is read and
+    checked: a malformed one that names this GPU, or names none (it may be this GPU's), is refused; a
+    malformed one that names another GPU is passed over with a warning (a broken file for another card does
+    not stop a run on this one). After the match, a file for the same GPU is shadowed (noted, not read).
+    Files the package ships for other GPUs are passed over without a note.
+
+    Raises:
+        ConfigError: the file that would be used, or one that may be this GPU's, is malformed (one line naming
+            it and the key).
     """
+    from autotune.errors import ConfigError
+    from autotune.probe.calibration_file import stated_gpu_name
+
     if not gpu_name:
-        return None
+        return Lookup(None)
+    chosen: Calibration | None = None
+    notes: list[str] = []
     for folder in dirs if dirs is not None else calibration_dirs():
         if not folder.is_dir():
             continue
+        shipped = _shipped(folder)
         for path in sorted(folder.glob("*.json")):
-            data = _read(path)
-            if data is not None and same_gpu(str(data["gpu_name"]), gpu_name):
-                return data
-    return None
+            if chosen is not None:
+                stated = stated_gpu_name(path)
+                if stated and same_gpu(stated, gpu_name):
+                    notes.append(f"note: calibration {path} is not used: {chosen.path} comes first (the first "
+                                 "match in the search order is used)")
+                continue
+            try:
+                found = _read(path)
+            except ConfigError as exc:
+                stated = stated_gpu_name(path)
+                if shipped or stated is None or same_gpu(stated, gpu_name):
+                    raise
+                notes.append(f"warning: {exc} (it names {stated}, not this device's {gpu_name}: not used)")
+                continue
+            if same_gpu(found.gpu_name, gpu_name):
+                chosen = found
+            elif not shipped:
+                notes.append(f"note: calibration {path} is not used: it is for {found.gpu_name}, not {gpu_name}")
+    return Lookup(chosen, tuple(notes))
+
+
+def find_calibration(gpu_name: str | None, dirs: Sequence[Path] | None = None) -> Calibration | None:
+    """The calibration for ``gpu_name`` (``look_up``), or None; each file passed over is said on stderr, once
+    in this process.
+
+    Raises:
+        ConfigError: the file that would be used, or one that may be this GPU's, is malformed.
+    """
+    found = look_up(gpu_name, dirs)
+    for line in found.notes:
+        _say(line)
+    return found.calibration
 
 
 def fit_allowance(points: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
@@ -186,6 +252,7 @@ def fit_allowance(points: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     workspace = math.ceil(workspace / _MIB) * _MIB
     slack = math.ceil(slack * 1e4 - 1e-6) / 1e4  # rounded up (never below the fit)
     over = max((e * (1.0 + slack) + workspace) / r - 1.0 for e, r in pts if r > 0) if any(r > 0 for _, r in pts) else 0.0
+    over = max(0.0, over)  # the fit covers every point: at most the byte of float slack below
     return {
         "context_bytes": int(math.ceil(max(contexts) / _MIB) * _MIB) if contexts else 0,
         "cudnn_workspace_bytes": int(workspace),
@@ -198,9 +265,13 @@ def fit_allowance(points: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
 def calibration_record(gpu: Mapping[str, Any], fit: Mapping[str, Any], points: Sequence[Mapping[str, Any]],
                        command: str, model: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The calibration file's content: the GPU and versions, the allowance (version 1's block), with
-    ``model`` the device model's calibrated part (version 2), the points, when and how."""
+    ``model`` the device model's calibrated part (version 2; 3 where it holds its domain and bounds), the
+    points, when and how."""
+    from autotune.probe.calibration_file import CALIBRATION_VERSION
+
+    version = 1 if model is None else CALIBRATION_VERSION if "domain" in model and "bounds" in model else 2
     record = {
-        "calibration_version": CALIBRATION_VERSION if model is not None else 1,
+        "calibration_version": version,
         "gpu_name": gpu.get("name"),
         "total_memory": gpu.get("total_memory"),
         "driver": gpu.get("driver"),
@@ -225,17 +296,19 @@ def calibration_filename(gpu_name: str) -> str:
 
 
 def write_calibration(folder: str | os.PathLike[str], record: Mapping[str, Any]) -> Path:
-    """Write ``record`` atomically as ``folder/<gpu-name>.json``; returns the path."""
-    return atomic_write_json(Path(folder) / calibration_filename(str(record["gpu_name"])), dict(record))
+    """Write ``record`` atomically as ``folder/<gpu-name>.json``, checked as it will be read; returns the path.
 
+    Raises:
+        ConfigError: the record is not a calibration this autotune reads (nothing is written).
+    """
+    import json
 
-def _bound_of(fit: Any) -> float | None:
-    """A fit block's ``max_over_prediction`` when it is a finite, non-negative number."""
-    try:
-        bound = float(fit["max_over_prediction"])
-    except (KeyError, TypeError, ValueError):
-        return None
-    return bound if math.isfinite(bound) and bound >= 0 else None
+    from autotune.probe.calibration_file import parse_calibration
+    from autotune.utils import plain_data
+
+    path = Path(folder) / calibration_filename(str(record["gpu_name"]))
+    parse_calibration(json.loads(json.dumps(plain_data(dict(record)))), str(path))
+    return atomic_write_json(path, dict(record))
 
 
 def stated_bound(device_name: str | None, dirs: Sequence[Path] | None = None,
@@ -245,18 +318,16 @@ def stated_bound(device_name: str | None, dirs: Sequence[Path] | None = None,
     calibration or it states no bound.
 
     Where the calibration also states a bound per template (``fit.by_template``, measured on that
-    template's points only) and ``template`` has one, that bound is returned (``scope`` says which)."""
+    template's points only) and ``template`` has one, that bound is returned (``scope`` says which).
+
+    Raises:
+        ConfigError: the calibration that would be used is malformed (``find_calibration``).
+    """
     found = find_calibration(device_name, dirs)
-    if found is None:
+    if found is None or found.fit is None or found.fit.max_over_prediction is None:
         return None
-    fit = found.get("fit") or {}
-    bound = _bound_of(fit)
-    if bound is None:
-        return None
-    scope = "all templates"
-    by_template = fit.get("by_template") if isinstance(fit.get("by_template"), dict) else {}
-    if template and isinstance(by_template.get(template), dict):
-        own = _bound_of(by_template[template])
-        if own is not None:
-            bound, scope = own, f"template {template}"
-    return {"bound": bound, "scope": scope, "calibration": Path(found["path"]).name, "gpu_name": found["gpu_name"]}
+    bound, scope = found.fit.max_over_prediction, "all templates"
+    own = found.fit.by_template.get(template) if template else None
+    if own is not None and own.max_over_prediction is not None:
+        bound, scope = own.max_over_prediction, f"template {template}"
+    return {"bound": bound, "scope": scope, "calibration": found.path.name, "gpu_name": found.gpu_name}

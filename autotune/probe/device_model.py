@@ -243,15 +243,16 @@ def estimate_on_device(bundle: Any, allowance: Any, point: Any = None, *, device
     are dropped."""
     from autotune.cuda_alloc import alloc_conf, expandable_segments
     from autotune.probe.allowances import apply_allowance
+    from autotune.probe.domain import as_bundle_config
     from autotune.probe.estimate import estimate
     from autotune.probe.runner import resolve_request
 
     cuda = str(device).startswith("cuda")
     factors, check = None, None
     if cuda:
-        cfg = resolve_request(bundle, check_device=False)["config"]
-        factors, check = allowance.factors_for(cfg, device)
-        template = template or str(cfg.get("algo"))
+        config = as_bundle_config(resolve_request(bundle, check_device=False)["config"])
+        factors, check = allowance.factors_for(config, device)
+        template = template or config.algo
     result = dict(estimate(bundle, point, device=device, record=factors is not None, **estimate_kwargs))
     if factors is not None:
         release, expandable = allowance.release_after_search, expandable_segments(alloc_conf())

@@ -21,9 +21,13 @@ import hashlib
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["DomainCheck", "bundle_domain", "domain_key", "fit_domain", "domain_check", "network_hash"]
+if TYPE_CHECKING:
+    from autotune.bundles.model import BundleConfig
+    from autotune.probe.calibration_file import DomainEntry
+
+__all__ = ["DomainCheck", "Place", "as_bundle_config", "bundle_domain", "domain_key", "fit_domain", "domain_check", "network_hash"]
 
 OWN_SOURCE = "autotune"  # the family name of autotune's own templates (``autotune.families.own``)
 
@@ -40,52 +44,86 @@ def domain_key(source: str, template: str) -> str:
     return f"{source}:{template}"
 
 
-def bundle_domain(cfg: Mapping[str, Any], device: str = "cuda:0") -> dict[str, Any]:
-    """What places a bundle (its view) against a calibration's domain: its template and source (the family), its
-    network's hash, its patch and validation volume sizes and the precision it computes in on ``device``."""
+@dataclass(frozen=True)
+class Place:
+    """What places a bundle against a calibration's domain (``bundle_domain``): its template and source (the
+    family), its network's hash, its patch and validation volume sizes and the precision it computes in."""
+
+    template: str
+    source: str
+    network_hash: str
+    roi_size: tuple[int, ...]
+    infer_volume_shape: tuple[int, ...] | None
+    precision: str
+
+    @property
+    def key(self) -> str:
+        """``source:template``."""
+        return domain_key(self.source, self.template)
+
+    def as_dict(self) -> dict[str, Any]:
+        """As plain data (a report's)."""
+        return {"template": self.template, "source": self.source, "network_hash": self.network_hash,
+                "roi_size": list(self.roi_size),
+                "infer_volume_shape": list(self.infer_volume_shape) if self.infer_volume_shape else None,
+                "precision": self.precision}
+
+
+def as_bundle_config(config: BundleConfig | Mapping[str, Any]) -> BundleConfig:
+    """``config`` as a ``BundleConfig``: a probe request's ``config`` (the bundle's view with the tunables'
+    values in it, ``autotune.probe.runner.resolve_request``) is checked into one.
+
+    Raises:
+        ConfigError: the view is not a bundle config autotune reads.
+    """
+    from autotune.bundles.model import BundleConfig
+
+    if isinstance(config, BundleConfig):
+        return config
+    view = dict(config)
+    return BundleConfig.parse(view, str(view.get("bundle_root") or "bundle config"))
+
+
+def bundle_domain(config: BundleConfig, device: str = "cuda:0") -> Place:
+    """Where a bundle (its ``config``) lies: its template and source (the family), its network's hash, its patch
+    and validation volume sizes and the precision it computes in on ``device``."""
     from autotune.families import family_for
     from autotune.precision import resolve_precision
 
-    family = family_for(cfg)
-    volume = cfg.get("infer_volume_shape")
-    return {
-        "template": str(cfg.get("algo")),
-        "source": str(family.name),
-        "network_hash": network_hash(cfg.get("network")),
-        "roi_size": [int(v) for v in cfg.get("roi_size") or []],
-        "infer_volume_shape": [int(v) for v in volume] if volume else None,
-        "precision": resolve_precision(bool(cfg.get("amp", False)), device).name,
-    }
+    volume = config.infer_volume_shape
+    return Place(template=config.algo, source=str(family_for(config).name),
+                 network_hash=network_hash(config.network.as_dict()), roi_size=tuple(config.roi_size),
+                 infer_volume_shape=tuple(volume) if volume else None,
+                 precision=resolve_precision(config.amp, device).name)
 
 
-def fit_domain(entries: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
-    """The domain of a fit from its points: each entry a ``bundle_domain`` with the point's ``n`` and ``m``.
-    Returns ``{"source:template": {template, source, network_hash, roi_sizes, infer_volume_shapes, precision,
-    phases, n, m}}``.
+def fit_domain(points: Iterable[tuple[Place, int | None, int | None]]) -> dict[str, dict[str, Any]]:
+    """The domain of a fit from its points, each ``(place, n, m)``, as a calibration file holds it
+    (``model.domain``): ``{"source:template": {template, source, network_hash, roi_sizes, infer_volume_shapes,
+    precision, phases, n, m}}``.
 
     Raises:
         ValueError: two points of one template with different networks or precisions (one fit cannot span
             them: calibrate them as separate templates).
     """
     out: dict[str, dict[str, Any]] = {}
-    for entry in entries:
-        key = domain_key(entry["source"], entry["template"])
-        known = out.get(key)
+    for place, n, m in points:
+        known = out.get(place.key)
         if known is None:
-            known = out[key] = {"template": entry["template"], "source": entry["source"],
-                                "network_hash": entry["network_hash"], "precision": entry["precision"],
-                                "roi_sizes": [], "infer_volume_shapes": [], "phases": ["train", "infer"],
-                                "n": [], "m": []}
+            known = out[place.key] = {"template": place.template, "source": place.source,
+                                      "network_hash": place.network_hash, "precision": place.precision,
+                                      "roi_sizes": [], "infer_volume_shapes": [], "phases": ["train", "infer"],
+                                      "n": [], "m": []}
         for field in ("network_hash", "precision"):
-            if known[field] != entry[field]:
-                raise ValueError(f"the points of {key} differ in {field} ({known[field]} against {entry[field]}): "
-                                 "one fit cannot span them")
-        for field, value in (("roi_sizes", entry.get("roi_size")), ("infer_volume_shapes", entry.get("infer_volume_shape"))):
+            if known[field] != getattr(place, field):
+                raise ValueError(f"the points of {place.key} differ in {field} ({known[field]} against "
+                                 f"{getattr(place, field)}): one fit cannot span them")
+        for field, value in (("roi_sizes", place.roi_size), ("infer_volume_shapes", place.infer_volume_shape)):
             if value and list(value) not in known[field]:
                 known[field].append([int(v) for v in value])
-        for field in ("n", "m"):
-            if entry.get(field) is not None and int(entry[field]) not in known[field]:
-                known[field] = sorted({*known[field], int(entry[field])})
+        for field, value in (("n", n), ("m", m)):
+            if value is not None and int(value) not in known[field]:
+                known[field] = sorted({*known[field], int(value)})
     return out
 
 
@@ -99,43 +137,39 @@ class DomainCheck:
     why: str
 
 
-def _legacy_domain(factors: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    """A calibration without a recorded domain: its factors' templates, as autotune's own, nothing else known."""
-    return {domain_key(OWN_SOURCE, t): {"template": t, "source": OWN_SOURCE, "legacy": True} for t in factors}
-
-
-def domain_check(domain: Mapping[str, Mapping[str, Any]] | None, factors: Mapping[str, Any] | None,
-                 bundle: Mapping[str, Any]) -> DomainCheck:
-    """Hold ``bundle`` (a ``bundle_domain``) against a calibration's ``domain`` (``fit_domain``; None: a file
-    from before domains were recorded, read by ``factors``' template names as autotune's own). The batch sizes
-    are not part of the domain: how a fit carries to other batch sizes of its network is what
-    leave-one-scale-out validates, and its bound applies."""
+def domain_check(domain: Mapping[str, DomainEntry] | None, factors: Mapping[str, Any] | None,
+                 place: Place) -> DomainCheck:
+    """Hold ``place`` (``bundle_domain``) against a calibration's checked ``domain`` (None: a file from before
+    domains were recorded, read by ``factors``' template names as autotune's own). The batch sizes are not part
+    of the domain: how a fit carries to other batch sizes of its network is what leave-one-scale-out validates,
+    and its bound applies."""
     if not factors:
         return DomainCheck(False, None, "the calibration has no device model")
-    domains = dict(domain) if domain else _legacy_domain(factors)
-    key = domain_key(bundle["source"], bundle["template"])
-    own = domains.get(key)
-    if own is None or bundle["template"] not in factors:
-        fitted = ", ".join(sorted(domains)) or "nothing"
+    key = place.key
+    if domain is None:  # before domains: autotune's own templates by name, nothing else known
+        if place.source == OWN_SOURCE and place.template in factors:
+            return DomainCheck(True, key, f"{key} by name (the calibration records no domain: written before they "
+                                          "were)")
+        fitted = ", ".join(sorted(domain_key(OWN_SOURCE, t) for t in factors)) or "nothing"
         return DomainCheck(False, None, f"{key} is not among the templates the fit was measured on ({fitted})")
-    if own.get("legacy"):
-        return DomainCheck(True, key, f"{key} by name (the calibration records no domain: written before they were)")
+    own = domain.get(key)
+    if own is None or place.template not in factors:
+        fitted = ", ".join(sorted(domain)) or "nothing"
+        return DomainCheck(False, None, f"{key} is not among the templates the fit was measured on ({fitted})")
     checks = (
-        ("network_hash", bundle["network_hash"] == own.get("network_hash"),
-         f"its network ({bundle['network_hash']}) is not the one fitted ({own.get('network_hash')})"),
-        ("precision", bundle["precision"] == own.get("precision"),
-         f"it computes in {bundle['precision']}, the fit in {own.get('precision')}"),
-        ("roi_size", list(bundle["roi_size"]) in [list(r) for r in own.get("roi_sizes") or []],
-         f"its patch {_shape(bundle['roi_size'])} is not one fitted ({_shapes(own.get('roi_sizes'))})"),
-        ("infer_volume_shape", bundle.get("infer_volume_shape") is None
-         or list(bundle["infer_volume_shape"]) in [list(v) for v in own.get("infer_volume_shapes") or []],
-         f"its validation volume {_shape(bundle.get('infer_volume_shape'))} is not one fitted "
-         f"({_shapes(own.get('infer_volume_shapes'))})"),
+        (place.network_hash == own.network_hash,
+         f"its network ({place.network_hash}) is not the one fitted ({own.network_hash})"),
+        (place.precision == own.precision, f"it computes in {place.precision}, the fit in {own.precision}"),
+        (list(place.roi_size) in own.roi_sizes,
+         f"its patch {_shape(place.roi_size)} is not one fitted ({_shapes(own.roi_sizes)})"),
+        (place.infer_volume_shape is None or list(place.infer_volume_shape) in own.infer_volume_shapes,
+         f"its validation volume {_shape(place.infer_volume_shape)} is not one fitted "
+         f"({_shapes(own.infer_volume_shapes)})"),
     )
-    for _, ok, why in checks:
+    for ok, why in checks:
         if not ok:
             return DomainCheck(False, key, f"{key}: {why}")
-    return DomainCheck(True, key, f"{key}, its network, patch {_shape(bundle['roi_size'])} and {bundle['precision']} "
+    return DomainCheck(True, key, f"{key}, its network, patch {_shape(place.roi_size)} and {place.precision} "
                                   "as fitted")
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import optuna
 import pytest
 
+from autotune.errors import ConfigError
 from autotune.probe.allowances import allowance_for, default_allowance, is_calibrated
 from autotune.probe.calibration import (
     calibration_filename,
@@ -85,25 +86,49 @@ def _write(folder: Path, name: str, slack: float = 0.07) -> Path:
     return write_calibration(folder, record)
 
 
-def test_find_calibration_matches_names_and_skips_bad_files(tmp_path: Path) -> None:
+def test_find_calibration_matches_names_and_refuses_bad_files(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     path = _write(tmp_path, H100)
     assert path.name == calibration_filename(H100) == "nvidia-h100-80gb-hbm3.json"
-    (tmp_path / "broken.json").write_text("{not json")
-    (tmp_path / "a-negative.json").write_text(json.dumps(
-        {"gpu_name": H100, "allowance": {"context_bytes": -1, "cudnn_workspace_bytes": 0,
-                                         "allocator_slack_fraction": 0}}))
     found = find_calibration("NVIDIA H100 80GB", dirs=[tmp_path])
-    assert found is not None and found["path"] == str(path)
-    assert found["allowance"]["allocator_slack_fraction"] == 0.07
-    assert find_calibration("NVIDIA A100 80GB", dirs=[tmp_path]) is None
+    assert found is not None and found.path == path and found.version == 1
+    assert found.allowance.allocator_slack_fraction == 0.07
     assert find_calibration(None, dirs=[tmp_path]) is None
+    # a broken file that names no GPU may be this GPU's: refused, naming it (sorted before the good one)
+    broken = tmp_path / "a-broken.json"
+    broken.write_text("{not json")
+    with pytest.raises(ConfigError, match=r"a-broken\.json: not JSON"):
+        find_calibration(H100, dirs=[tmp_path])
+    broken.unlink()
+    # a malformed file for this GPU: refused naming the file and the key, never skipped
+    negative = tmp_path / "a-negative.json"
+    negative.write_text(json.dumps({"gpu_name": H100, "allowance": {
+        "context_bytes": -1, "cudnn_workspace_bytes": 0, "allocator_slack_fraction": 0}}))
+    with pytest.raises(ConfigError, match=r"a-negative\.json: key 'allowance\.context_bytes': got -1"):
+        find_calibration("NVIDIA H100 80GB", dirs=[tmp_path])
+    # ... for another GPU: passed over, with a warning that names it and the key
+    negative.write_text(negative.read_text().replace(H100, "NVIDIA A100 80GB"))
+    capsys.readouterr()
+    assert find_calibration(H100, dirs=[tmp_path]).path == path
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"warning: {negative}: key 'allowance.context_bytes'")
+    assert "NVIDIA A100 80GB" in err[0] and "not used" in err[0]
+    # a good file for another GPU in a user's folder: said once, not used
+    other = _write(tmp_path / "more", "NVIDIA A100 80GB")
+    assert find_calibration(H100, dirs=[tmp_path / "more"]) is None
+    assert find_calibration(H100, dirs=[tmp_path / "more"]) is None
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"note: calibration {other} is not used: it is for NVIDIA A100 80GB, not {H100}"]
 
 
-def test_first_folder_wins(tmp_path: Path) -> None:
+def test_first_folder_wins(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     user, shipped = tmp_path / "user", tmp_path / "shipped"
-    _write(user, H100, slack=0.01)
-    _write(shipped, H100, slack=0.2)
-    assert find_calibration(H100, dirs=[user, shipped])["allowance"]["allocator_slack_fraction"] == 0.01
+    first = _write(user, H100, slack=0.01)
+    shadowed = _write(shipped, H100, slack=0.2)
+    (shipped / "zz-broken.json").write_text(json.dumps({"gpu_name": H100}))  # shadowed: not read
+    assert find_calibration(H100, dirs=[user, shipped]).allowance.allocator_slack_fraction == 0.01
+    err = capsys.readouterr().err
+    assert f"note: calibration {shadowed} is not used: {first} comes first" in err
+    assert f"calibration {shipped / 'zz-broken.json'} is not used" in err
 
 
 def test_allowance_for_uses_a_calibration(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -112,7 +137,8 @@ def test_allowance_for_uses_a_calibration(tmp_path: Path, monkeypatch: pytest.Mo
     calibrated = allowance_for("cuda:0", gpu_name=H100)
     assert is_calibrated(calibrated)
     assert (calibrated.context_bytes, calibrated.cudnn_workspace_bytes) == (480 * MiB, 64 * MiB)
-    assert "nvidia-h100-80gb-hbm3.json" in calibrated.source and "torch 2.11.0" in calibrated.source
+    # the provenance names the file used, with its folder (a user's), and the versions it was measured with
+    assert str(tmp_path / "nvidia-h100-80gb-hbm3.json") in calibrated.source and "torch 2.11.0" in calibrated.source
     assert allowance_for("cuda:0", gpu_name="Some Other GPU") == default_allowance()
     assert not is_calibrated(default_allowance())
     assert allowance_for("cpu", gpu_name=H100).context_bytes == 0

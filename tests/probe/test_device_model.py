@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from autotune.errors import ConfigError
 from autotune.probe.allocator import LARGE_BUFFER, SMALL_BUFFER, Allocator, round_size, segment_size
 from autotune.probe.device_model import predict_reserved, simulate
 from autotune.probe.model_fit import ModelPoint, error_summary, leave_one_out, point_factors
@@ -129,7 +130,8 @@ def test_a_version_2_calibration_gives_the_device_model_and_version_1_still_load
     bad = json.loads((tmp_path / "nvidia-x1.json").read_text())
     bad["model"]["workspace"]["unet"]["train"] = -1
     (tmp_path / "nvidia-x1.json").write_text(json.dumps(bad))
-    assert find_calibration("NVIDIA X1", dirs=[tmp_path]) is None  # an unreadable model: skipped
+    with pytest.raises(ConfigError, match=r"nvidia-x1\.json: key 'model\.workspace\.unet\.train': got -1"):
+        find_calibration("NVIDIA X1", dirs=[tmp_path])  # a malformed model: refused, never skipped
     # a GPU without a calibration: the device model with the shipped reference's factors, not called calibrated
     reference = default_allowance()
     assert reference.factors("unet") and not is_calibrated(reference) and "not measured on this GPU" in reference.source

@@ -5,20 +5,22 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from test_device_model import _point, _v2
 
+from autotune.errors import ConfigError
 from autotune.probe.allowances import CudaAllowance
-from autotune.probe.domain import bundle_domain, domain_check, fit_domain
+from autotune.probe.domain import bundle_domain, domain_check, fit_domain, network_hash
 
 MiB = 1 << 20
 FACTORS = {"unet": {"train": 4.0, "infer": 3.0}, "dints": {"train": 2.0, "infer": 1.0}}
 
 
 @pytest.fixture(scope="module")
-def unet_cfg(tmp_path_factory: pytest.TempPathFactory) -> dict:
+def unet_cfg(tmp_path_factory: pytest.TempPathFactory):
     from probe_fixtures import shared_tiny_bundles
 
     from autotune.bundles.config import load_bundle_config
@@ -26,40 +28,48 @@ def unet_cfg(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return load_bundle_config(shared_tiny_bundles(tmp_path_factory)["unet"])
 
 
-def test_a_bundle_is_inside_only_where_the_fit_measured_it(unet_cfg: dict) -> None:
+def _typed(domain: dict) -> dict:
+    """A file's ``model.domain`` block, checked as a calibration's is."""
+    return CudaAllowance(workspace_factors=FACTORS, domain=domain).fitted.domain
+
+
+def test_a_bundle_is_inside_only_where_the_fit_measured_it(unet_cfg) -> None:
     own = bundle_domain(unet_cfg, "cuda:0")
-    assert own["source"] == "autotune" and own["precision"] in ("fp16", "fp32") and len(own["network_hash"]) == 16
-    domain = fit_domain([{**own, "n": 1, "m": 2}, {**own, "n": 4, "m": 8}])
-    entry = domain["autotune:unet"]
-    assert entry["n"] == [1, 4] and entry["roi_sizes"] == [own["roi_size"]] and entry["phases"] == ["train", "infer"]
+    assert own.source == "autotune" and own.precision in ("fp16", "fp32") and len(own.network_hash) == 16
+    assert own.network_hash == network_hash(unet_cfg.view["network"])  # the typed section hashes as the view did
+    plain = fit_domain([(own, 1, 2), (own, 4, 8)])
+    entry = plain["autotune:unet"]
+    assert entry["n"] == [1, 4] and entry["roi_sizes"] == [list(own.roi_size)] and entry["phases"] == ["train", "infer"]
+    domain = _typed(plain)
     assert domain_check(domain, FACTORS, own).inside
-    other_patch = {**own, "roi_size": [v * 2 for v in own["roi_size"]]}
+    other_patch = replace(own, roi_size=tuple(v * 2 for v in own.roi_size))
     check = domain_check(domain, FACTORS, other_patch)
     assert not check.inside and "patch" in check.why
-    other_network = {**own, "network_hash": "0" * 16}
+    other_network = replace(own, network_hash="0" * 16)
     assert "network" in domain_check(domain, FACTORS, other_network).why
-    other_precision = {**own, "precision": "bf16" if own["precision"] != "bf16" else "fp32"}
+    other_precision = replace(own, precision="bf16" if own.precision != "bf16" else "fp32")
     assert not domain_check(domain, FACTORS, other_precision).inside
     # MONAI's template of the same name is another network: never held by our fit, nor by a name-only file
-    monai = {**own, "source": "monai"}
+    monai = replace(own, source="monai")
     for fitted in (domain, None):
         check = domain_check(fitted, FACTORS, monai)
         assert not check.inside and "monai:unet is not among" in check.why
     assert domain_check(None, FACTORS, own).inside  # a version-2 file: autotune's own templates by name
 
 
-def test_the_allowance_uses_the_fit_inside_and_the_allocator_outside(unet_cfg: dict) -> None:
+def test_the_allowance_uses_the_fit_inside_and_the_allocator_outside(unet_cfg) -> None:
     own = bundle_domain(unet_cfg, "cuda:0")
     bounds = {"in_domain": {"max_over": 0.1, "max_under": -0.05, "by_template": {"unet": {"max_over": 0.02,
                                                                                           "max_under": -0.01}}},
               "out_of_domain": {"max_over": 0.0, "max_under": -0.5, "by_phase": {"train": {"max_under": -0.25}}}}
-    allowance = CudaAllowance(workspace_factors=FACTORS, domain=fit_domain([{**own, "n": 1, "m": 1}]), bounds=bounds)
+    allowance = CudaAllowance(workspace_factors=FACTORS, domain=fit_domain([(own, 1, 1)]), bounds=bounds)
     factors, check = allowance.factors_for(unet_cfg)
     assert check.inside and factors == FACTORS["unet"]
     assert allowance.bound_for(check, "unet")["max_over"] == 0.02  # the template's own out-of-sample bound
-    moved = {**unet_cfg, "roi_size": [v + 16 for v in unet_cfg["roi_size"]]}
+    moved = unet_cfg.with_values(roi_size=[v + 16 for v in unet_cfg.roi_size])
     factors, check = allowance.factors_for(moved)
     assert not check.inside and factors == {"train": 0.0, "infer": 0.0}
+    assert allowance.factors_for(moved.as_view())[1] == check  # a probe request's view: checked into a config
     bound = allowance.bound_for(check, "unet")
     assert bound["situation"] == "out_of_domain" and bound["max_under"] == -0.5
     assert allowance.plan_scale(check, "unet", "train") == pytest.approx(1 / 0.75)  # its phase's own bound
@@ -67,6 +77,8 @@ def test_the_allowance_uses_the_fit_inside_and_the_allocator_outside(unet_cfg: d
     # an unknown template by name: no other template's factor (the largest over-predicted by up to 148%)
     assert allowance.factors("swinunetr") == {"train": 0.0, "infer": 0.0}
     assert CudaAllowance().factors_for(unet_cfg) == (None, None)  # version 1: no device model
+    with pytest.raises(ConfigError, match=r"^allowances: key 'bounds\.in_domain\.max_under': got 0\.5"):
+        CudaAllowance(workspace_factors=FACTORS, bounds={"in_domain": {"max_over": 0.1, "max_under": 0.5}})
 
 
 def test_explain_adds_the_terms_up_to_the_estimate(tmp_path_factory: pytest.TempPathFactory,

@@ -12,6 +12,7 @@ import pytest
 from autotune import BundleGen
 from autotune.bundles.templates import load_overrides
 from autotune.data.analyze import analyze
+from autotune.errors import ConfigError
 from autotune.probe.calibration import PACKAGE_DIR, stated_bound
 from autotune.stages import tune
 from benchmarks.calibrate_cpu import bound_of, by_template
@@ -51,8 +52,12 @@ def test_a_template_bound_replaces_the_overall_one_only_for_that_template(tmp_pa
               "fit": {"max_over_prediction": 0.03, "by_template": {"unet": {"max_over_prediction": 0.0},
                                                                     "dints": {"max_over_prediction": "bad"}}}}
     (tmp_path / "cpu.json").write_text(json.dumps(record))
+    with pytest.raises(ConfigError, match=r"cpu\.json: key 'fit\.by_template\.dints\.max_over_prediction'"):
+        stated_bound("cpu", [tmp_path], template="unet")  # a malformed bound: the file is refused, never half-read
+    record["fit"]["by_template"].pop("dints")
+    (tmp_path / "cpu.json").write_text(json.dumps(record))
     assert stated_bound("cpu", [tmp_path], template="unet")["bound"] == 0.0
-    assert stated_bound("cpu", [tmp_path], template="dints")["bound"] == 0.03  # malformed: the overall bound
+    assert stated_bound("cpu", [tmp_path], template="dints")["bound"] == 0.03  # none of its own: the overall bound
     assert stated_bound("cpu", [tmp_path], template="segresnet")["scope"] == "all templates"
     record["fit"] = {"by_template": {"unet": {"max_over_prediction": 0.0}}}  # no overall bound: none at all
     (tmp_path / "cpu.json").write_text(json.dumps(record))
