@@ -45,6 +45,8 @@ __all__ = [
     "check_creatable",
     "tensor_bytes",
     "fsync_folder",
+    "in_the_way",
+    "IN_THE_WAY_FIX",
 ]
 
 # The errors by which a host refuses a write, with the words the one line uses.
@@ -57,6 +59,7 @@ HOST_REFUSALS = {
 # What torch's zip writer says when a write under it failed (the OSError is lost on a path target).
 _TORCH_WRITE_FAILURES = ("inline_container", "unexpected pos", "PytorchStreamWriter failed", "file write failed")
 _NEARLY_FULL_BYTES = 1 << 20  # below this much free space a failed torch write counts as a full disk
+IN_THE_WAY_FIX = "move it away (or write elsewhere)"  # what to do when a folder stands where a file goes
 
 
 class _RecordingFile:
@@ -210,6 +213,22 @@ def _temp_beside(path: Path) -> Path:
             continue
 
 
+def in_the_way(path: Path) -> str:
+    """What stands where ``path`` is to be written, in words: a folder in its place, or a file in place of one
+    of its folders; '' when nothing does (a symlink in its place is replaced, as any file)."""
+    if path.is_dir() and not path.is_symlink():
+        return "a folder is in its place"
+    for parent in path.parents:
+        if parent.exists():
+            return "" if parent.is_dir() else f"{parent} is a file, not a folder"
+    return ""
+
+
+def _blocked(what: str, path: Path, reason: str) -> HostWriteError:
+    return HostWriteError(what=what, path=str(path), reason=reason,
+                          then=f"{IN_THE_WAY_FIX}, then run the same command again")
+
+
 def _commit(tmp: Path, path: Path) -> None:
     os.replace(tmp, path)
     fsync_folder(path.parent)
@@ -221,14 +240,20 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[Any], None], *, 
     flushed, fsync'd and renamed over ``path``; the folder is fsync'd. Returns ``path``.
 
     Raises:
-        HostWriteError: the host refused the write (the temp file is gone, the old file intact).
+        HostWriteError: the host refused the write, or a folder stands where the file goes (the temp file is
+            gone, the old file intact).
     """
     path = Path(path)
+    reason = in_the_way(path)
+    if reason:
+        raise _blocked(what, path, reason)
     try:
         tmp = _temp_beside(path)
     except OSError as exc:
         if exc.errno in HOST_REFUSALS:
             raise refused(exc, what, path, needed_bytes) from exc
+        if isinstance(exc, (NotADirectoryError, FileExistsError)):  # a file took a folder's place meanwhile
+            raise _blocked(what, path, in_the_way(path) or str(exc)) from exc
         raise
     recorder: _RecordingFile | None = None
     try:
@@ -240,6 +265,8 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[Any], None], *, 
         _commit(tmp, path)
     except BaseException as exc:
         tmp.unlink(missing_ok=True)
+        if isinstance(exc, (IsADirectoryError, NotADirectoryError)):  # a folder took the file's place meanwhile
+            raise _blocked(what, path, in_the_way(path) or str(exc)) from exc
         cause = (recorder.error if recorder is not None else None) or host_refusal(exc)
         if isinstance(exc, Exception) and cause is not None and cause.errno in HOST_REFUSALS:
             raise refused(cause, what, path, needed_bytes) from exc

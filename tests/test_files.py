@@ -116,3 +116,28 @@ def test_torchs_writer_error_on_a_nearly_full_disk_counts_as_full(tmp_path: Path
     monkeypatch.setattr(files.shutil, "disk_usage", lambda path: Usage(100, 100, 4096))
     assert files.host_refusal(error, (tmp_path,)).errno == errno.ENOSPC
     assert files.host_refusal(RuntimeError("shape mismatch"), (tmp_path,)) is None
+
+
+def test_a_folder_in_the_files_place_is_one_line_and_changes_nothing(tmp_path: Path) -> None:
+    (tmp_path / "last.pt").mkdir()
+    (tmp_path / "last.pt" / "inside").write_text("kept")
+    (tmp_path / "afile").write_text("kept")
+    for target, reason in ((tmp_path / "last.pt", "a folder is in its place"),
+                           (tmp_path / "afile" / "x.json", f"{tmp_path / 'afile'} is a file, not a folder")):
+        with pytest.raises(HostWriteError) as caught:
+            files.atomic_write_text(target, "new", what="the checkpoint")
+        assert str(caught.value) == (f"cannot write the checkpoint {target}: {reason}; kept: nothing; move it away "
+                                     "(or write elsewhere), then run the same command again")
+    assert (tmp_path / "last.pt" / "inside").read_text() == "kept" and (tmp_path / "afile").read_text() == "kept"
+    assert _temps(tmp_path) == [] and sorted(p.name for p in tmp_path.iterdir()) == ["afile", "last.pt"]
+
+
+def test_a_folder_that_takes_the_files_place_meanwhile_is_one_line(tmp_path: Path) -> None:
+    target = tmp_path / "last.pt"
+
+    def meanwhile(handle: object) -> None:
+        target.mkdir()  # after the check, before the rename
+
+    with pytest.raises(HostWriteError, match="a folder is in its place; kept: nothing; move it away"):
+        files.atomic_write(target, meanwhile, what="the checkpoint")
+    assert _temps(tmp_path) == [] and target.is_dir()

@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import HostWriteError, TrainingDiverged, TrainingStopped
-from autotune.files import host_refusal, refused
+from autotune.files import IN_THE_WAY_FIX, host_refusal, refused
 from autotune.finite import NonFiniteSteps
 
-__all__ = ["continue_command", "holds", "stop_error", "write_refusal", "kept_files", "with_kept", "skipped",
-           "overflowed", "diverged_error", "run_diverged", "run_fault"]
+__all__ = ["continue_command", "holds", "stop_error", "write_refusal", "kept_files", "with_kept", "continue_from",
+           "skipped", "overflowed", "diverged_error", "run_diverged", "run_fault"]
 
 
 def continue_command(bundle_root: str, total_epochs: int, mode: str, world_size: int, resume: bool = True,
@@ -73,8 +73,17 @@ def kept_files(out: Path, kept: str, best_saved: int) -> str:
 
 def with_kept(refusal: HostWriteError, out: Path, kept: str, best_saved: int, command: str) -> HostWriteError:
     """``refusal`` naming the checkpoints kept in ``out`` (see ``kept_files``) and ``command``, to run once
-    space is freed."""
-    return refusal.with_outcome(kept=kept_files(out, kept, best_saved), then=f"free space, then run '{command}'")
+    space is freed (or the folder in the file's way moved)."""
+    fix = IN_THE_WAY_FIX if refusal.then.startswith(IN_THE_WAY_FIX) else "free space"
+    return refusal.with_outcome(kept=kept_files(out, kept, best_saved), then=f"{fix}, then run '{command}'")
+
+
+def continue_from(run: Any) -> str:
+    """What a line that ends a ``TrainingRun`` says to continue it: ``last.pt`` and what it holds with the
+    ``--resume`` command when a checkpoint was written, else that none was and the command that starts again."""
+    if run.kept:
+        return f"{run.out / 'last.pt'} holds {run.kept}; continue with '{run.continue_command()}'"
+    return f"no checkpoint was written; start again with '{run.continue_command(resume=False)}'"
 
 
 def skipped(exc: NonFiniteSteps, steps_per_epoch: int, world_size: int) -> str:
@@ -126,7 +135,7 @@ def run_fault(run: Any, exc: Exception) -> Exception | None:
         return None
     if isinstance(exc, NonFiniteSteps):
         return run_diverged(run, skipped(exc, run.steps_per_epoch, run.ctx.world_size))
-    oom = out_of_memory_error(exc, run.config, run.memory_limit, run.memory.phase, run.epoch, run.out / "last.pt")
+    oom = out_of_memory_error(exc, run.config, run.memory_limit, run.memory.phase, run.epoch, continue_from(run))
     refusal = write_refusal(exc, run.data.opts.cache_dir) if oom is None else None
     if refusal is None:
         return oom

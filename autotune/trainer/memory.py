@@ -58,10 +58,11 @@ def alloc_conf_warning(plan: Any, device: str) -> str | None:
 
 
 def out_of_memory_error(exc: BaseException, config: BundleConfig, limit: int | None, phase: str, epoch: int,
-                        last_checkpoint: Any) -> Exception | None:
-    """``TrainingOutOfMemory`` (one line, what was tried, what to do) when ``exc`` is an out-of-memory error in
-    ``phase`` of ``epoch``, else None. ``exc.tried`` (``autotune.trainer.fallback.StepDownsExhausted``) says
-    which step-downs failed too."""
+                        then: str) -> Exception | None:
+    """``TrainingOutOfMemory`` (one line, what was tried, what to do, ending with ``then``: the checkpoint kept
+    and the command that continues, ``autotune.trainer.faults.continue_from``) when ``exc`` is an out-of-memory
+    error in ``phase`` of ``epoch``, else None. ``exc.tried`` (``autotune.trainer.fallback.StepDownsExhausted``)
+    says which step-downs failed too."""
     from autotune.errors import TrainingOutOfMemory
     from autotune.probe.memory import is_oom_error
 
@@ -74,8 +75,7 @@ def out_of_memory_error(exc: BaseException, config: BundleConfig, limit: int | N
             f"{tuned.num_patches_per_iter} patches per pass, sw batch {tuned.num_sw_batch_size}")
     return TrainingOutOfMemory(
         f"{config.bundle_root}: out of memory in {phase} of epoch {epoch} under {under} ({what}); "
-        f"run 'autotune tune' again at this limit or lower num_patches_per_iter; {last_checkpoint} "
-        f"holds epoch {epoch - 1}, continue with --resume")
+        f"run 'autotune tune' again at this limit or lower num_patches_per_iter; {then}")
 
 
 class PhaseMemory:

@@ -81,13 +81,18 @@ def train(
             to this budget from measured time and the run ends within it (``autotune.trainer.budget``);
             with ``epochs`` it is only a stop, checked at epoch ends.
         val_every: validate every K epochs (default ``num_epochs_per_validation``).
-        resume: continue from ``last.pt`` (starts fresh, with a warning, when there is none).
+        resume: continue from ``last.pt`` (starts fresh, with a warning, when there is none); it is checked
+            before anything is written, and one that cannot be read is refused.
         mode: ``fast`` (cache, thread loader, AMP, template recipe) or ``regular`` (the seed's baseline).
         nproc: processes for DistributedDataParallel (ignored when started by torchrun).
         progress: show progress bars and one line per epoch.
 
+    Only one run of a bundle's fold trains at a time: the model folder's lock (``autotune.trainer.lock``) is held
+    from before the first write to the end; a second run is refused.
+
     Raises:
-        ConfigError: a bad bundle or checkpoint. SpecError: bad arguments or device.
+        ConfigError: a bad bundle or checkpoint; another run of the bundle is training. SpecError: bad arguments
+            or device.
         DataError / InputError: unusable data.
     """
     from autotune.bundles.config import load_bundle_config
@@ -105,17 +110,38 @@ def train(
     limit = training_limit(config, device, memory_limit)
     kwargs = dict(bundle=str(bundle), device=device, epochs=epochs, max_time=max_time, val_every=val_every,
                   resume=resume, mode=mode, progress=progress, memory_limit=limit)
-    if nproc > 1 and int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-        from autotune.trainer.ddp import spawn
-        from autotune.trainer.infer import model_dir
+    return _train_holding_the_lock(bundle, config, nproc, kwargs)
 
-        summary = model_dir(config) / "train_summary.json"
-        before = _stamp(summary)
-        spawn(run_worker, nproc, kwargs)
-        if _stamp(summary) == before:  # rank 0 writes it last; an old one is not this run's
-            raise ConfigError(f"{summary}: the training processes ended without writing their summary")
-        return read_json(summary, ConfigError)
-    return run_worker(**kwargs)
+
+def _train_holding_the_lock(bundle: str | os.PathLike[str], config: BundleConfig, nproc: int, kwargs: dict[str, Any]
+                            ) -> dict[str, Any]:
+    """Train (``run_worker`` here, or in ``nproc`` spawned ranks) holding the lock of the bundle's model folder
+    (``autotune.trainer.lock``), having checked, before anything is written, the checkpoint ``--resume`` continues
+    from and that no folder stands where an output goes. Returns the run's summary.
+
+    Raises:
+        ConfigError: another run holds the lock; the checkpoint or an output's place is refused; the spawned ranks
+            ended without writing their summary.
+    """
+    from autotune.trainer.checkpoint import check_outputs, check_resume
+    from autotune.trainer.infer import model_dir
+    from autotune.trainer.lock import training_lock
+
+    out = model_dir(config)
+    with training_lock(out, str(bundle)):
+        if kwargs["resume"]:
+            check_resume(out / "last.pt", kwargs["mode"], config)
+        check_outputs(out)
+        if nproc > 1 and int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+            from autotune.trainer.ddp import spawn
+
+            summary = out / "train_summary.json"
+            before = _stamp(summary)
+            spawn(run_worker, nproc, kwargs)
+            if _stamp(summary) == before:  # rank 0 writes it last; an old one is not this run's
+                raise ConfigError(f"{summary}: the training processes ended without writing their summary")
+            return read_json(summary, ConfigError)
+        return run_worker(**kwargs)
 
 
 def _stamp(path: Any) -> tuple[int, int] | None:

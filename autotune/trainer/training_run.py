@@ -124,7 +124,7 @@ class TrainingRun:
     def checkpoint(self, epoch: int, partial: dict[str, Any] | None = None) -> dict[str, Any]:
         """The checkpoint after ``epoch`` (and ``partial``: how far the next epoch got)."""
         state = checkpoint_state(self.state_parts(), self.state, epoch, mode=self.mode, elapsed_s=self.elapsed(),
-                                 total_steps=self.total_epochs * self.steps_per_epoch, cfg=self.config,
+                                 total_steps=self.total_epochs * self.steps_per_epoch, config=self.config,
                                  partial=partial)
         return {**state, "memory_fallbacks": self.fallbacks.state()}
 
@@ -350,6 +350,7 @@ class TrainingRun:
         failed, signum = all_ranks_max(self.ctx, [int(failure is not None), self.stop.signum or 0])
         if failed:
             raise failure or HostWriteError("rank 0 could not write the epoch's outputs (see its line)")
+        self.kept = holds(row["epoch"], None, len(self.parts.train_loader))  # every rank: rank 0 wrote last.pt
         self.say(epoch_line(row, self.total_epochs, self.state.best, self.state.best_epoch))
         if signum and row["epoch"] < self.total_epochs:  # after the last epoch the run just finishes
             self.stop.agreed = signum
