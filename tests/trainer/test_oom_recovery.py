@@ -431,13 +431,15 @@ def test_a_split_step_syncs_gradients_on_its_last_micro_batch_only() -> None:
 def test_a_split_says_where_it_is_not_exact() -> None:
     import torch
 
+    from autotune.bundles.model import Section
     from autotune.trainer.fallback import MemoryFallbacks, batch_reducing_parts
 
     per_sample = torch.nn.Sequential(torch.nn.Conv3d(1, 2, 1), torch.nn.InstanceNorm3d(2), torch.nn.GroupNorm(1, 2))
-    assert batch_reducing_parts({"loss": {"name": "DiceCELoss", "args": {}}}, per_sample) == []
+    assert batch_reducing_parts(Section(name="DiceCELoss", args={}), per_sample) == []
     pooled = torch.nn.Sequential(torch.nn.Conv3d(1, 2, 1), torch.nn.BatchNorm3d(2))
-    parts = batch_reducing_parts({"loss": {"name": "DiceLoss", "args": {"batch": True}}}, pooled)
+    parts = batch_reducing_parts(Section(name="DiceLoss", args={"batch": True}), pooled)
     assert parts == ["BatchNorm3d", "DiceLoss with batch: true"]
+    assert batch_reducing_parts(Section(name="DiceLoss", batch=True), per_sample) == ["DiceLoss with batch: true"]
     lines: list[str] = []
     fallbacks = MemoryFallbacks(1, False, "cpu", 1 << 20, say=lines.append, exact_note=", ".join(parts))
     event = fallbacks.training_oom(4, 3 << 20, 1, 1)
