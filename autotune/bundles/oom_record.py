@@ -14,16 +14,17 @@ from typing import Annotated, Any, Literal
 
 from pydantic import model_validator
 
-from autotune.bundles.model import MAX_BATCH
 from autotune.checks import Integer, Text, device
 from autotune.checks.typed import Checked, FileModel, parse, refuse_key
 
-__all__ = ["TrainingOOM", "StudyRecord", "parse_training_oom"]
+__all__ = ["TrainingOOM", "StudyRecord", "parse_training_oom", "MAX_PATCHES"]
 
 KEY = "tuning.training_oom"
 FIX = (f"fix it, or remove {KEY} (the next run then starts unsplit and steps down again where memory runs out)")
 
-Patches = Annotated[int, Checked(Integer(1, MAX_BATCH))]
+# as ``autotune.bundles.model.MAX_BATCH`` (importing it would close a cycle: the model loads the plan, which loads this)
+MAX_PATCHES = 65_536
+Patches = Annotated[int, Checked(Integer(1, MAX_PATCHES))]
 
 
 def _device(value: Any, where: str, error: Any) -> str:

@@ -12,6 +12,8 @@ import pytest
 import yaml
 from bundle_fixtures import copy_bundle
 
+from autotune.bundles.model import MAX_BATCH
+from autotune.bundles.oom_record import MAX_PATCHES
 from autotune.bundles.plan import TuningPlan
 from autotune.errors import ConfigError
 
@@ -38,6 +40,7 @@ def test_the_record_is_typed_and_round_trips() -> None:
     # a run without a limit and before any training step-down: no limit, no study
     bare = {k: v for k, v in RECORD.items() if k not in ("memory_limit", "study")}
     assert TuningPlan.from_dict({**BLOCK, "training_oom": bare}, "tuning").training_oom.memory_limit is None
+    assert MAX_PATCHES == MAX_BATCH  # the record's bound on a pass is the bundle's
 
 
 @pytest.mark.parametrize(("change", "message"), [
