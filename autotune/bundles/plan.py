@@ -22,10 +22,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.errors import ConfigError
 from autotune.tunables import BATCH, SW_BATCH, TUNABLES
+
+if TYPE_CHECKING:  # pragma: no cover
+    from autotune.bundles.oom_record import TrainingOOM
 
 __all__ = ["PLAN_VERSION", "TuningPlan", "plan_of"]
 
@@ -52,8 +55,9 @@ class TuningPlan:
         method: ``measured`` (real probes) or ``estimated`` (the estimator alone: a plan to verify).
         precision: ``fp32``, ``bf16`` or ``fp16``: what the probes ran in.
         peak_bytes, train_peak_bytes, infer_peak_bytes: measured (or estimated) peaks of the answer.
-        training_oom: what a training run had to step down to after an out-of-memory (written by training,
-            ``autotune.trainer.learn``; the next run starts there, the next tune searches again).
+        training_oom: what a training run had to step down to after an out-of-memory, typed
+            (``autotune.bundles.oom_record.TrainingOOM``; written by ``autotune.trainer.learn``; the next run starts
+            there, the next tune searches again).
     """
 
     tuned: Mapping[str, Any]
@@ -100,7 +104,7 @@ class TuningPlan:
     device_model: Mapping[str, Any] | None = None
     target: Mapping[str, Any] | None = None
     verified: Mapping[str, Any] | None = None
-    training_oom: Mapping[str, Any] | None = None
+    training_oom: TrainingOOM | None = None
     version: int = PLAN_VERSION
 
     def value(self, name: str) -> Any:
@@ -149,6 +153,8 @@ class TuningPlan:
         out = {"version": self.version}
         for name in _ORDER:
             out[name] = self.tuned.get(name) if name in _TUNED else getattr(self, name)
+        if self.training_oom is not None:
+            out["training_oom"] = self.training_oom.as_dict()
         return plain_data({k: v for k, v in out.items() if v is not None})
 
     def replace(self, **changes: Any) -> TuningPlan:
@@ -208,7 +214,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     **{name: _BOOL for name in ("sw_input_on_cpu", "allowances_validated_on_gpu")},
     **{name: _LIST for name in ("trials", "infer_trials")},
     **{name: _MAP for name in ("estimator_passes", "edge_check", "handoff", "batch", "key", "recipe", "allowances",
-                               "device_model", "target", "verified", "training_oom")},
+                               "device_model", "target", "verified")},
 }
 _TUNED = tuple(t.name for t in TUNABLES)
 _REQUIRED = (BATCH.name, SW_BATCH.name, "memory_limit", "device")  # a tunable added later may be absent
@@ -234,6 +240,10 @@ _CHOICES = {"method": METHODS, **{t.name: t.choices for t in TUNABLES if t.kind 
 
 def _checked(name: str, value: Any, where: str) -> Any:
     """``value`` of key ``name`` when its type is right, else a ``ConfigError`` naming it."""
+    if name == "training_oom":
+        from autotune.bundles.oom_record import parse_training_oom
+
+        return parse_training_oom(value, where)
     kinds = _TYPES[name]
     wrong = not isinstance(value, kinds) or (kinds is not _BOOL and isinstance(value, bool))
     if not wrong and name in _POSITIVE and value < 1:

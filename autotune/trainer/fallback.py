@@ -20,11 +20,19 @@ from __future__ import annotations
 import gc
 import sys
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Annotated, Any
 
+from autotune.bundles.model import MAX_BATCH
+from autotune.checks import Integer
+from autotune.checks.typed import Checked, FileModel, parse
 from autotune.utils import format_bytes
 
-__all__ = ["MemoryFallbacks", "RestartRun", "StepDownsExhausted", "release_memory", "batch_reducing_parts"]
+if TYPE_CHECKING:  # pragma: no cover
+    from autotune.bundles.model import Section
+    from autotune.bundles.oom_record import StudyRecord
+
+__all__ = ["MemoryFallbacks", "RestartRun", "StepDownsExhausted", "SavedFallbacks", "parse_saved_fallbacks",
+           "release_memory", "drain_autograd", "batch_reducing_parts"]
 
 
 class StepDownsExhausted(MemoryError):
@@ -51,8 +59,9 @@ class RestartRun(Exception):
 
 
 def release_memory(device: str) -> None:
-    """Free what a failed step left: unreachable tensors (a traceback's frames), and on CUDA the caching
-    allocator's free blocks (``empty_cache``)."""
+    """Free what a failed step left: the failed backward pass's graph (``drain_autograd``), unreachable tensors (a
+    traceback's frames), and on CUDA the caching allocator's free blocks (``empty_cache``)."""
+    drain_autograd(device)
     gc.collect()
     if str(device).startswith("cuda"):
         import torch
@@ -60,17 +69,54 @@ def release_memory(device: str) -> None:
         torch.cuda.empty_cache()
 
 
-def batch_reducing_parts(cfg: Mapping[str, Any], model: Any) -> list[str]:
+def drain_autograd(device: str) -> None:
+    """Drop what a failed backward pass left queued in autograd's engine, and with it that pass's graph.
+
+    A backward pass that raises (an out-of-memory inside it) leaves the nodes it had already made ready in the
+    ready queue of the thread that ran them (for the CPU the calling thread's, kept between passes). Each holds
+    its part of the graph, and so the forward pass's saved activations, until the next backward pass on that
+    queue pops it. On the CPU that is most of the failed pass's forward (7.1 MiB of the tiny UNet's 2-patch
+    pass, against 10.8 MiB for a whole pass of one patch), so a split retried beside it runs out again. An empty
+    backward pass on the CPU and on ``device`` pops them: their pass has ended, so they are dropped unrun.
+    """
+    import torch
+
+    for where in {"cpu", str(device)}:
+        torch.zeros((), device=where, requires_grad=True).backward()
+
+
+def batch_reducing_parts(loss: Section | None, model: Any) -> list[str]:
     """What reduces over the batch in this bundle, so that a split is not exactly the unsplit step: batch
-    normalisation layers, a Dice loss over the whole batch (``batch: true``). Empty for the templates' own
-    networks (InstanceNorm, GroupNorm: per sample)."""
+    normalisation layers, a Dice loss over the whole batch (``batch: true`` in the ``loss`` section or its args).
+    Empty for the templates' own networks (InstanceNorm, GroupNorm: per sample)."""
     import torch
 
     found = sorted({type(m).__name__ for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)})
-    loss = cfg.get("loss") or {}
-    if isinstance(loss, Mapping) and (loss.get("batch") or (loss.get("args") or {}).get("batch")):
-        found.append(f"{loss.get('name', 'the loss')} with batch: true")
+    if loss is not None and (loss.extra("batch") or loss.args.get("batch")):
+        found.append(f"{loss.name} with batch: true")
     return found
+
+
+class SavedFallbacks(FileModel):
+    """A checkpoint's ``memory_fallbacks`` (``MemoryFallbacks.state``): the step-downs in force and their events."""
+
+    micro_batches: Annotated[int, Checked(Integer(1, MAX_BATCH))]
+    sw_batch: Annotated[int, Checked(Integer(1, MAX_BATCH))]
+    on_cpu: bool
+    events: list[dict[str, Any]]
+
+
+class _Saved(FileModel):
+    memory_fallbacks: SavedFallbacks  # where the state sits in a checkpoint, so that a refusal names its key
+
+
+def parse_saved_fallbacks(state: Mapping[str, Any], where: str) -> SavedFallbacks:
+    """A checkpoint's ``memory_fallbacks`` (``where`` names the checkpoint), checked.
+
+    Raises:
+        ConfigError: one line naming ``where``, ``memory_fallbacks.<key>`` and what is allowed.
+    """
+    return parse(_Saved, {"memory_fallbacks": state}, where, fix="start without --resume").memory_fallbacks
 
 
 class MemoryFallbacks:
@@ -98,7 +144,7 @@ class MemoryFallbacks:
         self.tried: list[int] = []  # splits tried on the pass that is failing now
         self.from_record = ""  # the line saying the run starts with an earlier run's step-downs ('' if not)
         self.on_event: Callable[[dict[str, Any]], None] | None = None  # told of every step-down (the record)
-        self.study: dict[str, Any] | None = None  # where this run's training failure went in the study (learn.py)
+        self.study: StudyRecord | None = None  # where this run's training failure went in the study (learn.py)
 
     @property
     def validation_device(self) -> str:
@@ -114,14 +160,17 @@ class MemoryFallbacks:
         return {"micro_batches": self.micro_batches, "sw_batch": self.sw_batch, "on_cpu": self.on_cpu,
                 "events": list(self.events)}
 
-    def load(self, state: Mapping[str, Any] | None) -> bool:
-        """Put back what ``state`` kept (a checkpoint's; None: nothing); whether there was one."""
+    def load(self, state: Mapping[str, Any] | None, where: str = "last.pt") -> bool:
+        """Put back what ``state`` kept (a checkpoint's, ``where``; None: nothing); whether there was one.
+
+        Raises:
+            ConfigError: a value the checkpoint holds is not one ``state`` writes (one line naming the key).
+        """
         if not state:
             return False
-        self.micro_batches = max(1, int(state.get("micro_batches", 1)))
-        self.sw_batch = max(1, int(state.get("sw_batch", self.sw_batch)))
-        self.on_cpu = bool(state.get("on_cpu", self.on_cpu))
-        self.events = [dict(e) for e in state.get("events") or []]
+        saved = parse_saved_fallbacks(state, where)
+        self.micro_batches, self.sw_batch, self.on_cpu = saved.micro_batches, saved.sw_batch, saved.on_cpu
+        self.events = [dict(e) for e in saved.events]
         return True
 
     def _under(self) -> str:

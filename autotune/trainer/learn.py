@@ -15,9 +15,13 @@ from __future__ import annotations
 import datetime as _dt
 import sys
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.trainer.fallback import MemoryFallbacks, batch_reducing_parts
+
+if TYPE_CHECKING:  # pragma: no cover
+    from autotune.bundles.model import BundleConfig
+    from autotune.bundles.oom_record import TrainingOOM
 
 __all__ = ["start_fallbacks", "learn_from"]
 
@@ -26,27 +30,25 @@ def _warn(line: str) -> None:
     print(f"warning: {line}", file=sys.stderr, flush=True)
 
 
-def start_fallbacks(cfg: Mapping[str, Any], ctx: Any, limit: int | None, model: Any,
+def start_fallbacks(cfg: BundleConfig, ctx: Any, limit: int | None, model: Any,
                     restarted: bool = False) -> MemoryFallbacks:
     """The step-downs a run starts with: none, or those an earlier run of this bundle recorded at the same batch,
     limit and device (``from_record`` then says so in a line); rank 0 learns from every new one."""
-    from autotune.bundles.tuned import tuned_values
 
     def say(line: str) -> None:
         if ctx.is_main:
             print(line, file=sys.stderr, flush=True)
 
-    parts, tuned = batch_reducing_parts(cfg, model), tuned_values(cfg)
+    tuned = cfg.tuned
     fallbacks = MemoryFallbacks(tuned.num_sw_batch_size, tuned.sw_input_on_cpu, ctx.device, limit, say=say,
-                                exact_note=", ".join(parts))
+                                exact_note=", ".join(batch_reducing_parts(cfg.loss, model)))
     fallbacks.restarted = restarted
     plan = tuned.plan
-    record = dict((plan.training_oom if plan is not None else None) or {})
-    if (record and int(record.get("num_patches_per_iter", 0)) == tuned.num_patches_per_iter
-            and record.get("memory_limit") == limit and record.get("device") == str(ctx.device)):
-        fallbacks.micro_batches = max(1, int(record.get("micro_batches", 1)))
-        fallbacks.sw_batch = max(1, min(fallbacks.sw_batch, int(record.get("sw_batch", fallbacks.sw_batch))))
-        fallbacks.on_cpu = fallbacks.on_cpu or record.get("validation_device") == "cpu"
+    record = plan.training_oom if plan is not None else None
+    if record is not None and _same_run(record, tuned.num_patches_per_iter, limit, str(ctx.device)):
+        fallbacks.micro_batches = record.micro_batches
+        fallbacks.sw_batch = min(fallbacks.sw_batch, record.sw_batch)
+        fallbacks.on_cpu = fallbacks.on_cpu or record.validation_device == "cpu"
         fallbacks.from_record = (f"memory: starting in {fallbacks.micro_batches} micro-batches, sw batch "
                                  f"{fallbacks.sw_batch}, validation on the {fallbacks.validation_device}: an earlier "
                                  "run of this bundle stepped down to them (tuning.training_oom)")
@@ -55,31 +57,38 @@ def start_fallbacks(cfg: Mapping[str, Any], ctx: Any, limit: int | None, model: 
     return fallbacks
 
 
-def learn_from(cfg: Mapping[str, Any], fallbacks: MemoryFallbacks, event: Mapping[str, Any]) -> None:
+def _same_run(record: TrainingOOM, patches: int, limit: int | None, device: str | None = None) -> bool:
+    """Whether ``record`` was written by a run at ``patches`` patches per pass under ``limit`` (on ``device``)."""
+    return (record.num_patches_per_iter == patches and record.memory_limit == limit
+            and (device is None or record.device == device))
+
+
+def learn_from(cfg: BundleConfig, fallbacks: MemoryFallbacks, event: Mapping[str, Any]) -> None:
     """Write ``event`` (a step-down) into the bundle's ``tuning.training_oom`` and, for a training pass under the
     key's own limit on the tuned device, into the key's study. A refused write is a warning."""
     from autotune.bundles.config import update_bundle_config
-    from autotune.bundles.tuned import tuned_values
+    from autotune.bundles.oom_record import StudyRecord
 
-    tuned = tuned_values(cfg)
+    tuned = cfg.tuned
     plan = tuned.plan
     if plan is None:
         return
     patches = tuned.num_patches_per_iter
-    earlier = dict(plan.training_oom or {})
+    earlier = plan.training_oom
     if event["phase"] == "training" and fallbacks.study is None:  # the batch's failure goes to the study once
-        if (earlier.get("num_patches_per_iter") == patches and earlier.get("memory_limit") == fallbacks.limit
-                and (earlier.get("study") or {}).get("recorded")):
-            fallbacks.study = dict(earlier["study"])  # an earlier run of this bundle recorded it
+        if (earlier is not None and _same_run(earlier, patches, fallbacks.limit)
+                and earlier.study is not None and earlier.study.recorded):
+            fallbacks.study = earlier.study  # an earlier run of this bundle recorded it
         else:
             from autotune.search.driver.training_oom import record_in_study
 
-            fallbacks.study = record_in_study(plan, patches, event, str(cfg.get("bundle_root")), fallbacks.device)
-    study = fallbacks.study if fallbacks.study is not None else dict(earlier.get("study") or {})
+            fallbacks.study = StudyRecord(**record_in_study(plan, patches, event, cfg.bundle_root, fallbacks.device))
+    study = fallbacks.study if fallbacks.study is not None else (earlier.study if earlier is not None else None)
     record = {"num_patches_per_iter": patches, **fallbacks.in_force(), "memory_limit": fallbacks.limit,
               "device": fallbacks.device, "last": dict(event),
-              "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "study": study}
+              "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+              "study": study.as_dict() if study is not None else None}
     try:
-        update_bundle_config(cfg["bundle_root"], {"tuning": plan.replace(training_oom=record).as_dict()})
+        update_bundle_config(cfg.bundle_root, {"tuning": plan.replace(training_oom=record).as_dict()})
     except Exception as exc:  # noqa: BLE001 - the record is worth a line, never the run
-        _warn(f"could not record the step-down in {cfg.get('bundle_root')} (tuning.training_oom): {exc}")
+        _warn(f"could not record the step-down in {cfg.bundle_root} (tuning.training_oom): {exc}")

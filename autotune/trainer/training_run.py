@@ -167,7 +167,7 @@ class TrainingRun:
         self.state = (resume(self.out / "last.pt", self.mode, self.state_parts(),
                              None if self.fit else self.total_epochs * self.steps_per_epoch, self.say)
                       if self.resume else RunState())
-        if not self.fallbacks.load(self.state.fallbacks) and self.fallbacks.from_record:
+        if not self.fallbacks.load(self.state.fallbacks, str(self.out / "last.pt")) and self.fallbacks.from_record:
             self.say_always(self.fallbacks.from_record)
         if self.state.epoch or self.state.partial:
             self.metrics.load(self.state.epoch)

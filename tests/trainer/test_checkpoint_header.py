@@ -46,7 +46,7 @@ def _valid() -> dict[str, Any]:
     parts = {"model": model, "optimizer": optimizer, "scaler": None, "scheduler": None}
     state = RunState(epoch=3, best=0.5, best_epoch=2, stale=1)
     partial = {**EpochProgress(epoch=4, batches=1, loss_sum=0.7, rng=rng_state()).as_dict(), "rank_batches": [1]}
-    return {**checkpoint_state(parts, state, 3, mode="fast", elapsed_s=12.5, total_steps=40, cfg=CFG, partial=partial),
+    return {**checkpoint_state(parts, state, 3, mode="fast", elapsed_s=12.5, total_steps=40, config=CFG, partial=partial),
             "memory_fallbacks": {"micro_batches": 2}}
 
 

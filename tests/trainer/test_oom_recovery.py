@@ -41,7 +41,8 @@ def reference(demo_bundles: dict[str, Path], tmp_path_factory: pytest.TempPathFa
         bundle = copy_bundle(demo_bundles["unet_0"], tmp_path_factory.mktemp("oom_reference") / "unet_0")
         summary = train(bundle, device="cpu", epochs=2, val_every=1, progress=False, memory_limit="1GiB")
     assert summary["memory_fallbacks"] == [] and summary["micro_batches"] == 1
-    return {"summary": summary, "losses": losses, "bundle": bundle, "peak": summary["train_peak_bytes"]}
+    rows = json.loads((bundle / "model_fold0" / "metrics.json").read_text())["rows"]
+    return {"summary": summary, "losses": losses, "bundle": bundle, "peak": summary["train_peak_bytes"], "rows": rows}
 
 
 def _weights(bundle: Path) -> dict[str, Any]:
@@ -77,6 +78,81 @@ def test_a_split_of_two_trains_the_same_steps_as_the_unsplit_run(
     rows = json.loads((bundle / "model_fold0" / "metrics.json").read_text())["rows"]
     assert [r["micro_batches"] for r in rows][-1] == 2 and rows[-1]["validation_device"] == "device"
     assert "micro_batches" in (bundle / "model_fold0" / "metrics.csv").read_text().splitlines()[0]
+
+
+def test_a_first_pass_that_runs_out_in_its_backward_trains_in_micro_batches_of_one(
+        reference: dict[str, Any], demo_bundles: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Under a limit between the peaks of one and of two patches per pass, the first 2-patch pass runs out of
+    memory in its backward pass, before any pass fit in the process. What that pass left held (its graph, queued
+    in autograd's engine) is released, so micro-batches of one patch fit: the run ends with exit 0, the same
+    steps as the unsplit run."""
+    import torch
+
+    from autotune.cli import main
+    from autotune.trainer.runner import train
+
+    monkeypatch.setenv("AUTOTUNE_PRECISION", "fp32")
+    one = copy_bundle(demo_bundles["unet_0"], tmp_path / "one", num_patches_per_iter=1)  # the same loader batch
+    one_peak = train(one, device="cpu", epochs=2, val_every=1, progress=False, memory_limit="1GiB")["train_peak_bytes"]
+    two_peak = reference["peak"]
+    assert one_peak < two_peak
+    limit = (one_peak + two_peak) // 2
+    losses = _record_losses(monkeypatch)
+    bundle = copy_bundle(demo_bundles["unet_0"], tmp_path / "unet_0")
+    capsys.readouterr()
+    code = main(["train", str(bundle), "--device", "cpu", "--epochs", "2", "--val-every", "1", "--quiet",
+                 "--memory-limit", str(limit)])
+    assert code == 0, capsys.readouterr().err[-2000:]
+    summary = json.loads((bundle / "model_fold0" / "train_summary.json").read_text())
+    [event] = [e for e in summary["memory_fallbacks"] if e["phase"] == "training"]  # one step-down, no restart
+    assert (event["epoch"], event["step"]) == (1, 1) and event["peak_bytes"] > limit == event["limit_bytes"]
+    assert event["done"].startswith("split into 2 micro-batches of up to 1 patch")
+    assert summary["micro_batches"] == 2 and summary["epochs_run"] == 2
+    assert "memory: out of memory in training pass of 2 patches (epoch 1, step 1" in capsys.readouterr().err
+    expected = [loss for loss, _ in reference["losses"]]
+    assert [k for _, k in losses] == [2] * len(expected)  # every pass applied, split (the failed one is not one)
+    for (loss, _), want in zip(losses, expected, strict=True):
+        assert abs(loss - want) <= 1e-5 * abs(want), (loss, want)
+    for name, tensor in _weights(reference["bundle"]).items():
+        torch.testing.assert_close(_weights(bundle)[name], tensor, rtol=1e-5, atol=1e-6)
+    rows = json.loads((bundle / "model_fold0" / "metrics.json").read_text())["rows"]
+    assert [r["micro_batches"] for r in rows] == [2, 2]
+    assert [r["steps"] for r in rows] == [r["steps"] for r in reference["rows"]]
+    assert all(r["train_peak_bytes"] <= limit for r in rows)
+
+
+def test_release_memory_frees_what_a_failed_backward_pass_left_queued() -> None:
+    """A backward pass that runs out of memory leaves the nodes autograd's engine had made ready in its queue,
+    holding the forward pass's activations; ``release_memory`` drops them (the tracker is back at its start)."""
+    import gc
+
+    import torch
+
+    from autotune.probe.tracker import MemoryTracker, tensors_of
+    from autotune.trainer.fallback import release_memory
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv3d(1, 4, 3, padding=1), torch.nn.PReLU(), torch.nn.Conv3d(4, 2, 3, padding=1))
+    image = torch.randn(2, 1, 12, 12, 12)
+    tracker = MemoryTracker("cpu")
+    tracker.track([*tensors_of(net), image])
+    start, failed = tracker.current_bytes, False
+    with tracker:
+        logits = net(image)
+        loss = logits.square().mean() + logits.abs().mean()  # two branches: one waits in the queue
+        # the first gradient of logits' size runs out: the other branch is still queued then
+        tracker.limit_bytes = tracker.current_bytes + logits.untyped_storage().nbytes() // 2
+        try:
+            loss.backward()
+        except torch.OutOfMemoryError:
+            failed = True
+    logits = loss = None
+    net.zero_grad(set_to_none=True)
+    gc.collect()
+    assert failed
+    release_memory("cpu")
+    assert tracker.current_bytes == start
 
 
 def _fake_parts(micro_batches: int = 1) -> SimpleNamespace:
@@ -355,13 +431,15 @@ def test_a_split_step_syncs_gradients_on_its_last_micro_batch_only() -> None:
 def test_a_split_says_where_it_is_not_exact() -> None:
     import torch
 
+    from autotune.bundles.model import Section
     from autotune.trainer.fallback import MemoryFallbacks, batch_reducing_parts
 
     per_sample = torch.nn.Sequential(torch.nn.Conv3d(1, 2, 1), torch.nn.InstanceNorm3d(2), torch.nn.GroupNorm(1, 2))
-    assert batch_reducing_parts({"loss": {"name": "DiceCELoss", "args": {}}}, per_sample) == []
+    assert batch_reducing_parts(Section(name="DiceCELoss", args={}), per_sample) == []
     pooled = torch.nn.Sequential(torch.nn.Conv3d(1, 2, 1), torch.nn.BatchNorm3d(2))
-    parts = batch_reducing_parts({"loss": {"name": "DiceLoss", "args": {"batch": True}}}, pooled)
+    parts = batch_reducing_parts(Section(name="DiceLoss", args={"batch": True}), pooled)
     assert parts == ["BatchNorm3d", "DiceLoss with batch: true"]
+    assert batch_reducing_parts(Section(name="DiceLoss", batch=True), per_sample) == ["DiceLoss with batch: true"]
     lines: list[str] = []
     fallbacks = MemoryFallbacks(1, False, "cpu", 1 << 20, say=lines.append, exact_note=", ".join(parts))
     event = fallbacks.training_oom(4, 3 << 20, 1, 1)

@@ -254,7 +254,7 @@ def test_run_state_counts_validations_and_survives_a_checkpoint(tmp_path: Path) 
     parts = {"model": model, "optimizer": torch.optim.SGD(model.parameters(), lr=0.1), "scaler": None,
              "scheduler": None}
     cfg = SimpleNamespace(algo="unet", network=SimpleNamespace(name="UNet"), fold=0)  # what a BundleConfig gives
-    saved = checkpoint_state(parts, state, 4, mode="fast", elapsed_s=12.5, total_steps=40, cfg=cfg)
+    saved = checkpoint_state(parts, state, 4, mode="fast", elapsed_s=12.5, total_steps=40, config=cfg)
     assert saved["scaler"] is None and saved["epoch"] == 4 and saved["stale_validations"] == 2
     save_checkpoint(tmp_path / "last.pt", saved)
     said: list[str] = []

@@ -60,8 +60,8 @@ def test_training_at_60_percent_of_the_tuned_peak_steps_down_and_ends_with_exit_
     assert summary["micro_batches"] > 1 and summary["best_metric"] is not None
     assert summary["memory_fallbacks"][0]["peak_bytes"] > int(low)
     training_oom = load_bundle_config(bundle).plan.training_oom
-    assert training_oom["memory_limit"] == int(low) and training_oom["micro_batches"] == summary["micro_batches"]
-    assert training_oom["study"]["recorded"] is False  # another limit than the key's: not a point of its study
+    assert training_oom.memory_limit == int(low) and training_oom.micro_batches == summary["micro_batches"]
+    assert training_oom.study.recorded is False  # another limit than the key's: not a point of its study
 
 
 def _fail_first_pass(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -95,10 +95,10 @@ def test_an_oom_under_the_tuned_limit_goes_to_the_study_and_the_next_run_and_tun
         summary = train(bundle, device="cpu", epochs=1, progress=False)  # under the tuned limit
     assert summary["micro_batches"] == 2 and summary["memory_limit"] == LIMIT
     record = load_bundle_config(bundle).plan.training_oom
-    assert record["num_patches_per_iter"] == n and record["study"]["recorded"] is True
+    assert record.num_patches_per_iter == n and record.study.recorded is True
     study = optuna.load_study(study_name=tuned["result"]["study_name"], storage=f"sqlite:///{tuned['root']}/s.db")
     [point] = [t for t in study.get_trials() if t.user_attrs.get("kind") == "training"]
-    assert point.number == record["study"]["trial"] and point.params == {"num_patches_per_iter": n}
+    assert point.number == record.study.trial and point.params == {"num_patches_per_iter": n}
     assert point.user_attrs["verdict"] == "does not fit" and point.constraints["memory"] > 0
     assert study.user_attrs["training_oom"][0]["num_patches_per_iter"] == n
     capsys.readouterr()
