@@ -70,10 +70,11 @@ class MonaiTemplates(TemplateFamily):
 
         return check_bundle_config(load_view(bundle), str(bundle))
 
-    def write_back(self, bundle: str | os.PathLike[str], updates: Mapping[str, Any]) -> dict[str, Any]:
+    def write_back(self, bundle: str | os.PathLike[str], updates: Mapping[str, Any]) -> BundleConfig:
         from autotune.auto3dseg.writeback import update_bundle
+        from autotune.bundles.schema import check_bundle_config
 
-        return update_bundle(bundle, updates)
+        return check_bundle_config(update_bundle(bundle, updates), str(bundle))
 
     def probe_parts(self, config: BundleConfig, device: Any, amp_dtype: Any) -> dict[str, Any]:
         import torch

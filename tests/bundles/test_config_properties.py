@@ -86,7 +86,7 @@ def test_any_field_edited_is_taken_or_refused_naming_the_file_and_key(tuned_view
     edited = _edited(tuned_view, path, value, delete and path[-1] != "bundle_root")
     try:
         config = BundleConfig.parse(edited, WHERE)
-        config.tuned  # what training reads of it, checked as it is derived
+        _ = config.tuned  # what training reads of it, checked as it is derived
     except ConfigError as exc:
         line = str(exc)
         assert "\n" not in line and (line.startswith(WHERE) or line.startswith("/work/unet_0")), line
