@@ -238,8 +238,10 @@ class _Prober:
     def __init__(self, device: Device) -> None:
         self.device, self.passes = device, 0
 
-    def config(self) -> dict[str, Any]:  # 96^3 in 32^3 windows at overlap 0.5: 125 windows
-        return {"roi_size": [32, 32, 32], "infer_volume_shape": [96, 96, 96], "sw_overlap": 0.5}
+    def config(self) -> Any:  # 96^3 in 32^3 windows at overlap 0.5: 125 windows
+        from config_fixtures import bundle_config
+
+        return bundle_config(roi_size=[32, 32, 32], infer_volume_shape=[96, 96, 96], sw_overlap=0.5)
 
     def training_replay(self, infer_point: dict | None) -> tuple[Any, int | None]:
         self.passes += 1

@@ -147,7 +147,7 @@ def test_the_checkpoint_size_is_known_before_the_first_step(bundle: Path, tmp_pa
     optimizer.step()
     parts = {"model": model, "optimizer": optimizer, "scaler": None, "scheduler": None}
     save_checkpoint(tmp_path / "last.pt", checkpoint_state(parts, RunState(), 1, mode="fast", elapsed_s=0.0,
-                                                           total_steps=1, cfg=cfg))
+                                                           total_steps=1, config=cfg))
     actual = (tmp_path / "last.pt").stat().st_size
     assert actual <= estimate <= 1.1 * actual, (estimate, actual)
 
