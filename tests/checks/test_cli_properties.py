@@ -205,6 +205,9 @@ def _places(config: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]
             yield from _places(value, (*path, key))
 
 
+#: a good ``tuning.training_oom`` record (a pass of 2 patches stepped down to 2 micro-batches of one)
+GOOD_OOM = {"num_patches_per_iter": 2, "micro_batches": 2, "sw_batch": 4, "validation_device": "device",
+            "device": "cpu"}
 FILES = ["", "- a\n- b\n", "42\n", "algo: [unet\n", "\x00\x01", alias_bomb(), "a: &x [1, *x]\n",
          "a: " + "[" * 200 + "]" * 200, "algo: !!set {unet}\n", "a: !!python/object:os.system x\n", "a: 1\na: 2\n" * 2]
 mutations = st.one_of(
@@ -215,6 +218,8 @@ mutations = st.one_of(
     st.tuples(st.just("expression"), st.integers(0, 20), st.text(max_size=6).map(lambda t: "$" + t)),
     st.tuples(st.just("tuning"), st.sampled_from(["num_patches_per_iter", "memory_limit", "device", "version"]),
               st.one_of(st.integers(-3, 0), non_finite, odd_text, st.none())),
+    st.tuples(st.just("training_oom"), st.sampled_from(sorted(GOOD_OOM)),
+              st.one_of(st.integers(-3, 0), st.just(10**6), non_finite, odd_text, st.none())),
     st.tuples(st.just("file"), st.none(), st.sampled_from(FILES)),
 )
 
@@ -230,9 +235,13 @@ def broken_config(good: dict[str, Any], mutation: tuple[str, Any, Any]) -> str:
         config[where] = value
     elif how == "missing":
         del config[where]
-    elif how == "tuning":
+    elif how in ("tuning", "training_oom"):
         config["tuning"] = {"num_patches_per_iter": 2, "num_sw_batch_size": 4, "memory_limit": 2**26,
-                            "device": "cpu", where: value}
+                            "device": "cpu"}
+        if how == "tuning":
+            config["tuning"][where] = value
+        else:  # a step-down record edited by hand (issue 66: "two" and 1000000 micro-batches)
+            config["tuning"]["training_oom"] = {**GOOD_OOM, where: value}
     else:
         places = list(_places(config))
         target = config
@@ -263,6 +272,9 @@ def scratch_work(good_work: Path, with_lists: bool = False) -> Iterator[Path]:
 @settings(BOUNDED, max_examples=60)
 @given(mutation=mutations, command=st.sampled_from(["estimate", "verify", "train", "tune"]))
 @example(mutation=("file", None, alias_bomb()), command="train")
+@example(mutation=("training_oom", "micro_batches", "two"), command="train")
+@example(mutation=("training_oom", "micro_batches", 10**6), command="train")
+@example(mutation=("training_oom", "micro_batches", 3), command="train")  # more micro-batches than patches per pass
 @example(mutation=("value", "learning_rate", "١٢"), command="estimate")  # found: float() read Arabic-Indic digits
 @example(mutation=("value", "learning_rate", "0.5"), command="verify")  # found: a number written as text passed
 def test_a_broken_bundle_config_is_refused_at_load(mutation: tuple[str, Any, Any], command: str,
