@@ -100,11 +100,12 @@ def _line(model: type[BaseModel], error: Mapping[str, Any], where: str, fix: str
     key = key_path(loc)
     tail = f"; {fix}" if fix else ""
     if kind == "autotune_key":
-        return f"{where}: key {ctx['key']!r}: {ctx['text']}"
+        text = str(ctx["text"])
+        return f"{where}: key {ctx['key']!r}: {text}{tail if fix not in text else ''}"
     if kind == "autotune":
         text = str(ctx["text"])
         head = f"{where}: key {key!r}" if key else where
-        return f"{head}{'' if text.startswith('[') else ': '}{text}"
+        return f"{head}{'' if text.startswith('[') else ': '}{text}{tail if fix not in text else ''}"
     if kind == "missing":
         return f"{where}: key {key!r} is missing{tail}"
     if kind == "extra_forbidden":
