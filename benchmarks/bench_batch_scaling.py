@@ -32,7 +32,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from benchmarks.common import (
     LoadSampler,
@@ -48,6 +48,9 @@ from benchmarks.common import (
     run_logged,
     write_json,
 )
+
+if TYPE_CHECKING:  # pragma: no cover
+    from autotune.bundles.model import BundleConfig
 
 DEFAULT_DATA = "/work/shared/datasets/Task04_Hippocampus"
 VARIANTS = ("generated", "largest", "handoff")
@@ -87,10 +90,10 @@ def parse_variants(text: str) -> tuple[str, ...]:
     return tuple(v for v in VARIANTS if v in names)
 
 
-def _settings(cfg: dict[str, Any]) -> dict[str, Any]:
-    return ({k: cfg[k] for k in ("num_patches_per_iter", "num_images_per_batch", "num_crops_per_image",
-                                 "learning_rate", "roi_size")}
-            | {"lr_warmup_samples": cfg.get("lr_warmup_samples", 0)})
+def _settings(cfg: BundleConfig) -> dict[str, Any]:
+    return {"num_patches_per_iter": cfg.num_patches_per_iter, "num_images_per_batch": cfg.num_images_per_batch,
+            "num_crops_per_image": cfg.num_crops_per_image, "learning_rate": cfg.learning_rate,
+            "roi_size": list(cfg.roi_size), "lr_warmup_samples": cfg.lr_warmup_samples}
 
 
 def prepare(args: argparse.Namespace, work: Path, algo: str, variants: tuple[str, ...]) -> dict[str, Any]:
@@ -113,17 +116,16 @@ def prepare(args: argparse.Namespace, work: Path, algo: str, variants: tuple[str
         t0 = time.monotonic()
         run_logged(command, work / f"tune_{algo}_{variant}.log")
         cfg = load_bundle_config(tuned)
-        block = cfg["tuning"]
+        block = cfg.plan
         entry[variant] = str(tuned)
         entry["settings"][variant] = _settings(cfg)
         entry["tune"][variant] = {"tune_command": " ".join(command[1:]),
-                                  "tune_wall_s": round(time.monotonic() - t0, 1), "batch": block["batch"],
-                                  "recipe": block["recipe"], "handoff": block.get("handoff"),
-                                  "probes": block.get("probes")}
+                                  "tune_wall_s": round(time.monotonic() - t0, 1), "batch": block.batch,
+                                  "recipe": block.recipe, "handoff": block.handoff, "probes": block.probes}
         for key in ("tune_command", "tune_wall_s", "batch", "recipe"):
             entry.setdefault(key, entry["tune"][variant][key])
-        if block.get("handoff"):
-            print(f"[{algo}] {variant}: {block['handoff']['line']}", flush=True)
+        if block.handoff:
+            print(f"[{algo}] {variant}: {block.handoff['line']}", flush=True)
     return entry
 
 

@@ -83,11 +83,11 @@ def prepare(root: Path, keys: int, sleep: float) -> dict[str, Any]:
     from tests.probe_fixtures import make_tiny_bundles
 
     source = make_tiny_bundles(root / "src", algos=("unet",))["unet"]
-    optimizer = load_bundle_config(source)["optimizer"]
+    optimizer = load_bundle_config(source).optimizer.as_dict()
     work = root / "work"
     for k in range(keys):
         shutil.copytree(source, work / f"unet_{k}")
-        args = {**optimizer.get("args", {}), "weight_decay": 3.0e-5 * (k + 1)}
+        args = {**optimizer["args"], "weight_decay": 3.0e-5 * (k + 1)}
         update_bundle_config(work / f"unet_{k}", {"optimizer": {**optimizer, "args": args}})
     single = root / "single" / "unet_0"
     shutil.copytree(work / "unet_0", single)

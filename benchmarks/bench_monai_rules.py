@@ -102,7 +102,7 @@ def autotune_answer(bundle: Path, limit: int, device: str, storage: str) -> dict
 def compare(bundle: Path, limit: int, device: str, storage: str, timeout: float) -> dict[str, Any]:
     from autotune.bundles.config import load_bundle_config
 
-    template = load_bundle_config(bundle)["monai_template"]
+    template = load_bundle_config(bundle).monai_template
     monai_n = (segresnet_rule if template == "segresnet" else dints_rule)(bundle, limit)
     ours = autotune_answer(bundle, limit, device, storage)
     row: dict[str, Any] = {"template": template, "memory_limit": limit, "memory_limit_gib": limit / GIB,

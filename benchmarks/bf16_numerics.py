@@ -19,9 +19,12 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from benchmarks.common import cpu_name, parser, write_json
+
+if TYPE_CHECKING:  # pragma: no cover
+    from autotune.bundles.model import BundleConfig
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -36,7 +39,7 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def _batches(cfg: dict, count: int) -> list[tuple[Any, Any]]:
+def _batches(cfg: BundleConfig, count: int) -> list[tuple[Any, Any]]:
     from autotune.trainer.ddp import DistContext
     from autotune.trainer.infer import plain_tensor
     from autotune.trainer.setup import setup_data
@@ -142,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         ref = _pass(model, loss_fn, image, label, None, False)
         runs["plain CPU autocast"].append(_compare(ref, _pass(model, loss_fn, image, label, torch.bfloat16, False)))
         runs["autotune autocast"].append(_compare(ref, _pass(model, loss_fn, image, label, torch.bfloat16, True)))
-    report = {"bundle": str(args.bundle), "algo": cfg["algo"], "checkpoint": args.checkpoint, "cpu": cpu_name(),
+    report = {"bundle": str(args.bundle), "algo": cfg.algo, "checkpoint": args.checkpoint, "cpu": cpu_name(),
               "bf16_native": bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()), "torch": torch.__version__,
               "runs": runs}
     for name, batches in runs.items():
@@ -157,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"    {v:9.4f}  {k}")
         firsts = {b["first_nonfinite_module"] for b in batches} - {None}
         print(f"  first non-finite module: {', '.join(sorted(firsts)) or 'none'}")
-    out = Path(args.out or REPO / "benchmarks" / "results" / f"bf16_numerics_{cfg['algo']}.json")
+    out = Path(args.out or REPO / "benchmarks" / "results" / f"bf16_numerics_{cfg.algo}.json")
     write_json(out, report)
     print(f"wrote {out}")
     return 0

@@ -104,7 +104,7 @@ def _measure(args: Any, algos: list[str], sizes: list[int], amps: list[bool]) ->
         for preset, bundles in sets.items():
             for algo in algos:
                 for amp in amps:
-                    cfg = {**load_bundle_config(bundles[algo]), "amp": amp}
+                    cfg = load_bundle_config(bundles[algo]).with_values(amp=amp)
                     precision = resolve_precision(amp, "cpu").name
                     for n in sizes:
                         t0 = time.perf_counter()

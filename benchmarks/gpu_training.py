@@ -168,7 +168,7 @@ def train_run(check: Check, bundle: Path, label: str, *, mode: str, precision: s
     text = (proc.stdout or "") + (proc.stderr or "")
     run.update(label=label, bundle=str(copy), mode=mode, precision_asked=precision, rc=proc.returncode,
                max_time_s=max_time, wall_s=round(time.monotonic() - t0, 1), gpu_util_mean=util.mean(),
-               load=load.summary(), num_patches_per_iter=_config_value(copy, "num_patches_per_iter"),
+               load=load.summary(), num_patches_per_iter=_num_patches_per_iter(copy),
                tail=text[-800:], grads_file=str(grads) if grads.is_file() else None)
     run.update(time_to_target_s=time_to_target(run), best_by_s=best_by(run, check.cfg["checkpoints_s"]))
     if ddp:
@@ -190,10 +190,10 @@ def _read(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
 
 
-def _config_value(bundle: Path, key: str) -> Any:
+def _num_patches_per_iter(bundle: Path) -> int:
     from autotune.bundles.config import load_bundle_config
 
-    return load_bundle_config(bundle).get(key)
+    return load_bundle_config(bundle).num_patches_per_iter
 
 
 def run_summary(rows: list[dict[str, Any]], summary: dict[str, Any]) -> dict[str, Any]:

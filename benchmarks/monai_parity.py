@@ -27,15 +27,18 @@ import json
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from benchmarks.common import parser
+
+if TYPE_CHECKING:  # pragma: no cover
+    from autotune.bundles.model import BundleConfig
 
 #: train.py lines (1-based, inclusive) of DiNTS 21ed8e5's loop body over one loader batch
 DINTS_LOOP_LINES = {"21ed8e5": (571, 621)}
 
 
-def _parts(bundle: Path, seed: int = 0) -> tuple[dict[str, Any], Any, Any, Any, Any]:
+def _parts(bundle: Path, seed: int = 0) -> tuple[BundleConfig, Any, Any, Any, Any]:
     import torch
 
     from autotune.auto3dseg.build import build_model_loss_optimizer
@@ -47,7 +50,7 @@ def _parts(bundle: Path, seed: int = 0) -> tuple[dict[str, Any], Any, Any, Any, 
     return cfg, model, loss, optimizer_part.instantiate(params=model.parameters()), accuracy
 
 
-def _batch(cfg: dict[str, Any], patches: int) -> tuple[Any, Any]:
+def _batch(cfg: BundleConfig, patches: int) -> tuple[Any, Any]:
     from autotune.auto3dseg.workload import MonaiWorkload
 
     batch, _ = MonaiWorkload(cfg, None, None).make_loader_batches(cfg, patches, "cpu")
@@ -103,7 +106,7 @@ def segresnet_train_epoch_peak(bundle: Path, patches: int) -> int:
 
     segmenter = _bundle_scripts(bundle, "segmenter").Segmenter
     cfg, model, loss, optimizer, accuracy = _parts(bundle)
-    if cfg["monai_template"] == "segresnet2d":  # MONAI's wrapper around the same network (same parameters)
+    if cfg.monai_template == "segresnet2d":  # MONAI's wrapper around the same network (same parameters)
         wrapper = _bundle_scripts(bundle, "segmenter_2d").WrappedModel2D
         with contextlib.redirect_stdout(io.StringIO()):
             model = wrapper(model.net, memory_format=model.memory_format)
@@ -114,8 +117,8 @@ def segresnet_train_epoch_peak(bundle: Path, patches: int) -> int:
         segmenter.train_epoch(segmenter.__new__(segmenter), model=model, train_loader=loader, optimizer=optimizer,
                               loss_function=loss, acc_function=accuracy,
                               grad_scaler=torch.amp.GradScaler("cuda", enabled=False), epoch=0, rank=0,
-                              global_rank=0, num_epochs=1, sigmoid=bool(cfg.get("sigmoid")), use_amp=False,
-                              use_cuda=False, channels_last=bool(cfg.get("channels_last", True)), num_steps_per_image=1)
+                              global_rank=0, num_epochs=1, sigmoid=cfg.sigmoid, use_amp=False,
+                              use_cuda=False, channels_last=cfg.channels_last, num_steps_per_image=1)
 
     return _tracked(run, model, optimizer, batch)
 
@@ -136,7 +139,7 @@ def dints_train_loop_peak(bundle: Path, patches: int) -> int:
     device = torch.device("cpu")
     namespace: dict[str, Any] = {
         "monai": monai, "torch": torch, "train_loader": [{"image": batch[0], "label": batch[1]}] * 3,
-        "num_patches_per_iter": int(cfg["num_patches_per_iter"]) if patches is None else patches, "device": device,
+        "num_patches_per_iter": cfg.num_patches_per_iter if patches is None else patches, "device": device,
         "model": model, "amp": False, "loss_function": loss, "optimizer": optimizer, "step": 0, "idx_iter": 0,
         "epoch_loss": 0.0, "loss_torch": None,
     }
@@ -153,7 +156,7 @@ def compare(bundle: Path, patches: int) -> dict[str, Any]:
     """MONAI's own code against autotune's loop for one bundle: both peaks and their difference."""
     from autotune.bundles.config import load_bundle_config
 
-    template = load_bundle_config(bundle)["monai_template"]
+    template = load_bundle_config(bundle).monai_template
     monai_peak = (dints_train_loop_peak if template == "dints" else segresnet_train_epoch_peak)(bundle, patches)
     ours = autotune_loop_peak(bundle, patches)
     return {"bundle": str(bundle), "template": template, "patches": patches, "monai_code_peak_bytes": monai_peak,

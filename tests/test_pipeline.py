@@ -42,9 +42,9 @@ def test_run_returns_the_tuned_bundles_and_their_records(ran: dict[str, Any]) ->
     assert result.summary_path == work / "autotune_summary.json"
     assert json.loads(result.summary_path.read_text())["results"] == json.loads(json.dumps(result.tuning))
     for record in result.tuning:  # each record is what was written into its bundle
-        tuning = load_bundle_config(record["bundle"])["tuning"]
-        assert record["status"] == "tuned" and tuning["method"] == "estimated"
-        assert tuning["num_patches_per_iter"] == record["num_patches_per_iter"] >= 1
+        tuning = load_bundle_config(record["bundle"]).plan
+        assert record["status"] == "tuned" and tuning.method == "estimated"
+        assert tuning.num_patches_per_iter == record["num_patches_per_iter"] >= 1
     lines = ran["lines"]
     assert lines[0].startswith("[1/3] analysing")
     # on_tuned comes once, when tuning ends and before training starts

@@ -29,6 +29,8 @@ from autotune.utils import read_json, read_yaml
 if TYPE_CHECKING:  # pragma: no cover
     from monai.bundle import ConfigParser
 
+    from autotune.bundles.model import BundleConfig
+
 __all__ = ["FORMAT", "TUNING_RELPATH", "read_parser", "load_view", "load_arch_code", "template_of", "config_files",
            "check_config_file", "is_monai_view"]
 
@@ -64,14 +66,14 @@ def check_config_file(path: Path) -> None:
             raise ConfigError(f"{path}: cannot be read as YAML ({type(exc).__name__}); regenerate the bundle") from exc
 
 
-def is_monai_view(cfg: Any) -> bool:
-    """True for a config ``load_view`` made (``format: monai``)."""
-    return isinstance(cfg, Mapping) and cfg.get("format") == FORMAT
+def is_monai_view(config: BundleConfig) -> bool:
+    """True for a config read from a view ``load_view`` made (``format: monai``)."""
+    return config.format == FORMAT
 
 
-def template_of(cfg: Mapping[str, Any]) -> str:
-    """The MONAI template a view was read from (``segresnet``, ``dints``, ...)."""
-    return str(cfg.get("monai_template") or cfg.get("algo"))
+def template_of(config: BundleConfig) -> str:
+    """The MONAI template a config was read from (``segresnet``, ``dints``, ...)."""
+    return str(config.monai_template or config.algo)
 
 
 def read_parser(root: Path, template: str, device: str = "cpu", arch_sha256: str | None = None) -> ConfigParser:

@@ -143,7 +143,8 @@ class BundleConfig(FileModel):
     # the recipe
     amp: Switch
     cpu_bf16: Switch | None = None
-    learning_rate: Annotated[float, Checked(Number(0.0, 1000.0, low_open=True))] | None = None
+    # may be left out (the optimizer section's ``lr`` then), but a ``learning_rate: null`` written is refused
+    learning_rate: Annotated[float | None, Checked(Number(0.0, 1000.0, low_open=True))] = None
     lr_warmup_samples: Annotated[int, Checked(Integer(0, 2**62))] = 0
     lr_warmup_start_factor: Annotated[float, Checked(Number(0.0, 1.0, low_open=True))] = 1.0
     num_epochs: Annotated[int, Checked(Integer(1, 1_000_000))]
@@ -292,28 +293,3 @@ class BundleConfig(FileModel):
         if view.get("tuning") is not None and self.tuning is not None:
             view["tuning"] = self.tuning.as_dict()
         return plain_data(view)
-
-    # -- the mapping protocol: what the stages read before they took typed fields; the families' views only
-    def __getitem__(self, key: str) -> Any:
-        return self._view[key]
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return self._view.get(key, default)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._view
-
-    def keys(self) -> Any:
-        return self._view.keys()
-
-    def items(self) -> Any:
-        return self._view.items()
-
-    def values(self) -> Any:
-        return self._view.values()
-
-    def __len__(self) -> int:
-        return len(self._view)
-
-
-Mapping.register(BundleConfig)

@@ -1,9 +1,9 @@
 """The ``tuning:`` block of a tuned bundle, as one typed class: ``TuningPlan``.
 
 The tuner writes it (``TuningPlan.from_record(...).as_dict()``) and every stage that reads it
-(training's memory limit and precision, the Algo class, ``verify``) reads it through
-``plan_of(cfg)``; ``autotune.bundles.config.load_bundle`` checks it when a bundle is loaded, so
-a malformed block is one line naming the key, not a ``KeyError`` later. A block carries
+(training's memory limit and precision, the Algo class, ``verify``) reads it as ``config.plan`` of the loaded
+``BundleConfig`` (``plan_of`` for a plain view); ``autotune.bundles.config.load_bundle`` checks it when a bundle
+is loaded, so a malformed block is one line naming the key, not a ``KeyError`` later. A block carries
 ``version``; a block without one (written before the field existed) holds the same fields and
 loads as version 1, and a newer version than this autotune reads is refused.
 
@@ -269,18 +269,17 @@ def _checked(name: str, value: Any, where: str) -> Any:
     return list(value) if kinds is _LIST else value
 
 
-def plan_of(cfg: Mapping[str, Any], where: str | None = None) -> TuningPlan | None:
-    """The plan of a loaded bundle config (None when the bundle was never tuned).
+def plan_of(config: Any, where: str | None = None) -> TuningPlan | None:
+    """The plan of a bundle config (None when the bundle was never tuned): a loaded
+    ``autotune.bundles.model.BundleConfig`` (which imports this module) holds it parsed, ``config.plan``; the
+    ``tuning:`` block of a plain view (a mapping) is checked here.
 
     Raises:
         ConfigError: the block is malformed (``where`` names the file; default the bundle).
     """
-    parsed = getattr(cfg, "tuning", None)  # a loaded config (``BundleConfig``) holds the plan parsed
-    if isinstance(parsed, TuningPlan) or (parsed is None and hasattr(cfg, "tuning")):
-        return parsed
-    block = cfg.get("tuning")
-    if block is None:
-        return None
-    if isinstance(block, TuningPlan):
+    if not isinstance(config, Mapping):  # a BundleConfig: not a mapping, its plan typed when it was loaded
+        return config.plan
+    block = config.get("tuning")
+    if block is None or isinstance(block, TuningPlan):
         return block
-    return TuningPlan.from_dict(block, f"{where or cfg.get('bundle_root', 'bundle')}: tuning")
+    return TuningPlan.from_dict(block, f"{where or config.get('bundle_root', 'bundle')}: tuning")

@@ -23,7 +23,10 @@ from __future__ import annotations
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:  # pragma: no cover
+    from autotune.bundles.model import BundleConfig
 
 __all__ = ["TemplateFamily"]
 
@@ -44,11 +47,11 @@ class TemplateFamily(ABC):
         """True when ``bundle`` (a folder, or its config file) is one of this family's bundles."""
 
     @abstractmethod
-    def reads(self, cfg: Mapping[str, Any]) -> bool:
-        """True when ``cfg`` is a view this family's ``load_config`` made."""
+    def reads(self, config: BundleConfig) -> bool:
+        """True when ``config`` was read by this family's ``load_config``."""
 
     @abstractmethod
-    def load_config(self, bundle: str | os.PathLike[str]) -> dict[str, Any]:
+    def load_config(self, bundle: str | os.PathLike[str]) -> BundleConfig:
         """The bundle's view: the plain config the stages read, checked (``bundle_root`` set).
 
         Raises:
@@ -56,24 +59,24 @@ class TemplateFamily(ABC):
         """
 
     @abstractmethod
-    def write_back(self, bundle: str | os.PathLike[str], updates: Mapping[str, Any]) -> dict[str, Any]:
+    def write_back(self, bundle: str | os.PathLike[str], updates: Mapping[str, Any]) -> BundleConfig:
         """Write ``updates`` (plain keys: the tuned values, the loader batch, the learning rate, ``tuning``)
         into the bundle's own keys atomically, with the ``tuning:`` record as provenance; returns the view read
         back."""
 
     @abstractmethod
-    def probe_parts(self, cfg: Mapping[str, Any], device: Any, amp_dtype: Any) -> dict[str, Any]:
+    def probe_parts(self, config: BundleConfig, device: Any, amp_dtype: Any) -> dict[str, Any]:
         """What the probe's child runs with on ``device`` (seeded): ``device``, ``model``, ``loss_fn``,
         ``optimizer``, ``amp_dtype``, ``scaler`` and the ``workload`` whose steps it runs (the functions of
         ``autotune.probe.workload``: ``make_loader_batches``, ``train_loader_batch``, ``make_volume``, ...)."""
 
     @abstractmethod
-    def fake_parts(self, cfg: Mapping[str, Any], compute: str, emulate: bool) -> tuple[Any, Any, Any, Any]:
+    def fake_parts(self, config: BundleConfig, compute: str, emulate: bool) -> tuple[Any, Any, Any, Any]:
         """(model, loss, optimizer, workload) for the estimator, inside its fake session, with fake parameters
         on ``compute``; ``emulate``: a CUDA target emulated on the CPU."""
 
     @abstractmethod
-    def tunable_keys(self, cfg: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
+    def tunable_keys(self, config: BundleConfig) -> dict[str, tuple[str, ...]]:
         """Each tunable (``autotune.tunables``) the bundle exposes -> the config keys it is written to (``a#b``
         for a nested key), in this family's key table."""
 
@@ -98,20 +101,20 @@ class TemplateFamily(ABC):
         ``tuner`` (None: autotune's ``BundleGen`` generates them)."""
         return None
 
-    def calibrated_as(self, cfg: Mapping[str, Any]) -> str | None:
+    def calibrated_as(self, config: BundleConfig) -> str | None:
         """The template whose calibrations' stated edge bound covers this bundle (None: none does: N+1 is
         probed)."""
-        return str(cfg.get("algo")) if cfg.get("algo") else None
+        return config.algo or None
 
-    def handoff_reference(self, cfg: Mapping[str, Any]) -> dict[str, Any] | None:
+    def handoff_reference(self, config: BundleConfig) -> dict[str, Any] | None:
         """The batch the template itself states, kept in the hand-off's record (None: the bundle's
         ``batch_scaling`` block is autotune's own and needs no separate record)."""
         return None
 
-    def keeps_learning_rate_largest(self, cfg: Mapping[str, Any]) -> bool:
+    def keeps_learning_rate_largest(self, config: BundleConfig) -> bool:
         """True when ``--handoff largest`` keeps the template's learning rate (as MONAI's ``auto_scale_*`` does)."""
         return False
 
-    def no_reference_reason(self, cfg: Mapping[str, Any]) -> str:
+    def no_reference_reason(self, config: BundleConfig) -> str:
         """Why the bundle has no ``batch_scaling`` block, and what follows."""
         return "bundle has no batch_scaling block (no reference batch); regenerate it"

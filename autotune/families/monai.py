@@ -39,10 +39,10 @@ class MonaiTemplates(TemplateFamily):
 
         return is_monai_bundle(bundle)
 
-    def reads(self, cfg: Mapping[str, Any]) -> bool:
+    def reads(self, config: BundleConfig) -> bool:
         from autotune.auto3dseg.view import is_monai_view
 
-        return is_monai_view(cfg)
+        return is_monai_view(config)
 
     def template_names(self) -> tuple[str, ...]:
         from autotune.auto3dseg.versions import KNOWN_VERSIONS
@@ -64,7 +64,7 @@ class MonaiTemplates(TemplateFamily):
 
         return MonaiBundleGen(*args, tuner=tuner, **kwargs)
 
-    def load_config(self, bundle: str | os.PathLike[str]) -> dict[str, Any]:
+    def load_config(self, bundle: str | os.PathLike[str]) -> BundleConfig:
         from autotune.auto3dseg.view import load_view
         from autotune.bundles.schema import check_bundle_config
 
@@ -89,11 +89,11 @@ class MonaiTemplates(TemplateFamily):
 
         return fake_parts(config, compute, emulate)
 
-    def tunable_keys(self, cfg: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
+    def tunable_keys(self, config: BundleConfig) -> dict[str, tuple[str, ...]]:
         from autotune.auto3dseg.templates import find_template
         from autotune.auto3dseg.view import template_of
 
-        template = find_template(template_of(cfg))  # a template autotune does not tune: none
+        template = find_template(template_of(config))  # a template autotune does not tune: none
         return dict(template.keys) if template is not None else {}
 
     def training_command(self, bundle: str | os.PathLike[str], memory_limit: str | None = None) -> list[str]:
@@ -106,15 +106,15 @@ class MonaiTemplates(TemplateFamily):
         return [sys.executable, "-m", "autotune.launch", *limit, "--", str(root / "scripts" / "train.py"), "run",
                 f"--config_file={root / 'configs' / 'hyper_parameters.yaml'}"]
 
-    def calibrated_as(self, cfg: Mapping[str, Any]) -> str | None:
+    def calibrated_as(self, config: BundleConfig) -> str | None:
         return None  # a calibration's bound was measured on autotune's own templates: MONAI's are probed at N+1
 
-    def handoff_reference(self, cfg: Mapping[str, Any]) -> dict[str, Any] | None:
-        block = cfg.get("batch_scaling")
-        return dict(block) if isinstance(block, Mapping) else None
+    def handoff_reference(self, config: BundleConfig) -> dict[str, Any] | None:
+        block = config.batch_scaling
+        return block.model_dump(exclude_none=True) if block is not None else None
 
-    def keeps_learning_rate_largest(self, cfg: Mapping[str, Any]) -> bool:
+    def keeps_learning_rate_largest(self, config: BundleConfig) -> bool:
         return True
 
-    def no_reference_reason(self, cfg: Mapping[str, Any]) -> str:
+    def no_reference_reason(self, config: BundleConfig) -> str:
         return _NO_REFERENCE

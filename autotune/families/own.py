@@ -87,7 +87,7 @@ class OwnTemplates(TemplateFamily):
     def recognises(self, bundle: str | os.PathLike[str]) -> bool:
         return True  # the last family asked: a folder that is not a bundle is refused when it is read
 
-    def reads(self, cfg: Mapping[str, Any]) -> bool:
+    def reads(self, config: BundleConfig) -> bool:
         return True
 
     def template_names(self) -> tuple[str, ...]:
@@ -98,12 +98,12 @@ class OwnTemplates(TemplateFamily):
     def generates(self, templates: Any) -> bool:
         return True  # autotune's BundleGen: its own templates, or a folder of them it checks when it reads them
 
-    def load_config(self, bundle: str | os.PathLike[str]) -> dict[str, Any]:
+    def load_config(self, bundle: str | os.PathLike[str]) -> BundleConfig:
         from autotune.bundles.schema import read_own_config
 
         return read_own_config(bundle)
 
-    def write_back(self, bundle: str | os.PathLike[str], updates: Mapping[str, Any]) -> dict[str, Any]:
+    def write_back(self, bundle: str | os.PathLike[str], updates: Mapping[str, Any]) -> BundleConfig:
         from autotune.bundles.schema import write_own_config
 
         return write_own_config(bundle, updates)
@@ -133,7 +133,7 @@ class OwnTemplates(TemplateFamily):
         model = model._apply(lambda t: torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=compute))
         return model, build_loss(config), build_optimizer(config, model.parameters()), workload
 
-    def tunable_keys(self, cfg: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
+    def tunable_keys(self, config: BundleConfig) -> dict[str, tuple[str, ...]]:
         return dict(KEYS)
 
     def training_command(self, bundle: str | os.PathLike[str], memory_limit: str | None = None) -> list[str]:

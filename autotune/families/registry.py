@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.families.interface import TemplateFamily
 from autotune.families.monai import MonaiTemplates
 from autotune.families.own import OwnTemplates
+
+if TYPE_CHECKING:  # pragma: no cover
+    from autotune.bundles.model import BundleConfig
 
 __all__ = ["FAMILIES", "family_of", "family_for", "family_of_templates", "template_names", "spec_aliases"]
 
@@ -27,9 +29,9 @@ def family_of_templates(templates: Any) -> TemplateFamily:
     return next(family for family in FAMILIES if family.generates(templates))
 
 
-def family_for(cfg: Mapping[str, Any]) -> TemplateFamily:
-    """The family whose ``load_config`` made the view ``cfg``."""
-    return next(family for family in FAMILIES if family.reads(cfg))
+def family_for(config: BundleConfig) -> TemplateFamily:
+    """The family whose ``load_config`` read ``config``."""
+    return next(family for family in FAMILIES if family.reads(config))
 
 
 def template_names() -> list[str]:

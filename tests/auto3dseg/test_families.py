@@ -31,12 +31,12 @@ def test_each_bundle_has_one_family_and_its_view_names_it(bundles: dict[str, Pat
 
     own = next(iter(demo_bundles.values()))
     assert isinstance(family_of(own), OwnTemplates) and isinstance(family_for(load_bundle_config(own)), OwnTemplates)
-    assert family_of(own).calibrated_as(load_bundle_config(own)) == load_bundle_config(own)["algo"]
+    assert family_of(own).calibrated_as(load_bundle_config(own)) == load_bundle_config(own).algo
     for root in bundles.values():
         view = load_bundle_config(root)
         assert isinstance(family_of(root), MonaiTemplates) and isinstance(family_for(view), MonaiTemplates)
         assert family_for(view).calibrated_as(view) is None  # no calibration covers MONAI's templates
-    assert set(family_of(own).tunable_keys({})) == {t.name for t in TUNABLES}
+    assert set(family_of(own).tunable_keys(load_bundle_config(own))) == {t.name for t in TUNABLES}
 
 
 @pytest.mark.parametrize("template", ["segresnet", "dints"])
@@ -52,7 +52,7 @@ def test_tuned_values_go_to_the_keys_of_the_key_table_and_read_back(bundles: dic
     view = update_bundle_config(root, {"num_patches_per_iter": 3, "num_images_per_batch": 3, "num_crops_per_image": 1,
                                        "num_sw_batch_size": 5, "sw_input_on_cpu": True})
     assert bundle_values(view) == {"num_patches_per_iter": 3, "num_sw_batch_size": 5, "validation_device": "cpu"}
-    assert record["num_patches_per_iter"] == view["num_patches_per_iter"]
+    assert record["num_patches_per_iter"] == view.num_patches_per_iter
     raw = yaml.safe_load((root / "configs" / "hyper_parameters.yaml").read_text())
     for name, where in keys.items():
         assert any(_holds(raw, key) for key in where), (template, name, where)

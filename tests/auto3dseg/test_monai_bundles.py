@@ -16,14 +16,14 @@ def test_a_monai_bundle_is_read_through_its_own_expressions(bundles: dict[str, P
     from autotune.bundles.config import load_bundle_config
 
     seg = load_bundle_config(bundles["segresnet"])
-    assert seg["format"] == "monai" and seg["monai_template"] == "segresnet" and seg["monai_template_version"] == TEST_VERSION
-    assert seg["loss"]["args"]["softmax"] is True and seg["loss"]["args"]["to_onehot_y"] is True  # "$not @sigmoid"
-    assert seg["optimizer"]["args"]["lr"] == 0.0002  # "@learning_rate"
-    assert seg["network"]["args"]["in_channels"] == 1 and seg["bundle_root"] == str(bundles["segresnet"].resolve())
+    assert seg.format == "monai" and seg.monai_template == "segresnet" and seg.monai_template_version == TEST_VERSION
+    assert seg.loss.args["softmax"] is True and seg.loss.args["to_onehot_y"] is True  # "$not @sigmoid"
+    assert seg.optimizer.args["lr"] == 0.0002  # "@learning_rate"
+    assert seg.network.args["in_channels"] == 1 and seg.bundle_root == str(bundles["segresnet"].resolve())
     dints = load_bundle_config(bundles["dints"])
-    assert dints["num_images_per_batch"] == 2 and dints["num_sw_batch_size"] == 1  # null: train.py's 1 on the device
-    assert dints["loss"]["args"]["sigmoid"] is False and dints["sw_overlap"] == 0.125
-    assert dints["amp"] is True  # the template's; its loop autocasts on CUDA only
+    assert dints.num_images_per_batch == 2 and dints.num_sw_batch_size == 1  # null: train.py's 1 on the device
+    assert dints.loss.args["sigmoid"] is False and dints.sw_overlap == 0.125
+    assert dints.amp is True  # the template's; its loop autocasts on CUDA only
 
 
 def test_a_changed_script_or_unknown_version_is_refused_in_one_line(bundles: dict[str, Path]) -> None:
@@ -118,7 +118,7 @@ def test_tune_writes_into_the_templates_own_keys_and_monai_reads_them_back(bundl
     assert ConfigParser.load_config_file(str(bundles["dints"] / "configs" / "hyper_parameters.yaml"))[
         "training"]["num_patches_per_iter"] == dints_result["num_patches_per_iter"]
     again = load_bundle_config(bundles["segresnet"])
-    assert again["num_patches_per_iter"] == n and again["tuning"]["num_patches_per_iter"] == n
+    assert again.num_patches_per_iter == n and again.plan.num_patches_per_iter == n
     report = verify(bundles["segresnet"], device="cpu", storage=f"sqlite:///{tmp_path}/s.db", retune=False,
                     progress=None)
     assert report["holds"] and report["measured_peak_bytes"] == report["estimated_peak_bytes"]

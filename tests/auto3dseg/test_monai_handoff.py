@@ -51,10 +51,10 @@ def _hand_off(cfg: dict[str, Any], n: int, speed_at_n: float, speed_at_ref: floa
 @pytest.mark.parametrize("template", ["segresnet", "dints"])
 def test_the_templates_stated_batch_and_its_optimizers_rule_are_the_reference(bundles: dict[str, Path],
                                                                                 template: str) -> None:
-    block = load_bundle_config(bundles[template])["batch_scaling"]
-    assert (block["reference_batch"], block["reference_learning_rate"], block["lr_scaling"]) == STATED[template]
-    assert block["warmup_epochs"] == 0 and "as generated" in block["source"]
-    assert ("num_crops_per_image 1" in block["source"]) and block["optimizer"] in ("AdamW", "SGD")
+    block = load_bundle_config(bundles[template]).batch_scaling
+    assert (block.reference_batch, block.reference_learning_rate, block.lr_scaling) == STATED[template]
+    assert block.warmup_epochs == 0 and "as generated" in block.source
+    assert ("num_crops_per_image 1" in block.source) and block.optimizer in ("AdamW", "SGD")
 
 
 @pytest.mark.parametrize("template", ["segresnet", "dints"])
@@ -93,8 +93,8 @@ def test_the_learning_rate_follows_the_rule_into_monais_own_keys(bundles: dict[s
     assert provenance["recipe"]["learning_rate"] == {"before": 0.0002, "after": pytest.approx(0.0004)}
     # the configs now say 4 patches at 4e-4; a second tuning still takes the template's 1 at 2e-4
     again = load_bundle_config(bundles["segresnet"])
-    assert again["num_patches_per_iter"] == 4 and again["batch_scaling"]["reference_batch"] == 1
-    assert again["batch_scaling"]["reference_learning_rate"] == 0.0002
+    assert again.num_patches_per_iter == 4 and again.batch_scaling.reference_batch == 1
+    assert again.batch_scaling.reference_learning_rate == 0.0002
     back_to_one, _ = _hand_off(again, 4, speed_at_n=10.0, speed_at_ref=10.0)
     _write(bundles["segresnet"], back_to_one)
     written = yaml.safe_load((bundles["segresnet"] / "configs" / "hyper_parameters.yaml").read_text())
@@ -117,7 +117,7 @@ def test_a_bundle_tuned_before_the_reference_was_recorded_says_so(bundles: dict[
     old_plan = {"num_patches_per_iter": 5, "num_sw_batch_size": 2, "memory_limit": 2**30, "device": "cpu"}
     update_bundle(bundles["segresnet"], {"num_patches_per_iter": 5, "tuning": old_plan})
     cfg = load_bundle_config(bundles["segresnet"])
-    assert "batch_scaling" not in cfg  # its configs hold 5, not the template's batch
+    assert cfg.batch_scaling is None  # its configs hold 5, not the template's batch
     record, asked = _hand_off(cfg, 5, speed_at_n=1.0, speed_at_ref=10.0)
     assert asked == [] and record["num_patches_per_iter"] == 5
     assert "regenerate the bundle" in record["handoff"]["line"]

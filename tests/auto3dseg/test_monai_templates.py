@@ -71,8 +71,8 @@ def test_monai_bundles_are_recognised_as_the_shared_version(generated: dict[str,
 
     assert {identify(p).label for p in generated.values()} == {"segresnet 21ed8e5", "dints 21ed8e5"}
     seg = load_bundle_config(generated["segresnet_0"])
-    assert seg["network"]["args"]["init_filters"] == 8 and seg["network"]["name"] == "SegResNetDS"
-    assert seg["roi_size"] == [32, 32, 32] and seg["num_patches_per_iter"] == 1 and seg["amp"] is True
+    assert seg.network.args["init_filters"] == 8 and seg.network.name == "SegResNetDS"
+    assert seg.roi_size == [32, 32, 32] and seg.num_patches_per_iter == 1 and seg.amp is True
 
 
 def test_a_changed_template_script_is_refused_by_the_cli_in_one_line(bundles: dict[str, Path]) -> None:

@@ -147,8 +147,8 @@ def test_a_fifth_template_in_one_file_is_generated_tuned_and_written_back(
     _known(monkeypatch, bundle)
     family = family_of(bundle)
     view = load_bundle_config(bundle)
-    assert family.name == "monai" and view["monai_template"] == NAME and view["tuning_supported"]
-    assert (view["num_patches_per_iter"], view["num_sw_batch_size"]) == (2, 2)  # "$@batch#patches" resolved
+    assert family.name == "monai" and view.monai_template == NAME and view.tuning_supported
+    assert (view.num_patches_per_iter, view.num_sw_batch_size) == (2, 2)  # "$@batch#patches" resolved
     assert family.tunable_keys(view)["num_sw_batch_size"] == ("sw_batch",)
     monkeypatch.setenv("AUTOTUNE_FAKE_PROBE", FAKE)
     [result] = tune([bundle], {"universal": {"range_num_images_per_batch": [1, 8], "range_num_sw_batch_size": [1, 4]}},
@@ -160,7 +160,7 @@ def test_a_fifth_template_in_one_file_is_generated_tuned_and_written_back(
     assert written["sw_batch"] == result["num_sw_batch_size"]
     assert written["network"]["in_channels"] == "@input_channels"  # MONAI's references stay as they are
     again = load_bundle_config(bundle)
-    assert again["num_patches_per_iter"] == 6 and again["tuning"]["num_patches_per_iter"] == 6
+    assert again.num_patches_per_iter == 6 and again.plan.num_patches_per_iter == 6
 
 
 def test_a_template_autotune_does_not_tune_is_refused_in_one_line(bundles: dict[str, Path]) -> None:

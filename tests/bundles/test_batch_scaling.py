@@ -13,6 +13,7 @@ from bundle_fixtures import copy_bundle
 from config_fixtures import bundle_config
 
 from autotune.bundles.config import load_bundle_config
+from autotune.bundles.model import BundleConfig
 from autotune.bundles.scaling import (
     coverage_cap,
     plan_schedule,
@@ -29,7 +30,7 @@ def bundles(demo_bundles: dict[str, Path]) -> dict[str, Path]:
     return demo_bundles
 
 
-def _tune(bundle: Path, storage: str, batch: int, capture: list[str] | None = None) -> dict:
+def _tune(bundle: Path, storage: str, batch: int, capture: list[str] | None = None) -> BundleConfig:
     """Tune with the estimator alone over the range [batch, batch] (an explicit range is searched as given)."""
     specs = {"universal": {"range_num_images_per_batch": [batch, batch]}}
     say = capture.append if capture is not None else None
@@ -137,14 +138,15 @@ def test_doubling_the_batch_scales_lr_and_halves_steps(bundles: dict[str, Path],
     storage = f"sqlite:///{tmp_path / 's.db'}"
     for algo, rule, factor in (("unet", "linear", 2.0), ("segresnet", "sqrt", math.sqrt(2.0))):
         cfgs, steps = {}, {}
-        scaling = {**load_bundle_config(bundles[f"{algo}_0"])["batch_scaling"], "lr_scaling": rule}
+        scaling = {**load_bundle_config(bundles[f"{algo}_0"]).batch_scaling.model_dump(exclude_unset=True),
+                   "lr_scaling": rule}
         for batch in (2, 4):
             bundle = copy_bundle(bundles[f"{algo}_0"], tmp_path / f"{algo}_{batch}", num_epochs=2,
                                  batch_scaling=scaling)
             cfg = cfgs[batch] = _tune(bundle, storage, batch)
-            recipe = cfg["tuning"]["recipe"]
-            assert recipe["learning_rate"]["before"] == cfg["batch_scaling"]["reference_learning_rate"]
-            assert recipe["learning_rate"]["after"] == cfg["learning_rate"]
+            recipe = cfg.plan.recipe
+            assert recipe["learning_rate"]["before"] == cfg.batch_scaling.reference_learning_rate
+            assert recipe["learning_rate"]["after"] == cfg.learning_rate
             cases = recipe["schedule"]["train_cases"]
             assert recipe["schedule"]["steps_per_epoch"]["after"] == plan_schedule(cfg, cases, 1).steps_per_epoch
             if algo == "unet":  # run it: the trainer takes these steps at this rate
@@ -153,16 +155,16 @@ def test_doubling_the_batch_scales_lr_and_halves_steps(bundles: dict[str, Path],
                 steps[batch] = row["steps"]
                 assert row["samples"] == recipe["schedule"]["samples_per_epoch"]
                 assert row["steps"] == recipe["schedule"]["steps_per_epoch"]["after"]
-        assert cfgs[4]["learning_rate"] == pytest.approx(factor * cfgs[2]["learning_rate"])
-        assert cfgs[2]["learning_rate"] == pytest.approx(cfgs[2]["batch_scaling"]["reference_learning_rate"])
-        s2 = cfgs[2]["tuning"]["recipe"]["schedule"]
-        s4 = cfgs[4]["tuning"]["recipe"]["schedule"]
+        assert cfgs[4].learning_rate == pytest.approx(factor * cfgs[2].learning_rate)
+        assert cfgs[2].learning_rate == pytest.approx(cfgs[2].batch_scaling.reference_learning_rate)
+        s2 = cfgs[2].plan.recipe["schedule"]
+        s4 = cfgs[4].plan.recipe["schedule"]
         assert s4["total_samples"] == s2["total_samples"]  # the schedule counts samples, not epochs
         assert s4["steps_per_epoch"]["after"] == math.ceil(s2["steps_per_epoch"]["after"] / 2)
         # a scaled-up rate ramps from the reference rate over one epoch of samples
-        assert cfgs[4]["lr_warmup_samples"] == s4["samples_per_epoch"]
-        assert cfgs[4]["lr_warmup_start_factor"] == pytest.approx(1 / factor)
-        assert cfgs[2]["lr_warmup_samples"] == 0
+        assert cfgs[4].lr_warmup_samples == s4["samples_per_epoch"]
+        assert cfgs[4].lr_warmup_start_factor == pytest.approx(1 / factor)
+        assert cfgs[2].lr_warmup_samples == 0
         if steps:
             assert steps[4] == math.ceil(steps[2] / 2)
 
@@ -178,15 +180,15 @@ def test_default_range_is_capped_and_explicit_range_warns(bundles: dict[str, Pat
     assert cap["value"] == 2  # a handful of tiny cases: nnU-Net's floor of 2
     assert batch["searched_range"] == [1, 2] and batch["handed_to_training"] == 2
     assert batch["predicted_largest_fit"] > 2 and "cap" in batch["reason"]
-    assert load_bundle_config(capped)["tuning"]["batch"]["cap"]["value"] == 2
+    assert load_bundle_config(capped).plan.batch["cap"]["value"] == 2
 
     lines: list[str] = []
     explicit = copy_bundle(bundles["unet_0"], tmp_path / "explicit")
     cfg = _tune(explicit, storage, 6, lines)
     warnings = [line for line in lines if "warning" in line]
     assert len(warnings) == 1 and "passes the training-set cap 2" in warnings[0]
-    assert cfg["num_patches_per_iter"] == 6 and cfg["tuning"]["batch"]["cap"]["applied"] is False
-    assert cfg["learning_rate"] == pytest.approx(math.sqrt(3) * cfg["batch_scaling"]["reference_learning_rate"])  # sqrt rule
+    assert cfg.num_patches_per_iter == 6 and cfg.plan.batch["cap"]["applied"] is False
+    assert cfg.learning_rate == pytest.approx(math.sqrt(3) * cfg.batch_scaling.reference_learning_rate)  # sqrt rule
 
 
 def test_overridden_learning_rate_is_the_new_reference(demo_data: Path, tmp_path: Path) -> None:
@@ -199,8 +201,8 @@ def test_overridden_learning_rate_is_the_new_reference(demo_data: Path, tmp_path
     (bundle, *_) = BundleGen(tmp_path, algos="unet", data_stats_filename=res.datastats,
                              data_src_cfg_name=res.data_src).generate(tmp_path, num_fold=2, overrides=overrides)
     cfg = load_bundle_config(bundle["path"])
-    assert cfg["batch_scaling"]["reference_learning_rate"] == 0.003
-    assert cfg["batch_scaling"]["reference_batch"] == cfg["num_patches_per_iter"] == 2
+    assert cfg.batch_scaling.reference_learning_rate == 0.003
+    assert cfg.batch_scaling.reference_batch == cfg.num_patches_per_iter == 2
 
 
 def test_batch_report_says_why_the_handed_batch_differs() -> None:

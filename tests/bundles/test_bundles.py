@@ -53,13 +53,13 @@ def test_six_bundles_with_filled_values(work: Path) -> None:
             meta = json.loads((bundle / "bundle.json").read_text())
             assert meta["template"] == algo and meta["fold"] == fold
             assert meta["datastats_hash"] == stats["autotune"]["content_hash"]
-            assert cfg["fold"] == fold and cfg["algo"] == algo
-            assert cfg["roi_size"] == [32, 32, 32]  # the tiny preset
-            assert cfg["resample_resolution"] == pytest.approx(spacing)
-            assert cfg["input_channels"] == 1 and cfg["output_classes"] == 3
-            assert cfg["intensity_normalization"] == {"mode": "zscore"}  # MRI
-            assert Path(cfg["datalist"]).is_file()
-            assert all(v >= r for v, r in zip(cfg["infer_volume_shape"], cfg["roi_size"], strict=True))
+            assert cfg.fold == fold and cfg.algo == algo
+            assert cfg.roi_size == [32, 32, 32]  # the tiny preset
+            assert cfg.resample_resolution == pytest.approx(spacing)
+            assert cfg.input_channels == 1 and cfg.output_classes == 3
+            assert cfg.intensity_normalization.model_dump(exclude_unset=True) == {"mode": "zscore"}  # MRI
+            assert Path(cfg.datalist).is_file()
+            assert all(v >= r for v, r in zip(cfg.infer_volume_shape, cfg.roi_size, strict=True))
 
 
 def test_auto_roi_is_a_multiple_of_the_network_divisor(work: Path, tmp_path: Path) -> None:
@@ -70,7 +70,7 @@ def test_auto_roi_is_a_multiple_of_the_network_divisor(work: Path, tmp_path: Pat
     divisors = {"segresnet": 8, "dints": 16, "unet": 16}
     for algo, divisor in divisors.items():
         cfg = load_bundle_config(out / f"{algo}_0")
-        assert all(v % divisor == 0 and v >= 32 for v in cfg["roi_size"]), (algo, cfg["roi_size"])
+        assert all(v % divisor == 0 and v >= 32 for v in cfg.roi_size), (algo, cfg.roi_size)
 
 
 def test_ct_clips_to_foreground_percentiles(work: Path, tmp_path: Path) -> None:
@@ -81,9 +81,9 @@ def test_ct_clips_to_foreground_percentiles(work: Path, tmp_path: Path) -> None:
               data_src_cfg_name=tmp_path / "ct.yaml").generate(tmp_path / "ct", num_fold=1)
     cfg = load_bundle_config(tmp_path / "ct" / "unet_0")
     fg = yaml.safe_load((work / "datastats.yaml").read_text())["stats_summary"]["image_foreground_stats"]["intensity"]
-    assert cfg["intensity_normalization"]["mode"] == "clip"
-    assert cfg["intensity_normalization"]["a_min"] == pytest.approx(fg["percentile_00_5"])
-    assert cfg["intensity_normalization"]["a_max"] == pytest.approx(fg["percentile_99_5"])
+    assert cfg.intensity_normalization.mode == "clip"
+    assert cfg.intensity_normalization.a_min == pytest.approx(fg["percentile_00_5"])
+    assert cfg.intensity_normalization.a_max == pytest.approx(fg["percentile_99_5"])
 
 
 def test_every_network_builds_and_runs_forward(work: Path) -> None:
@@ -95,16 +95,16 @@ def test_every_network_builds_and_runs_forward(work: Path) -> None:
         cfg = load_bundle_config(work / f"{algo}_0")
         net = build_network(cfg)
         build_optimizer(cfg, net.parameters())
-        x = torch.randn(1, cfg["input_channels"], *cfg["roi_size"])
+        x = torch.randn(1, cfg.input_channels, *cfg.roi_size)
         with torch.no_grad():
             y = net(x)
-        assert tuple(y.shape) == (1, cfg["output_classes"], *cfg["roi_size"])
-        loss = build_loss(cfg)(y, torch.zeros(1, 1, *cfg["roi_size"]))
+        assert tuple(y.shape) == (1, cfg.output_classes, *cfg.roi_size)
+        loss = build_loss(cfg)(y, torch.zeros(1, 1, *cfg.roi_size))
         assert torch.isfinite(loss)
         # the deterministic transforms load and resample a real case
-        item = json.loads(Path(cfg["datalist"]).read_text())["training"][0]
+        item = json.loads(Path(cfg.datalist).read_text())["training"][0]
         data = build_transforms(cfg, "val")({"image": item["image"], "label": item["label"]})
-        assert data["image"].shape[0] == cfg["input_channels"]
+        assert data["image"].shape[0] == cfg.input_channels
 
 
 def test_unknown_algorithm_lists_valid_ones(work: Path) -> None:
@@ -121,7 +121,7 @@ def test_regenerate_is_safe_and_keeps_training_outputs(work: Path, tmp_path: Pat
     marker.parent.mkdir(parents=True)
     marker.write_text("trained")
     gen.generate(out, num_fold=1, overrides={"num_epochs": 9})
-    assert load_bundle_config(out / "unet_0")["num_epochs"] == 9
+    assert load_bundle_config(out / "unet_0").num_epochs == 9
     assert marker.read_text() == "trained"
     assert not list(out.glob(".*")), "no temp folders left behind"
     assert [b["identifier"] for b in gen.get_bundles()] == ["unet_0"]
@@ -131,8 +131,8 @@ def test_overrides_scope_to_an_algorithm(work: Path, tmp_path: Path) -> None:
     BundleGen(work, algos="segresnet,unet", data_stats_filename=work / "datastats.yaml",
               data_src_cfg_name=work / "data_src.yaml").generate(
         tmp_path / "o", num_fold=1, overrides={"roi_size": [32, 32, 32], "unet": {"learning_rate": 0.5}})
-    assert load_bundle_config(tmp_path / "o" / "unet_0")["learning_rate"] == 0.5
-    assert load_bundle_config(tmp_path / "o" / "segresnet_0")["learning_rate"] != 0.5
+    assert load_bundle_config(tmp_path / "o" / "unet_0").learning_rate == 0.5
+    assert load_bundle_config(tmp_path / "o" / "segresnet_0").learning_rate != 0.5
 
 
 @pytest.mark.parametrize(
@@ -203,8 +203,8 @@ def test_keys_the_templates_know_are_taken(work: Path, tmp_path: Path) -> None:
         tmp_path / "out", num_fold=1, overrides={**load_overrides("tiny"), "cpu_bf16": True, "sw_overlap": 0.25,
                                                  "dints": {"network": {"topology": {"num_blocks": 2}}},
                                                  "unet": {"network": {"args": {"dropout": 0.1}}}})
-    assert load_bundle_config(tmp_path / "out" / "unet_0")["network"]["args"]["dropout"] == 0.1
-    assert load_bundle_config(tmp_path / "out" / "dints_0")["sw_overlap"] == 0.25
+    assert load_bundle_config(tmp_path / "out" / "unet_0").network.args["dropout"] == 0.1
+    assert load_bundle_config(tmp_path / "out" / "dints_0").sw_overlap == 0.25
 
 
 def test_a_resample_override_recomputes_the_sizes_measured_at_it(work: Path, tmp_path: Path) -> None:
@@ -213,8 +213,8 @@ def test_a_resample_override_recomputes_the_sizes_measured_at_it(work: Path, tmp
     gen = BundleGen(work, algos="unet", data_stats_filename=work / "datastats.yaml",
                     data_src_cfg_name=work / "data_src.yaml")
     plain = load_bundle_config(work / "unet_0")
-    assert all(v > r for v, r in zip(plain["infer_volume_shape"], plain["roi_size"], strict=True)), plain
-    fine = [v / 2 for v in plain["resample_resolution"]]
+    assert all(v > r for v, r in zip(plain.infer_volume_shape, plain.roi_size, strict=True)), plain
+    fine = [v / 2 for v in plain.resample_resolution]
     gen.generate(tmp_path / "fine", num_fold=1, overrides={**load_overrides("tiny"), "resample_resolution": fine})
-    at_fine = load_bundle_config(tmp_path / "fine" / "unet_0")["infer_volume_shape"]
-    assert all(2 * p - 2 <= f <= 2 * p for f, p in zip(at_fine, plain["infer_volume_shape"], strict=True)), at_fine
+    at_fine = load_bundle_config(tmp_path / "fine" / "unet_0").infer_volume_shape
+    assert all(2 * p - 2 <= f <= 2 * p for f, p in zip(at_fine, plain.infer_volume_shape, strict=True)), at_fine

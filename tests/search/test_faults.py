@@ -135,5 +135,5 @@ def test_tuned_result_is_the_best_measured_feasible_point(study_run: dict, bundl
         assert result["validation_device"] == "device" and result["sw_input_on_cpu"] is False
         assert result["peak_bytes"] <= result["budget_bytes"]
     cfg = load_bundle_config(bundle)  # only the second run wrote back
-    assert (cfg["num_patches_per_iter"], cfg["num_sw_batch_size"]) == _point(expected)
-    assert cfg["tuning"]["trials"] == [7, 8] and cfg["tuning"]["study_name"] == study_run["study_name"]
+    assert (cfg.num_patches_per_iter, cfg.num_sw_batch_size) == _point(expected)
+    assert cfg.plan.trials == [7, 8] and cfg.plan.study_name == study_run["study_name"]

@@ -38,21 +38,21 @@ def test_goodput_hands_over_the_reference_batch_with_the_tuned_sw_batch(
                             memory_limit=setup["limit"], storage=f"sqlite:///{tmp_path / 's.db'}", margin=MARGIN,
                             progress=lines.append)  # its own storage: the module's keeps unpatched verdicts
     cfg = load_bundle_config(bundle)
-    scaling, block = cfg["batch_scaling"], cfg["tuning"]
-    ref = scaling["reference_batch"]
-    largest = block["batch"]["largest_fit_in_range"]
+    scaling, block = cfg.batch_scaling, cfg.plan
+    ref = scaling.reference_batch
+    largest = block.batch["largest_fit_in_range"]
     assert largest > ref, "the limit must leave room above the template's batch"
-    assert result["num_patches_per_iter"] == cfg["num_patches_per_iter"] == ref
-    assert cfg["learning_rate"] == pytest.approx(scaling["reference_learning_rate"]) and cfg["lr_warmup_samples"] == 0
-    assert cfg["num_sw_batch_size"] == block["num_sw_batch_size"] >= 1
-    verdict = block["handoff"]
+    assert result["num_patches_per_iter"] == cfg.num_patches_per_iter == ref
+    assert cfg.learning_rate == pytest.approx(scaling.reference_learning_rate) and cfg.lr_warmup_samples == 0
+    assert cfg.num_sw_batch_size == block.num_sw_batch_size >= 1
+    verdict = block.handoff
     assert verdict["rule"] == "goodput" and verdict["handed"] == ref and verdict["batch"] == largest
     assert verdict["line"].startswith(f"samples/s at {ref}: ") and f", at {largest}: " in verdict["line"]
-    assert f"per-sample efficiency {math.sqrt(ref / largest):.3g} ({scaling['lr_scaling']} lr rule)" in verdict["line"]
+    assert f"per-sample efficiency {math.sqrt(ref / largest):.3g} ({scaling.lr_scaling} lr rule)" in verdict["line"]
     assert verdict["line"].endswith(f"-> hand over {ref}")
-    assert block["batch"]["handed_to_training"] == ref and "goodput rule" in block["batch"]["reason"]
-    assert block["max_num_patches_per_iter"] == largest
-    assert block["train_peak_bytes"] <= block["budget_bytes"] and block["samples_per_s"] > 0
+    assert block.batch["handed_to_training"] == ref and "goodput rule" in block.batch["reason"]
+    assert block.max_num_patches_per_iter == largest
+    assert block.train_peak_bytes <= block.budget_bytes and block.samples_per_s > 0
     assert any(line.endswith(verdict["line"]) for line in lines)  # said as well as written
     # verify checks the handed batch and the largest fit's edge, not the handed batch's
     report = verify(bundle, device="cpu", retune=False)
@@ -81,7 +81,7 @@ def test_goodput_verdict_follows_the_measured_speed_up(setup: dict, goodput_run:
     assert verdict["margin"] == pytest.approx(max(goodput.DEFAULT_NOISE, noise))
     wins = verdict["speedup"] > 1 + verdict["margin"]
     assert verdict["handed"] == (verdict["batch"] if wins else verdict["reference_batch"])
-    assert load_bundle_config(bundle)["num_patches_per_iter"] == verdict["handed"]
+    assert load_bundle_config(bundle).num_patches_per_iter == verdict["handed"]
 
 
 def test_handoff_largest_restores_the_largest_fit(setup: dict, goodput_run: dict, tmp_path: Path,
@@ -92,14 +92,14 @@ def test_handoff_largest_restores_the_largest_fit(setup: dict, goodput_run: dict
     out, err = capsys.readouterr()
     assert code == 0, err
     cfg = load_bundle_config(bundle)
-    block, scaling = cfg["tuning"], cfg["batch_scaling"]
-    largest = block["batch"]["largest_fit_in_range"]
-    assert cfg["num_patches_per_iter"] == largest == block["max_num_patches_per_iter"] > scaling["reference_batch"]
-    assert block["handoff"]["rule"] == "largest"
-    assert f"hand-off: {block['handoff']['line']}" in out  # the table's note says which rule handed over
-    assert block["probes"] == 0, "the goodput run's points are read back from the study; no reference probe"
-    assert cfg["learning_rate"] == pytest.approx(scaled_learning_rate(
-        scaling["reference_learning_rate"], scaling["reference_batch"], largest, scaling["lr_scaling"]))
+    block, scaling = cfg.plan, cfg.batch_scaling
+    largest = block.batch["largest_fit_in_range"]
+    assert cfg.num_patches_per_iter == largest == block.max_num_patches_per_iter > scaling.reference_batch
+    assert block.handoff["rule"] == "largest"
+    assert f"hand-off: {block.handoff['line']}" in out  # the table's note says which rule handed over
+    assert block.probes == 0, "the goodput run's points are read back from the study; no reference probe"
+    assert cfg.learning_rate == pytest.approx(scaled_learning_rate(
+        scaling.reference_learning_rate, scaling.reference_batch, largest, scaling.lr_scaling))
 
 
 def test_bad_handoff_is_one_line_exit_2(setup: dict, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -23,6 +23,7 @@ from pg_fixtures import pg_database_url, postgres_url  # noqa: F401
 from probe_fixtures import one_window_unet
 
 from autotune.bundles.config import load_bundle_config, update_bundle_config
+from autotune.bundles.model import BundleConfig
 from autotune.search.storage.liveness import is_coordination_study
 from autotune.stages import tune
 
@@ -32,9 +33,14 @@ WORKERS, KEYS, THREADS = 8, 4, 4
 FAKE = "sleep=0.3,base=64MiB,patch=32MiB,window=16MiB"
 LIMIT = "300MiB"  # budget 270 MiB: 6 patches and every sw batch of the range fit
 RANGES = ["--range-num-images-per-batch", "1", "8", "--range-num-sw-batch-size", "1", "4"]
-ANSWER = ("num_patches_per_iter", "num_sw_batch_size", "sw_input_on_cpu")
 MONITOR = "test-monitor"
 States = optuna.trial.TrialState
+
+
+def answer_of(config: BundleConfig) -> dict[str, Any]:
+    """The tuned answer a bundle holds: its batch, sliding-window batch and where validation lives."""
+    return {"num_patches_per_iter": config.num_patches_per_iter, "num_sw_batch_size": config.num_sw_batch_size,
+            "sw_input_on_cpu": config.sw_input_on_cpu}
 
 
 @pytest.fixture(scope="module")
@@ -42,11 +48,11 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Four bundles that differ in their optimizer's weight decay: four tuning keys."""
     source = one_window_unet(tmp_path_factory, "many_src")
     root = tmp_path_factory.mktemp("many") / "work"
-    optimizer = load_bundle_config(source)["optimizer"]
+    optimizer = load_bundle_config(source).optimizer.as_dict()
     for k in range(KEYS):
         shutil.copytree(source, root / f"unet_{k}")
         update_bundle_config(root / f"unet_{k}", {"optimizer": {**optimizer, "args": {
-            **optimizer.get("args", {}), "weight_decay": 1.0e-5 * (k + 1)}}})
+            **optimizer["args"], "weight_decay": 1.0e-5 * (k + 1)}}})
     return root
 
 
@@ -64,7 +70,7 @@ def alone(work: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
     finally:
         del os.environ["AUTOTUNE_FAKE_PROBE"]
     assert result["status"] == "tuned" and result["num_patches_per_iter"] == 6
-    return {key: load_bundle_config(root / "unet_0")[key] for key in ANSWER}
+    return answer_of(load_bundle_config(root / "unet_0"))
 
 
 def _free_port() -> int:
@@ -160,6 +166,6 @@ def test_eight_workers_through_the_proxy_one_killed(work: Path, alone: dict, pg_
     assert stale.state == States.FAIL and stale.user_attrs["fail_reason"].startswith("stale: worker "), stale.user_attrs
     assert probed[(name, point)] == 1, "another worker probed the killed worker's point"
     for k in range(KEYS):
-        assert {key: load_bundle_config(work / f"unet_{k}")[key] for key in ANSWER} == alone, f"unet_{k}"
+        assert answer_of(load_bundle_config(work / f"unet_{k}")) == alone, f"unet_{k}"
     assert 0 < peak <= THREADS, f"{peak} connections: the proxy's pool holds {THREADS}"
     monitor.engine.dispose()

@@ -9,6 +9,7 @@ import os
 import shutil
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import optuna
 import pytest
@@ -17,14 +18,20 @@ from pg_fixtures import pg_database_url, postgres_url  # noqa: F401
 from probe_fixtures import one_window_unet
 
 from autotune.bundles.config import load_bundle_config, update_bundle_config
+from autotune.bundles.model import BundleConfig
 from autotune.search.storage.liveness import is_coordination_study
 
 FAKE = "sleep=0.1,base=64MiB,patch=32MiB,window=16MiB"
 ARGS = ["--device", "cpu", "--memory-limit", "300MiB", "--margin", "0.1", "--handoff", "largest",
         "--range-num-images-per-batch", "1", "8", "--range-num-sw-batch-size", "1", "4", "-q"]
-ANSWER = ("num_patches_per_iter", "num_sw_batch_size", "sw_input_on_cpu")
 KEYS = 2
 States = optuna.trial.TrialState
+
+
+def answer_of(config: BundleConfig) -> dict[str, Any]:
+    """The tuned answer a bundle holds: its batch, sliding-window batch and where validation lives."""
+    return {"num_patches_per_iter": config.num_patches_per_iter, "num_sw_batch_size": config.num_sw_batch_size,
+            "sw_input_on_cpu": config.sw_input_on_cpu}
 
 
 @pytest.fixture(scope="module")
@@ -32,12 +39,12 @@ def bundles(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     """Two bundles that differ in their optimizer's weight decay: two tuning keys."""
     source = one_window_unet(tmp_path_factory, "plain_src")
     root = tmp_path_factory.mktemp("plain")
-    optimizer = load_bundle_config(source)["optimizer"]
+    optimizer = load_bundle_config(source).optimizer.as_dict()
     made = []
     for k in range(KEYS):
         made.append(Path(shutil.copytree(source, root / f"unet_{k}")))
         update_bundle_config(made[-1], {"optimizer": {**optimizer, "args": {
-            **optimizer.get("args", {}), "weight_decay": 1.0e-5 * (k + 1)}}})
+            **optimizer["args"], "weight_decay": 1.0e-5 * (k + 1)}}})
     return made
 
 
@@ -69,8 +76,7 @@ def _two_plain_runs(bundles: list[Path], url: str, root: Path) -> None:
         assert run.returncode == 0, err[-3000:]
     probed = _probed(url)
     assert len(probed) >= KEYS and max(probed.values()) == 1, f"a point probed twice: {probed}"
-    answers = {name: [{key: load_bundle_config(root / name / b.name)[key] for key in ANSWER} for b in bundles]
-               for name in ("a", "b")}
+    answers = {name: [answer_of(load_bundle_config(root / name / b.name)) for b in bundles] for name in ("a", "b")}
     assert answers["a"] == answers["b"], answers
     assert all(answer["num_patches_per_iter"] == 6 for answer in answers["a"]), answers  # 64 + 6 x 32 MiB fits 270
 

@@ -40,14 +40,14 @@ def test_cpu_plan_is_estimated_then_verified_as_measured(bundle: Path, tmp_path:
     trials = optuna.load_study(study_name=plan["study_name"], storage=storage).get_trials()
     assert trials and all(t.user_attrs["kind"] == "estimate" and t.user_attrs["measured"] is False for t in trials)
     cfg = load_bundle_config(bundle)
-    assert cfg["tuning"]["method"] == "estimated"
+    assert cfg.plan.method == "estimated"
     report = verify(bundle, device="cpu", storage=storage, retune=False)
     assert report["holds"], report
     assert report["estimate_error"] is not None and report["estimate_error"] <= 0.05
     after = load_bundle_config(bundle)
-    assert after["tuning"]["method"] == "measured"
-    assert after["tuning"]["verified"]["measured_peak_bytes"] <= after["tuning"]["budget_bytes"]
-    assert after["num_patches_per_iter"] == plan["num_patches_per_iter"]
+    assert after.plan.method == "measured"
+    assert after.plan.verified["measured_peak_bytes"] <= after.plan.budget_bytes
+    assert after.num_patches_per_iter == plan["num_patches_per_iter"]
 
 
 def test_a_wrong_plan_is_retuned(bundle: Path, tmp_path: Path) -> None:
@@ -57,13 +57,13 @@ def test_a_wrong_plan_is_retuned(bundle: Path, tmp_path: Path) -> None:
                         margin=MARGIN, progress=None)[0]
     cfg = load_bundle_config(bundle)
     # spoil the plan: two patches more than fit
-    update_bundle_config(bundle, {"num_patches_per_iter": cfg["num_patches_per_iter"] + 2,
-                                  "num_images_per_batch": cfg["num_patches_per_iter"] + 2})
+    update_bundle_config(bundle, {"num_patches_per_iter": cfg.num_patches_per_iter + 2,
+                                  "num_images_per_batch": cfg.num_patches_per_iter + 2})
     report = verify(bundle, device="cpu", storage=storage)
     assert not report["holds"]
     assert report["retuned"]["status"] == "tuned"
-    assert load_bundle_config(bundle)["num_patches_per_iter"] == plan["num_patches_per_iter"]
-    assert load_bundle_config(bundle)["tuning"]["method"] == "measured"
+    assert load_bundle_config(bundle).num_patches_per_iter == plan["num_patches_per_iter"]
+    assert load_bundle_config(bundle).plan.method == "measured"
 
 
 def test_plan_for_a_catalogue_gpu_without_one(bundle: Path, tmp_path: Path) -> None:
@@ -72,16 +72,16 @@ def test_plan_for_a_catalogue_gpu_without_one(bundle: Path, tmp_path: Path) -> N
     result = tune([bundle], storage=f"sqlite:///{tmp_path / 'a100.db'}", strategy="estimate", target_gpu="a100-80gb",
                           progress=None)[0]
     assert result["status"] == "tuned" and result["method"] == "estimated" and result["probes"] == 0
-    tuning = load_bundle_config(bundle)["tuning"]
-    assert tuning["target"]["catalogue"] == "a100-80gb" and tuning["device_name"] == "NVIDIA A100 80GB"
-    assert tuning["allowances"]["context_bytes"] > 0 and tuning["allowances_validated_on_gpu"] is False
-    assert tuning["budget_bytes"] == int(target["memory"] * 0.9) - tuning["allowances"]["context_bytes"]
+    tuning = load_bundle_config(bundle).plan
+    assert tuning.target["catalogue"] == "a100-80gb" and tuning.device_name == "NVIDIA A100 80GB"
+    assert tuning.allowances["context_bytes"] > 0 and tuning.allowances_validated_on_gpu is False
+    assert tuning.budget_bytes == int(target["memory"] * 0.9) - tuning.allowances["context_bytes"]
     # 80 GB holds the tiny network's whole range: the plan is the top of the searched (capped) range,
     # and the estimate says what memory would hold past the template's whole range
-    whole_top = load_bundle_config(bundle)["tuning_ranges"]["num_patches_per_iter"][1]
-    assert result["num_patches_per_iter"] == tuning["batch"]["searched_range"][1]
-    assert tuning["batch"]["predicted_largest_fit"] > whole_top
-    assert "memory would hold" in tuning["batch"]["reason"] and "not probed" in tuning["batch"]["reason"]
+    whole_top = load_bundle_config(bundle).tuning_ranges["num_patches_per_iter"][1]
+    assert result["num_patches_per_iter"] == tuning.batch["searched_range"][1]
+    assert tuning.batch["predicted_largest_fit"] > whole_top
+    assert "memory would hold" in tuning.batch["reason"] and "not probed" in tuning.batch["reason"]
 
 
 def test_target_memory_and_errors() -> None:

@@ -78,16 +78,16 @@ def test_write_back_and_folds_share_one_search(work: Path, tuned: dict) -> None:
     assert first["study_name"] == second["study_name"]
     for bundle in ("unet_0", "unet_1"):
         cfg = load_bundle_config(work / bundle)
-        n = cfg["num_patches_per_iter"]
+        n = cfg.num_patches_per_iter
         assert n == first["num_patches_per_iter"]
-        assert (cfg["num_images_per_batch"] * cfg["num_crops_per_image"]) % n == 0
-        assert cfg["num_sw_batch_size"] == first["num_sw_batch_size"]
-        assert cfg["sw_input_on_cpu"] is False
-        block = cfg["tuning"]
-        assert block["method"] == "measured" and block["study_name"] == first["study_name"]
-        assert block["memory_limit"] == first["memory_limit"] and block["margin"] == MARGIN
-        assert block["peak_bytes"] <= block["budget_bytes"]
-        assert block["storage"] == tuned["storage"]  # where the study lives (no password to hide here)
+        assert (cfg.num_images_per_batch * cfg.num_crops_per_image) % n == 0
+        assert cfg.num_sw_batch_size == first["num_sw_batch_size"]
+        assert cfg.sw_input_on_cpu is False
+        block = cfg.plan
+        assert block.method == "measured" and block.study_name == first["study_name"]
+        assert block.memory_limit == first["memory_limit"] and block.margin == MARGIN
+        assert block.peak_bytes <= block.budget_bytes
+        assert block.storage == tuned["storage"]  # where the study lives (no password to hide here)
     assert (work / "summary.json").is_file()
 
 
@@ -120,19 +120,19 @@ def test_dashboard_best_trials_are_the_bundle_values(work: Path, tuned: dict) ->
         cfg = load_bundle_config(work / bundle)
         # the training study answers the memory search (the largest fit); the goodput hand-off may give
         # training the template's batch instead, and says so in the tuning block (tests/search/test_handoff.py)
-        assert best_train.params["num_patches_per_iter"] == cfg["tuning"]["max_num_patches_per_iter"]
-        assert cfg["num_patches_per_iter"] in (cfg["tuning"]["max_num_patches_per_iter"],
-                                               cfg["tuning"]["handoff"]["reference_batch"])
-        if cfg["num_patches_per_iter"] == best_train.params["num_patches_per_iter"]:
-            assert best_train.number == cfg["tuning"]["train_trial"]
+        plan = cfg.plan
+        assert best_train.params["num_patches_per_iter"] == plan.max_num_patches_per_iter
+        assert cfg.num_patches_per_iter in (plan.max_num_patches_per_iter, plan.handoff["reference_batch"])
+        if cfg.num_patches_per_iter == best_train.params["num_patches_per_iter"]:
+            assert best_train.number == plan.train_trial
         else:  # handed the reference batch: its own probe is the training trial, the verdict line says why
-            assert cfg["tuning"]["train_trial"] == cfg["tuning"]["handoff"]["reference_trial"]
-            assert "hand over" in cfg["tuning"]["handoff"]["line"]
-        assert best_infer.params["num_sw_batch_size"] == cfg["num_sw_batch_size"]
-        assert best_infer.params["validation_device"] == cfg["tuning"]["validation_device"]
-        assert best_infer.number == cfg["tuning"]["infer_trial"]
-        assert cfg["tuning"]["infer_study_name"] == first["infer_study_name"]
-        assert cfg["tuning"]["infer_trial"] in cfg["tuning"]["infer_trials"]
+            assert plan.train_trial == plan.handoff["reference_trial"]
+            assert "hand over" in plan.handoff["line"]
+        assert best_infer.params["num_sw_batch_size"] == cfg.num_sw_batch_size
+        assert best_infer.params["validation_device"] == plan.validation_device
+        assert best_infer.number == plan.infer_trial
+        assert plan.infer_study_name == first["infer_study_name"]
+        assert plan.infer_trial in plan.infer_trials
     for best in (best_train, best_infer):
         assert best.user_attrs["verdict"] == "fits" and best.constraints["memory"] <= 0
 
@@ -204,8 +204,8 @@ def test_bundlegen_gpu_customization(demo_data: Path, limit: int, tmp_path: Path
                            gpu_customization_specs=specs, device="cpu", memory_limit=limit,
                            storage=f"sqlite:///{tmp_path / 's.db'}", progress=None)
     cfg = load_bundle_config(bundles[0]["path"])
-    assert cfg["tuning"]["status"] == "tuned"
-    assert 1 <= cfg["num_patches_per_iter"] <= 2 and 1 <= cfg["num_sw_batch_size"] <= 2
+    assert cfg.plan.status == "tuned"
+    assert 1 <= cfg.num_patches_per_iter <= 2 and 1 <= cfg.num_sw_batch_size <= 2
 
 
 @pytest.mark.parametrize(

@@ -26,6 +26,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import optuna
 import pytest
@@ -34,6 +35,7 @@ from pg_fixtures import PostgresCluster, pg_cluster, pg_database_url, postgres_u
 from probe_fixtures import limit_for_patches, one_window_unet, two_fold_work
 
 from autotune.bundles.config import load_bundle_config
+from autotune.bundles.model import BundleConfig
 from autotune.search.storage.liveness import is_coordination_study
 from autotune.stages import tune
 
@@ -41,9 +43,14 @@ pytestmark = pytest.mark.postgres
 
 MARGIN = 0.10
 STALE_SECONDS = 10
-TUNED_KEYS = ("num_patches_per_iter", "num_images_per_batch", "num_sw_batch_size", "sw_input_on_cpu")
 SPACE = ["--range-num-images-per-batch", "1", "8", "--range-num-sw-batch-size", "1", "4"]
 States = optuna.trial.TrialState
+
+
+def tuned_values(config: BundleConfig) -> dict[str, Any]:
+    """The values the tuner writes back, as the bundle holds them."""
+    return {"num_patches_per_iter": config.num_patches_per_iter, "num_images_per_batch": config.num_images_per_batch,
+            "num_sw_batch_size": config.num_sw_batch_size, "sw_input_on_cpu": config.sw_input_on_cpu}
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +72,7 @@ def reference(tiny: Path, limit: int, tmp_path_factory: pytest.TempPathFactory) 
     result = tune([work / "unet_0"], specs, device="cpu", memory_limit=limit, strategy="estimate",
                           margin=MARGIN, storage=f"sqlite:///{work / 'ref.db'}", progress=None)[0]
     assert result["status"] == "tuned"
-    return {key: load_bundle_config(work / "unet_0")[key] for key in TUNED_KEYS}
+    return tuned_values(load_bundle_config(work / "unet_0"))
 
 
 @pytest.fixture()
@@ -132,8 +139,8 @@ def _check_study(trials: list[optuna.trial.FrozenTrial]) -> None:
 def _check_bundles(work: Path, expected: dict) -> None:
     for name in ("unet_0", "unet_1"):
         cfg = load_bundle_config(work / name)
-        assert {key: cfg[key] for key in TUNED_KEYS} == expected, name
-        assert cfg["tuning"]["status"] == "tuned" and cfg["tuning"]["storage"].startswith("postgresql")
+        assert tuned_values(cfg) == expected, name
+        assert cfg.plan is not None and cfg.plan.status == "tuned" and (cfg.plan.storage or "").startswith("postgresql")
 
 
 def _wait_for_midway(storage: optuna.storages.RDBStorage, workers: list[Worker],
@@ -223,7 +230,7 @@ def test_worker_killed_then_rerun(work: Path, pg_database_url: str, limit: int, 
                    target="worker_every_pass")
     victim, done_before, running = _wait_for_midway(storage, [first])
     victim.kill()
-    assert "tuning" not in load_bundle_config(work / "unet_0"), "a killed worker wrote nothing back"
+    assert load_bundle_config(work / "unet_0").plan is None, "a killed worker wrote nothing back"
     started = time.time()
     code, _out, err = _start(work, pg_database_url, limit, "rerun", "--strategy", "estimate", *SPACE).finish(300)
     assert code == 0, err
@@ -263,8 +270,8 @@ def test_tpe_workers_share_points(work: Path, pg_database_url: str, limit: int) 
             source = trials[trial.user_attrs["reused_trial"]]
             assert source.user_attrs["point_id"] == trial.user_attrs["point_id"] and source.value == trial.value
     cfgs = [load_bundle_config(work / name) for name in ("unet_0", "unet_1")]
-    assert cfgs[0]["num_patches_per_iter"] in (2, 3) and cfgs[0]["num_sw_batch_size"] == 1
-    assert {key: cfgs[0][key] for key in TUNED_KEYS} == {key: cfgs[1][key] for key in TUNED_KEYS}
+    assert cfgs[0].num_patches_per_iter in (2, 3) and cfgs[0].num_sw_batch_size == 1
+    assert tuned_values(cfgs[0]) == tuned_values(cfgs[1])
     # each worker prints the values it found: bundle, status, patches, images x crops, sw batch, validation
     tables = [[line.split()[:8] for line in out.splitlines()[-2:]] for _code, out, _err in ends]
     assert all(table == tables[0] for table in tables), tables
@@ -285,7 +292,7 @@ def _undisturbed_fast(tiny: Path, limit: int, root: Path) -> tuple[dict, int]:
     finished = [t for t in _trials(storage) if t.state == States.COMPLETE]
     storage.engine.dispose()
     assert result["status"] == "tuned"
-    return {key: load_bundle_config(root / "unet_0")[key] for key in TUNED_KEYS}, len(finished)
+    return tuned_values(load_bundle_config(root / "unet_0")), len(finished)
 
 
 def test_server_restart_while_two_workers_tune(work: Path, tiny: Path, pg_database_url: str,  # noqa: F811
