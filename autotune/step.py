@@ -1,8 +1,8 @@
 """The training step and the sliding-window pass, shared by probe, estimator and trainer.
 
 Keeping these in one place is what makes a probe measure what training runs. A ``config`` here is the bundle's
-``autotune.bundles.model.BundleConfig`` (typed ``Any``: that module reaches this one through the tunables, and
-the layering test allows no cycle, a type-only import included).
+``autotune.bundles.model.BundleConfig`` (typed ``Any``). The loader batch a pass splits from is
+``autotune.tunables.loader_batch_patches``.
 """
 
 from __future__ import annotations
@@ -16,15 +16,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from autotune.finite import StepGuard
 
 __all__ = ["train_step", "micro_batch_sizes", "split_patches", "sliding_window_predict", "num_windows", "make_grad_scaler",
-           "loader_batch_patches", "make_dice_metric", "score_case"]
-
-
-def loader_batch_patches(num_patches_per_iter: int, num_crops_per_image: int) -> int:
-    """Patches in one loader batch for N patches per forward pass: images x crops = lcm(N, crops),
-    so the batch splits into whole passes of N."""
-    import math
-
-    return math.lcm(max(1, int(num_patches_per_iter)), max(1, int(num_crops_per_image)))
+           "make_dice_metric", "score_case"]
 
 
 def make_dice_metric(config: Any) -> Any:

@@ -28,7 +28,7 @@ from types import MappingProxyType
 from typing import Any
 
 __all__ = ["Tunable", "TUNABLES", "BATCH", "SW_BATCH", "VALIDATION_DEVICE", "Point", "tunable", "of_phase", "sized_by",
-           "spec_key_names", "bundle_values", "loader_settings", "written_values"]
+           "spec_key_names", "bundle_values", "loader_batch_patches", "loader_settings", "written_values"]
 
 
 @dataclass(frozen=True)
@@ -246,12 +246,18 @@ def bundle_values(config: Any) -> dict[str, Any]:
     return {t.name: t.bundle_value(config) for t in TUNABLES}
 
 
+def loader_batch_patches(num_patches_per_iter: int, num_crops_per_image: int) -> int:
+    """Patches in one loader batch for N patches per forward pass: images x crops = lcm(N, crops),
+    so the batch splits into whole passes of N."""
+    import math
+
+    return math.lcm(max(1, int(num_patches_per_iter)), max(1, int(num_crops_per_image)))
+
+
 def loader_settings(num_patches_per_iter: int, num_crops_per_image: int) -> dict[str, int]:
     """The loader batch that splits into whole forward passes of N patches: images x crops = lcm(N, crops)
-    (``autotune.step.loader_batch_patches``; the probe holds this batch too). The one place the loader batch is
+    (``loader_batch_patches``; the probe holds this batch too). The one place the loader batch is
     computed from the batch: the write-back (``written_values``) and the hand-off's schedule read it."""
-    from autotune.step import loader_batch_patches
-
     n, crops = int(num_patches_per_iter), max(1, int(num_crops_per_image))
     images = loader_batch_patches(n, crops) // crops
     return {BATCH.name: n, "num_images_per_batch": images, "num_crops_per_image": crops}

@@ -33,7 +33,7 @@ What it measures, from the storage after each run (and while it runs):
   ``max_connections``; the workers' memory at its peak (sums of RSS and PSS, ``/proc/PID/smaps_rollup``);
 - the storage calls the workers made (each finished worker counts its own), per probe.
 
-PostgreSQL: a throw-away server on 127.0.0.1 (``tests/pg_fixtures.py``), default settings
+PostgreSQL: a throw-away server on 127.0.0.1 (``benchmarks/postgres.py``, the tests' server too), default settings
 (``max_connections`` 100) but for ``fsync``, ``synchronous_commit`` and ``full_page_writes`` (off).
 A run is given up when the machine's available memory falls under 3 GiB (``given_up_low_memory``).
 
@@ -80,7 +80,7 @@ def prepare(root: Path, keys: int, sleep: float) -> dict[str, Any]:
     """The work folder of ``keys`` bundles and the answer one worker alone finds (SQLite)."""
     from autotune.bundles.config import load_bundle_config, update_bundle_config
     from autotune.stages import tune
-    from tests.probe_fixtures import make_tiny_bundles
+    from benchmarks.tiny_bundles import make_tiny_bundles
 
     source = make_tiny_bundles(root / "src", algos=("unet",))["unet"]
     optimizer = load_bundle_config(source).optimizer.as_dict()
@@ -603,9 +603,9 @@ def main() -> int:
     prepared = json.loads(done.stdout.strip().splitlines()[-1])
     print(f"one worker alone: {prepared['answer']}, {prepared['probes']} probes, {prepared['single_seconds']} s",
           file=sys.stderr)
-    from tests import pg_fixtures
+    from benchmarks.postgres import start_cluster
 
-    cluster = pg_fixtures._start_cluster()
+    cluster = start_cluster()
     runs = []
     try:
         pg = _postgres_facts(cluster.url)

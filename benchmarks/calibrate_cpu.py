@@ -98,7 +98,7 @@ def _measure(args: Any, algos: list[str], sizes: list[int], amps: list[bool]) ->
 
             sets["full"] = full_size_bundles(Path(tmp) / "full", "hippocampus", algos)
         if "tiny" in args.presets:
-            from tests.probe_fixtures import make_tiny_bundles
+            from benchmarks.tiny_bundles import make_tiny_bundles
 
             sets["tiny"] = make_tiny_bundles(Path(tmp) / "tiny", algos)
         for preset, bundles in sets.items():

@@ -361,7 +361,7 @@ def section_expandable(check: Check, record: dict[str, Any], state: dict[str, An
     """The first run's points again with expandable segments: measured reserved against the first run's, and
     the device model's prediction under each setting."""
     from autotune.probe import allowance_for, run_probe
-    from autotune.probe.device_model import estimate_on_device
+    from autotune.probe.device_estimate import estimate_on_device
 
     conf = "expandable_segments:True"
     record.update(alloc_conf=conf, points=[])

@@ -28,7 +28,7 @@ FRACTION = 0.6  # the issue's "about 60% of its tuned peak"
 
 def section_oom_recovery(check: Check, record: dict[str, Any], state: dict[str, Any]) -> None:
     from autotune.bundles.config import update_bundle_config
-    from benchmarks.gpu_training import train_run
+    from benchmarks.gpu_runs import train_run
 
     batch, epochs = int(check.cfg["oom_batch"]), int(check.cfg["oom_epochs"])
     bundle = copy_bundle(state["bundles"]["unet"], f"unet_b{batch}")

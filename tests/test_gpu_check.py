@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks import gpu_check, gpu_memory, gpu_training
+from benchmarks import gpu_check, gpu_memory, gpu_runs, gpu_training
 from benchmarks.gpu_gradnorm import simple_noise_scale
 from benchmarks.gpu_harness import FAILED, OK, PARTIAL, SKIPPED, TIMEOUT_RC, Check, exit_code
 from benchmarks.gpu_install import InstallError, install
@@ -211,7 +211,7 @@ def test_the_gradient_hook_sees_unscaled_gradients(tmp_path: Path) -> None:
 def _run(epochs: list[tuple[float, float | None, float]], patches: int = 2) -> dict[str, Any]:
     rows = [{"epoch": i + 1, "train_s": t, "samples_per_s": 10.0 * (i + 1), "mean_dice": d, "elapsed_s": e,
              "train_peak_bytes": 100 + i, "steps": 5} for i, (t, d, e) in enumerate(epochs)]
-    return {**gpu_training.run_summary(rows, {"best_metric": 0.5}), "num_patches_per_iter": patches}
+    return {**gpu_runs.run_summary(rows, {"best_metric": 0.5}), "num_patches_per_iter": patches}
 
 
 def test_run_summary_and_dice_per_wall() -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "autotune"
+BENCHMARKS = PACKAGE.parent / "benchmarks"
 # the command line: the only modules that may import autotune.commands
 CLI = ("autotune.commands", "autotune.cli", "autotune.__main__")
 
@@ -66,6 +67,159 @@ def test_the_scanner_sees_imports_inside_functions_and_relative_ones() -> None:
     )
     found = imported_modules(source, "autotune.bundles.bundlegen")
     assert {"autotune.search.driver.bundles", "autotune.bundles.render", "autotune.commands.train"} <= found
+
+
+# The house of docs/architecture.md ("The layers"), top to bottom: each layer a list of rooms, each room a module
+# prefix. A module lives in the room of its longest prefix ("autotune" alone is the package's ``__init__.py``, its
+# public names), and imports only modules of its own layer or of a layer below it.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    # the scripts BENCHMARKS.md runs, over autotune; the tests may import them, autotune never does
+    ("benchmarks",),
+    # the entries: the public names, the command line, torchrun's wrapper, old bundles' inference entry
+    ("autotune", "autotune.__main__", "autotune.cli", "autotune.commands", "autotune.torchrun",
+     "autotune.bundles.algo"),
+    ("autotune.pipeline",),
+    ("autotune.stages", "autotune.calibrate"),
+    ("autotune.facade",),
+    # the search (its rooms ordered among themselves: SEARCH_FAMILIES) beside the trainer: neither imports the other
+    ("autotune.search", "autotune.trainer"),
+    # the probe's orchestrating part: the runner, the trial, the estimator, the calibrations
+    ("autotune.probe",),
+    # a bundle loaded through its family
+    ("autotune.bundles.config",),
+    ("autotune.families",),
+    # MONAI's templates and the launcher's entry, reached only by the families
+    ("autotune.auto3dseg", "autotune.launch"),
+    # the Optuna storage: the search's lowest room, where training records a pass that ran out of memory
+    ("autotune.search.storage",),
+    # one step and its parts, and the probe's measuring part
+    ("autotune.build", "autotune.step", "autotune.schedule", "autotune.finite", "autotune.autocast",
+     "autotune.precision", "autotune.device", "autotune.cuda_alloc", "autotune.probe.workload",
+     "autotune.probe.tracker", "autotune.probe.memory", "autotune.probe.allocator", "autotune.probe.device_model",
+     "autotune.probe.replay"),
+    # the config model, and the data's checks of a bundle against its cases
+    ("autotune.bundles", "autotune.data.bundle_fit", "autotune.data.split"),
+    ("autotune.tunables", "autotune.data"),
+    ("autotune.files", "autotune.stopping", "autotune.lazy", "autotune.utils", "autotune.version"),
+    ("autotune.checks",),
+    ("autotune.errors",),
+)
+
+
+def _room(module: str) -> str | None:
+    """The room of ``module``: its longest prefix in ``LAYERS`` (None: in none)."""
+    rooms = [room for layer in LAYERS for room in layer
+             if module == room or (room != "autotune" and module.startswith(room + "."))]
+    return max(rooms, key=len, default=None)
+
+
+def _layer(module: str) -> int | None:
+    """The index in ``LAYERS`` (0 = top) of the layer holding ``module``'s room."""
+    room = _room(module)
+    return next((i for i, layer in enumerate(LAYERS) if room in layer), None)
+
+
+def _named(module: str) -> str:
+    layer = _layer(module)
+    return f"{module} (layer {layer}: {', '.join(LAYERS[layer])})" if layer is not None else f"{module} (no layer)"
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Each import of ``graph`` (module -> the modules it loads) that goes to a higher layer, as a line naming the
+    importing module, the imported one and both layers."""
+    return [f"{_named(module)} imports {_named(target)}, a layer above it"
+            for module, targets in sorted(graph.items()) for target in sorted(targets)
+            if _layer(target) is not None and _layer(module) is not None and _layer(target) < _layer(module)]
+
+
+def test_every_module_has_a_room_and_every_room_a_module() -> None:
+    modules = set(_module_paths())
+    assert sorted(m for m in modules if _room(m) is None) == []
+    rooms = [room for layer in LAYERS for room in layer]
+    assert len(rooms) == len(set(rooms))
+    assert [r for r in rooms if not any(m == r or m.startswith(r + ".") for m in modules)] == []
+
+
+def test_the_layer_check_names_both_ends_of_an_import_up() -> None:
+    low, high = _layer("autotune.bundles.model"), _layer("autotune.families.own")
+    assert upward_imports({"autotune.bundles.model": {"autotune.families.own", "autotune.errors"}}) == [
+        f"autotune.bundles.model (layer {low}: autotune.bundles, autotune.data.bundle_fit, autotune.data.split) "
+        f"imports autotune.families.own (layer {high}: autotune.families), a layer above it"]
+    assert upward_imports({"autotune.families.own": {"autotune.bundles.model"}}) == []
+    assert _room("autotune.probe.workload") == "autotune.probe.workload" and _room("autotune.probe.runner") == \
+        "autotune.probe" and _room("autotune") == "autotune" and _room("autotune.version") == "autotune.version"
+
+
+def test_every_import_goes_to_its_own_layer_or_one_below() -> None:
+    """The whole table: every import of autotune and the benchmarks (at the top, in functions, under
+    ``TYPE_CHECKING``, a module named for ``importlib``) goes to the importer's layer or a lower one."""
+    assert upward_imports(_module_graph()) == []
+
+
+def _room_graph() -> dict[str, set[str]]:
+    """Room -> the other rooms its modules load."""
+    rooms: dict[str, set[str]] = {}
+    for module, targets in _module_graph().items():
+        own = str(_room(module))
+        rooms.setdefault(own, set()).update(str(_room(t)) for t in targets if _room(t) != own)
+    return rooms
+
+
+def test_no_import_cycle_between_rooms() -> None:
+    """No room (the layer table's packages and modules, the benchmarks one of them) reaches itself through the
+    rooms it loads: rooms of one layer import one way at most."""
+    assert _cycles(_room_graph()) == []
+
+
+def test_the_trainer_and_the_search_import_neither_the_other() -> None:
+    """The search (but its storage, below both) and the trainer share a layer and import nothing of each other:
+    the hand-off reads the fold split from ``autotune.data.split``; training records an out-of-memory pass in the
+    study through ``autotune.search.storage.training_oom``."""
+    graph = _module_graph()
+    search = [(m, t) for m, targets in graph.items() if _room(m) == "autotune.search"
+              for t in targets if _room(t) == "autotune.trainer"]
+    trainer = [(m, t) for m, targets in graph.items() if _room(m) == "autotune.trainer"
+               for t in targets if _room(t) == "autotune.search"]
+    assert (search, trainer) == ([], [])
+
+
+def test_nothing_imports_the_old_bundles_inference_entry() -> None:
+    """``autotune.bundles.algo`` is an entry for bundles generated before the facade moved (their
+    ``scripts/infer.py``), above the facade it names: nothing of autotune imports it."""
+    assert sorted(m for m, targets in _module_graph().items() if "autotune.bundles.algo" in targets) == []
+
+
+def _drawing() -> list[str]:
+    """The lines of docs/architecture.md's drawing of the house (the code block under "The layers")."""
+    text = (PACKAGE.parent / "docs" / "architecture.md").read_text()
+    section = text.split("## The layers", 1)[1]
+    return section.split("```", 2)[1].splitlines()
+
+
+def _spelled(room: str) -> str:
+    """A room as the drawing spells it: ``search/storage/`` for a package, ``step.py`` for a module,
+    ``__init__.py`` for autotune's own names, ``benchmarks/`` for the scripts."""
+    if room == "autotune":
+        return "__init__.py"
+    path = PACKAGE.parent / room.replace(".", "/")
+    relative = room.split(".", 1)[1].replace(".", "/") if room.startswith("autotune.") else room
+    return f"{relative}/" if path.is_dir() else f"{relative}.py"
+
+
+def test_the_drawing_is_the_layer_table() -> None:
+    """Every room is drawn, and the layers are drawn in the table's order: each room's first mention lies below
+    every room of the layer above (a room spelled as a path, e.g. ``search/storage/``, ``probe/workload.py``)."""
+    lines = _drawing()
+
+    def first(room: str) -> int | None:
+        spelled = re.compile(rf"(?<![\w/.]){re.escape(_spelled(room))}(?![\w])")
+        return next((i for i, line in enumerate(lines) if spelled.search(line)), None)
+
+    missing = [room for layer in LAYERS for room in layer if first(room) is None]
+    assert missing == []
+    out_of_order = [(upper, lower) for above, below in zip(LAYERS[:-1], LAYERS[1:], strict=True)
+                    for upper in above for lower in below if first(lower) <= first(upper)]
+    assert out_of_order == []
 
 
 def test_bundles_do_not_import_the_search() -> None:
@@ -191,9 +345,14 @@ def _module_edges(path: Path, name: str, modules: set[str]) -> set[str]:
     return out
 
 
+def _module_paths() -> dict[str, Path]:
+    """Every module of ``autotune/`` and ``benchmarks/`` (the scripts over it), by name."""
+    return {module_name(path): path for root in (PACKAGE, BENCHMARKS) for path in sorted(root.rglob("*.py"))}
+
+
 def _module_graph() -> dict[str, set[str]]:
-    """Module -> the autotune modules it loads (``_module_edges``)."""
-    paths = {module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
+    """Module -> the modules of autotune and the benchmarks it loads (``_module_edges``)."""
+    paths = _module_paths()
     return {name: _module_edges(path, name, set(paths)) for name, path in paths.items()}
 
 
@@ -202,8 +361,8 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
 
 
 def test_no_import_cycle_among_modules() -> None:
-    """No module reaches itself through the modules it loads, lazy imports and lazily named modules
-    included, package ``__init__`` files included."""
+    """No module of autotune or the benchmarks reaches itself through the modules it loads, lazy imports and
+    lazily named modules included, package ``__init__`` files included."""
     assert _cycles(_module_graph()) == []
 
 

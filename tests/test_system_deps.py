@@ -13,13 +13,14 @@ from system_deps import REQUIRE_ENV, required, unavailable
 
 TESTS = Path(__file__).resolve().parent
 
-# The fixtures as the real tests use them, with the lookups made to find nothing.
+# The fixtures as the real tests use them, with the server's lookups (benchmarks/postgres.py) made to find nothing.
 CONFTEST = '''
-import pg_fixtures
 import test_dashboard
 
-pg_fixtures._find_bindir = lambda: None
-pg_fixtures._install_postgresql = lambda: "installing is switched off by this test"
+import benchmarks.postgres
+
+benchmarks.postgres._find_bindir = lambda: None
+benchmarks.postgres._install_postgresql = lambda: "installing is switched off by this test"
 test_dashboard.CHROMIUM = None
 '''
 TESTS_FILE = '''

@@ -5,7 +5,7 @@ smaller batch would change the batch, the learning rate and the schedule its tun
 saying so. So the launcher ends with one line naming the batch that failed, where (training or validation), the
 peak and the limit, and the command that re-tunes the bundle at that limit. A training step that failed under
 the key's own limit on the tuned device also becomes a point of the key's study
-(``autotune.search.driver.training_oom``), so that re-tune searches again and does not hand that batch over.
+(``autotune.search.storage.training_oom``), so that re-tune searches again and does not hand that batch over.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def oom_outcome(script: Path, record: dict[str, Any], limit: int, device: str) -
             plan = TuningPlan.from_dict(read_yaml(tuning, ConfigError), f"{tuning}: tuning")
             batch = plan.num_patches_per_iter
             if phase == "training":
-                from autotune.search.driver.training_oom import record_in_study
+                from autotune.search.storage.training_oom import record_in_study
 
                 event = {"phase": "training", "peak_bytes": record.get("peak_bytes"), "limit_bytes": limit,
                          "failed": f"MONAI's train.py step of {batch} patches"}

@@ -56,7 +56,7 @@ class MonaiWorkload:
         """One loader batch on the host (images x crops patches) and no prefetched batch on the device."""
         import torch
 
-        from autotune.step import loader_batch_patches
+        from autotune.tunables import loader_batch_patches
 
         host = self.host if torch.device(device).type != "cpu" else "cpu"
         total = loader_batch_patches(num_patches_per_iter, config.num_crops_per_image)

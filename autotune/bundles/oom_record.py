@@ -32,7 +32,7 @@ def _device(value: Any, where: str, error: Any) -> str:
 
 
 class StudyRecord(FileModel):
-    """Where the failed training pass went in the key's study (``autotune.search.driver.training_oom``):
+    """Where the failed training pass went in the key's study (``autotune.search.storage.training_oom``):
     ``recorded`` and the ``study_name`` and ``trial`` that hold it, or the ``reason`` it was not."""
 
     recorded: bool

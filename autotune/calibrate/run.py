@@ -126,7 +126,7 @@ def _predicted_fits(bundle: Path, n: int, m: int, device: str, card: int | None)
     if not card:
         return True, None
     from autotune.probe.allowances import default_allowance
-    from autotune.probe.device_model import estimate_on_device
+    from autotune.probe.device_estimate import estimate_on_device
 
     try:
         est = estimate_on_device(str(bundle), default_allowance(), device=device, num_patches_per_iter=n,

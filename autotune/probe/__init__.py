@@ -40,7 +40,8 @@ from autotune.probe.allowances import (
     workspace_template,
 )
 from autotune.probe.calibration import find_calibration, stated_bound
-from autotune.probe.device_model import estimate_on_device, predict_reserved
+from autotune.probe.device_estimate import estimate_on_device
+from autotune.probe.device_model import predict_reserved
 from autotune.probe.estimate import estimate, fit_memory_model
 from autotune.probe.isolation import prestart
 from autotune.probe.memory import cuda_peaks, cuda_reset_peaks, cuda_set_memory_limit, is_oom_error

@@ -4,7 +4,7 @@ A training step allocates the same storages in the same order at every batch siz
 (``autotune.probe.estimate`` records them: ``MemoryTracker.record``); what changes with N is
 their sizes, and each is either proportional to the patches in the forward pass (activations,
 their gradients, the cast inputs) or independent of them (weights, gradients, optimizer state,
-scalars). The loader batches hold lcm(N, crops) patches (``autotune.step.loader_batch_patches``).
+scalars). The loader batches hold lcm(N, crops) patches (``autotune.tunables.loader_batch_patches``).
 So one trace at a *marker* batch, a prime times the crops per image, tells every storage's
 kind: its bytes are a multiple of the prime only when it grows with the batch (no constant
 storage of a segmentation network holds a prime's multiple of elements for a prime this large).
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autotune.probe.memory import GRANULARITY
-from autotune.step import loader_batch_patches
+from autotune.tunables import loader_batch_patches
 
 __all__ = ["MARKER_PRIME", "ReplayError", "TrainingReplay", "marker_batch"]
 

@@ -45,7 +45,7 @@ def estimate_report(
     """
     from autotune.device import resolve_device
     from autotune.probe.allowances import allowance_for, apply_allowance, tensor_budget, workspace_template
-    from autotune.probe.device_model import estimate_on_device
+    from autotune.probe.device_estimate import estimate_on_device
     from autotune.probe.estimate import fit_memory_model
     from autotune.probe.runner import resolve_request
     from autotune.utils import parse_bytes
@@ -83,7 +83,7 @@ def estimate_report(
 def _device_line(bundle: Any, model: Any, phase: str, allowance: Any, device: str, template: str | None,
                  point: Point) -> Any:
     """The device model's reserved peak of ``phase`` at ``model``'s two points, as a line (``MemoryModel``)."""
-    from autotune.probe.device_model import estimate_on_device
+    from autotune.probe.device_estimate import estimate_on_device
     from autotune.probe.memory_model import MemoryModel
 
     (n1, _), (n2, _) = model.points

@@ -57,7 +57,7 @@ def make_loader_batches(config: BundleConfig, num_patches_per_iter: int,
                         device: str | torch.device) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
     """What training holds on the device at a step: the loader batch being stepped through
     (images x crops patches, ``loader_batch_patches``) and the one the thread loader has prefetched."""
-    from autotune.step import loader_batch_patches
+    from autotune.tunables import loader_batch_patches
 
     total = loader_batch_patches(num_patches_per_iter, config.num_crops_per_image)
     return make_batch(config, total, device), make_batch(config, total, device)

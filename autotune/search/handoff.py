@@ -182,8 +182,8 @@ def training_set(config: BundleConfig) -> tuple[int, list[float]]:
         AutotuneError: the datalist or ``datastats.yaml`` cannot be read.
     """
     from autotune.bundles.render import stat, xyz_stat
+    from autotune.data.split import split_datalist
     from autotune.errors import ConfigError
-    from autotune.trainer.data import split_datalist
     from autotune.utils import read_yaml
 
     train, _val, _note = split_datalist(config)

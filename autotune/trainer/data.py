@@ -1,4 +1,4 @@
-"""Training data: the fold split, the fast-mode switches, cached datasets and loaders.
+"""Training data: the fast-mode switches, cached datasets and loaders (the fold split: ``autotune.data.split``).
 
 Fast mode caches the deterministic transforms (``CacheDataset`` in RAM, on the GPU
 when ``cache_on_device``, or ``PersistentDataset`` on disk when asked or when RAM
@@ -14,26 +14,23 @@ from __future__ import annotations
 
 import logging
 import os
-import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune.device import available_ram_bytes
-from autotune.errors import ConfigError, DataError
-from autotune.utils import bars_enabled, look_up_option, read_json
+from autotune.errors import DataError
+from autotune.utils import bars_enabled, look_up_option
 
 if TYPE_CHECKING:  # pragma: no cover
     from autotune.bundles.model import BundleConfig
 
 __all__ = [
     "MODES",
-    "VALIDATION_SPLIT",
     "TrainOptions",
     "resolve_options",
     "cache_folder",
-    "split_datalist",
     "shard",
     "estimate_cache_bytes",
     "make_dataset",
@@ -44,7 +41,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 MODES = ("fast", "regular")
-VALIDATION_SPLIT = 0.2  # share of cases held out when the datalist has a single fold
 # Bytes per voxel held by the cache for one image channel, the label and the fg/bg indices (int64).
 _CACHE_BYTES_PER_VOXEL_LABEL = 4 + 8
 
@@ -145,45 +141,6 @@ def resolve_options(
         thread_loader=fast.thread_loader and fast.cache, num_workers=config.num_workers, amp=config.amp,
         template_recipe=True, cache_rate=config.cache_rate, cache_dir=cache_dir, cache_note=why, **monitor,
     )
-
-
-def split_datalist(config: BundleConfig) -> tuple[list[dict], list[dict], str]:
-    """Training and validation cases of the bundle's fold.
-
-    Validation is the cases whose ``fold`` equals ``config.fold``; training is every
-    other case. When the bundle has ``num_fold: 1`` or the datalist holds a single
-    fold, a deterministic 20% of the cases (shuffled with ``config.seed``) is held out.
-
-    Returns:
-        (training cases, validation cases, a one-line note of how they were split).
-
-    Raises:
-        ConfigError: no datalist in the config.
-        InputError: the datalist is missing or not JSON.
-        DataError: the datalist has no training cases, or the fold has none.
-    """
-    path = config.datalist
-    if not path:
-        raise ConfigError("bundle config has no 'datalist'; regenerate the bundle with 'autotune generate'")
-    datalist = read_json(path, DataError)
-    cases = datalist.get("training") if isinstance(datalist, dict) else None
-    if not isinstance(cases, list) or not cases:
-        raise DataError(f"{path}: no 'training' cases; give an Auto3DSeg datalist with training cases")
-    fold = config.fold
-    folds = {int(c.get("fold", 0)) for c in cases}
-    if config.num_fold > 1 and len(folds) > 1:
-        val = [c for c in cases if int(c.get("fold", 0)) == fold]
-        train = [c for c in cases if int(c.get("fold", 0)) != fold]
-        if not val:
-            raise DataError(f"{path}: fold {fold} has no cases; folds present: {sorted(folds)}")
-        return train, val, f"fold {fold}: {len(train)} training, {len(val)} validation cases"
-    order = list(range(len(cases)))
-    random.Random(config.seed).shuffle(order)
-    n_val = max(1, round(VALIDATION_SPLIT * len(cases))) if len(cases) > 1 else 0
-    val_idx = set(order[:n_val])
-    val = [c for i, c in enumerate(cases) if i in val_idx]
-    train = [c for i, c in enumerate(cases) if i not in val_idx] or list(cases)
-    return train, val or list(cases), f"single fold: held out {len(val)} of {len(cases)} cases (seeded 20%)"
 
 
 def shard(items: Sequence[dict], rank: int, world_size: int, seed: int, even: bool) -> list[dict]:

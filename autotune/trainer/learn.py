@@ -4,7 +4,7 @@ Each step-down is written at once (rank 0) into the bundle's ``tuning:`` block a
 that failed, the limit and device, and the micro-batches, sliding-window batch and validation device in force.
 The next run of the bundle at the same batch, limit and device starts there (``start_fallbacks``): no OOM is paid
 twice. A training pass that failed under the key's own limit on the tuned device is also a point of the key's
-study (``autotune.search.driver.training_oom``): a COMPLETE trial of ``kind: training`` that does not fit, and the study's
+study (``autotune.search.storage.training_oom``): a COMPLETE trial of ``kind: training`` that does not fit, and the study's
 ``training_oom`` attribute, so the next ``autotune tune`` of the key searches again
 (``autotune.search.driver.key``) and its evaluator takes that batch as not fitting
 (``autotune.search.strategies.evaluate``). A record that cannot be written costs a warning, never the run.
@@ -80,7 +80,7 @@ def learn_from(cfg: BundleConfig, fallbacks: MemoryFallbacks, event: Mapping[str
                 and earlier.study is not None and earlier.study.recorded):
             fallbacks.study = earlier.study  # an earlier run of this bundle recorded it
         else:
-            from autotune.search.driver.training_oom import record_in_study
+            from autotune.search.storage.training_oom import record_in_study
 
             fallbacks.study = StudyRecord(**record_in_study(plan, patches, event, cfg.bundle_root, fallbacks.device))
     study = fallbacks.study if fallbacks.study is not None else (earlier.study if earlier is not None else None)

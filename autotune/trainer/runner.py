@@ -161,7 +161,7 @@ def _check_data(bundle: str | os.PathLike[str], config: BundleConfig) -> None:
     """
     from autotune.bundles.config import bundle_config_path
     from autotune.data.bundle_fit import check_cases_fit
-    from autotune.trainer.data import split_datalist
+    from autotune.data.split import split_datalist
 
     train_cases, val_cases, _note = split_datalist(config)
     check_cases_fit(config, [*train_cases, *val_cases], bundle_config_path(bundle))

@@ -63,9 +63,10 @@ def setup_data(config: BundleConfig, ctx: DistContext, mode: str, total_epochs: 
     it may take, None on the CPU) and build datasets and loaders."""
     import autotune.trainer.data as data
     from autotune.build import build_transforms
+    from autotune.data.split import split_datalist
 
     seed = config.seed
-    train_cases, val_cases, split_note = data.split_datalist(config)
+    train_cases, val_cases, split_note = split_datalist(config)
     train_cases = data.shard(train_cases, ctx.rank, ctx.world_size, seed, even=True)
     val_cases = data.shard(val_cases, ctx.rank, ctx.world_size, seed, even=False)
     fast_cache = mode == "fast" and config.fast_training.cache

@@ -19,7 +19,7 @@ def test_two_cpu_processes_share_one_epoch(unet_bundle: Path) -> None:
 
     from autotune.build import build_network
     from autotune.bundles.config import load_bundle_config
-    from autotune.trainer.data import split_datalist
+    from autotune.data.split import split_datalist
     from autotune.trainer.runner import train
 
     # a budget too short for a second epoch: the ranks plan together (one collective) and stop together

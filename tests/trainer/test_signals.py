@@ -169,7 +169,7 @@ def test_sigterm_stops_every_ddp_rank_at_the_same_batch(bundles: dict[str, Path]
 # Marks the moment rank 0 starts to split its data (before training: the cache is not built yet), then holds.
 _BEFORE_TRAINING_HOOK = '''
 import os, time
-import autotune.trainer.data as _data
+import autotune.data.split as _data
 _split = _data.split_datalist
 def split_datalist(*args, **kwargs):
     if os.environ.get("RANK") == "0":

@@ -169,7 +169,7 @@ def test_parse_duration() -> None:
 
 def test_single_fold_holds_out_a_seeded_fifth(bundles: dict[str, Path], tmp_path: Path) -> None:
     from autotune.bundles.config import load_bundle_config
-    from autotune.trainer.data import split_datalist
+    from autotune.data.split import split_datalist
 
     datalist = tmp_path / "datalist.json"
     datalist.write_text(json.dumps({"training": [{"image": f"{i}.nii.gz", "label": f"{i}l.nii.gz", "fold": 0}

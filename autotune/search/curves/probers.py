@@ -48,7 +48,7 @@ def loader_bytes_fn(config: BundleConfig) -> Callable[[int], float]:
     lcm(N, crops) float32 images and labels each), exact and not affine in N."""
     import math
 
-    from autotune.step import loader_batch_patches
+    from autotune.tunables import loader_batch_patches
 
     voxels = math.prod(config.roi_size)
     label_channels = config.output_classes if config.sigmoid else 1

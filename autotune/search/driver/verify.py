@@ -53,7 +53,7 @@ def _probes(bundle: Bundle, plan: TuningPlan, budget: Budget, timeout: float, pr
 
 def _predicted(bundle: Bundle, plan: TuningPlan, device: str) -> int:
     """The estimator's peak at the bundle's values in device bytes, with the allowance the plan was made with
-    (``autotune.probe.device_model.estimate_on_device``)."""
+    (``autotune.probe.device_estimate.estimate_on_device``)."""
     from autotune.probe import allowance_from_record, estimate_on_device
 
     allowance = allowance_from_record(plan.as_dict(), device)

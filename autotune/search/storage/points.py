@@ -1,7 +1,8 @@
-"""Points of a key's study: their canonical id (``point_id``) and the kind of a point measured in training.
+"""Points of a key's study: their canonical id (``point_id``), the kind of a point measured in training and the
+value of a point that does not fit (``NO_FIT``, the objective's).
 
 A training pass that ran out of memory becomes a COMPLETE trial of ``kind: training``
-(``autotune.search.driver.training_oom``); the evaluator answers its point from it.
+(``autotune.search.storage.training_oom``); the evaluator answers its point from it.
 """
 
 from __future__ import annotations
@@ -9,9 +10,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["TRAINING_KIND", "point_id"]
+__all__ = ["NO_FIT", "TRAINING_KIND", "point_id"]
 
 TRAINING_KIND = "training"  # the ``kind`` of a study trial measured in training
+NO_FIT = 0.0  # the value of a trial whose point does not fit: below every point that fits, in both objectives
 
 
 def point_id(point: Mapping[str, Any], phases: tuple[str, ...]) -> str:

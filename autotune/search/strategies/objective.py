@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from autotune.search.storage.points import NO_FIT  # a point that does not fit: stated with the study's points
 from autotune.tunables import sized_by
 
 __all__ = ["OBJECTIVES", "DEFAULT_OBJECTIVE", "TIE_TOLERANCE", "NO_FIT", "SW_SCALE", "size_param", "metric_name",
@@ -25,7 +26,6 @@ DEFAULT_OBJECTIVE = "max-batch"
 TIE_TOLERANCE = 0.10  # timings closer than this are noise on a shared machine: prefer the larger batch
 
 
-NO_FIT = 0.0  # the value of a trial whose point does not fit: below every point that fits, in both objectives
 # a joint (tpe) trial's max-batch value is N + sw / SW_SCALE: ordered by N, then by the sw batch, as the search
 # chooses, so the study's best trial is the answer written back (sliding-window ranges stay below SW_SCALE)
 SW_SCALE = 10_000

@@ -5,6 +5,9 @@
 attribute. The next search of the key then answers that point from it (``autotune.search.strategies.evaluate``)
 and does not answer from its stored result (``autotune.search.driver.key``). Only a failure under the key's own
 limit on the tuned device is a point of the key; anything else is said in the returned record instead.
+
+It sits in the storage, below the trainer (``autotune.trainer.learn``) and MONAI's launcher
+(``autotune.auto3dseg.oom``), which both record a failed pass here.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from autotune.search.storage.points import TRAINING_KIND, point_id
+from autotune.search.storage.points import NO_FIT, TRAINING_KIND, point_id
 
 __all__ = ["record_in_study"]
 
@@ -59,7 +62,6 @@ def _add_training_trial(url: str, plan: Any, patches: int, event: Mapping[str, A
     from optuna.distributions import IntDistribution
 
     from autotune.search.storage.study import open_storage, quiet_optuna
-    from autotune.search.strategies.objective import NO_FIT
 
     quiet_optuna()
     study = optuna.load_study(study_name=plan.study_name, storage=open_storage(url))
