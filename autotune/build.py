@@ -8,12 +8,10 @@ evaluated. torch and monai are imported inside the functions.
 
 from __future__ import annotations
 
-import contextlib
-import io
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from autotune.bundles.network import NETWORKS, roi_divisor
+from autotune.bundles.network import network_named, roi_divisor
 from autotune.errors import ConfigError
 from autotune.utils import look_up_option
 
@@ -21,9 +19,9 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
     from monai.transforms import Compose
 
-    from autotune.bundles.model import BundleConfig, Section
+    from autotune.bundles.model import BundleConfig
 
-__all__ = ["NETWORKS", "LOSSES", "OPTIMIZERS", "SCHEDULERS", "build_network", "build_loss", "build_optimizer",
+__all__ = ["LOSSES", "OPTIMIZERS", "SCHEDULERS", "build_network", "build_loss", "build_optimizer",
            "build_lr_scheduler", "build_transforms", "amp_dtype", "roi_divisor"]
 
 LOSSES = ("DiceCELoss", "DiceFocalLoss", "DiceLoss")
@@ -31,125 +29,19 @@ OPTIMIZERS = ("AdamW", "Adam", "SGD", "Novograd")
 SCHEDULERS = ("WarmupCosineSchedule", "PolynomialLR", "CosineAnnealingLR", "none")
 
 
-def _as_tuple_args(value: Any) -> Any:
-    """YAML has no tuples: MONAI's ``("GROUP", {...})`` layer specs arrive as lists."""
-    if (
-        isinstance(value, list)
-        and len(value) == 2
-        and isinstance(value[0], str)
-        and isinstance(value[1], dict)
-    ):
-        return (value[0], dict(value[1]))
-    return value
-
-
-def _static_topology_class() -> type:
-    """A ``TopologyInstance`` whose active paths are plain Python values.
-
-    MONAI's instance tests tensor values (``if activation:``) in ``forward``; with the
-    architecture fixed as data that test is a constant, and as plain values it also
-    runs under ``FakeTensorMode`` (the estimator) and avoids a device sync per path.
-    """
-    import torch
-    from monai.networks.nets import TopologyInstance
-
-    class StaticTopologyInstance(TopologyInstance):
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            self.active_paths: list[list[int]] = [
-                [int(v) for v in row] for row in self.arch_code_a.detach().cpu().tolist()
-            ]
-
-        def forward(self, x: list[torch.Tensor]) -> list[torch.Tensor]:  # noqa: D102
-            inputs = x
-            for blk_idx in range(self.num_blocks):
-                outputs: list[torch.Tensor | None] = [None] * self.num_depths
-                for res_idx, active in enumerate(self.active_paths[blk_idx]):
-                    if active:
-                        out = self.cell_tree[str((blk_idx, res_idx))](
-                            inputs[self.arch_code2in[res_idx]], None
-                        )
-                        dst = self.arch_code2out[res_idx]
-                        outputs[dst] = out if outputs[dst] is None else outputs[dst] + out
-                inputs = [
-                    o if o is not None else torch.zeros((), dtype=x[0].dtype, device=x[0].device)
-                    for o in outputs
-                ]
-            return inputs
-
-    return StaticTopologyInstance
-
-
-def _build_dints(net: Section, in_channels: int, out_channels: int) -> torch.nn.Module:
-    import numpy as np
-    from monai.networks.nets import DiNTS
-
-    topo = net.extra("topology")
-    if not isinstance(topo, Mapping):
-        raise ConfigError("bundle config 'network.topology' is missing; DiNTS needs its architecture code")
-    try:
-        num_blocks = int(topo.get("num_blocks", 6))
-        num_depths = int(topo.get("num_depths", 3))
-        arch_a = np.asarray(topo["arch_code_a"], dtype=np.float32)
-        arch_c = np.asarray(topo["arch_code_c"], dtype=np.int64)
-        node_a = [[int(v) for v in row] for row in topo["node_a"]]
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ConfigError(
-            f"bundle config 'network.topology' is malformed ({exc}); regenerate the bundle"
-        ) from exc
-    num_paths = 3 * num_depths - 2
-    if arch_a.shape != (num_blocks, num_paths) or arch_c.shape != (num_blocks, num_paths):
-        raise ConfigError(
-            f"network.topology: arch_code_a/arch_code_c must be {num_blocks}x{num_paths} for "
-            f"num_blocks={num_blocks}, num_depths={num_depths}; got {arch_a.shape} and {arch_c.shape}"
-        )
-    if len(node_a) != num_blocks + 1 or any(len(row) != num_depths for row in node_a):
-        raise ConfigError(f"network.topology.node_a must be {num_blocks + 1}x{num_depths}")
-    if arch_c.min() < 0 or arch_c.max() > 4:
-        raise ConfigError("network.topology.arch_code_c holds operation indices 0-4 only")
-    args = {k: _as_tuple_args(v) for k, v in net.args.items()}
-    use_downsample = bool(topo.get("use_downsample", True))
-    # MONAI prints a roi hint on every construction; the roi is already checked at generation.
-    with contextlib.redirect_stdout(io.StringIO()):
-        space = _static_topology_class()(
-            arch_code=[arch_a, arch_c],
-            channel_mul=float(topo.get("channel_mul", 1.0)),
-            num_blocks=num_blocks,
-            num_depths=num_depths,
-            use_downsample=use_downsample,
-            act_name=args.get("act_name", "RELU"),
-            norm_name=args.get("norm_name", ("INSTANCE", {"affine": True})),
-        )
-    return DiNTS(
-        dints_space=space,
-        in_channels=in_channels,
-        num_classes=out_channels,
-        use_downsample=use_downsample,
-        node_a=node_a,
-        **args,
-    )
-
-
 def build_network(config: BundleConfig) -> torch.nn.Module:
-    """Build the network of ``config.network`` with the data's channels and classes.
+    """Build the network of ``config.network`` with the data's channels and classes, by its registered kind
+    (``autotune.bundles.network``).
 
     Raises:
         ConfigError: unknown network name or arguments MONAI rejects.
     """
-    from monai.networks.nets import SegResNet, UNet
-
     net = config.network
-    name = look_up_option(net.name, NETWORKS, "network")
-    in_channels, out_channels = config.input_channels, config.output_classes
-    args = {k: _as_tuple_args(v) for k, v in net.args.items()}
+    kind = network_named(net.name)
     try:
-        if name == "SegResNet":
-            return SegResNet(spatial_dims=3, in_channels=in_channels, out_channels=out_channels, **args)
-        if name == "UNet":
-            return UNet(spatial_dims=3, in_channels=in_channels, out_channels=out_channels, **args)
-        return _build_dints(net, in_channels, out_channels)
+        return kind.build(net, config.input_channels, config.output_classes)
     except (TypeError, ValueError, KeyError) as exc:
-        raise ConfigError(f"bundle config 'network' ({name}) is invalid: {exc}") from exc
+        raise ConfigError(f"bundle config 'network' ({kind.name}) is invalid: {exc}") from exc
 
 
 def build_loss(config: BundleConfig) -> torch.nn.Module:

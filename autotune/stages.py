@@ -82,7 +82,9 @@ def tune(
         device: where probes run: ``auto`` (default: the first GPU, else the CPU), ``cpu`` or ``cuda:N``.
         memory_limit: bytes or a size such as ``"8GiB"``; default the device's total memory.
         storage: SQLAlchemy URL of the Optuna storage; default SQLite under ``studies/``.
-        strategy: ``fast`` (default), ``tpe`` (the Auto3DSeg baseline) or ``estimate`` (no probes).
+        strategy: a ``Strategy`` object (``autotune.search.strategies``: ``FastStrategy()``,
+            ``FastStrategy(estimates_only=True)``, ``TpeStrategy()`` or a subclass of one's own) or the name of a
+            shipped one: ``fast`` (default), ``tpe`` (the Auto3DSeg baseline) or ``estimate`` (no probes).
         objective: ``max-batch`` (default: the largest batch that fits) or ``throughput`` (the fastest that fits).
         handoff: the batch handed to training: ``goodput`` (default: the template's batch unless the largest fit
             is measured faster to a target accuracy by more than the noise) or ``largest`` (the search's batch).

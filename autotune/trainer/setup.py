@@ -137,8 +137,11 @@ def setup_model(config: BundleConfig, ctx: DistContext, mode: str, opts: TrainOp
     if ctx.enabled:
         from torch.nn.parallel import DistributedDataParallel
 
+        from autotune.bundles.network import network_named
+
         index = [torch.device(device).index] if device.startswith("cuda") else None
-        net = DistributedDataParallel(model, device_ids=index, find_unused_parameters=config.network.name == "DiNTS")
+        unused = network_named(config.network.name).ddp_find_unused_parameters  # steps leaving parameters unused
+        net = DistributedDataParallel(model, device_ids=index, find_unused_parameters=unused)
     if device.startswith("cuda") and mode == "fast":
         torch.backends.cudnn.benchmark = True  # the roi is fixed, so the fastest kernels are found once
     return ModelSetup(model=model, net=net, loss_fn=nvtx.wrap_loss(loss_fn), optimizer=optimizer, scheduler=scheduler,

@@ -92,7 +92,7 @@ def test_strategies_are_looked_up_once_by_name() -> None:
     assert set(STRATEGIES) == {"fast", "tpe", "estimate"}
     fast, tpe, estimate = (strategy_named(n) for n in ("fast", "tpe", "estimate"))
     assert (fast.key_name, estimate.key_name, tpe.key_name) == ("fast", "fast-estimate", "tpe")
-    assert estimate.search == "fast" and estimate.estimates_only and estimate.claims_key
+    assert estimate.name == "fast" and estimate.estimates_only and estimate.claims_key
     assert tpe.shares_points and not tpe.claims_key and tpe.phase == "joint" and not tpe.times_handoff
     assert fast.times_handoff and fast.phase == "train" and fast.sampler(0, None, False) is None
     assert tpe.estimated().key_name == "tpe-estimate"
@@ -120,11 +120,11 @@ def test_result_tags_of_the_same_settings_stay_byte_identical() -> None:
     ref = {"reference_batch": 2, "lr_scaling": "linear"}
     fast, tpe, estimate = (strategy_named(n) for n in ("fast", "tpe", "estimate"))
     tags = [
-        result_tag(fast.search, 0.1, spec, ("device", "cpu"), fast.estimates_only, "largest"),
-        result_tag(fast.search, 0.1, spec, ("device", "cpu"), fast.estimates_only, "goodput"),
-        result_tag(estimate.search, 0.1, small, ("device",), estimate.estimates_only, "goodput"),
-        result_tag(tpe.search, 0.2, small, ("device",), tpe.estimates_only, "goodput", ref),
-        result_tag(fast.search, 0.1, spec, ("device",), False, "largest", ref),
+        result_tag(fast.name, 0.1, spec, ("device", "cpu"), fast.estimates_only, "largest"),
+        result_tag(fast.name, 0.1, spec, ("device", "cpu"), fast.estimates_only, "goodput"),
+        result_tag(estimate.name, 0.1, small, ("device",), estimate.estimates_only, "goodput"),
+        result_tag(tpe.name, 0.2, small, ("device",), tpe.estimates_only, "goodput", ref),
+        result_tag(fast.name, 0.1, spec, ("device",), False, "largest", ref),
     ]
     assert tags == ["result:8846b67d2728", "result:1509a519c09b", "result:ed5427d3e2b3", "result:232daa160ae4",
                     "result:8e116b4fc670"]

@@ -23,7 +23,7 @@ from autotune.search.driver.session import Session, close_store, make_budget, op
 from autotune.search.driver.writeback import check_writable, write_bundle
 from autotune.search.storage.liveness import TakenOver
 from autotune.search.strategies.registry import STRATEGIES as _REGISTRY
-from autotune.search.strategies.registry import Strategy, strategy_named
+from autotune.search.strategies.registry import Strategy, strategy_of
 from autotune.search.strategies.space import parse_specs
 from autotune.utils import look_up_option
 
@@ -50,7 +50,7 @@ def _checked_method(settings: SearchSettings) -> tuple[Strategy, TuningOptions]:
     from autotune.search.strategies.objective import OBJECTIVES
 
     options = settings.options
-    strategy = strategy_named(options.strategy)
+    strategy = strategy_of(options.strategy)  # a name (the CLI's) or the object given
     objective = look_up_option(options.objective, OBJECTIVES, "objective", SpecError)
     handoff = look_up_option(options.handoff, HANDOFFS, "handoff", SpecError)
     return (strategy.estimated() if settings.estimate_only else strategy,

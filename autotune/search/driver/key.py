@@ -37,7 +37,7 @@ def result_tag(strategy: str, margin: float, spec: AlgoSpec, devices: tuple[str,
                handoff: str, reference: Mapping[str, Any] | None = None) -> str:
     """The study attribute holding the result of a search with these settings.
 
-    ``strategy``: the search's name (``Strategy.search``: ``estimate`` is ``fast`` with ``estimate_only``).
+    ``strategy``: the search's name (``Strategy.name``: ``estimate`` is ``fast`` with ``estimate_only``).
     ``handoff``: ``largest`` is left out of the hash (the tags stored before the hand-off was an option).
     ``reference``: a MONAI bundle's hand-off reference (its template's stated batch and lr rule), read from
     the bundle rather than fixed by an autotune template, so part of what the stored verdict depends on."""
@@ -142,7 +142,7 @@ def _provenance(session: Session, key: TuningKey, infer_study: Any, started: flo
     fields = {
         "study_name": key.study_name,
         "infer_study_name": infer_study.study_name if infer_study is not None else key.study_name,
-        "storage": session.store.shown, "strategy": session.strategy.search, "memory_limit": budget.limit,
+        "storage": session.store.shown, "strategy": session.strategy.name, "memory_limit": budget.limit,
         "margin": budget.margin, "budget_bytes": budget.budget, "device": budget.info["device"],
         "device_name": budget.info["device_name"], "device_total_memory": budget.info["device_total_memory"],
         "precision": key.precision, "alloc_conf": alloc_conf(), "wall_seconds": round(time.perf_counter() - started, 3),
@@ -168,7 +168,7 @@ def answer_key(session: Session, key: TuningKey, config: BundleConfig, n_bundles
     spec, batch_cap = cap_range(spec_for(session.explicit[algo], config), config, session.say)
     devices = validation_devices(spec, session.budget.device)
     reference = family_for(config).handoff_reference(config)
-    tag = result_tag(session.strategy.search, session.budget.margin, spec, devices, session.strategy.estimates_only,
+    tag = result_tag(session.strategy.name, session.budget.margin, spec, devices, session.strategy.estimates_only,
                      session.handoff, reference)
     if known is not None and known.get(tag) is not None:
         ready, stored = True, known[tag]

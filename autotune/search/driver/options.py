@@ -21,9 +21,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from autotune.checks import options as types
+
+if TYPE_CHECKING:  # pragma: no cover
+    from autotune.search.strategies.base import Strategy
 
 __all__ = ["DEFAULT_TIMEOUT", "TuneOptions", "TuningOptions", "add_option_args", "option_flag"]
 
@@ -44,7 +47,9 @@ class TuningOptions:
     memory_limit: int | str | None = _option(None, "e.g. 8GiB; default the device's total memory", types.size)
     storage: str | None = _option(None, "the Optuna storage: an SQLAlchemy URL, grpc://HOST:PORT (autotune proxy) or journal:///PATH (default sqlite under studies/)",
                                   types.storage)
-    strategy: str = _option("fast", "fast (default), tpe (Auto3DSeg baseline) or estimate (no probes)")
+    # a name (the command line's) or a ``Strategy`` object (``autotune.search.strategies``), resolved once by
+    # ``autotune.search.strategies.registry.strategy_of``
+    strategy: str | Strategy = _option("fast", "fast (default), tpe (Auto3DSeg baseline) or estimate (no probes)")
     objective: str = _option("max-batch", "max-batch (default: the largest batch that fits) or throughput (the "
                              "fastest that fits; a smaller batch wins only if its advantage survives a repeated "
                              "measurement)")

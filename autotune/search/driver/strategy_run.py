@@ -1,7 +1,7 @@
 """Run a session's strategy on one key's studies and turn its outcome into the key's record.
 
 The prober answers points (real probes, or the estimator alone for ``estimate``); the evaluator
-records each point as a trial; the session's strategy (``autotune.search.strategies.registry``)
+records each point as a trial; the session's strategy (a ``Strategy``: ``autotune.search.strategies.base``)
 chooses; the hand-off (``autotune.search.handoff``) decides the batch
 training gets. The record is plain data: it goes into the study, the summary and, through
 ``autotune.bundles.plan.TuningPlan``, the bundle.
@@ -129,9 +129,9 @@ def search_key(
 ) -> tuple[dict[str, Any], Any]:
     """Run the session's strategy on ``study`` (inference-only trials on ``infer_study`` when given): the key's
     record, and the estimator's training curve (or None)."""
+    from autotune.search.strategies.base import KeyRun
     from autotune.search.strategies.evaluate import Evaluator
     from autotune.search.strategies.outcome import distributions
-    from autotune.search.strategies.registry import KeyRun
 
     prober = _prober(config, session)
     model = _device_model(config, session, prober)

@@ -9,10 +9,13 @@ workspace factors, marked as not measured on that card.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.errors import SpecError
 from autotune.utils import look_up_option, parse_bytes
+
+if TYPE_CHECKING:  # pragma: no cover
+    from autotune.search.strategies.base import Strategy
 
 __all__ = ["CATALOGUE", "resolve_target"]
 
@@ -33,7 +36,7 @@ CATALOGUE: dict[str, tuple[str, int]] = {
 
 
 def resolve_target(
-    strategy: str, target_gpu: str | None, target_memory: str | None, device: str
+    strategy: str | Strategy, target_gpu: str | None, target_memory: str | None, device: str
 ) -> dict[str, Any] | None:
     """The target of an estimate-only plan, or None when planning for ``device`` itself.
 
@@ -41,9 +44,9 @@ def resolve_target(
         SpecError: a target without ``--strategy estimate`` (a strategy that probes), an unknown
             strategy or card (the valid names are listed), both options at once, or a bad size.
     """
-    from autotune.search.strategies.registry import strategy_named
+    from autotune.search.strategies.registry import strategy_of
 
-    if not strategy_named(strategy).estimates_only:
+    if not strategy_of(strategy).estimates_only:
         if target_gpu or target_memory:
             raise SpecError("--target-gpu/--target-memory plan without probes: add --strategy estimate")
         return None

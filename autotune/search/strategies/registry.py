@@ -1,128 +1,44 @@
-"""The search strategies behind one interface, looked up once from the option's name.
+"""The shipped search strategies, and the names the command line gives them, resolved here once.
 
-- ``fast``: bisection over the key's estimated curves, then probes at the edge
+- ``fast`` (``FastStrategy()``): bisection over the key's estimated curves, then probes at the edge
   (``autotune.search.strategies.fast``). One worker claims the key; the others wait for its
   stored result. Its goodput hand-off probe is timed (``autotune.search.handoff``).
-- ``estimate``: ``fast`` answered by the estimator alone: no probe, and the only strategy that
-  plans for a GPU that is not here (``--target-gpu``).
-- ``tpe``: MONAI Auto3DSeg's baseline (``autotune.search.strategies.tpe``): Optuna's TPE, its
+- ``estimate`` (``FastStrategy(estimates_only=True)``): ``fast`` answered by the estimator alone: no probe, and
+  the only strategy that plans for a GPU that is not here (``--target-gpu``).
+- ``tpe`` (``TpeStrategy()``): MONAI Auto3DSeg's baseline (``autotune.search.strategies.tpe``): Optuna's TPE, its
   study shared point by point among the workers, one trial sizing both phases.
 
-The search driver asks a ``Strategy`` (``strategy_named``) what it needs: whether workers share
-its study point by point or one claims the key, which study phase it keeps, its sampler, its
-run on one key, whether it answers from estimates only, whether the hand-off's probe is timed,
-and its label for messages. No module outside this one compares a strategy's name.
+Each is a ``Strategy`` (``autotune.search.strategies.base``, the interface the search driver asks). ``tune`` takes
+an object (``strategy=FastStrategy()``, or one's own subclass) or one of these names (``strategy_of``: the one
+place a name becomes its object). No module outside this one compares a strategy's name.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
 
 from autotune.errors import SpecError
-from autotune.search.strategies.evaluate import Evaluator
-from autotune.search.strategies.outcome import SearchOutcome
+from autotune.search.strategies.base import EdgeBound, KeyRun, Searched, Strategy
 from autotune.search.strategies.space import AlgoSpec
 from autotune.utils import look_up_option
 
-__all__ = ["KeyRun", "Searched", "Strategy", "STRATEGIES", "strategy_named"]
+if TYPE_CHECKING:  # pragma: no cover
+    import optuna
 
-# (the calibration's stated bound on N+1 or None, why N+1 is probed anyway or None), asked only by ``fast``
-EdgeBound = Callable[[], tuple[Mapping[str, Any] | None, str | None]]
-
-
-@dataclass(frozen=True)
-class KeyRun:
-    """What a strategy runs on: one key's study, its evaluator and prober, the space and the objective.
-
-    Attributes:
-        edge: the calibration's stated bound for N+1 and, where N+1 is probed whatever a calibration
-            says, the reason; called only by strategies that search an edge.
-    """
-
-    study: Any
-    evaluator: Evaluator
-    prober: Any
-    spec: AlgoSpec
-    devices: tuple[str, ...]
-    objective: str
-    seed: int
-    label: str
-    say: Callable[[str], None]
-    edge: EdgeBound
-
-
-@dataclass
-class Searched:
-    """A strategy's answer: the outcome, the estimator's training curve (or None) and the record's extra fields."""
-
-    outcome: SearchOutcome
-    train_curve: Any = None
-    fields: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Strategy:
-    """A search strategy.
-
-    Attributes:
-        name: the option's name (``--strategy``).
-        search: the name its studies and stored results are keyed by (``estimate`` is ``fast``'s search).
-        estimates_only: every point answered by the estimator, no probe.
-        shares_points: workers share its study point by point (else one worker claims the key).
-        joint: one trial sizes both phases in the key's own study (else training there, inference
-            in a sibling study).
-        times_handoff: the goodput hand-off's probe at the reference batch is timed here (with real probes).
-    """
-
-    name: str
-    search: str
-    estimates_only: bool = False
-    shares_points: bool = False
-    joint: bool = False
-    times_handoff: bool = False
-
-    @property
-    def key_name(self) -> str:
-        """The strategy in the tuning key (``autotune.search.storage.study.make_key``)."""
-        return self.search + ("-estimate" if self.estimates_only else "")
-
-    @property
-    def label(self) -> str:
-        """How messages name it."""
-        return self.search + (" (estimates only)" if self.estimates_only else "")
-
-    @property
-    def phase(self) -> str:
-        """The phase of the key's own study (``autotune.search.storage.study.open_study``)."""
-        return "joint" if self.joint else "train"
-
-    @property
-    def claims_key(self) -> bool:
-        """One worker claims the key and the others wait for its stored result."""
-        return not self.shares_points
-
-    def estimated(self) -> Strategy:
-        """This search answered by the estimator alone."""
-        return dataclasses.replace(self, estimates_only=True)
-
-    def sampler(self, seed: int, spec: AlgoSpec, shared: bool) -> Any:
-        """The Optuna sampler of the key's study (None: Optuna's default; points are enqueued by the search)."""
-        return None
-
-    def run(self, key: KeyRun) -> Searched:
-        """Search one key."""
-        raise NotImplementedError
+__all__ = ["EdgeBound", "KeyRun", "Searched", "Strategy", "FastStrategy", "TpeStrategy", "STRATEGIES",
+           "strategy_named", "strategy_of"]
 
 
 @dataclass(frozen=True)
 class FastStrategy(Strategy):
-    """Bisection over the estimated curves, probes at the edge (``autotune.search.strategies.fast``)."""
+    """Bisection over the estimated curves, probes at the edge (``autotune.search.strategies.fast``);
+    ``estimates_only``: every point answered by the estimator (``--strategy estimate``)."""
 
-    times_handoff: bool = True
+    estimates_only: bool = False
+    name: ClassVar[str] = "fast"
+    times_handoff: ClassVar[bool] = True
 
     def run(self, key: KeyRun) -> Searched:
         from autotune.search.curves.key_curves import search_curves
@@ -147,10 +63,12 @@ class FastStrategy(Strategy):
 class TpeStrategy(Strategy):
     """Optuna's TPE over both phases at once, the study shared point by point (``autotune.search.strategies.tpe``)."""
 
-    shares_points: bool = True
-    joint: bool = True
+    estimates_only: bool = False
+    name: ClassVar[str] = "tpe"
+    shares_points: ClassVar[bool] = True
+    joint: ClassVar[bool] = True
 
-    def sampler(self, seed: int, spec: AlgoSpec, shared: bool) -> Any:
+    def sampler(self, seed: int, spec: AlgoSpec, shared: bool) -> optuna.samplers.BaseSampler:
         import optuna
 
         if shared:  # workers sharing a study: different opening points, not the same ones
@@ -163,10 +81,11 @@ class TpeStrategy(Strategy):
         return Searched(run_tpe(key.evaluator, key.spec, key.devices, seed=key.seed, objective=key.objective))
 
 
+#: the names ``--strategy`` takes, each the object it stands for
 STRATEGIES: dict[str, Strategy] = {
-    "fast": FastStrategy("fast", "fast"),
-    "tpe": TpeStrategy("tpe", "tpe"),
-    "estimate": FastStrategy("estimate", "fast", estimates_only=True),
+    "fast": FastStrategy(),
+    "tpe": TpeStrategy(),
+    "estimate": FastStrategy(estimates_only=True),
 }
 
 
@@ -177,3 +96,21 @@ def strategy_named(name: str) -> Strategy:
         SpecError: no such strategy (the valid names are listed).
     """
     return STRATEGIES[look_up_option(name, list(STRATEGIES), "strategy", SpecError)]
+
+
+def strategy_of(strategy: str | Strategy) -> Strategy:
+    """The strategy ``tune(strategy=...)`` is given: a ``Strategy`` as it is, a name (``--strategy``) as the
+    object it stands for.
+
+    Raises:
+        SpecError: an unknown name (the valid ones are listed), a ``Strategy`` without a name, or neither.
+    """
+    if isinstance(strategy, Strategy):
+        if not isinstance(strategy.name, str) or not strategy.name.strip():
+            raise SpecError(f"strategy {type(strategy).__name__}: its name must be a non-empty string, "
+                            f"got {strategy.name!r}")
+        return strategy
+    if isinstance(strategy, str):
+        return strategy_named(strategy)
+    raise SpecError(f"strategy must be a name ({', '.join(STRATEGIES)}) or an autotune.search.strategies.Strategy, "
+                    f"got {type(strategy).__name__}")
