@@ -12,6 +12,8 @@ from autotune.tunables import (
     SW_BATCH,
     TUNABLES,
     VALIDATION_DEVICE,
+    Point,
+    ValidationDevice,
     bundle_values,
     sized_by,
     tunable,
@@ -176,6 +178,21 @@ def test_a_fourth_tunable_needs_its_definition_and_a_family_key_only(demo_bundle
     flag, universal, help_text = out["cli"]
     assert flag == 3 and universal == {"range_num_prefetch": [1, 6]}
     assert "--num-prefetch P training steps with P batches prefetched (default: the bundle's value)" in help_text
+
+
+def test_where_the_volume_lives_is_one_enum_and_one_function() -> None:
+    """The validation device is ``ValidationDevice`` inside the code, its strings in files and studies; where a
+    volume is put for windows on a device is ``volume_device``, whoever asks (trainer, inferer, probe, estimator)."""
+    assert VALIDATION_DEVICE.choices == ("device", "cpu") and ValidationDevice.CPU == "cpu"
+    assert f"{ValidationDevice.CPU}" == str(ValidationDevice.CPU) == "cpu"
+    assert ValidationDevice.CPU.volume_device("cuda:0") == "cpu" and ValidationDevice.DEVICE.volume_device("cuda:1") == "cuda:1"
+    assert ValidationDevice.held_on_cpu(True) is ValidationDevice.CPU and not ValidationDevice.DEVICE.on_cpu
+    assert ValidationDevice.of(None) is ValidationDevice.DEVICE
+    point = Point.of(validation_device=ValidationDevice.CPU)
+    assert point.values["validation_device"] == "cpu" and type(point.values["validation_device"]) is str
+    assert point.validation_device is ValidationDevice.CPU
+    with pytest.raises(ValueError, match="'gpu' is not a valid ValidationDevice"):
+        ValidationDevice.of("gpu")
 
 
 def test_a_point_holds_one_value_per_tunable_and_sizes_a_phase_by_sized_by() -> None:
