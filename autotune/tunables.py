@@ -63,14 +63,9 @@ class ValidationDevice(str, Enum):
         return cls.DEVICE if value is None else cls(value)
 
     @classmethod
-    def held_on_cpu(cls, on_cpu: bool) -> ValidationDevice:
-        """The member a view's flag (``sw_input_on_cpu``: the volume held on the CPU) stands for."""
-        return cls.CPU if on_cpu else cls.DEVICE
-
-    @property
-    def on_cpu(self) -> bool:
-        """The volume is held on the CPU (the flag a view keeps)."""
-        return self is ValidationDevice.CPU
+    def of_flag(cls, flag: bool) -> ValidationDevice:
+        """The member a view's flag stands for (``sw_input_on_cpu``: set when the volume is held on the CPU)."""
+        return cls.CPU if flag else cls.DEVICE
 
     def volume_device(self, device: Any) -> str:
         """Where a validation or inference volume (and its stitched output) is put for windows that run on
@@ -312,19 +307,18 @@ def loader_settings(num_patches_per_iter: int, num_crops_per_image: int) -> dict
     return {BATCH.name: n, "num_images_per_batch": images, "num_crops_per_image": crops}
 
 
-def written_values(record: Mapping[str, Any], config: Any) -> dict[str, Any]:
-    """The plain keys a tuned ``record`` writes into a view (a template family puts them in its own keys):
-    the batch with the loader batch that yields it (``loader_settings``),
-    ``sw_input_on_cpu`` for the validation device (the volume on the CPU while windows run on a GPU, as the
-    search recorded it), and any other tunable's value under its view key (``bundle_key`` or its name) where
-    the record holds one (a strategy that does not decide it leaves the bundle's value). ``config``: the bundle's
-    ``BundleConfig`` (its ``num_crops_per_image``)."""
+def written_values(point: Point, config: Any) -> dict[str, Any]:
+    """The plain keys a tuned ``point`` (``autotune.bundles.result.TuningResult.point``) writes into a view (a
+    template family puts them in its own keys): the batch with the loader batch that yields it
+    (``loader_settings``), and every other tunable the point holds under its view key (``Tunable.view_entry``:
+    ``sw_input_on_cpu`` for the validation device); a tunable the point leaves out (a strategy that does not
+    decide it) keeps the bundle's value. ``config``: the bundle's ``BundleConfig`` (its ``num_crops_per_image``)."""
     out: dict[str, Any] = {}
     for t in TUNABLES:
+        value = point.get(t.name)
         if t is BATCH:
-            out.update(loader_settings(int(record[BATCH.name]), config.num_crops_per_image))
-        elif t is VALIDATION_DEVICE:
-            out[VALIDATION_DEVICE.bundle_key or VALIDATION_DEVICE.name] = bool(record["sw_input_on_cpu"])
-        elif record.get(t.name) is not None:
-            out[t.bundle_key or t.name] = int(record[t.name]) if t.kind == "int" else record[t.name]
+            out.update(loader_settings(int(value), config.num_crops_per_image))
+        elif value is not None:
+            key, held = t.view_entry(value)
+            out[key] = held
     return out

@@ -101,7 +101,7 @@ class _Target:
         emulate = device.startswith("cuda") and not torch.cuda.is_available()
         compute = "cpu" if emulate else device
         volume_device = validation_device.volume_device(compute)
-        if emulate and validation_device.on_cpu:  # the host's storages of an emulated GPU are not counted
+        if emulate and validation_device is ValidationDevice.CPU:  # the host's storages of an emulated GPU are not counted
             volume_device = "meta"
         return cls(emulate, compute, volume_device, "cpu-emulating-cuda" if emulate else device.split(":")[0])
 

@@ -113,7 +113,7 @@ class SavedFallbacks(FileModel):
         """Where the validation volume was held."""
         if self.validation_device is not None:
             return ValidationDevice(self.validation_device)
-        return ValidationDevice.held_on_cpu(bool(self.on_cpu))
+        return ValidationDevice.of_flag(bool(self.on_cpu))
 
 
 class _Saved(FileModel):
@@ -226,11 +226,12 @@ class MemoryFallbacks:
         if self.sw_batch > 1:
             self.sw_batch = max(1, self.sw_batch // 2)
             done = f"sliding-window batch down to {self.sw_batch}"
-        elif not self.validation_device.on_cpu and not self.device.startswith("cpu"):
+        elif self.validation_device is ValidationDevice.DEVICE and not self.device.startswith("cpu"):
             self.validation_device = ValidationDevice.CPU
             done = "validation volume moved to the CPU (windows still on the device)"
         else:
-            where = "on the CPU" if self.validation_device.on_cpu or self.device.startswith("cpu") else "on the device"
+            held = ValidationDevice.CPU if self.device.startswith("cpu") else self.validation_device
+            where = "on the CPU" if held is ValidationDevice.CPU else "on the device"
             raise StepDownsExhausted(f"validation with sliding-window batch 1 and the volume {where}")
         return self._event("validation", epoch, case, what, peak, done)
 

@@ -158,8 +158,9 @@ def evaluate(
         from autotune.trainer.ddp import all_ranks_max
         from autotune.tunables import ValidationDevice
 
-        negative_sw, on_cpu = all_ranks_max(ctx, [-fallbacks.sw_batch, int(fallbacks.validation_device.on_cpu)])
-        fallbacks.sw_batch, fallbacks.validation_device = -int(negative_sw), ValidationDevice.held_on_cpu(bool(on_cpu))
+        cpu = int(fallbacks.validation_device is ValidationDevice.CPU)
+        negative_sw, cpu = all_ranks_max(ctx, [-fallbacks.sw_batch, cpu])
+        fallbacks.sw_batch, fallbacks.validation_device = -int(negative_sw), ValidationDevice.of_flag(bool(cpu))
     totals = all_reduce_sum(ctx, sums + counts)
     per_class = [s / c if c else None for s, c in zip(totals[:count], totals[count:], strict=True)]
     present = [v for v in per_class if v is not None]

@@ -49,7 +49,7 @@ def start_fallbacks(config: BundleConfig, ctx: Any, limit: int | None, model: An
     if record is not None and _same_run(record, tuned.num_patches_per_iter, limit, str(ctx.device)):
         fallbacks.micro_batches = record.micro_batches
         fallbacks.sw_batch = min(fallbacks.sw_batch, record.sw_batch)
-        if ValidationDevice(record.validation_device).on_cpu:
+        if record.validation_device == ValidationDevice.CPU:
             fallbacks.validation_device = ValidationDevice.CPU
         fallbacks.from_record = (f"memory: starting in {fallbacks.micro_batches} micro-batches, sw batch "
                                  f"{fallbacks.sw_batch}, validation on the {fallbacks.validation_device}: an earlier "

@@ -242,8 +242,9 @@ def test_validation_steps_down_to_sw_batch_1_then_to_the_cpu_with_the_same_dice(
     fallbacks = MemoryFallbacks(4, ValidationDevice.DEVICE, "cuda:0", 1 << 20, say=lambda line: None)
 
     def fake(model: Any, image: Any, roi_size: Any, sw_batch_size: int, device: Any, **kwargs: Any) -> Any:
-        calls.append((sw_batch_size, fallbacks.validation_device.on_cpu))
-        if sw_batch_size > 1 or not fallbacks.validation_device.on_cpu:
+        cpu = fallbacks.validation_device is ValidationDevice.CPU
+        calls.append((sw_batch_size, cpu))
+        if sw_batch_size > 1 or not cpu:
             raise torch.OutOfMemoryError("fake")
         return predict(model, image, roi_size, sw_batch_size, device, **kwargs)
 
