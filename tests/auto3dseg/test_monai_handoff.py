@@ -123,3 +123,17 @@ def test_a_bundle_tuned_before_the_reference_was_recorded_says_so(bundles: dict[
     result, asked = _hand_off(cfg, 5, speed_at_n=1.0, speed_at_ref=10.0)
     assert asked == [] and result.num_patches_per_iter == 5
     assert "regenerate the bundle" in result.handoff["line"]
+
+
+def test_an_out_of_memory_line_names_the_batch_the_configs_state(bundles: dict[str, Path]) -> None:
+    """The ``tuning:`` record is provenance: a launch that ran out of memory names the batch MONAI's configs hold
+    (what ``train.py`` ran), not the one the record says was tuned."""
+    from autotune.auto3dseg.oom import oom_outcome
+    from autotune.auto3dseg.writeback import update_bundle
+
+    tuned = {"num_patches_per_iter": 5, "num_sw_batch_size": 2, "memory_limit": 2**30, "device": "cpu"}
+    update_bundle(bundles["segresnet"], {"num_patches_per_iter": 3, "tuning": tuned})
+    record: dict[str, Any] = {"phase_failed": "train", "peak_bytes": 2**31}
+    line = oom_outcome(bundles["segresnet"] / "scripts" / "train.py", record, 2**30, "cpu")
+    assert "with 3 patches per step" in line and record["failed_point"]["num_patches_per_iter"] == 3
+    assert record["failed_point"]["study"]["recorded"] is False  # a measured plan's key only
