@@ -18,17 +18,61 @@ docs/architecture.md, "Adding a tunable", lists what else a new one touches.
 One point of the search, one value per tunable, is a ``Point``: the estimator and the probe runner take one
 (``autotune.probe``), the probers pass one, and ``at(phase, n)`` sizes a phase by the tunable ``sized_by``
 names. The loader batch that yields a batch is computed in one function, ``loader_settings``.
+
+Where the validation volume lives is one enum inside the code, ``ValidationDevice`` (``DEVICE``, ``CPU``), valued
+by the strings the files, the probe's request and the study keep (``device``, ``cpu``); where a volume is put
+for windows running on a device is one function, ``ValidationDevice.volume_device``. A bundle's file keeps it as
+its family's one key (``sw_input_on_cpu`` for autotune's own, MONAI's own key for MONAI's: the families' key
+tables).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import Enum
 from types import MappingProxyType
 from typing import Any
 
-__all__ = ["Tunable", "TUNABLES", "BATCH", "SW_BATCH", "VALIDATION_DEVICE", "Point", "tunable", "of_phase", "sized_by",
-           "spec_key_names", "bundle_values", "loader_batch_patches", "loader_settings", "written_values"]
+__all__ = ["Tunable", "TUNABLES", "BATCH", "SW_BATCH", "VALIDATION_DEVICE", "ValidationDevice", "Point", "tunable",
+           "of_phase", "sized_by", "spec_key_names", "bundle_values", "loader_batch_patches",
+           "loader_settings", "written_values"]
+
+
+class ValidationDevice(str, Enum):
+    """Where the validation (and inference) volume and its stitched output live while the sliding window's
+    windows run on the compute device: ``DEVICE`` (the compute device itself) or ``CPU`` (the host, so that a
+    large volume does not hold device memory). Its values are the strings files, probe requests and studies
+    keep; a member equals its string (``ValidationDevice.CPU == "cpu"``) and prints as it."""
+
+    DEVICE = "device"
+    CPU = "cpu"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+    @classmethod
+    def of(cls, value: ValidationDevice | str | None) -> ValidationDevice:
+        """``value`` as a member (None: ``DEVICE``, where a search or an estimate leaves it open).
+
+        Raises:
+            ValueError: not ``device`` or ``cpu``.
+        """
+        return cls.DEVICE if value is None else cls(value)
+
+    @classmethod
+    def of_flag(cls, flag: bool) -> ValidationDevice:
+        """The member a view's flag stands for (``sw_input_on_cpu``: set when the volume is held on the CPU)."""
+        return cls.CPU if flag else cls.DEVICE
+
+    def volume_device(self, device: Any) -> str:
+        """Where a validation or inference volume (and its stitched output) is put for windows that run on
+        ``device``: the CPU, or ``device`` itself. The one place this is decided: the trainer, the inferer, the
+        Algo class, the probe and the estimator ask it."""
+        return "cpu" if self is ValidationDevice.CPU else str(device)
 
 
 @dataclass(frozen=True)
@@ -138,7 +182,8 @@ SW_BATCH = Tunable(
     flag_help="sliding-window batch size in validation (default: the bundle's value)", metavar="M",
     spec_help="range of sliding-window batch sizes to search")
 VALIDATION_DEVICE = Tunable(
-    name="validation_device", kind="choice", phase="infer", spec_key="validation_devices", choices=("device", "cpu"),
+    name="validation_device", kind="choice", phase="infer", spec_key="validation_devices",
+    choices=tuple(member.value for member in ValidationDevice),
     bundle_key="sw_input_on_cpu", label="val on", unit="",
     probed="the same validation pass with the volume on the compute device or on the CPU (windows on the device)",
     flag_help="where the validation volume and stitched output are held "
@@ -168,7 +213,7 @@ class Point:
         them for the caller to refuse)."""
         base = point.values if isinstance(point, Point) else (point or {})
         merged = {**base, **values}
-        return cls(MappingProxyType({k: v for k, v in merged.items() if v is not None}))
+        return cls(MappingProxyType({k: _plain(v) for k, v in merged.items() if v is not None}))
 
     @classmethod
     def taken_from(cls, mapping: Mapping[str, Any]) -> Point:
@@ -188,8 +233,9 @@ class Point:
         return self.get(SW_BATCH.name)
 
     @property
-    def validation_device(self) -> str | None:
-        return self.get(VALIDATION_DEVICE.name)
+    def validation_device(self) -> ValidationDevice | None:
+        held = self.get(VALIDATION_DEVICE.name)
+        return None if held is None else ValidationDevice(held)
 
     def unknown(self) -> list[str]:
         """The given names that are no tunable's, sorted."""
@@ -198,7 +244,7 @@ class Point:
     def with_values(self, **values: Any) -> Point:
         """This point with ``values`` set (None: back to the bundle's)."""
         merged = {**self.values, **values}
-        return Point(MappingProxyType({k: v for k, v in merged.items() if v is not None}))
+        return Point(MappingProxyType({k: _plain(v) for k, v in merged.items() if v is not None}))
 
     def without(self, *names: str) -> Point:
         """This point with ``names`` left to the bundle."""
@@ -210,6 +256,11 @@ class Point:
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.values)
+
+
+def _plain(value: Any) -> Any:
+    """A point's value as its files and studies keep it (an enum member as its string)."""
+    return value.value if isinstance(value, Enum) else value
 
 
 def tunable(name: str) -> Tunable:
@@ -263,19 +314,18 @@ def loader_settings(num_patches_per_iter: int, num_crops_per_image: int) -> dict
     return {BATCH.name: n, "num_images_per_batch": images, "num_crops_per_image": crops}
 
 
-def written_values(record: Mapping[str, Any], config: Any) -> dict[str, Any]:
-    """The plain keys a tuned ``record`` writes into a view (a template family puts them in its own keys):
-    the batch with the loader batch that yields it (``loader_settings``),
-    ``sw_input_on_cpu`` for the validation device (the volume on the CPU while windows run on a GPU, as the
-    search recorded it), and any other tunable's value under its view key (``bundle_key`` or its name) where
-    the record holds one (a strategy that does not decide it leaves the bundle's value). ``config``: the bundle's
-    ``BundleConfig`` (its ``num_crops_per_image``)."""
+def written_values(point: Point, config: Any) -> dict[str, Any]:
+    """The plain keys a tuned ``point`` (``autotune.bundles.result.TuningResult.point``) writes into a view (a
+    template family puts them in its own keys): the batch with the loader batch that yields it
+    (``loader_settings``), and every other tunable the point holds under its view key (``Tunable.view_entry``:
+    ``sw_input_on_cpu`` for the validation device); a tunable the point leaves out (a strategy that does not
+    decide it) keeps the bundle's value. ``config``: the bundle's ``BundleConfig`` (its ``num_crops_per_image``)."""
     out: dict[str, Any] = {}
     for t in TUNABLES:
+        value = point.get(t.name)
         if t is BATCH:
-            out.update(loader_settings(int(record[BATCH.name]), config.num_crops_per_image))
-        elif t is VALIDATION_DEVICE:
-            out[VALIDATION_DEVICE.bundle_key or VALIDATION_DEVICE.name] = bool(record["sw_input_on_cpu"])
-        elif record.get(t.name) is not None:
-            out[t.bundle_key or t.name] = int(record[t.name]) if t.kind == "int" else record[t.name]
+            out.update(loader_settings(int(value), config.num_crops_per_image))
+        elif value is not None:
+            key, held = t.view_entry(value)
+            out[key] = held
     return out

@@ -12,6 +12,8 @@ from autotune.tunables import (
     SW_BATCH,
     TUNABLES,
     VALIDATION_DEVICE,
+    Point,
+    ValidationDevice,
     bundle_values,
     sized_by,
     tunable,
@@ -48,8 +50,8 @@ def test_a_view_and_a_record_are_read_and_written_through_the_table(demo_bundles
         num_patches_per_iter=3, num_images_per_batch=3, num_sw_batch_size=5, sw_input_on_cpu=True, num_crops_per_image=2)
     assert bundle_values(cfg) == {"num_patches_per_iter": 3, "num_sw_batch_size": 5, "validation_device": "cpu"}
     for n, crops in ((1, 1), (3, 2), (4, 6), (7, 4)):
-        record = {"num_patches_per_iter": n, "num_sw_batch_size": 2, "sw_input_on_cpu": False}
-        written = written_values(record, cfg.with_values(num_crops_per_image=crops))
+        point = Point.of(num_patches_per_iter=n, num_sw_batch_size=2, validation_device=ValidationDevice.DEVICE)
+        written = written_values(point, cfg.with_values(num_crops_per_image=crops))
         assert {k: written[k] for k in ("num_patches_per_iter", "num_images_per_batch", "num_crops_per_image")} == \
             loader_settings(n, crops)
         assert (written["num_sw_batch_size"], written["sw_input_on_cpu"]) == (2, False)
@@ -131,9 +133,9 @@ train = Evaluation(point={"num_patches_per_iter": 2, "num_prefetch": 3}, phases=
 infer = Evaluation(point={"num_patches_per_iter": 2, "num_sw_batch_size": 4, "validation_device": "cpu"},
                    phases=("infer",), **common)
 outcome = SearchOutcome.of_points(5, train, infer, [train, infer])
-answer = _answer(outcome, "cpu")
-out["outcome"] = [outcome.value("num_prefetch"), answer["num_prefetch"], sorted(distributions(spec, ("device",))),
-                  written_values(answer, config)["num_prefetch"]]
+answer = _answer(outcome, {})
+out["outcome"] = [outcome.value("num_prefetch"), answer.point.get("num_prefetch"),
+                  sorted(distributions(spec, ("device",))), written_values(answer.point, config)["num_prefetch"]]
 
 from autotune.cli import build_parser
 from autotune.commands.probe import tunable_args
@@ -176,6 +178,21 @@ def test_a_fourth_tunable_needs_its_definition_and_a_family_key_only(demo_bundle
     flag, universal, help_text = out["cli"]
     assert flag == 3 and universal == {"range_num_prefetch": [1, 6]}
     assert "--num-prefetch P training steps with P batches prefetched (default: the bundle's value)" in help_text
+
+
+def test_where_the_volume_lives_is_one_enum_and_one_function() -> None:
+    """The validation device is ``ValidationDevice`` inside the code, its strings in files and studies; where a
+    volume is put for windows on a device is ``volume_device``, whoever asks (trainer, inferer, probe, estimator)."""
+    assert VALIDATION_DEVICE.choices == ("device", "cpu") and ValidationDevice.CPU == "cpu"
+    assert f"{ValidationDevice.CPU}" == str(ValidationDevice.CPU) == "cpu"
+    assert ValidationDevice.CPU.volume_device("cuda:0") == "cpu" and ValidationDevice.DEVICE.volume_device("cuda:1") == "cuda:1"
+    assert ValidationDevice.of_flag(True) is ValidationDevice.CPU and ValidationDevice.of_flag(False) is ValidationDevice.DEVICE
+    assert ValidationDevice.of(None) is ValidationDevice.DEVICE
+    point = Point.of(validation_device=ValidationDevice.CPU)
+    assert point.values["validation_device"] == "cpu" and type(point.values["validation_device"]) is str
+    assert point.validation_device is ValidationDevice.CPU
+    with pytest.raises(ValueError, match="'gpu' is not a valid ValidationDevice"):
+        ValidationDevice.of("gpu")
 
 
 def test_a_point_holds_one_value_per_tunable_and_sizes_a_phase_by_sized_by() -> None:

@@ -29,13 +29,13 @@ def oom_outcome(script: Path, record: dict[str, Any], limit: int, device: str) -
     tuning = bundle / TUNING_RELPATH if bundle is not None else None
     if tuning is not None and tuning.is_file():  # a bundle autotune tuned: its batch, and the key's study
         try:
-            from autotune.bundles.plan import TuningPlan
-            from autotune.errors import ConfigError
-            from autotune.utils import read_yaml
+            from autotune.auto3dseg.view import load_view
+            from autotune.bundles.schema import check_bundle_config
 
-            plan = TuningPlan.from_dict(read_yaml(tuning, ConfigError), f"{tuning}: tuning")
-            batch = plan.num_patches_per_iter
-            if phase == "training":
+            config = check_bundle_config(load_view(bundle), str(bundle))
+            plan = config.plan  # the tuning's provenance (the key's study); the batch is the one the configs state
+            batch = config.tuned.num_patches_per_iter
+            if phase == "training" and plan is not None:
                 from autotune.search.storage.training_oom import record_in_study
 
                 event = {"phase": "training", "peak_bytes": record.get("peak_bytes"), "limit_bytes": limit,

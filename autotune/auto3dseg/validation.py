@@ -44,8 +44,8 @@ def validate_segresnet(model: Any, volume: Any, label: Any, config: BundleConfig
 
     device = torch.device(device)
     memory_format = torch.channels_last_3d if config.channels_last else torch.preserve_format
-    on_cpu = volume.device.type != device.type  # validation on the CPU: stitched there
-    output_device = volume.device if on_cpu else None
+    off_device = volume.device.type != device.type  # validation on the CPU: stitched there
+    output_device = volume.device if off_device else None
     inferrer = (make_inferrer(output_device) if make_inferrer is not None
                 else segresnet_inferrer(config, sw_batch_size, output_device))
     with torch.no_grad():  # val_epoch is decorated with torch.no_grad()

@@ -18,6 +18,7 @@ from typing import Any
 
 from autotune.bundles.model import BundleConfig
 from autotune.bundles.plan import TuningPlan
+from autotune.bundles.result import TuningResult
 from autotune.bundles.schema import (
     CONFIG_RELPATH,
     MAX_BATCH,
@@ -36,6 +37,7 @@ __all__ = [
     "load_bundle_config",
     "save_bundle_config",
     "update_bundle_config",
+    "write_result",
     "check_bundle_config",
     "check_config_values",
     "MAX_BATCH",
@@ -87,3 +89,23 @@ def update_bundle_config(bundle: str | os.PathLike[str], updates: Mapping[str, A
     from autotune.families import family_of
 
     return family_of(bundle).write_back(bundle, updates)
+
+
+def write_result(config: BundleConfig, result: TuningResult, recipe: Mapping[str, Any],
+                 follow: Mapping[str, Any], write: bool = True) -> dict[str, Any]:
+    """Write a tuned ``result`` into the bundle of ``config`` through its template family: each tuned value once,
+    in the template's own keys (``autotune.tunables.written_values``: the batch with the loader batch that yields
+    it, the sliding-window batch, where validation lives), the keys that ``follow`` the batch (the learning rate
+    and warm-up), and the ``tuning:`` block as provenance (``TuningPlan.from_result`` with the hand-off's
+    ``recipe``). Returns the plain keys written (nothing is written unless ``write``).
+
+    Raises:
+        ConfigError: the result or a key to write is refused (one line naming it).
+    """
+    from autotune.tunables import written_values
+
+    updates: dict[str, Any] = {**written_values(result.point, config), **follow,
+                               "tuning": TuningPlan.from_result(result, recipe).as_dict()}
+    if write:
+        update_bundle_config(config.bundle_root, updates)
+    return updates

@@ -1,6 +1,7 @@
 """The ``tuning:`` block of a tuned bundle, as one typed class: ``TuningPlan``.
 
-The tuner writes it (``TuningPlan.from_record(...).as_dict()``) and every stage that reads it
+The tuner writes it (``TuningPlan.from_result(result, recipe).as_dict()``: the key's ``TuningResult``,
+``autotune.bundles.result``, with the hand-off's recipe) and every stage that reads it
 (training's memory limit and precision, the Algo class, ``verify``) reads it as ``config.plan`` of the loaded
 ``BundleConfig`` (``plan_of`` for a plain view); ``autotune.bundles.config.load_bundle`` checks it when a bundle
 is loaded, so a malformed block is one line naming the key, not a ``KeyError`` later. A block carries
@@ -12,7 +13,11 @@ The tuned values are one mapping, ``tuned``, keyed by the tunables' names and dr
 tunables first, the choices after the largest fit), reads and checks each from there, and today's three keep
 typed properties (``plan.num_patches_per_iter``); ``plan.value(name)`` reads any. A tunable added after a
 block was written is simply absent from it (``value`` gives None): only the batch and the sliding-window
-batch are required. The answer and the figures a program reads are typed fields; the reports a person reads
+batch are required. The block is provenance: the bundle states the tuned values in its template's keys, which
+training, inference and the probe read (``autotune.bundles.tuned``); nothing reads them from here but reports.
+A block written before the validation device was one value held it twice (``validation_device`` and the flag
+``sw_input_on_cpu``); the flag is checked, read where ``validation_device`` is absent, and not written again.
+The answer and the figures a program reads are typed fields; the reports a person reads
 (``key``, ``batch``, ``handoff``, ``recipe``, ``edge_check``, ...) are plain mappings whose
 content is documented in docs/tuning.md.
 """
@@ -25,15 +30,20 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from autotune.errors import ConfigError
-from autotune.tunables import BATCH, SW_BATCH, TUNABLES
+from autotune.tunables import BATCH, SW_BATCH, TUNABLES, VALIDATION_DEVICE, ValidationDevice
 
 if TYPE_CHECKING:  # pragma: no cover
     from autotune.bundles.oom_record import TrainingOOM
+    from autotune.bundles.result import TuningResult
 
 __all__ = ["PLAN_VERSION", "TuningPlan", "plan_of"]
 
 PLAN_VERSION = 1
 METHODS = ("measured", "estimated")
+
+#: a key a block written by an earlier autotune holds, checked and read, never written: the validation device's flag
+_LEGACY_FLAG = "sw_input_on_cpu"
+_LEGACY = (_LEGACY_FLAG,)
 
 # field -> (accepted types, required); a report is a mapping, a list a list of ints
 _INT, _FLOAT, _STR, _BOOL, _MAP, _LIST = (int,), (int, float), (str,), (bool,), (Mapping,), (list,)
@@ -48,7 +58,6 @@ class TuningPlan:
             forward pass handed to training, ``num_sw_batch_size`` the sliding-window batch,
             ``validation_device`` where the validation volume lives (``device`` or ``cpu``).
         max_num_patches_per_iter: the largest batch that fits (the hand-off may give training less).
-        sw_input_on_cpu: the volume is kept on the CPU while windows run on the GPU.
         memory_limit: the limit tuned for (bytes); ``margin`` the share kept free; ``budget_bytes``
             what a point could use.
         device, device_name, device_total_memory: the device tuned on (or planned for).
@@ -69,7 +78,6 @@ class TuningPlan:
     strategy: str | None = None
     status: str = "tuned"
     max_num_patches_per_iter: int | None = None
-    sw_input_on_cpu: bool = False
     device_name: str | None = None
     device_total_memory: int | None = None
     margin: float | None = None
@@ -122,9 +130,10 @@ class TuningPlan:
         return int(self.tuned[SW_BATCH.name])
 
     @property
-    def validation_device(self) -> str | None:
-        """Where the validation volume lives (``device`` or ``cpu``; None in a block without it)."""
-        return self.value("validation_device")
+    def validation_device(self) -> ValidationDevice | None:
+        """Where the validation volume lives (None in a block without it)."""
+        held = self.value(VALIDATION_DEVICE.name)
+        return None if held is None else ValidationDevice(held)
 
     @property
     def largest_fit(self) -> int:
@@ -162,8 +171,18 @@ class TuningPlan:
         return TuningPlan.from_dict({**self.as_dict(), **changes}, "tuning")
 
     @classmethod
+    def from_result(cls, result: TuningResult, recipe: Mapping[str, Any] | None = None) -> TuningPlan:
+        """The plan of a tuned key's result (``autotune.bundles.result.TuningResult``), with the hand-off's
+        ``recipe``: its record (``as_record``, the serialisation the key's study keeps) as the block.
+
+        Raises:
+            ConfigError: the result holds a key the plan does not (a field to add here first).
+        """
+        return cls.from_record(result.as_record(), recipe)
+
+    @classmethod
     def from_record(cls, record: Mapping[str, Any], recipe: Mapping[str, Any] | None = None) -> TuningPlan:
-        """The plan of a tuned key's record (``autotune.search``), with the hand-off's ``recipe``.
+        """The plan of a tuned key's record (``TuningResult.as_record``), with the hand-off's ``recipe``.
 
         Raises:
             ConfigError: the record holds a key the plan does not (a field to add here first).
@@ -190,7 +209,7 @@ class TuningPlan:
             raise ConfigError(f"{where}.version: {version} was written by a newer autotune (this one reads up to "
                               f"{PLAN_VERSION}); upgrade autotune, or run 'autotune tune' again")
         names = ["version", *_ORDER]
-        unknown = sorted(set(block) - set(names))
+        unknown = sorted(set(block) - set(names) - set(_LEGACY))
         if unknown:
             from autotune.utils import look_up_option
 
@@ -200,6 +219,9 @@ class TuningPlan:
                 raise ConfigError(f"{where}: key {name!r} is missing; run 'autotune tune' again")
         values = {name: _checked(name, block[name], where) for name in names if block.get(name) is not None}
         tuned = {name: values.pop(name) for name in _TUNED if name in values}
+        flag = _checked(_LEGACY_FLAG, block[_LEGACY_FLAG], where) if block.get(_LEGACY_FLAG) is not None else None
+        if flag is not None and VALIDATION_DEVICE.name not in tuned:
+            tuned[VALIDATION_DEVICE.name] = ValidationDevice.of_flag(flag).value
         return cls(tuned=tuned, **values)
 
 
@@ -211,7 +233,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     **{name: _FLOAT for name in ("margin", "samples_per_s", "sw_seconds_per_volume", "wall_seconds")},
     **{name: _STR for name in ("device", "method", "algo", "objective", "strategy", "status", "device_name",
                                "precision", "alloc_conf", "study_name", "infer_study_name", "storage", "date")},
-    **{name: _BOOL for name in ("sw_input_on_cpu", "allowances_validated_on_gpu")},
+    **{name: _BOOL for name in ("allowances_validated_on_gpu", *_LEGACY)},
     **{name: _LIST for name in ("trials", "infer_trials")},
     **{name: _MAP for name in ("estimator_passes", "edge_check", "handoff", "batch", "key", "recipe", "allowances",
                                "device_model", "target", "verified")},

@@ -5,7 +5,9 @@ step-downs it starts from) and its inferer (``autotune.trainer.infer``: the slid
 volume lives) read the tuned values only here, as nnU-Net's trainer reads its plans only through its
 ``ConfigurationManager``: ``tuned_values(cfg)`` reads each tunable from the bundle's view
 (``autotune.tunables``), the loader batch beside the batch, and the typed ``tuning:`` block
-(``autotune.bundles.plan.TuningPlan``; None for a bundle never tuned).
+(``autotune.bundles.plan.TuningPlan``; None for a bundle never tuned). The values are read from the template's
+keys only; the block is the tuning's provenance (its peak, its limit, a training run's step-downs), never a second
+source of the batch, the window batch or where validation lives.
 
 A bundle states its batch once: ``num_patches_per_iter`` patches per forward pass, each loader batch of
 ``num_images_per_batch`` x ``num_crops_per_image`` patches split into whole passes of it (what the write-back
@@ -23,7 +25,15 @@ from typing import Any
 
 from autotune.bundles.plan import TuningPlan
 from autotune.errors import ConfigError
-from autotune.tunables import BATCH, SW_BATCH, TUNABLES, VALIDATION_DEVICE, Point, loader_settings
+from autotune.tunables import (
+    BATCH,
+    SW_BATCH,
+    TUNABLES,
+    VALIDATION_DEVICE,
+    Point,
+    ValidationDevice,
+    loader_settings,
+)
 
 __all__ = ["TunedValues", "tuned_values"]
 
@@ -54,14 +64,10 @@ class TunedValues:
         return int(self.point.values[SW_BATCH.name])
 
     @property
-    def validation_device(self) -> str:
-        """``device`` or ``cpu``: where the validation volume and the stitched output are held."""
-        return str(self.point.values[VALIDATION_DEVICE.name])
-
-    @property
-    def sw_input_on_cpu(self) -> bool:
-        """The volume is held on the CPU while the windows run on the compute device."""
-        return self.validation_device == VALIDATION_DEVICE.choices[1]
+    def validation_device(self) -> ValidationDevice:
+        """Where the validation volume and the stitched output are held (its ``volume_device(device)``: where a
+        volume is put for windows running on ``device``)."""
+        return ValidationDevice(self.point.values[VALIDATION_DEVICE.name])
 
     @property
     def loader_patches(self) -> int:
@@ -72,10 +78,6 @@ class TunedValues:
     def passes_per_loader_batch(self) -> int:
         """Forward passes (optimizer steps) per loader batch."""
         return self.loader_patches // self.num_patches_per_iter
-
-    def image_device(self, device: str) -> str:
-        """Where a validation or inference volume is put for windows running on ``device``."""
-        return "cpu" if self.sw_input_on_cpu else device
 
     @property
     def tuned_peak_bytes(self) -> int | None:

@@ -150,9 +150,9 @@ class InferClass:
         from autotune.trainer.infer import plain_tensor, predict_args
 
         data = self.transforms({"image": _image_of(image_file)})
-        image_device = self.config.tuned.image_device(self.device)
+        volume_device = self.config.tuned.validation_device.volume_device(self.device)
         logits = sliding_window_predict(
-            self.model, plain_tensor(data["image"]).unsqueeze(0).to(image_device), device=self.device,
+            self.model, plain_tensor(data["image"]).unsqueeze(0).to(volume_device), device=self.device,
             amp_dtype=self.amp_dtype, **predict_args(self.config),
         )[0].float()
         sigmoid = self.config.sigmoid

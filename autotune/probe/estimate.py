@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.errors import ProbeError
 from autotune.probe.memory_model import MemoryModel
-from autotune.tunables import VALIDATION_DEVICE, Point
+from autotune.tunables import VALIDATION_DEVICE, Point, ValidationDevice
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -95,12 +95,14 @@ class _Target:
     semantics: str
 
     @classmethod
-    def of(cls, device: str, validation_device: str) -> _Target:
+    def of(cls, device: str, validation_device: ValidationDevice) -> _Target:
         import torch
 
         emulate = device.startswith("cuda") and not torch.cuda.is_available()
         compute = "cpu" if emulate else device
-        volume_device = ("meta" if emulate else "cpu") if validation_device == "cpu" else compute
+        volume_device = validation_device.volume_device(compute)
+        if emulate and validation_device is ValidationDevice.CPU:  # the host's storages of an emulated GPU are not counted
+            volume_device = "meta"
         return cls(emulate, compute, volume_device, "cpu-emulating-cuda" if emulate else device.split(":")[0])
 
 
@@ -188,7 +190,7 @@ def estimate(bundle: str | Path | Mapping[str, Any] | BundleConfig, point: Point
 
     start = time.perf_counter()
     point = Point.of(point, **tuned)
-    point = point.with_values(**{VALIDATION_DEVICE.name: point.validation_device or "device"})
+    point = point.with_values(**{VALIDATION_DEVICE.name: ValidationDevice.of(point.validation_device)})
     req = _resolve(bundle, point, device, phases, precision)
     config: BundleConfig = req["config"]
     result = base_result(req)
@@ -201,7 +203,7 @@ def estimate(bundle: str | Path | Mapping[str, Any] | BundleConfig, point: Point
         import torch
 
         result.update(torch_version=torch.__version__, monai_version=monai.__version__)
-        target = _Target.of(req["device"], req["validation_device"])
+        target = _Target.of(req["device"], ValidationDevice(req["validation_device"]))
         result["semantics"] = target.semantics
         dtype = amp_dtype(config, req["device"], req["precision"])
         with fake_session(emulate_cuda=target.emulate, guesses=guesses):

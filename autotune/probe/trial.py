@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from autotune.cuda_alloc import alloc_conf
 from autotune.device import device_name, device_total_memory, nvml_used_bytes
 from autotune.probe.faults import FAULT_ENV, inject_fault, parse_fault_rules
-from autotune.tunables import TUNABLES
+from autotune.tunables import TUNABLES, ValidationDevice
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -130,7 +130,7 @@ def _infer_phase(req: Mapping[str, Any], parts: dict[str, Any], result: dict[str
     steps = parts["workload"]  # the template family's validation (autotune.probe.workload, or the template's own)
     steps.ensure_training_state(model, optimizer)
     model.eval()
-    volume_device = "cpu" if req["validation_device"] == "cpu" else device
+    volume_device = ValidationDevice(req["validation_device"]).volume_device(device)
     volume, label = steps.make_volume(config, volume_device), steps.make_volume_label(config, volume_device)
     metric = make_dice_metric(config)
     times = _measured_loop(

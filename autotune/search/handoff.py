@@ -57,6 +57,7 @@ from autotune.tunables import loader_settings
 
 if TYPE_CHECKING:
     from autotune.bundles.model import BatchScaling, BundleConfig
+    from autotune.bundles.result import TuningResult
 
 __all__ = ["DEFAULT_NOISE", "HANDOFFS", "DEFAULT_HANDOFF", "Verdict", "per_sample_efficiency", "decide",
            "training_set", "cap_range", "batch_report", "apply_handoff", "handoff_updates"]
@@ -289,17 +290,18 @@ def _speed(evaluation: Any) -> tuple[float | None, float | None]:
 
 
 def apply_handoff(
-    record: dict[str, Any],
+    result: TuningResult,
     config: BundleConfig,
     candidate: Any,
     measure_reference: Callable[[int], Any] | None,
     handoff: str,
     say: Callable[[str], None],
-) -> None:
-    """Decide which batch a tuned ``record`` hands to training; record the verdict under ``handoff``.
+) -> TuningResult:
+    """Decide which batch a tuned ``result`` hands to training: the result with that batch and the verdict
+    (its ``handoff``).
 
     Args:
-        record: the key's tuned record (``num_patches_per_iter`` is the search's choice); updated in place.
+        result: the key's tuned result (its ``num_patches_per_iter`` is the search's choice).
         config: the bundle config (its ``batch_scaling`` block: reference batch and lr rule).
         candidate: the search's training evaluation at ``num_patches_per_iter``.
         measure_reference: measures training at a batch (a study point when one exists); None when the
@@ -308,17 +310,16 @@ def apply_handoff(
         say: progress lines.
     """
 
-    algo, n = config.algo, int(record["num_patches_per_iter"])
+    algo, n = config.algo, int(result.num_patches_per_iter or 0)
     if handoff == "largest":
-        record["handoff"] = {"rule": "largest", "handed": n,
-                             "line": f"--handoff largest (the goodput rule is off): the search's batch -> hand over {n}"}
-        return
+        return result.replace(handoff={
+            "rule": "largest", "handed": n,
+            "line": f"--handoff largest (the goodput rule is off): the search's batch -> hand over {n}"})
     block = config.batch_scaling
     if block is None:
-        record["handoff"] = {"rule": "goodput", "handed": n, "line": (
-            f"{_no_block(config)} -> hand over {n}")}
-        say(f"[{algo}] hand-off: {record['handoff']['line']}")
-        return
+        said = {"rule": "goodput", "handed": n, "line": f"{_no_block(config)} -> hand over {n}"}
+        say(f"[{algo}] hand-off: {said['line']}")
+        return result.replace(handoff=said)
     ref = block.reference_batch
     rate, spread = _speed(candidate) if candidate is not None else (None, None)
     reference = None
@@ -329,18 +330,19 @@ def apply_handoff(
             ref_rate, ref_spread = _speed(reference)
     noise = (spread or 0.0) + (ref_spread or 0.0)
     verdict = decide(ref, ref_rate, n, rate, block.lr_scaling, noise=noise)
-    record["handoff"] = {"rule": "goodput", **verdict.as_dict(), "largest_fit": record.get("max_num_patches_per_iter"),
-                         "largest_fit_trial": record.get("train_trial"),
-                         "reference_trial": reference.trial_number if reference is not None else None}
+    result = result.replace(handoff={
+        "rule": "goodput", **verdict.as_dict(), "largest_fit": result.max_num_patches_per_iter,
+        "largest_fit_trial": result.train_trial,
+        "reference_trial": reference.trial_number if reference is not None else None})
     say(f"[{algo}] hand-off: {verdict.line()}")
     if verdict.handed == n or reference is None:
-        return
-    result = reference.result or {}
-    train_peak = result.get("train_peak_bytes") or result.get("peak_bytes")
-    record.update(
+        return result
+    measured = reference.result or {}
+    train_peak = measured.get("train_peak_bytes") or measured.get("peak_bytes")
+    return result.replace(
         num_patches_per_iter=verdict.handed, train_trial=reference.trial_number, train_peak_bytes=train_peak,
         samples_per_s=ref_rate,
-        peak_bytes=max(int(train_peak or 0), int(record.get("infer_peak_bytes") or 0)) or record.get("peak_bytes"),
+        peak_bytes=max(int(train_peak or 0), int(result.infer_peak_bytes or 0)) or result.peak_bytes,
     )
 
 

@@ -20,11 +20,12 @@ from __future__ import annotations
 import gc
 import sys
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from autotune.bundles.model import MAX_BATCH
 from autotune.checks import Integer
 from autotune.checks.typed import Checked, FileModel, parse
+from autotune.tunables import ValidationDevice
 from autotune.utils import format_bytes
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -98,12 +99,21 @@ def batch_reducing_parts(loss: Section | None, model: Any) -> list[str]:
 
 
 class SavedFallbacks(FileModel):
-    """A checkpoint's ``memory_fallbacks`` (``MemoryFallbacks.state``): the step-downs in force and their events."""
+    """A checkpoint's ``memory_fallbacks`` (``MemoryFallbacks.state``): the step-downs in force and their events.
+    A checkpoint written before ``validation_device`` held the flag ``on_cpu`` instead; it loads as that."""
 
     micro_batches: Annotated[int, Checked(Integer(1, MAX_BATCH))]
     sw_batch: Annotated[int, Checked(Integer(1, MAX_BATCH))]
-    on_cpu: bool
+    validation_device: Literal["device", "cpu"] | None = None
+    on_cpu: bool | None = None  # the earlier checkpoints' flag (read, never written)
     events: list[dict[str, Any]]
+
+    @property
+    def validation(self) -> ValidationDevice:
+        """Where the validation volume was held."""
+        if self.validation_device is not None:
+            return ValidationDevice(self.validation_device)
+        return ValidationDevice.of_flag(bool(self.on_cpu))
 
 
 class _Saved(FileModel):
@@ -123,19 +133,19 @@ class MemoryFallbacks:
     """The step-downs in force in a training run and their record.
 
     Args:
-        sw_batch: the bundle's sliding-window batch; ``on_cpu``: its validation volume already on the CPU.
+        sw_batch: the bundle's sliding-window batch; ``validation_device``: where it holds its validation volume.
         device: the run's device (on the CPU the validation volume is there already: no CPU step-down).
         limit: the memory limit, for the record (None: the device's memory).
         say: where a step-down's one line goes (rank 0's console).
         exact_note: what reduces over the batch (``batch_reducing_parts``); '' when a split is exact.
     """
 
-    def __init__(self, sw_batch: int, on_cpu: bool, device: str, limit: int | None,
+    def __init__(self, sw_batch: int, validation_device: ValidationDevice, device: str, limit: int | None,
                  say: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True),
                  exact_note: str = "") -> None:
         self.micro_batches = 1
         self.sw_batch = max(1, int(sw_batch))
-        self.on_cpu = bool(on_cpu)
+        self.validation_device = ValidationDevice(validation_device)
         self.device, self.limit, self.say = str(device), limit, say
         self.exact_note = exact_note
         self.events: list[dict[str, Any]] = []
@@ -146,19 +156,15 @@ class MemoryFallbacks:
         self.on_event: Callable[[dict[str, Any]], None] | None = None  # told of every step-down (the record)
         self.study: StudyRecord | None = None  # where this run's training failure went in the study (learn.py)
 
-    @property
-    def validation_device(self) -> str:
-        return "cpu" if self.on_cpu else "device"
-
     def in_force(self) -> dict[str, Any]:
         """The metrics row's columns: micro-batches, sliding-window batch and validation device in force."""
         return {"micro_batches": self.micro_batches, "sw_batch": self.sw_batch,
-                "validation_device": self.validation_device}
+                "validation_device": self.validation_device.value}
 
     def state(self) -> dict[str, Any]:
         """Plain data for a checkpoint (``weights_only`` loads it)."""
-        return {"micro_batches": self.micro_batches, "sw_batch": self.sw_batch, "on_cpu": self.on_cpu,
-                "events": list(self.events)}
+        return {"micro_batches": self.micro_batches, "sw_batch": self.sw_batch,
+                "validation_device": self.validation_device.value, "events": list(self.events)}
 
     def load(self, state: Mapping[str, Any] | None, where: str = "last.pt") -> bool:
         """Put back what ``state`` kept (a checkpoint's, ``where``; None: nothing); whether there was one.
@@ -169,7 +175,7 @@ class MemoryFallbacks:
         if not state:
             return False
         saved = parse_saved_fallbacks(state, where)
-        self.micro_batches, self.sw_batch, self.on_cpu = saved.micro_batches, saved.sw_batch, saved.on_cpu
+        self.micro_batches, self.sw_batch, self.validation_device = saved.micro_batches, saved.sw_batch, saved.validation
         self.events = [dict(e) for e in saved.events]
         return True
 
@@ -220,11 +226,12 @@ class MemoryFallbacks:
         if self.sw_batch > 1:
             self.sw_batch = max(1, self.sw_batch // 2)
             done = f"sliding-window batch down to {self.sw_batch}"
-        elif not self.on_cpu and not self.device.startswith("cpu"):
-            self.on_cpu = True
+        elif self.validation_device is ValidationDevice.DEVICE and not self.device.startswith("cpu"):
+            self.validation_device = ValidationDevice.CPU
             done = "validation volume moved to the CPU (windows still on the device)"
         else:
-            where = "on the CPU" if self.on_cpu or self.device.startswith("cpu") else "on the device"
+            held = ValidationDevice.CPU if self.device.startswith("cpu") else self.validation_device
+            where = "on the CPU" if held is ValidationDevice.CPU else "on the device"
             raise StepDownsExhausted(f"validation with sliding-window batch 1 and the volume {where}")
         return self._event("validation", epoch, case, what, peak, done)
 

@@ -1,7 +1,7 @@
 """Sliding-window prediction: validation Dice during training, and NIfTI predictions for new images.
 
 Both run ``autotune.step.sliding_window_predict`` with the bundle's tuned settings, read through
-``autotune.bundles.tuned`` (``num_sw_batch_size``, the image on the CPU when ``sw_input_on_cpu``), and
+``autotune.bundles.tuned`` (``num_sw_batch_size``, the volume where its ``validation_device`` puts it), and
 its ``sw_overlap``.
 Predictions are written in each input's own geometry: the infer transforms'
 orientation and resampling are inverted with MONAI's ``Invertd`` (nearest neighbour).
@@ -133,7 +133,7 @@ def evaluate(
 
     sigmoid = config.sigmoid
     num_classes = config.output_classes
-    image_device = config.tuned.image_device(device)
+    volume_device = config.tuned.validation_device.volume_device(device)
     metric = make_dice_metric(config)
     count = num_classes if sigmoid else num_classes - 1
     sums, counts = [0.0] * count, [0.0] * count
@@ -141,8 +141,8 @@ def evaluate(
     model.eval()
     for case, batch in enumerate(loader, 1):
         if fallbacks is None:
-            image = plain_tensor(batch["image"]).to(image_device)
-            label = plain_tensor(batch["label"]).to(image_device)
+            image = plain_tensor(batch["image"]).to(volume_device)
+            label = plain_tensor(batch["label"]).to(volume_device)
             logits = sliding_window_predict(model, image, device=device, amp_dtype=amp_dtype, **predict_args(config))
             scores = score_case(logits, label, config, metric).detach().cpu()
         else:
@@ -156,9 +156,11 @@ def evaluate(
     model.train(was_training)
     if fallbacks is not None and ctx.enabled:  # every rank validates with the smallest step-downs any rank took
         from autotune.trainer.ddp import all_ranks_max
+        from autotune.tunables import ValidationDevice
 
-        negative_sw, on_cpu = all_ranks_max(ctx, [-fallbacks.sw_batch, int(fallbacks.on_cpu)])
-        fallbacks.sw_batch, fallbacks.on_cpu = -int(negative_sw), bool(on_cpu)
+        cpu = int(fallbacks.validation_device is ValidationDevice.CPU)
+        negative_sw, cpu = all_ranks_max(ctx, [-fallbacks.sw_batch, cpu])
+        fallbacks.sw_batch, fallbacks.validation_device = -int(negative_sw), ValidationDevice.of_flag(bool(cpu))
     totals = all_reduce_sum(ctx, sums + counts)
     per_class = [s / c if c else None for s, c in zip(totals[:count], totals[count:], strict=True)]
     present = [v for v in per_class if v is not None]
@@ -174,11 +176,11 @@ def _score_stepping_down(model: Any, batch: Mapping[str, Any], config: BundleCon
     from autotune.trainer.fallback import release_memory
 
     while True:
-        image_device = "cpu" if fallbacks.on_cpu else device
+        volume_device = fallbacks.validation_device.volume_device(device)
         failed = False
         try:
-            image = plain_tensor(batch["image"]).to(image_device)
-            label = plain_tensor(batch["label"]).to(image_device)
+            image = plain_tensor(batch["image"]).to(volume_device)
+            label = plain_tensor(batch["label"]).to(volume_device)
             logits = sliding_window_predict(model, image, device=device, amp_dtype=amp_dtype,
                                             **{**predict_args(config), "sw_batch_size": fallbacks.sw_batch})
             return score_case(logits, label, config, metric).detach().cpu()
@@ -295,7 +297,7 @@ class _Predictor:
         self.config, self.model, self.device = config, model, device
         self.transforms = build_transforms(config, "infer")
         self.invert = Invertd(keys="pred", transform=self.transforms, orig_keys="image", nearest_interp=True)
-        self.image_device = config.tuned.image_device(device)
+        self.volume_device = config.tuned.validation_device.volume_device(device)
         self.amp_dtype = amp_dtype(config, device)
 
     def __call__(self, item: Any) -> tuple[Any, Any]:
@@ -306,7 +308,7 @@ class _Predictor:
 
         data = self.transforms({"image": item})
         logits = sliding_window_predict(
-            self.model, plain_tensor(data["image"]).unsqueeze(0).to(self.image_device), device=self.device,
+            self.model, plain_tensor(data["image"]).unsqueeze(0).to(self.volume_device), device=self.device,
             amp_dtype=self.amp_dtype, **predict_args(self.config),
         )[0].float()
         if self.config.sigmoid:

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from autotune.trainer.fallback import MemoryFallbacks, batch_reducing_parts
+from autotune.tunables import ValidationDevice
 
 if TYPE_CHECKING:  # pragma: no cover
     from autotune.bundles.model import BundleConfig
@@ -30,7 +31,7 @@ def _warn(line: str) -> None:
     print(f"warning: {line}", file=sys.stderr, flush=True)
 
 
-def start_fallbacks(cfg: BundleConfig, ctx: Any, limit: int | None, model: Any,
+def start_fallbacks(config: BundleConfig, ctx: Any, limit: int | None, model: Any,
                     restarted: bool = False) -> MemoryFallbacks:
     """The step-downs a run starts with: none, or those an earlier run of this bundle recorded at the same batch,
     limit and device (``from_record`` then says so in a line); rank 0 learns from every new one."""
@@ -39,21 +40,22 @@ def start_fallbacks(cfg: BundleConfig, ctx: Any, limit: int | None, model: Any,
         if ctx.is_main:
             print(line, file=sys.stderr, flush=True)
 
-    tuned = cfg.tuned
-    fallbacks = MemoryFallbacks(tuned.num_sw_batch_size, tuned.sw_input_on_cpu, ctx.device, limit, say=say,
-                                exact_note=", ".join(batch_reducing_parts(cfg.loss, model)))
+    tuned = config.tuned
+    fallbacks = MemoryFallbacks(tuned.num_sw_batch_size, tuned.validation_device, ctx.device, limit, say=say,
+                                exact_note=", ".join(batch_reducing_parts(config.loss, model)))
     fallbacks.restarted = restarted
     plan = tuned.plan
     record = plan.training_oom if plan is not None else None
     if record is not None and _same_run(record, tuned.num_patches_per_iter, limit, str(ctx.device)):
         fallbacks.micro_batches = record.micro_batches
         fallbacks.sw_batch = min(fallbacks.sw_batch, record.sw_batch)
-        fallbacks.on_cpu = fallbacks.on_cpu or record.validation_device == "cpu"
+        if record.validation_device == ValidationDevice.CPU:
+            fallbacks.validation_device = ValidationDevice.CPU
         fallbacks.from_record = (f"memory: starting in {fallbacks.micro_batches} micro-batches, sw batch "
                                  f"{fallbacks.sw_batch}, validation on the {fallbacks.validation_device}: an earlier "
                                  "run of this bundle stepped down to them (tuning.training_oom)")
     if ctx.is_main and plan is not None:
-        fallbacks.on_event = lambda event: learn_from(cfg, fallbacks, event)
+        fallbacks.on_event = lambda event: learn_from(config, fallbacks, event)
     return fallbacks
 
 
@@ -63,13 +65,13 @@ def _same_run(record: TrainingOOM, patches: int, limit: int | None, device: str 
             and (device is None or record.device == device))
 
 
-def learn_from(cfg: BundleConfig, fallbacks: MemoryFallbacks, event: Mapping[str, Any]) -> None:
+def learn_from(config: BundleConfig, fallbacks: MemoryFallbacks, event: Mapping[str, Any]) -> None:
     """Write ``event`` (a step-down) into the bundle's ``tuning.training_oom`` and, for a training pass under the
     key's own limit on the tuned device, into the key's study. A refused write is a warning."""
     from autotune.bundles.config import update_bundle_config
-    from autotune.bundles.oom_record import StudyRecord
+    from autotune.bundles.oom_record import StudyRecord, TrainingOOM
 
-    tuned = cfg.tuned
+    tuned = config.tuned
     plan = tuned.plan
     if plan is None:
         return
@@ -82,13 +84,13 @@ def learn_from(cfg: BundleConfig, fallbacks: MemoryFallbacks, event: Mapping[str
         else:
             from autotune.search.storage.training_oom import record_in_study
 
-            fallbacks.study = StudyRecord(**record_in_study(plan, patches, event, cfg.bundle_root, fallbacks.device))
+            fallbacks.study = StudyRecord(**record_in_study(plan, patches, event, config.bundle_root, fallbacks.device))
     study = fallbacks.study if fallbacks.study is not None else (earlier.study if earlier is not None else None)
-    record = {"num_patches_per_iter": patches, **fallbacks.in_force(), "memory_limit": fallbacks.limit,
-              "device": fallbacks.device, "last": dict(event),
-              "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-              "study": study.as_dict() if study is not None else None}
     try:
-        update_bundle_config(cfg.bundle_root, {"tuning": plan.replace(training_oom=record).as_dict()})
+        record = TrainingOOM(num_patches_per_iter=patches, micro_batches=fallbacks.micro_batches,
+                             sw_batch=fallbacks.sw_batch, validation_device=fallbacks.validation_device.value,
+                             memory_limit=fallbacks.limit, device=fallbacks.device, last=dict(event),
+                             date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), study=study)
+        update_bundle_config(config.bundle_root, {"tuning": plan.replace(training_oom=record).as_dict()})
     except Exception as exc:  # noqa: BLE001 - the record is worth a line, never the run
-        _warn(f"could not record the step-down in {cfg.bundle_root} (tuning.training_oom): {exc}")
+        _warn(f"could not record the step-down in {config.bundle_root} (tuning.training_oom): {exc}")

@@ -13,9 +13,11 @@ from typing import Any
 import pytest
 import yaml
 
-from autotune.bundles.config import load_bundle, load_bundle_config
+from autotune.bundles.config import BundleConfig, load_bundle, load_bundle_config
+from autotune.bundles.result import TuningResult
 from autotune.search.driver.writeback import write_bundle
 from autotune.search.handoff import apply_handoff
+from autotune.tunables import Point, ValidationDevice
 
 STATED = {"segresnet": (1, 0.0002, "sqrt"), "dints": (1, 0.2, "linear")}  # batch, lr, rule: AdamW, SGD
 
@@ -27,25 +29,24 @@ def _measured(n: int, samples_per_s: float, trial: int) -> Any:
     return SimpleNamespace(result=result, feasible=True, trial_number=trial)
 
 
-def _tuned(n: int) -> dict[str, Any]:
-    """The record of a search whose largest fit is ``n`` (before the hand-off)."""
-    return {"algo": "x", "status": "tuned", "num_patches_per_iter": n, "max_num_patches_per_iter": n,
-            "num_sw_batch_size": 2, "validation_device": "device", "sw_input_on_cpu": False, "train_trial": 7,
-            "train_peak_bytes": 1000 * n, "peak_bytes": 1000 * n, "samples_per_s": None, "memory_limit": 2**30,
-            "device": "cpu", "method": "measured"}
+def _tuned(n: int) -> TuningResult:
+    """The result of a search whose largest fit is ``n`` (before the hand-off)."""
+    point = Point.of(num_patches_per_iter=n, num_sw_batch_size=2, validation_device=ValidationDevice.DEVICE)
+    return TuningResult("tuned", point, max_num_patches_per_iter=n, train_peak_bytes=1000 * n, peak_bytes=1000 * n,
+                        provenance={"algo": "x", "train_trial": 7, "memory_limit": 2**30, "device": "cpu",
+                                    "method": "measured"})
 
 
-def _hand_off(cfg: dict[str, Any], n: int, speed_at_n: float, speed_at_ref: float,
-              handoff: str = "goodput") -> tuple[dict[str, Any], list[int]]:
+def _hand_off(cfg: BundleConfig, n: int, speed_at_n: float, speed_at_ref: float,
+              handoff: str = "goodput") -> tuple[TuningResult, list[int]]:
     asked: list[int] = []
 
     def measure(batch: int) -> Any:
         asked.append(batch)
         return _measured(batch, speed_at_ref, 3)
 
-    record = _tuned(n)
-    apply_handoff(record, cfg, _measured(n, speed_at_n, 7), measure, handoff, lambda line: None)
-    return record, asked
+    result = apply_handoff(_tuned(n), cfg, _measured(n, speed_at_n, 7), measure, handoff, lambda line: None)
+    return result, asked
 
 
 @pytest.mark.parametrize("template", ["segresnet", "dints"])
@@ -63,18 +64,19 @@ def test_batch_1_is_handed_1_unless_the_probes_measure_a_larger_batch_faster(bun
     cfg = load_bundle_config(bundles[template])
     # 4 patches fit; per-sample efficiency sqrt(1/4) = 0.5 for either rule: 4 must run > 2.2x the samples/s of 1
     slower, asked = _hand_off(cfg, 4, speed_at_n=20.0, speed_at_ref=10.0)  # 2x: speed-up 1.0
-    assert asked == [1] and slower["num_patches_per_iter"] == 1 and slower["handoff"]["handed"] == 1
-    assert slower["handoff"]["speedup"] == pytest.approx(1.0) and slower["max_num_patches_per_iter"] == 4
-    assert slower["train_trial"] == 3 and slower["samples_per_s"] == 10.0  # the reference probe describes it
+    assert asked == [1] and slower.num_patches_per_iter == 1 and slower.handoff["handed"] == 1
+    assert slower.handoff["speedup"] == pytest.approx(1.0) and slower.max_num_patches_per_iter == 4
+    assert slower.train_trial == 3 and slower.samples_per_s == 10.0  # the reference probe describes it
+    assert (slower.num_sw_batch_size, slower.validation_device) == (2, ValidationDevice.DEVICE)  # kept
     faster, _ = _hand_off(cfg, 4, speed_at_n=25.0, speed_at_ref=10.0)  # 2.5x: speed-up 1.25 > 1.1
-    assert faster["num_patches_per_iter"] == 4 and faster["handoff"]["handed"] == 4
-    assert f"({STATED[template][2]} lr rule)" in faster["handoff"]["line"]
+    assert faster.num_patches_per_iter == 4 and faster.handoff["handed"] == 4
+    assert f"({STATED[template][2]} lr rule)" in faster.handoff["line"]
     largest, none_asked = _hand_off(cfg, 4, speed_at_n=11.0, speed_at_ref=10.0, handoff="largest")
-    assert largest["num_patches_per_iter"] == 4 and none_asked == []
+    assert largest.num_patches_per_iter == 4 and none_asked == []
 
 
-def _write(bundle: Path, record: dict[str, Any]) -> dict[str, Any]:
-    return write_bundle(str(bundle), load_bundle(bundle), record, True, lambda line: None)
+def _write(bundle: Path, result: TuningResult) -> dict[str, Any]:
+    return write_bundle(str(bundle), load_bundle(bundle), result, True, lambda line: None)
 
 
 def test_the_learning_rate_follows_the_rule_into_monais_own_keys(bundles: dict[str, Path]) -> None:
@@ -118,6 +120,20 @@ def test_a_bundle_tuned_before_the_reference_was_recorded_says_so(bundles: dict[
     update_bundle(bundles["segresnet"], {"num_patches_per_iter": 5, "tuning": old_plan})
     cfg = load_bundle_config(bundles["segresnet"])
     assert cfg.batch_scaling is None  # its configs hold 5, not the template's batch
-    record, asked = _hand_off(cfg, 5, speed_at_n=1.0, speed_at_ref=10.0)
-    assert asked == [] and record["num_patches_per_iter"] == 5
-    assert "regenerate the bundle" in record["handoff"]["line"]
+    result, asked = _hand_off(cfg, 5, speed_at_n=1.0, speed_at_ref=10.0)
+    assert asked == [] and result.num_patches_per_iter == 5
+    assert "regenerate the bundle" in result.handoff["line"]
+
+
+def test_an_out_of_memory_line_names_the_batch_the_configs_state(bundles: dict[str, Path]) -> None:
+    """The ``tuning:`` record is provenance: a launch that ran out of memory names the batch MONAI's configs hold
+    (what ``train.py`` ran), not the one the record says was tuned."""
+    from autotune.auto3dseg.oom import oom_outcome
+    from autotune.auto3dseg.writeback import update_bundle
+
+    tuned = {"num_patches_per_iter": 5, "num_sw_batch_size": 2, "memory_limit": 2**30, "device": "cpu"}
+    update_bundle(bundles["segresnet"], {"num_patches_per_iter": 3, "tuning": tuned})
+    record: dict[str, Any] = {"phase_failed": "train", "peak_bytes": 2**31}
+    line = oom_outcome(bundles["segresnet"] / "scripts" / "train.py", record, 2**30, "cpu")
+    assert "with 3 patches per step" in line and record["failed_point"]["num_patches_per_iter"] == 3
+    assert record["failed_point"]["study"]["recorded"] is False  # a measured plan's key only

@@ -16,6 +16,7 @@ from autotune.bundles.model import MAX_BATCH
 from autotune.bundles.oom_record import MAX_PATCHES
 from autotune.bundles.plan import TuningPlan
 from autotune.errors import ConfigError
+from autotune.tunables import ValidationDevice
 
 LIMIT = 1 << 30
 BATCH = {"num_patches_per_iter": 2, "num_images_per_batch": 2, "num_crops_per_image": 1, "num_sw_batch_size": 4}
@@ -135,14 +136,18 @@ def test_a_step_down_is_recorded_as_a_record_that_parses_back(bundles: dict[str,
 def test_a_checkpoint_s_fallbacks_are_checked_when_put_back() -> None:
     from autotune.trainer.fallback import MemoryFallbacks
 
-    saved = MemoryFallbacks(4, False, "cpu", LIMIT, say=lambda line: None)
+    saved = MemoryFallbacks(4, ValidationDevice.DEVICE, "cpu", LIMIT, say=lambda line: None)
     saved.training_oom(4, LIMIT + 1, 1, 1)
-    fallbacks = MemoryFallbacks(4, False, "cpu", LIMIT)
+    fallbacks = MemoryFallbacks(4, ValidationDevice.DEVICE, "cpu", LIMIT)
     assert fallbacks.load(saved.state(), "m/last.pt") and fallbacks.state() == saved.state()
     assert not fallbacks.load(None)
     for change, message in (({"micro_batches": "2"}, "key 'memory_fallbacks.micro_batches': got '2'"),
-                            ({"on_cpu": 1}, "key 'memory_fallbacks.on_cpu': got 1"),
+                            ({"validation_device": "gpu"}, "key 'memory_fallbacks.validation_device': got 'gpu'"),
                             ({"events": {}}, "key 'memory_fallbacks.events': got {}; must be a list")):
         with pytest.raises(ConfigError, match=message) as refused:
-            MemoryFallbacks(4, False, "cpu", LIMIT).load({**saved.state(), **change}, "m/last.pt")
+            MemoryFallbacks(4, ValidationDevice.DEVICE, "cpu", LIMIT).load({**saved.state(), **change}, "m/last.pt")
         assert str(refused.value).startswith("m/last.pt: ")
+    earlier = {k: v for k, v in saved.state().items() if k != "validation_device"} | {"on_cpu": True}
+    assert fallbacks.load(earlier, "m/last.pt")  # a checkpoint written before validation_device held the flag
+    assert fallbacks.validation_device is ValidationDevice.CPU and fallbacks.state()["validation_device"] == "cpu"
+    assert "on_cpu" not in fallbacks.state()

@@ -13,6 +13,8 @@ from typing import Any
 import pytest
 from bundle_fixtures import copy_bundle
 
+from autotune.tunables import ValidationDevice
+
 
 def _record_losses(monkeypatch: pytest.MonkeyPatch) -> list[tuple[float, int]]:
     """Every applied training pass's (loss, micro-batches), in order (a pass that ran out of memory is not one)."""
@@ -158,7 +160,7 @@ def test_release_memory_frees_what_a_failed_backward_pass_left_queued() -> None:
 def _fake_parts(micro_batches: int = 1) -> SimpleNamespace:
     from autotune.trainer.fallback import MemoryFallbacks
 
-    fallbacks = MemoryFallbacks(4, False, "cpu", 1 << 20, say=lambda line: None)
+    fallbacks = MemoryFallbacks(4, ValidationDevice.DEVICE, "cpu", 1 << 20, say=lambda line: None)
     fallbacks.micro_batches = micro_batches
     recipe = SimpleNamespace(optimizer=SimpleNamespace(zero_grad=lambda set_to_none: None, state={"w": {}}))
     memory = SimpleNamespace(failed_peak=lambda: 2 << 20)
@@ -237,11 +239,12 @@ def test_validation_steps_down_to_sw_batch_1_then_to_the_cpu_with_the_same_dice(
     expected = evaluate(model, data.val_loader, cfg, "cpu", None, ctx)
     reference_scores, scores[:] = list(scores), []
     # the run's device stands in for a GPU: a window batch above 1, or the volume off the CPU, runs out of memory
-    fallbacks = MemoryFallbacks(4, False, "cuda:0", 1 << 20, say=lambda line: None)
+    fallbacks = MemoryFallbacks(4, ValidationDevice.DEVICE, "cuda:0", 1 << 20, say=lambda line: None)
 
     def fake(model: Any, image: Any, roi_size: Any, sw_batch_size: int, device: Any, **kwargs: Any) -> Any:
-        calls.append((sw_batch_size, fallbacks.on_cpu))
-        if sw_batch_size > 1 or not fallbacks.on_cpu:
+        cpu = fallbacks.validation_device is ValidationDevice.CPU
+        calls.append((sw_batch_size, cpu))
+        if sw_batch_size > 1 or not cpu:
             raise torch.OutOfMemoryError("fake")
         return predict(model, image, roi_size, sw_batch_size, device, **kwargs)
 
@@ -441,7 +444,8 @@ def test_a_split_says_where_it_is_not_exact() -> None:
     assert parts == ["BatchNorm3d", "DiceLoss with batch: true"]
     assert batch_reducing_parts(Section(name="DiceLoss", batch=True), per_sample) == ["DiceLoss with batch: true"]
     lines: list[str] = []
-    fallbacks = MemoryFallbacks(1, False, "cpu", 1 << 20, say=lines.append, exact_note=", ".join(parts))
+    fallbacks = MemoryFallbacks(1, ValidationDevice.DEVICE, "cpu", 1 << 20, say=lines.append,
+                                exact_note=", ".join(parts))
     event = fallbacks.training_oom(4, 3 << 20, 1, 1)
     assert "not exact here: BatchNorm3d, DiceLoss with batch: true reduce over the batch" in event["done"]
     assert lines == [f"memory: out of memory in training pass of 4 patches (epoch 1, step 1, peak 3.00 MiB under "

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.bundles.config import Bundle, load_bundle
+from autotune.bundles.result import TuningResult
 from autotune.errors import ConfigError, SpecError
 from autotune.search.driver.key import answer_key
 from autotune.search.driver.options import TuningOptions
@@ -84,14 +85,14 @@ def _studies(session: Session) -> dict[str, dict[str, Any]]:
 
 
 def _answer_all(session: Session, bundles: Mapping[str, Bundle], groups: Mapping[str, list[str]],
-                keys: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    """Each key's record: the keys this worker can take first, then those other workers started.
+                keys: Mapping[str, Any]) -> dict[str, TuningResult]:
+    """Each key's result: the keys this worker can take first, then those other workers started.
 
     With workers sharing the storage, one read of every study says which keys are done (answered at once)
     and which another worker has started (left for later, so a worker passing by costs the storage nothing);
     this worker claims and searches the others, then waits for the started ones one at a time (taking over
     any whose worker is not live)."""
-    records: dict[str, dict[str, Any]] = {}
+    records: dict[str, TuningResult] = {}
     shared = session.store.workers_share
     order = list(groups)
     if shared and order:  # workers that start together begin at different keys
@@ -109,7 +110,7 @@ def _answer_all(session: Session, bundles: Mapping[str, Bundle], groups: Mapping
                 seen = _studies(session)  # claim asked of every key: hundreds of workers start together)
         else:
             records[study_name] = record
-            if shared and not record.get("from_storage"):
+            if shared and not record.from_storage:
                 seen = _studies(session)  # a search took minutes: read again what the others did
     while pending:  # keys other workers started: answer those done, wait for the next (or take it over)
         seen = _studies(session)
@@ -129,7 +130,8 @@ def _answer_all(session: Session, bundles: Mapping[str, Bundle], groups: Mapping
 
 
 def _answer(session: Session, bundles: Mapping[str, Bundle], groups: Mapping[str, list[str]],
-            keys: Mapping[str, Any], study_name: str, wait: bool, known: Mapping[str, Any] | None) -> Any:
+            keys: Mapping[str, Any], study_name: str, wait: bool, known: Mapping[str, Any] | None
+            ) -> TuningResult | None:
     """``answer_key`` for one key; None while another worker holds it (and not ``wait``)."""
     paths = groups[study_name]
     first = bundles[paths[0]].config

@@ -15,6 +15,7 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from autotune.bundles.result import TuningResult
 from autotune.families import family_for
 from autotune.search.driver.session import Session
 from autotune.search.driver.strategy_run import search_key
@@ -147,7 +148,7 @@ def _provenance(session: Session, key: TuningKey, infer_study: Any, started: flo
         "device_name": budget.info["device_name"], "device_total_memory": budget.info["device_total_memory"],
         "precision": key.precision, "alloc_conf": alloc_conf(), "wall_seconds": round(time.perf_counter() - started, 3),
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "key": key.as_dict(), "from_storage": False,
+        "key": key.as_dict(),
     }
     if budget.target is not None:
         fields["target"] = dict(budget.target)
@@ -155,8 +156,8 @@ def _provenance(session: Session, key: TuningKey, infer_study: Any, started: flo
 
 
 def answer_key(session: Session, key: TuningKey, config: BundleConfig, n_bundles: int,
-               wait: bool, known: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
-    """The key's record: from storage, or searched now; None when another worker holds it (and not ``wait``).
+               wait: bool, known: Mapping[str, Any] | None = None) -> TuningResult | None:
+    """The key's result: from storage, or searched now; None when another worker holds it (and not ``wait``).
 
     ``known``: the user attributes of the key's study as just read (``get_all_studies``), when it exists: its
     stored result is then answered with no further call, and, without ``wait``, a key another worker has
@@ -164,7 +165,7 @@ def answer_key(session: Session, key: TuningKey, config: BundleConfig, n_bundles
     algo = config.algo
     if not config.tuning_supported:
         session.say(f"[{algo}] this template does not support tuning; bundles left as generated")
-        return {"algo": algo, "status": "unsupported", "reason": "template does not support tuning"}
+        return TuningResult("unsupported", reason="template does not support tuning", provenance={"algo": algo})
     spec, batch_cap = cap_range(spec_for(session.explicit[algo], config), config, session.say)
     devices = validation_devices(spec, session.budget.device)
     reference = family_for(config).handoff_reference(config)
@@ -189,21 +190,23 @@ def answer_key(session: Session, key: TuningKey, config: BundleConfig, n_bundles
             stored = None if stored is not None and _refuted(session, stored, failures, algo) else stored
         if stored is not None:
             session.say(f"[{algo}] answered from storage ({key.study_name}); no new trial")
-            return {**{k: v for k, v in stored.items() if k != SEEN}, "from_storage": True, "probes": 0}
+            return TuningResult.from_record({k: v for k, v in stored.items() if k != SEEN}).replace(
+                from_storage=True, probes=0)
         study = study or _open(session, key, sampler=_sampler(session, config, spec))
         infer_study = None if session.strategy.joint else _open(session, key, "infer")
         _fail_stale(session, (study, infer_study), algo)
         _announce(session, key, spec, n_bundles, algo)
         started = time.perf_counter()
-        record, train_curve = search_key(study, config, spec, devices, session, infer_study)
-        record["batch"] = batch_report(record, batch_cap, predicted_fit(train_curve, batch_cap, session.budget.budget))
-        record.update(_provenance(session, key, infer_study, started))
+        result, train_curve = search_key(study, config, spec, devices, session, infer_study)
+        batch = batch_report(result.as_record(), batch_cap, predicted_fit(train_curve, batch_cap, session.budget.budget))
+        result = result.replace(batch=batch, **_provenance(session, key, infer_study, started))
+        record = result.as_record()  # the one serialisation: the study keeps it, the dashboard's note reads it
         from autotune.search.dashboard.notes import tell_story
 
         tell_story(study, record, infer_study)
-        if record["status"] == "tuned":
+        if result.tuned:
             study.set_user_attr(tag, {**{k: v for k, v in record.items() if k != "from_storage"}, SEEN: len(failures)})
-        return record
+        return result
     finally:
         claims = session.store.claims if session.strategy.claims_key else None
         if claims is not None:

@@ -1,22 +1,23 @@
-"""Run a session's strategy on one key's studies and turn its outcome into the key's record.
+"""Run a session's strategy on one key's studies and turn its outcome into the key's result.
 
 The prober answers points (real probes, or the estimator alone for ``estimate``); the evaluator
 records each point as a trial; the session's strategy (a ``Strategy``: ``autotune.search.strategies.base``)
 chooses; the hand-off (``autotune.search.handoff``) decides the batch
-training gets. The record is plain data: it goes into the study, the summary and, through
-``autotune.bundles.plan.TuningPlan``, the bundle.
+training gets. The result is one typed ``autotune.bundles.result.TuningResult``: its record goes into the study
+and the summary and, through ``autotune.bundles.plan.TuningPlan``, the bundle.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from autotune.bundles.result import TuningResult
 from autotune.families import family_for
 from autotune.search.curves.bound import edge_bound
 from autotune.search.driver.session import Session
 from autotune.search.handoff import apply_handoff
 from autotune.search.strategies.space import AlgoSpec
-from autotune.tunables import TUNABLES
+from autotune.tunables import TUNABLES, Point
 
 if TYPE_CHECKING:
     from autotune.bundles.model import BundleConfig
@@ -92,23 +93,21 @@ def _infeasible(outcome: Any, spec: AlgoSpec) -> str | None:
     return None
 
 
-def _answer(outcome: Any, device: str) -> dict[str, Any]:
-    """The tuned values and the measurements of the chosen points."""
+def _answer(outcome: Any, provenance: dict[str, Any]) -> TuningResult:
+    """The tuned result: each tunable's answer (``autotune.tunables``), the largest fit, and the measurements of the
+    chosen points; ``provenance`` what the search says of itself."""
     train_res = outcome.train.result if outcome.train else {}
     infer_res = outcome.infer.result if outcome.infer else {}
-    return {
-        "status": "tuned",
-        **{t.name: outcome.value(t.name) for t in TUNABLES},  # each tunable's answer (autotune.tunables)
-        "max_num_patches_per_iter": outcome.max_num_patches_per_iter,
-        "sw_input_on_cpu": bool(device.startswith("cuda") and outcome.validation_device == "cpu"),
-        "train_trial": outcome.train.trial_number if outcome.train else None,
-        "infer_trial": outcome.infer.trial_number if outcome.infer else None,
-        "train_peak_bytes": train_res.get("train_peak_bytes") or train_res.get("peak_bytes"),
-        "peak_bytes": max(int(train_res.get("peak_bytes") or 0), int(infer_res.get("peak_bytes") or 0)) or None,
-        "infer_peak_bytes": infer_res.get("infer_peak_bytes") or infer_res.get("peak_bytes"),
-        "samples_per_s": train_res.get("samples_per_s"),
-        "sw_seconds_per_volume": infer_res.get("sw_seconds_per_volume"),
-    }
+    return TuningResult(
+        "tuned", Point.of({t.name: outcome.value(t.name) for t in TUNABLES}),
+        max_num_patches_per_iter=outcome.max_num_patches_per_iter,
+        train_peak_bytes=train_res.get("train_peak_bytes") or train_res.get("peak_bytes"),
+        peak_bytes=max(int(train_res.get("peak_bytes") or 0), int(infer_res.get("peak_bytes") or 0)) or None,
+        infer_peak_bytes=infer_res.get("infer_peak_bytes") or infer_res.get("peak_bytes"),
+        samples_per_s=train_res.get("samples_per_s"), sw_seconds_per_volume=infer_res.get("sw_seconds_per_volume"),
+        provenance={**provenance, "train_trial": outcome.train.trial_number if outcome.train else None,
+                    "infer_trial": outcome.infer.trial_number if outcome.infer else None},
+    )
 
 
 def _allowances(session: Session) -> dict[str, Any]:
@@ -126,9 +125,9 @@ def _allowances(session: Session) -> dict[str, Any]:
 def search_key(
     study: Any, config: BundleConfig, spec: AlgoSpec, devices: tuple[str, ...], session: Session,
     infer_study: Any = None,
-) -> tuple[dict[str, Any], Any]:
+) -> tuple[TuningResult, Any]:
     """Run the session's strategy on ``study`` (inference-only trials on ``infer_study`` when given): the key's
-    record, and the estimator's training curve (or None)."""
+    result, and the estimator's training curve (or None)."""
     from autotune.search.strategies.base import KeyRun
     from autotune.search.strategies.evaluate import Evaluator
     from autotune.search.strategies.outcome import distributions
@@ -145,7 +144,7 @@ def search_key(
                                            config.seed, config.algo, session.say,
                                            lambda: _edge(config, session, prober)))
     outcome, train_curve = searched.outcome, searched.train_curve
-    record: dict[str, Any] = {
+    provenance: dict[str, Any] = {
         "algo": config.algo, "objective": session.objective, "method": "measured" if prober.measured else "estimated",
         "probes": evaluator.probes, "reused_points": evaluator.reused,
         "trials": evaluator.trial_numbers, "infer_trials": evaluator.infer_trial_numbers, **searched.fields,
@@ -153,14 +152,12 @@ def search_key(
     }
     reason = _infeasible(outcome, spec)
     if reason is not None:
-        record.update(status="infeasible", reason=reason)
-        return record, train_curve
-    record.update(_answer(outcome, session.budget.device))
+        return TuningResult("infeasible", reason=reason, provenance=provenance), train_curve
+    result = _answer(outcome, provenance)
 
     def measure(n: int) -> Any:  # the goodput rule's one probe at the reference batch (a study point is reused)
         return evaluator.evaluate({"num_patches_per_iter": n}, ("train",))
 
     timed = session.strategy.times_handoff and prober.measured  # the fast search with real probes
-    apply_handoff(record, config, outcome.train, measure if timed else None, session.handoff, session.say)
-    record.update(probes=evaluator.probes, reused_points=evaluator.reused, **_allowances(session))
-    return record, train_curve
+    result = apply_handoff(result, config, outcome.train, measure if timed else None, session.handoff, session.say)
+    return result.replace(probes=evaluator.probes, reused_points=evaluator.reused, **_allowances(session)), train_curve

@@ -1,16 +1,16 @@
-"""Write a key's result into its bundles: the tuned values, the loader batch and learning rate that
-follow them, and the ``tuning:`` plan (``autotune.bundles.plan.TuningPlan``), written atomically."""
+"""Write a key's result (``autotune.bundles.result.TuningResult``) into its bundles: the tuned values, the loader
+batch and learning rate that follow them, and the ``tuning:`` plan (``autotune.bundles.plan.TuningPlan``), written
+atomically by the bundle's family (``autotune.bundles.config.write_result``)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from autotune.bundles.config import Bundle, update_bundle_config
-from autotune.bundles.plan import TuningPlan
+from autotune.bundles.config import Bundle, write_result
+from autotune.bundles.result import TuningResult
 from autotune.search.handoff import handoff_updates
-from autotune.tunables import written_values
 
 __all__ = ["check_writable", "write_bundle"]
 
@@ -33,21 +33,15 @@ def check_writable(folders: Sequence[Path]) -> None:
                               "or tune a copy of the bundles")
 
 
-def write_bundle(path: str, bundle: Bundle, record: Mapping[str, Any], write: bool,
+def write_bundle(path: str, bundle: Bundle, result: TuningResult, write: bool,
                  say: Callable[[str], None]) -> dict[str, Any]:
-    """The result of ``bundle`` (given as ``path``): ``record`` with the values it gets; written into the bundle
-    when ``write``."""
-    result = {"bundle": path, **record}
-    if record.get("status") != "tuned":
-        say(f"[{record.get('algo')}] {bundle.path.name}: not tuned: {record.get('reason', record.get('status'))}")
-        return result
-    updates: dict[str, Any] = written_values(record, bundle.config)  # each tunable's plain keys (autotune.tunables)
-    rule = str((record.get("handoff") or {}).get("rule") or "goodput")
-    handed = handoff_updates(bundle.config, int(record["num_patches_per_iter"]), rule)  # lr and schedule follow the batch
-    recipe = handed.pop("record")
-    updates.update(handed)
-    updates["tuning"] = TuningPlan.from_record(record, recipe).as_dict()
-    result.update(updates)
-    if write:
-        update_bundle_config(bundle.path, updates)
-    return result
+    """The summary's row of ``bundle`` (given as ``path``): ``result``'s record with the keys the bundle gets (its
+    template's keys, the learning rate, the ``tuning:`` block); written into the bundle when ``write``."""
+    row = {"bundle": path, **result.as_record()}
+    if not result.tuned:
+        say(f"[{result.algo}] {bundle.path.name}: not tuned: {result.reason or result.status}")
+        return row
+    handed = handoff_updates(bundle.config, int(result.num_patches_per_iter or 0), result.handoff_rule)
+    recipe = handed.pop("record")  # the learning rate and the schedule follow the handed batch
+    row.update(write_result(bundle.config, result, recipe, handed, write=write))
+    return row
