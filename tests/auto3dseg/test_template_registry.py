@@ -195,21 +195,10 @@ def _names_compared_or_keyed(tree: Any) -> list[int]:
     """Lines where a template's name is compared, is a dict key, or is in a literal table of names."""
     import ast
 
-    def named(node: Any) -> bool:
-        if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
-            return any(named(e) for e in node.elts)
-        return (isinstance(node, ast.Constant) and node.value in _NAMES) or (
-            isinstance(node, (ast.Name, ast.Attribute)) and getattr(node, "id", getattr(node, "attr", "")) == "NAME")
+    from name_scan import lines_telling_apart
 
-    found = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Compare) and any(named(op) for op in (node.left, *node.comparators)):
-            found.append(node.lineno)
-        elif isinstance(node, ast.Dict) and any(k is not None and named(k) for k in node.keys):
-            found.append(node.lineno)
-        elif isinstance(node, (ast.Tuple, ast.List, ast.Set)) and named(node):
-            found.append(node.lineno)
-    return found
+    return lines_telling_apart(tree, lambda node: (isinstance(node, ast.Constant) and node.value in _NAMES) or (
+        isinstance(node, (ast.Name, ast.Attribute)) and getattr(node, "id", getattr(node, "attr", "")) == "NAME"))
 
 
 def test_no_template_is_told_apart_by_name_outside_the_registries() -> None:

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import yaml
+from name_scan import lines_telling_apart
 
 from autotune.bundles.network import NetworkKind, network_named, register_network, unregister_network
 from autotune.errors import ConfigError
@@ -127,21 +128,7 @@ def test_an_unknown_network_is_refused_in_one_line_and_a_name_is_registered_once
 
 def _network_names_told_apart(tree: ast.AST, names: set[str]) -> list[int]:
     """Lines where a network's name is compared, is a dict key, or is in a literal table of names."""
-
-    def named(node: Any) -> bool:
-        if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
-            return any(named(e) for e in node.elts)
-        return isinstance(node, ast.Constant) and node.value in names
-
-    found = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Compare) and any(named(op) for op in (node.left, *node.comparators)):
-            found.append(node.lineno)
-        elif isinstance(node, ast.Dict) and any(k is not None and named(k) for k in node.keys):
-            found.append(node.lineno)
-        elif isinstance(node, (ast.Tuple, ast.List, ast.Set)) and named(node):
-            found.append(node.lineno)
-    return found
+    return lines_telling_apart(tree, lambda node: isinstance(node, ast.Constant) and node.value in names)
 
 
 def test_no_module_but_the_network_registry_tells_the_networks_apart() -> None:
