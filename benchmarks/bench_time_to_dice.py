@@ -73,13 +73,24 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--device", default="cpu")
     p.add_argument("--serial", action="store_true", help="one mode after the other, every core each")
+    p.add_argument("--label", default=None, help="what this run changes, for the tables (default: its overrides)")
+    p.add_argument("--seed", type=int, default=0, help="the bundle's seed (initial weights, data order, crops)")
+    p.add_argument("--overrides", default=None,
+                   help="a YAML mapping merged into the generated bundle (as `autotune generate --overrides`), e.g. "
+                        "'{fast_training: {compile: true}}': the recipe change a run measures")
     return p.parse_args(argv)
 
 
 def make_bundle(args: argparse.Namespace, work: Path) -> Path:
     """Analyse the data (5 folds) and generate the full-size bundle of fold 0; nothing tuned."""
     # neither run stops early: each curve covers the whole budget
-    overrides = {"early_stop_patience": 0, "num_workers": args.num_workers}
+    import yaml
+
+    overrides = {"early_stop_patience": 0, "num_workers": args.num_workers, "seed": args.seed}
+    if args.overrides:
+        from autotune.bundles.render import deep_merge
+
+        overrides = deep_merge(overrides, yaml.safe_load(args.overrides) or {})
     [bundle] = generate_bundles(args.data, work, args.algo, num_fold=5, overrides=overrides).values()
     return bundle
 
@@ -131,7 +142,7 @@ def summarise(copy: Path, label: str, mode: str, budget: float, args: argparse.N
             best_at[str(seconds)] = max(seen) if seen else None
     return {
         "label": label, "mode": mode, "command": " ".join(argv), "budget_s": budget, "precision": summary.get("precision"),
-        "schedule": summary.get("schedule"), "epochs": len(rows), "steps_per_epoch": rows[0].get("steps"),
+        "schedule": summary.get("schedule"), "techniques": summary.get("techniques"), "epochs": len(rows), "steps_per_epoch": rows[0].get("steps"),
         "setup_s": rows[0]["elapsed_s"] - rows[0]["epoch_s"],
         "time_to_target_s": reached["elapsed_s"] if reached else None,
         "epoch_at_target": reached["epoch"] if reached else None,
@@ -188,8 +199,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "environment": environment(native_bf16=list(cpu_bf16_native()), monai=monai.__version__,
                                    date=time.strftime("%Y-%m-%d")),
         "results": results,
-        "fast_over_regular_time_to_target": ratio,
+        "fast_over_regular_time_to_target": ratio, "roi_size": _roi_of(bundle),
     }
+
+
+def _roi_of(bundle: Path) -> list[int]:
+    from autotune.bundles.config import load_bundle_config
+
+    return list(load_bundle_config(str(bundle)).roi_size)
 
 
 def table(report: dict[str, Any]) -> str:
@@ -226,6 +243,32 @@ def table(report: dict[str, Any]) -> str:
         lines.append(f"regular did not reach Dice {target:.2f} in its {regular['budget_s']:g} s (best "
                      f"{regular['best_dice']:.3f}): fast's time to it (its quickest budget) over regular's is below "
                      f"**{min(reached) / regular['budget_s']:.2f}** (goal: at most 0.5)")
+    return "\n".join(lines)
+
+
+def variant_of(report: dict[str, Any]) -> str:
+    """What a report's run changed against the template: its ``--label`` (else its overrides, else "as generated")
+    and its seed."""
+    settings = report["settings"]
+    what = settings.get("label") or settings.get("overrides") or "as generated"
+    return f"{what}, seed {settings.get('seed', 0)}"
+
+
+def runs_table(*reports: dict[str, Any]) -> str:
+    """One row per report's fast run (one change each, the same budget): the time to Dice 0.80 and 0.85 (wall,
+    set-up and validation included), the best Dice at fixed walls and in all, s/epoch and the precision."""
+    walls = ("120", "240", "300", "360", "480", "600")
+    lines = ["| run | precision | roi | epochs | s/epoch | time to 0.80 | time to 0.85 | "
+             + " | ".join(f"best at {w} s" for w in walls) + " | best |", "|" + "---|" * (8 + len(walls))]
+    for report in reports:
+        for r in report["results"].values():
+            curve = r["curve"]  # [epoch, elapsed_s, dice]
+            at = {t: next((f"{e:.0f} s" for _, e, d in curve if d >= t), "–") for t in (0.80, 0.85)}
+            best = {w: max((d for _, e, d in curve if e <= float(w)), default=None) for w in walls}
+            lines.append("| " + " | ".join([
+                variant_of(report), str(r["precision"]), "x".join(map(str, report.get("roi_size") or [])) or "–",
+                str(r["epochs"]), cell(r["epoch_s"], ".1f", "–"), at[0.80], at[0.85],
+                *(cell(best[w], ".3f", "–") for w in walls), cell(r["best_dice"], ".3f", "–")]) + " |")
     return "\n".join(lines)
 
 

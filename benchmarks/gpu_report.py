@@ -41,11 +41,14 @@ REQUIRED: dict[str, list[str]] = {
     "training": [
         *_GPU,
         *(f"sections.time_to_dice.runs.{run}.{f}" for run in ("unet_fast", "unet_regular", "segresnet_fast",
-                                                              "segresnet_regular", "unet_fast_bf16", "unet_fast_fp32")
+                                                              "segresnet_regular", "unet_fast_bf16", "unet_fast_fp32",
+                                                              "unet_fast_compiled", "unet_fast_bf16_compiled")
           for f in (*_RUN, "time_to_target_s", "best_by_s", "phases_mean_s.compute_s", "phases_mean_s.data_wait_s",
                     "phases_mean_s.h2d_s", "phases_mean_s.val_s", "schedule.set_by", "epochs[].mean_dice")),
         *(f"sections.time_to_dice.fast_over_regular.{algo}.{f}" for algo in ("unet", "segresnet")
           for f in ("time_to_target", "samples_per_s")),
+        *(f"sections.time_to_dice.compile.{name}.{f}" for name in ("fp16", "bf16")
+          for f in ("used", "first_call_s", "time_to_target_over_eager", "samples_per_s_over_eager")),
         *(f"sections.time_to_dice.precision.{f}" for f in ("trained.fp16", "trained.bf16", "trained.fp32",
                                                            "dice_distance_from_fp32.fp16",
                                                            "dice_distance_from_fp32.bf16",
@@ -158,6 +161,10 @@ def _training_lines(sections: Mapping[str, Any]) -> list[str]:
         lines.append(f"precision: {precision.get('trained')}, per-epoch Dice distance from fp32 "
                      f"{precision.get('dice_distance_from_fp32')}, GradScaler skipped "
                      f"{precision.get('scaler_skipped_steps_fp16')}")
+    for name, effect in (ttd.get("compile") or {}).items():
+        lines.append(f"compile ({name}): used {effect.get('used')}, first call {effect.get('first_call_s')} s, time to "
+                     f"Dice x{effect.get('time_to_target_over_eager')} of eager, samples/s "
+                     f"x{effect.get('samples_per_s_over_eager')}{'' if effect.get('used') else ': ' + str(effect.get('reason'))}")
     handoff = sections.get("handoff") or {}
     if handoff.get("verdict"):
         lines.append(f"hand-off: {handoff['verdict'].get('line')}")

@@ -127,7 +127,8 @@ def run_summary(rows: list[dict[str, Any]], summary: dict[str, Any]) -> dict[str
             "mean_dice_last": dice[-1] if dice else None, "best_metric": summary.get("best_metric"),
             "precision": summary.get("precision"), "world_size": summary.get("world_size"),
             "epochs_run": summary.get("epochs_run"), "schedule": summary.get("schedule"),
-            "phases_mean_s": phases,
+            "phases_mean_s": phases, "setup_s": summary.get("setup_s"),
+            "compile": (summary.get("techniques") or {}).get("compile"),
             "scaler_skipped_steps": sum(int(e.get("scaler_skipped_steps") or 0) for e in epochs)}
 
 

@@ -9,10 +9,11 @@ set with the full-size UNet and SegResNet:
   epoch: ``autotune train --mode regular --max-time REGULAR`` and ``--mode fast --max-time FAST``
   (half of it, the goal's ratio; the fast schedule is fitted to its budget) for UNet and SegResNet,
   and UNet's fast run in fp16 with a GradScaler (the reference run, gradient norms recorded), in
-  bf16 and in fp32. Per run: the wall time to mean Dice 0.80, the best Dice at fixed wall times,
+  bf16 and in fp32, and compiled (``fast_training.compile: true``) in fp16 and in bf16. Per run: the wall time to mean Dice 0.80, the best Dice at fixed wall times,
   where an epoch's time goes (data wait, host-to-device, forward and backward, validation), the
   steps the GradScaler skipped; fast against regular (time to the target, samples/s) and each
-  low precision's per-epoch distance from fp32.
+  low precision's per-epoch distance from fp32; compiled against eager (its first call's seconds, time to the
+  target and samples/s over the eager run's).
 - ``handoff``: ``autotune tune --handoff goodput`` (its two probes: samples/s at the template's
   batch and at the largest fit, and its verdict), then ``--handoff largest`` from the same
   study (no new probe) and the fast budget at the largest fit: Dice per wall second against the
@@ -37,7 +38,8 @@ from benchmarks.gpu_gradnorm import simple_noise_scale, steps_of
 from benchmarks.gpu_harness import Check
 from benchmarks.gpu_runs import TARGET_DICE, read_json_file, train_run
 
-__all__ = ["FULL", "DRY", "run_training", "dice_per_wall", "noise_scale_of", "dice_distance"]
+__all__ = ["FULL", "DRY", "run_training", "dice_per_wall", "noise_scale_of", "dice_distance", "compile_effect",
+           "compiled_copy"]
 
 FULL: dict[str, Any] = {
     # wall budgets of the first run's measured times: a training run took 35-47 s for 5 epochs, caching
@@ -117,6 +119,30 @@ def dice_distance(run: dict[str, Any], reference: dict[str, Any]) -> float | Non
     return max(abs(mine[e] - theirs[e]) for e in common) if common else None
 
 
+def compiled_copy(bundle: Path) -> Path:
+    """A copy of ``bundle`` beside it that trains through ``torch.compile`` (``fast_training.compile: true``)."""
+    import yaml
+
+    copy = copy_bundle(bundle, f"{bundle.name}_compiled")
+    path = copy / "configs" / "hyper_parameters.yaml"
+    config = yaml.safe_load(path.read_text())
+    config.setdefault("fast_training", {})["compile"] = True
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return copy
+
+
+def compile_effect(compiled: dict[str, Any], eager: dict[str, Any]) -> dict[str, Any]:
+    """A compiled run against the same run eager: whether it compiled, its first call's seconds, its time to the
+    target over eager's and its steady samples/s over eager's (None where either lacks the figure)."""
+    record = compiled.get("compile") or {}
+    t_c, t_e = compiled.get("time_to_target_s"), eager.get("time_to_target_s")
+    r_c, r_e = compiled.get("samples_per_s_median"), eager.get("samples_per_s_median")
+    return {"used": record.get("used"), "reason": record.get("reason"), "first_call_s": record.get("first_call_s"),
+            "setup_s": compiled.get("setup_s"), "eager_setup_s": eager.get("setup_s"),
+            "time_to_target_over_eager": t_c / t_e if t_c and t_e else None,
+            "samples_per_s_over_eager": r_c / r_e if r_c and r_e else None}
+
+
 def section_time_to_dice(check: Check, record: dict[str, Any], state: dict[str, Any]) -> None:
     """Every run at once: fast (half the budget) against regular per template, and UNet's fast run in each
     precision; the reference run (UNet, fast, fp16) records its gradient norms for the hand-off."""
@@ -130,6 +156,9 @@ def section_time_to_dice(check: Check, record: dict[str, Any], state: dict[str, 
     for name in ("bf16", "fp32"):
         runs[f"unet_fast_{name}"] = dict(bundle=bundles["unet"], mode="fast", precision=cfg["precisions"][name],
                                          max_time=fast_s)
+    compiled = compiled_copy(bundles["unet"])  # fast_training.compile: true, compile time inside the budget
+    for name, label in (("fp16", "unet_fast_compiled"), ("bf16", "unet_fast_bf16_compiled")):
+        runs[label] = dict(bundle=compiled, mode="fast", precision=cfg["precisions"][name], max_time=fast_s)
     record.update(target=TARGET_DICE, fast_s=fast_s, regular_s=regular_s, concurrent=len(runs))
     record["runs"] = train_group(check, runs)
     check.save()
@@ -143,6 +172,9 @@ def section_time_to_dice(check: Check, record: dict[str, Any], state: dict[str, 
             "time_to_target": t_fast / t_regular if t_fast and t_regular else None,
             "time_to_target_at_most": t_fast / regular_s if t_fast and not t_regular else None,
             "samples_per_s": rate_fast / rate_regular if rate_fast and rate_regular else None}
+    record["compile"] = {name: compile_effect(record["runs"][compiled_label], record["runs"][eager_label])
+                         for name, compiled_label, eager_label in (("fp16", "unet_fast_compiled", "unet_fast"),
+                                                                   ("bf16", "unet_fast_bf16_compiled", "unet_fast_bf16"))}
     fp32 = record["runs"]["unet_fast_fp32"]
     record["precision"] = {
         "trained": {name: record["runs"][label].get("precision")

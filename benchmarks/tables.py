@@ -60,6 +60,16 @@ TABLES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "time-to-dice-unet": ("bench_time_to_dice", "table", ("time_to_dice_unet_cpu.json",)),
     "time-to-dice-unet-breakdown": ("bench_time_to_dice", "breakdown", ("time_to_dice_unet_cpu.json",)),
     "oom-recovery": ("bench_oom_recovery", "markdown_table", ("oom_recovery.json",)),
+    "profile-epoch": ("profile_epoch", "table", ("profile_epoch_cpu.json",)),
+    "profile-epoch-ops": ("profile_epoch", "op_table", ("profile_epoch_cpu.json",)),
+    "profile-epoch-other-precision": ("profile_epoch", "table", ("profile_epoch_cpu_other_precision.json",)),
+    "compile-cpu": ("bench_compile", "table", ("compile_cpu.json",)),
+    "time-to-dice-dints": ("bench_time_to_dice", "table", ("time_to_dice_dints_cpu.json",)),
+    "time-to-dice-dints-breakdown": ("bench_time_to_dice", "breakdown", ("time_to_dice_dints_cpu.json",)),
+    "time-to-dice-unet-600s": ("bench_time_to_dice", "runs_table", (
+        "time_to_dice_unet_600s_fp32.json", "time_to_dice_unet_600s_bf16.json",
+        "time_to_dice_unet_600s_training_thread.json", "time_to_dice_unet_600s_3strides.json",
+        "time_to_dice_unet_600s_3strides_seed1.json")),
 }
 
 

@@ -227,6 +227,26 @@ def test_run_summary_and_dice_per_wall() -> None:
     assert result["curves"]["largest"][1]["train_s_cum"] == 12.0
 
 
+def test_call_b_compares_each_compiled_run_with_its_eager_run(tmp_path: Path) -> None:
+    import yaml
+
+    bundle = tmp_path / "unet_0"
+    (bundle / "configs").mkdir(parents=True)
+    (bundle / "configs" / "hyper_parameters.yaml").write_text(yaml.safe_dump({"seed": 0, "fast_training": {"cache": True}}))
+    copy = gpu_training.compiled_copy(bundle)
+    assert yaml.safe_load((copy / "configs" / "hyper_parameters.yaml").read_text())["fast_training"] == {
+        "cache": True, "compile": True}
+    assert "compile" not in (bundle / "configs" / "hyper_parameters.yaml").read_text()
+    summary = {"setup_s": 9.0, "techniques": {"compile": {"used": True, "reason": "fast_training.compile: true",
+                                                          "first_call_s": 40.0}}}
+    compiled = {**gpu_runs.run_summary([], summary), "time_to_target_s": 30.0, "samples_per_s_median": 60.0}
+    eager = {**gpu_runs.run_summary([], {"setup_s": 8.0}), "time_to_target_s": 20.0, "samples_per_s_median": 40.0}
+    effect = gpu_training.compile_effect(compiled, eager)
+    assert effect["used"] and effect["first_call_s"] == 40.0 and effect["setup_s"] == 9.0
+    assert effect["time_to_target_over_eager"] == 1.5 and effect["samples_per_s_over_eager"] == 1.5
+    assert gpu_training.compile_effect({**compiled, "time_to_target_s": None}, eager)["time_to_target_over_eager"] is None
+
+
 def test_missing_fields_reads_lists_and_mappings() -> None:
     results = {"a": {"b": [{"c": None}, {"c": 1}], "d": {"x": {"e": 0}, "y": {"e": 1}}}}
     REQUIRED["_test"] = ["a.b[].c", "a.d.*.e", "a.f", "a.g[]"]
@@ -329,7 +349,11 @@ def test_both_dry_runs_hold_every_field(tmp_path: Path) -> None:
 
     sections = results["training"]["sections"]
     ttd = sections["time_to_dice"]
-    assert all(run["rc"] == 0 for run in ttd["runs"].values()) and ttd["concurrent"] == 6
+    assert all(run["rc"] == 0 for run in ttd["runs"].values()) and ttd["concurrent"] == 8
+    for name, label in (("fp16", "unet_fast_compiled"), ("bf16", "unet_fast_bf16_compiled")):
+        # compiled against eager: on the CPU it compiles, or says in one line why not
+        assert ttd["compile"][name]["used"] or "torch.compile" in ttd["compile"][name]["reason"]
+        assert ttd["runs"][label]["setup_s"] > 0 and ttd["runs"][label]["compile"]["asked"]
     assert ttd["runs"]["unet_fast"]["schedule"]["set_by"] == "max_time"
     assert ttd["runs"]["unet_fast"]["phases_mean_s"]["compute_s"] > 0
     handoff = sections["handoff"]

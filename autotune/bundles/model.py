@@ -65,6 +65,8 @@ class FastTraining(FileModel):
 
     cache: Switch = True
     thread_loader: Switch = True
+    # torch.compile of the training forward (and its backward); eager after one line where it fails
+    compile: Switch = False
     nvtx: Switch = True
     gpu_monitor: Switch = True
     gpu_monitor_interval_s: Annotated[float, Checked(Number(0.0, 3600.0, low_open=True))] = 1.0

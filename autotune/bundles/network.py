@@ -36,6 +36,8 @@ __all__ = ["NetworkKind", "register_network", "unregister_network", "network_nam
 Builder = Callable[["Section", int, int], "torch.nn.Module"]
 #: ``roi_divisor(section)``: the factor every roi dimension must be a multiple of
 Divisor = Callable[["Section"], int]
+#: ``shallower(args)``: the network's arguments with one down-sampling fewer, or None where it has no fewer
+Shallower = Callable[[dict[str, Any]], "dict[str, Any] | None"]
 
 
 @dataclass(frozen=True)
@@ -51,12 +53,16 @@ class NetworkKind:
         roi_divisor: ``roi_divisor(section)`` -> the factor every roi dimension must be a multiple of.
         ddp_find_unused_parameters: a training step leaves some parameters without a gradient, so
             DistributedDataParallel must look for them (``find_unused_parameters``; ``autotune.trainer.setup``).
+        shallower: ``shallower(args)`` -> the ``network.args`` with one down-sampling fewer (None: none fewer),
+            for a template whose ``roi.min_bottleneck`` fits the depth to the data (``autotune.bundles.render``);
+            None: the depth is the template's.
     """
 
     name: str
     build: Builder
     roi_divisor: Divisor
     ddp_find_unused_parameters: bool = False
+    shallower: Shallower | None = None
 
 
 _REGISTRY: dict[str, NetworkKind] = {}
@@ -160,6 +166,14 @@ def _unet_divisor(section: Section) -> int:
     return divisor
 
 
+def _unet_shallower(args: dict[str, Any]) -> dict[str, Any] | None:
+    """UNet's arguments without its last down-sampling (its last stride and deepest channel count)."""
+    strides, channels = list(args.get("strides") or ()), list(args.get("channels") or ())
+    if len(strides) < 2 or len(channels) != len(strides) + 1:
+        return None
+    return {**args, "strides": strides[:-1], "channels": channels[:-1]}
+
+
 def _static_topology_class() -> type:
     """A ``TopologyInstance`` whose active paths are plain Python values.
 
@@ -255,6 +269,6 @@ def _dints_divisor(section: Section) -> int:
 # the networks of the shipped templates, registered once: a step of DiNTS leaves its inactive paths' parameters
 # without a gradient, so DDP looks for them there
 for _kind in (NetworkKind("SegResNet", _build_segresnet, _segresnet_divisor),
-              NetworkKind("UNet", _build_unet, _unet_divisor),
+              NetworkKind("UNet", _build_unet, _unet_divisor, shallower=_unet_shallower),
               NetworkKind("DiNTS", _build_dints, _dints_divisor, ddp_find_unused_parameters=True)):
     register_network(_kind)

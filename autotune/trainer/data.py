@@ -55,6 +55,7 @@ class TrainOptions:
         persistent: cache on disk (``PersistentDataset``) instead of RAM.
         cache_on_device: hold the cache on the training device (CUDA only).
         thread_loader: read with ``ThreadDataLoader`` (no worker processes).
+        compile: ``torch.compile`` the network it trains (``autotune.trainer.compiled``).
         num_workers: worker processes for the regular ``DataLoader`` and for building the cache.
         amp: the bundle's ``amp`` (fast mode); the precision it means is ``autotune.precision``'s.
         template_recipe: use the template's loss, optimizer and schedule (else Adam 1e-4, DiceLoss).
@@ -80,6 +81,17 @@ class TrainOptions:
     gpu_monitor: bool
     gpu_monitor_interval_s: float
     cache_note: str = ""
+    compile: bool = False
+
+    def cache_place(self) -> str:
+        """Where the cache is: off, disk, device or RAM."""
+        return "off" if not self.cache else "disk" if self.persistent else "device" if self.cache_on_device else "RAM"
+
+    def loader_name(self) -> str:
+        """The training loader, as the start line and the summary say it."""
+        if self.thread_loader:
+            return "ThreadDataLoader"
+        return f"DataLoader({self.num_workers} workers)"
 
 
 def _cache_place(config: BundleConfig, on_cuda: bool, cache_bytes: int | None,
@@ -139,7 +151,8 @@ def resolve_options(
     return TrainOptions(
         mode=mode, cache=fast.cache, persistent=persistent, cache_on_device=on_device,
         thread_loader=fast.thread_loader and fast.cache, num_workers=config.num_workers, amp=config.amp,
-        template_recipe=True, cache_rate=config.cache_rate, cache_dir=cache_dir, cache_note=why, **monitor,
+        template_recipe=True, cache_rate=config.cache_rate, cache_dir=cache_dir, cache_note=why,
+        compile=fast.compile, **monitor,
     )
 
 

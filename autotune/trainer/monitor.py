@@ -269,10 +269,9 @@ def start_line(mode: str, ctx: Any, data: Any, precision_line: str, lr: float, s
     and how the schedule's length is set (``ctx``: the run's ``DistContext``; ``data``: its
     ``autotune.trainer.setup.DataSetup``)."""
     opts, plan = data.opts, data.plan
-    cache = "off" if not opts.cache else ("disk" if opts.persistent else ("device" if opts.cache_on_device else "RAM"))
-    return (f"{mode} mode on {ctx.device} x{ctx.world_size}: {data.split_note}; cache {cache}"
+    return (f"{mode} mode on {ctx.device} x{ctx.world_size}: {data.split_note}; cache {opts.cache_place()}"
             f"{' (' + opts.cache_note + ')' if opts.cache_note else ''}, "
-            f"{'ThreadDataLoader' if opts.thread_loader else f'DataLoader({opts.num_workers} workers)'}, "
+            f"{opts.loader_name()}, "
             f"{precision_line}, {plan.steps_per_epoch} steps/epoch of {plan.batch} patches, lr {lr:.3g}"
             f"{f' (ramp over {plan.warmup_steps} steps)' if plan.warmup_steps else ''}"
             f"{'; ' + schedule if schedule else ''}")

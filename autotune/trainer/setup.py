@@ -17,6 +17,7 @@ from autotune.bundles.scaling import plan_schedule
 if TYPE_CHECKING:  # pragma: no cover
     from autotune.bundles.model import BundleConfig
     from autotune.precision import Precision
+    from autotune.trainer.compiled import CompileRecord
     from autotune.trainer.data import TrainOptions
     from autotune.trainer.ddp import DistContext
     from autotune.trainer.monitor import NvtxRanges
@@ -44,7 +45,8 @@ class DataSetup:
 @dataclass
 class ModelSetup:
     """The run's network and its recipe: ``model`` the network, ``net`` what trains (DDP-wrapped with
-    several processes), the loss, optimizer, schedule, scaler, autocast dtype, precision and NVTX ranges."""
+    several processes; through ``torch.compile`` when asked), the loss, optimizer, schedule, scaler, autocast dtype,
+    precision, NVTX ranges and what compiling did."""
 
     model: Any
     net: Any
@@ -55,6 +57,7 @@ class ModelSetup:
     amp_dtype: Any
     precision: Precision
     nvtx: NvtxRanges
+    compiled: CompileRecord | None = None
 
 
 def setup_data(config: BundleConfig, ctx: DistContext, mode: str, total_epochs: int,
@@ -144,8 +147,12 @@ def setup_model(config: BundleConfig, ctx: DistContext, mode: str, opts: TrainOp
         net = DistributedDataParallel(model, device_ids=index, find_unused_parameters=unused)
     if device.startswith("cuda") and mode == "fast":
         torch.backends.cudnn.benchmark = True  # the roi is fixed, so the fastest kernels are found once
+    from autotune.trainer.compiled import compiled_net
+
+    net, compiled = compiled_net(net, opts.compile and opts.template_recipe)
     return ModelSetup(model=model, net=net, loss_fn=nvtx.wrap_loss(loss_fn), optimizer=optimizer, scheduler=scheduler,
-                      scaler=make_grad_scaler(device, amp_dtype), amp_dtype=amp_dtype, precision=precision, nvtx=nvtx)
+                      scaler=make_grad_scaler(device, amp_dtype), amp_dtype=amp_dtype, precision=precision, nvtx=nvtx,
+                      compiled=compiled)
 
 
 def seed_everything(seed: int) -> None:

@@ -56,6 +56,7 @@ class TrainingRun:
         from autotune.trainer.monitor import MetricsLog
 
         self.t_start = self.clock()
+        self.t_created = time.monotonic()  # the wall clock of setup_s (the run's own clock may be a test's)
         self.ctx, self.mode, self.resume, self.max_time = ctx, mode, resume, max_time
         self.config = load_bundle_config(bundle)
         self.tuned = self.config.tuned  # what it trains and infers with (autotune.bundles.tuned)
@@ -76,6 +77,7 @@ class TrainingRun:
         self.kept = ""  # what last.pt holds, for a fault's line ("" before the first checkpoint)
         self.best_saved = 0  # the epoch best.pt holds (0: none written)
         self.curves_at = self.t_start  # when curves.png was last drawn (monotonic seconds)
+        self.setup_s = 0.0  # seconds from the start to the first batch (set by run())
         self.restarted = restarted  # this run is the restart after an out-of-memory (autotune.trainer.fallback)
 
     def say(self, message: str) -> None:
@@ -187,6 +189,7 @@ class TrainingRun:
         if self.ctx.is_main and opts.gpu_monitor:
             monitor.start()
         t_loop = time.monotonic()
+        self.setup_s = t_loop - self.t_created  # data, cache, model, resume and checks: before the first batch
         try:
             with self.stop:
                 stopped, epoch = self._epochs()
@@ -365,6 +368,12 @@ class TrainingRun:
             plot_curves(self.metrics.rows, self.out / "curves.png", f"{self.config.algo} {self.mode}")
             self.curves_at = time.monotonic()
 
+    def _techniques(self) -> dict[str, Any]:
+        """What the run trained with: cache, loader, precision and ``torch.compile`` (with its first call's cost)."""
+        opts, compiled = self.data.opts, self.recipe.compiled
+        return {"cache": opts.cache_place(), "loader": opts.loader_name(), "precision": self.recipe.precision.name,
+                "compile": compiled.as_dict() if compiled is not None else None}
+
     def _finish(self, stopped: str, epoch: int, seconds: float, monitor: Any) -> dict[str, Any]:
         """The run's summary, written (rank 0) as ``train_summary.json`` and said in one line."""
         from autotune.cuda_alloc import alloc_conf
@@ -385,6 +394,7 @@ class TrainingRun:
                                              ("metrics_csv", "metrics.csv"), ("metrics_json", "metrics.json"),
                                              ("curves", "curves.png"))},
             "nonfinite_steps": sum(int(r.get("nonfinite_steps") or 0) for r in self.metrics.rows if r["epoch"] >= first),
+            "setup_s": round(self.setup_s, 2), "techniques": self._techniques(),
             "alloc_conf": alloc_conf(),  # the CUDA allocator setting it trained under (autotune.cuda_alloc)
             "gpu_monitor": str(monitor.path) if monitor.samples else None,
             **self.memory_report(), **self.fallbacks.in_force(), "memory_fallbacks": list(self.fallbacks.events),

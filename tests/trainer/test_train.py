@@ -203,8 +203,11 @@ def test_fast_options_resolve_from_the_config(bundles: dict[str, Path]) -> None:
     assert not off.cache and not off.thread_loader and not off.cache_on_device
     regular = resolve_options(config, "regular", "cuda:0")
     assert not (regular.cache or regular.amp or regular.thread_loader or regular.template_recipe)
+    assert cpu.loader_name() == "ThreadDataLoader" and regular.loader_name() == "DataLoader(2 workers)"
     disk = resolve_options(config.with_values(persistent_cache=True), "fast", "cuda:0")
     assert disk.persistent and not disk.cache_on_device and disk.cache_note == "persistent_cache: true"
+    assert (cpu.cache_place(), cuda.cache_place(), disk.cache_place(), regular.cache_place()) == (
+        "RAM", "device", "disk", "off")
 
 
 def test_the_persistent_cache_goes_where_cache_dir_says(bundles: dict[str, Path], tmp_path: Path) -> None:
