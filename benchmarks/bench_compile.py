@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import environment, generate_bundles, parser, read_json, write_json
+from benchmarks.common import environment, generate_bundles, parser, report
 
 DEFAULT_DATA = "/work/shared/datasets/Task04_Hippocampus"
 
@@ -97,10 +97,7 @@ def table(report: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = _args(argv)
-    report = read_json(Path(args.out)) if args.report_only else run(args)
-    if not args.report_only:
-        write_json(Path(args.out), report)
-    print(table(report))
+    report(args, lambda: run(args), table)
     return 0
 
 

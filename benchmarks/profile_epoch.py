@@ -29,7 +29,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import environment, generate_bundles, parser, read_json, write_json
+from benchmarks.common import environment, generate_bundles, parser, report
 
 DEFAULT_DATA = "/work/shared/datasets/Task04_Hippocampus"
 PARTS = ("data_wait_s", "forward_s", "backward_s", "optimizer_s")
@@ -260,12 +260,7 @@ def op_table(report: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = _args(argv)
-    report = read_json(Path(args.out)) if args.report_only else run(args)
-    if not args.report_only:
-        write_json(Path(args.out), report)
-    print(table(report))
-    print()
-    print(op_table(report))
+    report(args, lambda: run(args), table, op_table)
     return 0
 
 
