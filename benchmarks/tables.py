@@ -66,6 +66,7 @@ TABLES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "compile-cpu": ("bench_compile", "table", ("compile_cpu.json",)),
     "time-to-dice-dints": ("bench_time_to_dice", "table", ("time_to_dice_dints_cpu.json",)),
     "time-to-dice-dints-breakdown": ("bench_time_to_dice", "breakdown", ("time_to_dice_dints_cpu.json",)),
+    "time-to-dice-dints-seed1": ("bench_time_to_dice", "table", ("time_to_dice_dints_cpu_seed1.json",)),
     "time-to-dice-unet-600s": ("bench_time_to_dice", "runs_table", (
         "time_to_dice_unet_600s_fp32.json", "time_to_dice_unet_600s_bf16.json",
         "time_to_dice_unet_600s_training_thread.json", "time_to_dice_unet_600s_3strides.json",
