@@ -182,6 +182,8 @@ def _fit_depth(cfg: dict[str, Any], roi_rule: Mapping[str, Any], size_at_res: li
     from autotune.bundles.network import network_named, roi_divisor
 
     least = roi_rule.get("min_bottleneck")
+    if least is not None and (isinstance(least, bool) or not isinstance(least, int) or least < 1):
+        raise ConfigError(f"template key 'roi.min_bottleneck' must be a positive integer (voxels), got {least!r}")
     kind = network_named(cfg["network"]["name"])
     if not least or kind.shallower is None or cfg.get("roi_size") not in (None, "auto"):
         return

@@ -45,3 +45,14 @@ def test_a_network_or_roi_the_user_gives_is_kept() -> None:
     assert config["network"]["args"]["strides"] == [2, 2, 2, 2] and config["roi_size"] == [48, 64, 48]
     config = _render([35.5, 50.0, 36.0], {"roi_size": [48, 64, 48]})
     assert config["network"]["args"]["strides"] == [2, 2, 2, 2]
+
+
+@pytest.mark.parametrize("bad", [0, 2.5, "four", True])
+def test_a_bad_min_bottleneck_is_one_config_error(bad: Any) -> None:
+    from autotune.errors import ConfigError
+
+    template = load_template("unet")
+    template["roi"]["min_bottleneck"] = bad
+    source = {"name": "t", "modality": "MRI", "datalist": "d.json", "dataroot": "."}
+    with pytest.raises(ConfigError, match="roi.min_bottleneck"):
+        render_config(template, _stats([35.5, 50.0, 36.0]), source, 0, 5)
