@@ -144,7 +144,8 @@ def _load_transforms(config: BundleConfig, keys: list[str], modes: list[str]) ->
 
 
 def _random_transforms(config: BundleConfig, keys: list[str]) -> list[Any]:
-    """Training's random part: crops by the foreground/background indices, flips, intensity jitter."""
+    """Training's random part: crops by the foreground/background indices, flips, intensity jitter (and with
+    ``augmentation: nnunet``, nnU-Net's set after them)."""
     from monai.transforms import (
         RandCropByPosNegLabeld,
         RandFlipd,
@@ -169,6 +170,36 @@ def _random_transforms(config: BundleConfig, keys: list[str]) -> list[Any]:
         RandFlipd(keys=keys, prob=0.5, spatial_axis=2),
         RandScaleIntensityd(keys="image", factors=0.1, prob=0.5),
         RandShiftIntensityd(keys="image", offsets=0.1, prob=0.5),
+        *(_nnunet_transforms(keys) if config.augmentation == "nnunet" else []),
+    ]
+
+
+def _nnunet_transforms(keys: list[str]) -> list[Any]:
+    """nnU-Net v2's default spatial and intensity augmentation, with its probabilities, on the cropped patch:
+    rotation up to 30 degrees and scaling 0.7-1.3 (each 0.2), Gaussian noise (0.1), blur (0.2), brightness
+    (0.15), contrast about the mean (0.15), low resolution (0.25), gamma 0.7-1.5 keeping mean and spread (0.3)."""
+    import math
+
+    from monai.transforms import (
+        RandAdjustContrastd,
+        RandAffined,
+        RandGaussianNoised,
+        RandGaussianSmoothd,
+        RandScaleIntensityd,
+        RandScaleIntensityFixedMeand,
+        RandSimulateLowResolutiond,
+    )
+
+    angle, blur = math.pi / 6, (0.5, 1.0)
+    return [
+        RandAffined(keys=keys, prob=0.2, rotate_range=(angle, angle, angle), scale_range=(0.3, 0.3, 0.3),
+                    mode=("bilinear", "nearest"), padding_mode="zeros"),
+        RandGaussianNoised(keys="image", prob=0.1, std=0.1),
+        RandGaussianSmoothd(keys="image", prob=0.2, sigma_x=blur, sigma_y=blur, sigma_z=blur),
+        RandScaleIntensityd(keys="image", factors=0.25, prob=0.15),
+        RandScaleIntensityFixedMeand(keys="image", factors=0.25, prob=0.15, preserve_range=True),
+        RandSimulateLowResolutiond(keys="image", prob=0.25, zoom_range=(0.5, 1.0)),
+        RandAdjustContrastd(keys="image", prob=0.3, gamma=(0.7, 1.5), retain_stats=True),
     ]
 
 

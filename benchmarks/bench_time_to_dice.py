@@ -75,6 +75,10 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--serial", action="store_true", help="one mode after the other, every core each")
     p.add_argument("--label", default=None, help="what this run changes, for the tables (default: its overrides)")
     p.add_argument("--seed", type=int, default=0, help="the bundle's seed (initial weights, data order, crops)")
+    p.add_argument("--epochs", type=int, default=None,
+                   help="train this many epochs, the schedule planned for them, the budget only a cap: two recipes' "
+                        "Dice per epoch then compare on a machine whose speed changes during the runs (a schedule "
+                        "fitted to the wall would change with it)")
     p.add_argument("--overrides", default=None,
                    help="a YAML mapping merged into the generated bundle (as `autotune generate --overrides`), e.g. "
                         "'{fast_training: {compile: true}}': the recipe change a run measures")
@@ -108,8 +112,9 @@ def planned_runs(args: argparse.Namespace) -> list[tuple[str, str, float]]:
 
 
 def command(copy: Path, mode: str, budget: float, args: argparse.Namespace) -> list[str]:
+    epochs = [] if getattr(args, "epochs", None) is None else ["--epochs", str(args.epochs)]
     return [sys.executable, "-m", "autotune.trainer", str(copy), "--mode", mode, "--device", args.device,
-            "--max-time", f"{budget:g}s", "--val-every", str(args.val_every)]
+            "--max-time", f"{budget:g}s", "--val-every", str(args.val_every), *epochs]
 
 
 def train(bundle: Path, label: str, mode: str, budget: float, core: int | None, args: argparse.Namespace,
@@ -269,6 +274,25 @@ def runs_table(*reports: dict[str, Any]) -> str:
                 variant_of(report), str(r["precision"]), "x".join(map(str, report.get("roi_size") or [])) or "–",
                 str(r["epochs"]), cell(r["epoch_s"], ".1f", "–"), at[0.80], at[0.85],
                 *(cell(best[w], ".3f", "–") for w in walls), cell(r["best_dice"], ".3f", "–")]) + " |")
+    return "\n".join(lines)
+
+
+def epochs_table(*reports: dict[str, Any]) -> str:
+    """One row per report's fast run trained a fixed number of epochs (``--epochs``): the mean Dice at every few
+    epochs and the best, which the machine's speed does not change, beside s/epoch and the CPU time the
+    hypervisor stole during the run, which it does."""
+    runs = [(report, r) for report in reports for r in report["results"].values()]
+    last = max((len(r["curve"]) for _, r in runs), default=0)
+    marks = sorted({e for e in range(last // 4, last + 1, max(1, last // 4)) if e} | {last})
+    lines = ["| run | epochs | " + " | ".join(f"Dice at epoch {e}" for e in marks)
+             + " | best | s/epoch | CPU time stolen |", "|" + "---|" * (5 + len(marks))]
+    for report, r in runs:
+        dice = {int(e): d for e, _, d in r["curve"]}
+        steal = (r.get("load_during_run") or {}).get("steal")
+        lines.append("| " + " | ".join([
+            variant_of(report), str(r["epochs"]), *(cell(dice.get(e), ".3f", "–") for e in marks),
+            cell(r["best_dice"], ".3f", "–"), cell(r["epoch_s"], ".1f", "–"),
+            "–" if steal is None else f"{100 * steal:.0f} %"]) + " |")
     return "\n".join(lines)
 
 

@@ -7,7 +7,9 @@ its own options, and ends in :func:`report`, which either measures (and writes `
 
 A benchmark's wall times mean little without the machine's load *during* the run, so each
 measured run is wrapped in :class:`LoadSampler`, which reads ``os.getloadavg()`` every few
-seconds in a thread and reports min/mean/max over the run (``LoadSampler.summary``).
+seconds in a thread and reports min/mean/max over the run (``LoadSampler.summary``). The load average does not
+see a virtual machine's host taking the cores away, so the sampler also reports the share of the CPU time that
+the hypervisor stole over the run (``/proc/stat``'s steal column; None where the system has none).
 """
 
 from __future__ import annotations
@@ -27,12 +29,34 @@ from typing import Any
 
 #: How often the sampler reads the load average (seconds). The kernel updates it every 5 s.
 DEFAULT_INTERVAL_S = 2.0
+#: ``/proc/stat``: its first line sums every CPU's time in clock ticks
+PROC_STAT = Path("/proc/stat")
 #: the checkout the benchmarks run from
 REPO = Path(__file__).resolve().parents[1]
 #: where the benchmarks' result JSON is committed
 RESULTS = Path(__file__).resolve().parent / "results"
 #: the Decathlon hippocampus set, beside the checkout (``../shared/datasets``)
 HIPPOCAMPUS = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "Task04_Hippocampus"
+
+
+def cpu_ticks(path: Path | None = None) -> tuple[int, int] | None:
+    """(stolen, all) clock ticks of every CPU since boot, from ``/proc/stat``'s ``cpu`` line (user, nice, system,
+    idle, iowait, irq, softirq, steal: guest time is inside user's), or None where it cannot be read."""
+    try:
+        fields = (path or PROC_STAT).read_text().split("\n", 1)[0].split()
+        ticks = [int(v) for v in fields[1:9]]
+    except (OSError, ValueError, IndexError):
+        return None
+    if fields[0] != "cpu" or len(ticks) < 8:
+        return None
+    return ticks[7], sum(ticks)
+
+
+def steal_fraction(start: tuple[int, int] | None, end: tuple[int, int] | None) -> float | None:
+    """The share of the CPU time between two ``cpu_ticks`` readings that the hypervisor stole (0 to 1)."""
+    if start is None or end is None or end[1] <= start[1]:
+        return None
+    return round(max(0, end[0] - start[0]) / (end[1] - start[1]), 3)
 
 
 class LoadSampler:
@@ -54,6 +78,7 @@ class LoadSampler:
         self._thread: threading.Thread | None = None
         self._started = 0.0
         self._ended: float | None = None
+        self._ticks: list[tuple[int, int] | None] = [None, None]  # at the start and at the stop
 
     def _sample(self) -> None:
         with self._lock:
@@ -68,6 +93,7 @@ class LoadSampler:
         if self._thread is not None:
             raise RuntimeError("LoadSampler already started")
         self._started = time.monotonic()
+        self._ticks[0] = cpu_ticks()
         self._sample()
         self._thread = threading.Thread(target=self._loop, name="load-sampler", daemon=True)
         self._thread.start()
@@ -82,10 +108,12 @@ class LoadSampler:
             self._thread.join()
             self._sample()
             self._ended = time.monotonic()
+            self._ticks[1] = cpu_ticks()
         return self.summary()
 
     def summary(self) -> dict[str, Any]:
-        """``{"min", "mean", "max", "samples", "seconds", "interval_s"}`` of the 1-minute load average."""
+        """``{"min", "mean", "max", "samples", "seconds", "interval_s"}`` of the 1-minute load average, and
+        ``steal``: the share of the CPU time stolen by the hypervisor since the start (None: not readable)."""
         with self._lock:
             samples = list(self.samples)
         end = self._ended if self._ended is not None else time.monotonic()
@@ -96,6 +124,7 @@ class LoadSampler:
             "samples": len(samples),
             "seconds": round(end - self._started, 1) if self._thread is not None else 0.0,
             "interval_s": self.interval_s,
+            "steal": steal_fraction(self._ticks[0], self._ticks[1] if self._ended is not None else cpu_ticks()),
         }
 
     def __enter__(self) -> LoadSampler:

@@ -71,6 +71,14 @@ TABLES: dict[str, tuple[str, str, tuple[str, ...]]] = {
         "time_to_dice_unet_600s_fp32.json", "time_to_dice_unet_600s_bf16.json",
         "time_to_dice_unet_600s_training_thread.json", "time_to_dice_unet_600s_3strides.json",
         "time_to_dice_unet_600s_3strides_seed1.json")),
+    "time-to-dice-unet-lifters": ("bench_time_to_dice", "runs_table", (
+        "time_to_dice_unet_600s_3strides.json", "time_to_dice_unet_600s_nnunet_aug.json",
+        "time_to_dice_unet_600s_loss_nobg.json", "time_to_dice_unet_600s_cosine.json")),
+    "time-to-dice-unet-12-epochs": ("bench_time_to_dice", "epochs_table", (
+        "time_to_dice_unet_12ep_base.json", "time_to_dice_unet_12ep_loss_nobg.json",
+        "time_to_dice_unet_12ep_cosine.json", "time_to_dice_unet_12ep_nnunet_aug.json")),
+    "time-to-dice-segresnet": ("bench_time_to_dice", "table", ("time_to_dice_segresnet_cpu.json",)),
+    "time-to-dice-segresnet-breakdown": ("bench_time_to_dice", "breakdown", ("time_to_dice_segresnet_cpu.json",)),
 }
 
 

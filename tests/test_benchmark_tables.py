@@ -100,3 +100,36 @@ def test_write_json_is_atomic_and_leaves_no_temporary(tmp_path: Path) -> None:
     common.write_json(path, {"a": [1, 2]})
     assert common.read_json(path) == {"a": [1, 2]}
     assert [p.name for p in path.parent.iterdir()] == ["out.json"]
+
+
+def test_load_sampler_reports_the_cpu_time_stolen_over_the_run(monkeypatch: pytest.MonkeyPatch,
+                                                                tmp_path: Path) -> None:
+    stat = tmp_path / "stat"
+    # user nice system idle iowait irq softirq steal guest guest_nice
+    stat.write_text("cpu  100 0 50 800 0 0 0 50 0 0\ncpu0 50 0 25 400 0 0 0 25 0 0\n")
+    monkeypatch.setattr(common, "PROC_STAT", stat)
+    with common.LoadSampler(interval_s=0.02) as sampler:
+        assert sampler.summary()["steal"] is None  # no tick passed yet
+        stat.write_text("cpu  200 0 50 900 0 0 0 50 0 0\n")
+        assert sampler.summary()["steal"] == 0.0  # 200 ticks, none stolen
+        stat.write_text("cpu  400 0 100 1100 0 0 0 400 0 0\n")  # 1000 ticks more, 350 of them stolen
+    assert sampler.summary()["steal"] == 0.35
+    stat.write_text("cpu  900 0 100 1100 0 0 0 400 0 0\n")
+    assert sampler.summary()["steal"] == 0.35, "read at the stop, not after"
+    stat.write_text("not a stat file\n")
+    assert common.steal_fraction(common.cpu_ticks(stat), common.cpu_ticks(stat)) is None
+    assert common.cpu_ticks(tmp_path / "missing") is None
+
+
+def test_time_to_dice_fixed_epochs_reach_the_trainer_and_its_table(tmp_path: Path) -> None:
+    from benchmarks import bench_time_to_dice as ttd
+
+    args = ttd._args(["--epochs", "12", "--budget", "900"])
+    argv = ttd.command(tmp_path / "b", "fast", 900.0, args)
+    assert argv[argv.index("--epochs") + 1] == "12" and argv[argv.index("--max-time") + 1] == "900s"
+    assert "--epochs" not in ttd.command(tmp_path / "b", "fast", 900.0, ttd._args([]))
+    run = {"curve": [[e, 10.0 * e, 0.5 + e / 100] for e in range(1, 9)], "epochs": 8, "best_dice": 0.58,
+           "epoch_s": 10.0, "load_during_run": {"steal": 0.25}}
+    table = ttd.epochs_table({"settings": {"label": "x"}, "results": {"fast": run}})
+    assert "| Dice at epoch 2 | Dice at epoch 4 | Dice at epoch 6 | Dice at epoch 8 |" in table
+    assert "| 0.520 | 0.540 | 0.560 | 0.580 | 0.580 | 10.0 | 25 % |" in table

@@ -30,12 +30,13 @@ from autotune.checks import Choice, Flag, Integer, Items, Number, Text, Triple
 from autotune.checks.typed import Checked, FileModel, OpenModel, Refused, parse, refuse_key
 
 __all__ = ["BundleConfig", "Section", "FastTraining", "BatchScaling", "Normalization", "MAX_BATCH", "MAX_VOXELS",
-           "LR_RULES"]
+           "LR_RULES", "AUGMENTATIONS"]
 
 MAX_BATCH = 65_536  # patches or windows per pass: beyond any device
 #: a volume or patch larger than this (2^31 voxels, about 1290^3) is beyond any device's memory in float32
 MAX_VOXELS = 2**31
 LR_RULES = ("linear", "sqrt", "none")
+AUGMENTATIONS = ("standard", "nnunet")
 _REGENERATE = "regenerate the bundle with 'autotune generate', or fix the key"
 
 PositiveInt = Annotated[int, Checked(Integer(1, MAX_BATCH))]
@@ -135,6 +136,9 @@ class BundleConfig(FileModel):
     crop_foreground: Switch = True
     pos_neg_ratio: Annotated[list[float], Checked(Items(Number(0.0, 1e6), 2, "positive to negative crops"))] = \
         Field(default_factory=lambda: [1.0, 1.0])
+    # training's random transforms after the crop: flips and intensity jitter (standard), or those plus nnU-Net's
+    # rotation, scaling, noise, blur, contrast, low resolution and gamma (nnunet); autotune.build
+    augmentation: Annotated[str, Checked(Choice(AUGMENTATIONS, "augmentation"))] = "standard"
     # the batch, the sliding window and where validation lives (``autotune.tunables``)
     num_images_per_batch: PositiveInt
     num_crops_per_image: PositiveInt
