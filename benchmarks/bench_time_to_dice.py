@@ -112,7 +112,7 @@ def planned_runs(args: argparse.Namespace) -> list[tuple[str, str, float]]:
 
 
 def command(copy: Path, mode: str, budget: float, args: argparse.Namespace) -> list[str]:
-    epochs = [] if getattr(args, "epochs", None) is None else ["--epochs", str(args.epochs)]
+    epochs = [] if args.epochs is None else ["--epochs", str(args.epochs)]
     return [sys.executable, "-m", "autotune.trainer", str(copy), "--mode", mode, "--device", args.device,
             "--max-time", f"{budget:g}s", "--val-every", str(args.val_every), *epochs]
 
